@@ -1,0 +1,196 @@
+//! The parser for integer expressions (`16*T`, `ceildiv(T, 8)`, `min(T, 4) % 3`).
+//!
+//! Grammar: `expr := term (("+"|"-") term)*`, `term := unary (("*"|"/"|"%") unary)*`,
+//! `unary := "-" unary | atom`, `atom := INT | NAME | NAME "(" expr ("," expr)* ")" | "(" expr ")"`.
+//! Functions: `min`, `max`, `ceildiv`, `floordiv`. `/` is floor division.
+use crate::{Expr, ParseError};
+
+/// Parse an integer expression; errors point at the offending character.
+pub fn parse_expr(text: &str) -> Result<Expr, ParseError> {
+    let mut p = Parser { text, pos: 0 };
+    let e = p.expr()?;
+    p.skip_ws();
+    if p.pos < text.len() {
+        return Err(p.error("unexpected text after the expression"));
+    }
+    Ok(e)
+}
+
+/// Split `text` at top-level occurrences of `sep` (not inside parentheses), returning
+/// each piece with its byte offset.
+pub fn split_top_level(text: &str, sep: char) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, ch) in text.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            c if c == sep && depth == 0 => {
+                out.push((start, &text[start..i]));
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    out.push((start, &text[start..]));
+    out
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn error(&self, message: &str) -> ParseError {
+        ParseError { text: self.text.to_string(), pos: self.pos, message: message.to_string() }
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(char::is_whitespace) {
+            self.pos += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.text[self.pos..].chars().next()
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        self.skip_ws();
+        if self.peek() == Some(c) {
+            self.pos += c.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expr(&mut self) -> Result<Expr, ParseError> {
+        let mut e = self.term()?;
+        loop {
+            if self.eat('+') {
+                e = e + self.term()?;
+            } else if self.eat('-') {
+                e = e - self.term()?;
+            } else {
+                return Ok(e);
+            }
+        }
+    }
+
+    fn term(&mut self) -> Result<Expr, ParseError> {
+        let mut e = self.unary()?;
+        loop {
+            let at = self.pos;
+            if self.eat('*') {
+                e = e * self.unary()?;
+            } else if self.eat('/') || self.eat('%') {
+                let op = self.text[..self.pos].chars().last();
+                let rhs = self.unary()?;
+                if rhs.as_const() == Some(0) {
+                    self.pos = at;
+                    return Err(self.error("division by zero"));
+                }
+                e = if op == Some('/') { e / rhs } else { e % rhs };
+            } else {
+                return Ok(e);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> Result<Expr, ParseError> {
+        if self.eat('-') {
+            return Ok(Expr::Const(0) - self.unary()?);
+        }
+        self.atom()
+    }
+
+    fn atom(&mut self) -> Result<Expr, ParseError> {
+        self.skip_ws();
+        let start = self.pos;
+        match self.peek() {
+            Some(c) if c.is_ascii_digit() => {
+                while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                    self.pos += 1;
+                }
+                self.text[start..self.pos].parse().map(Expr::Const).map_err(|_| {
+                    self.pos = start;
+                    self.error("integer too large")
+                })
+            }
+            Some(c) if c.is_ascii_alphabetic() || c == '_' => {
+                while self.peek().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    self.pos += 1;
+                }
+                let name = &self.text[start..self.pos];
+                if !self.eat('(') {
+                    return Ok(Expr::var(name));
+                }
+                let mut args = vec![self.expr()?];
+                while self.eat(',') {
+                    args.push(self.expr()?);
+                }
+                if !self.eat(')') {
+                    return Err(self.error("expected `,` or `)`"));
+                }
+                let [a, b]: [Expr; 2] = args.try_into().map_err(|_| ParseError {
+                    text: self.text.to_string(),
+                    pos: start,
+                    message: format!("`{name}` takes two arguments"),
+                })?;
+                match name {
+                    "min" => Ok(Expr::min(a, b)),
+                    "max" => Ok(Expr::max(a, b)),
+                    "ceildiv" => Ok(Expr::ceil_div(a, b)),
+                    "floordiv" => Ok(Expr::floor_div(a, b)),
+                    _ => Err(ParseError {
+                        text: self.text.to_string(),
+                        pos: start,
+                        message: format!("unknown function `{name}` (known: min, max, ceildiv, floordiv)"),
+                    }),
+                }
+            }
+            Some('(') => {
+                self.pos += 1;
+                let e = self.expr()?;
+                if !self.eat(')') {
+                    return Err(self.error("expected `)`"));
+                }
+                Ok(e)
+            }
+            Some(_) => Err(self.error("expected a number, a name or `(`")),
+            None => Err(self.error("unexpected end of text")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Bindings;
+
+    #[test]
+    fn parses_command_line_forms() {
+        let b = Bindings::from_pairs([("T", 5)]);
+        for (s, v) in [("16*T", 80), ("16 * T + 1", 81), ("-T", -5), ("ceildiv(T, 2)", 3), ("T/2", 2),
+            ("T % 3", 2), ("max(T, 7) - min(T, 2)", 5), ("(T+1)*(T-1)", 24), ("2*3*T", 30)] {
+            assert_eq!(parse_expr(s).unwrap().eval(&b).unwrap(), v, "{s}");
+        }
+    }
+
+    #[test]
+    fn errors_point_at_the_problem() {
+        for (s, pos) in [("16*", 3), ("16 $ T", 3), ("(T+1", 4), ("T)", 1), ("foo(T, 1)", 0), ("min(T)", 0), ("T/0", 1)] {
+            let e = parse_expr(s).unwrap_err();
+            assert_eq!(e.pos, pos, "{s}: {e}");
+            assert!(e.to_string().contains('^'));
+        }
+    }
+
+    #[test]
+    fn splits_at_top_level_only() {
+        let parts: Vec<_> = split_top_level("M=min(T,2),N=3", ',').into_iter().map(|p| p.1).collect();
+        assert_eq!(parts, ["M=min(T,2)", "N=3"]);
+    }
+}

@@ -1,0 +1,169 @@
+//! Shape vars, their domains and weights, and bindings of shape vars to values.
+use crate::{IrError, ParseError, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The values a shape var may take.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Domain {
+    /// Every integer in `lo..=hi`.
+    Range {
+        /// Smallest value.
+        lo: i64,
+        /// Largest value (inclusive).
+        hi: i64,
+    },
+    /// An explicit list of values.
+    List(Vec<i64>),
+}
+
+impl Domain {
+    /// All values of the domain, ascending.
+    pub fn values(&self) -> Vec<i64> {
+        match self {
+            Domain::Range { lo, hi } => (*lo..=*hi).collect(),
+            Domain::List(v) => v.clone(),
+        }
+    }
+}
+
+/// A named symbolic dimension with a domain and optional weights (how often each
+/// value occurs; uniform when absent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShapeVar {
+    /// The name, e.g. `T`.
+    pub name: String,
+    /// The values it takes.
+    pub domain: Domain,
+    /// One weight per domain value, or `None` for uniform weights.
+    pub weights: Option<Vec<f64>>,
+}
+
+impl ShapeVar {
+    /// Parse `T=1..128` (inclusive range) or `T=1,8,16` (list). Values must be >= 0.
+    pub fn parse(text: &str) -> Result<ShapeVar> {
+        let err = |pos: usize, message: &str| {
+            IrError::Parse(ParseError { text: text.to_string(), pos, message: message.to_string() })
+        };
+        let (name, rest) = text.split_once('=').ok_or_else(|| err(0, "expected `NAME=LO..HI` or `NAME=V1,V2,...`"))?;
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || name.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(err(0, "a shape var name is letters, digits and `_`, not starting with a digit"));
+        }
+        let base = name.len() + 1;
+        let num = |s: &str, at: usize| -> Result<i64> {
+            let v: i64 = s.trim().parse().map_err(|_| err(at, "expected a whole number"))?;
+            if v < 0 {
+                return Err(err(at, "shape var values must be >= 0"));
+            }
+            Ok(v)
+        };
+        let domain = if let Some((lo, hi)) = rest.split_once("..") {
+            let hi_at = base + lo.len() + 2;
+            let (lo, hi) = (num(lo, base)?, num(hi.trim_start_matches('='), hi_at)?);
+            if lo > hi {
+                return Err(err(hi_at, "the range is empty (LO > HI)"));
+            }
+            Domain::Range { lo, hi }
+        } else {
+            let mut values = Vec::new();
+            let mut at = base;
+            for part in rest.split(',') {
+                values.push(num(part, at)?);
+                at += part.len() + 1;
+            }
+            values.sort_unstable();
+            values.dedup();
+            Domain::List(values)
+        };
+        Ok(ShapeVar { name: name.to_string(), domain, weights: None })
+    }
+}
+
+/// Values of shape vars (and, in lowered code, of other named integers).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bindings(BTreeMap<String, i64>);
+
+impl Bindings {
+    /// Bindings from `(name, value)` pairs.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, i64)>) -> Bindings {
+        Bindings(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    }
+
+    /// Parse `T=37` or `T=37,B=2`; values must be >= 0.
+    pub fn parse(text: &str) -> Result<Bindings> {
+        let mut b = Bindings::default();
+        b.extend_from_text(text)?;
+        Ok(b)
+    }
+
+    /// Add the bindings in `text` (`T=37,B=2`), replacing earlier values.
+    pub fn extend_from_text(&mut self, text: &str) -> Result<()> {
+        let mut at = 0;
+        for part in text.split(',') {
+            let err = |pos: usize, message: &str| {
+                IrError::Parse(ParseError { text: text.to_string(), pos, message: message.to_string() })
+            };
+            let (name, value) = part.split_once('=').ok_or_else(|| err(at, "expected `NAME=VALUE`"))?;
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(err(at, "missing shape var name"));
+            }
+            let value: i64 = value.trim().parse().map_err(|_| err(at + name.len() + 1, "expected a whole number"))?;
+            if value < 0 {
+                return Err(IrError::NegativeVar { name: name.to_string(), value });
+            }
+            self.0.insert(name.to_string(), value);
+            at += part.len() + 1;
+        }
+        Ok(())
+    }
+
+    /// The value of `name`, if bound.
+    pub fn get(&self, name: &str) -> Option<i64> {
+        self.0.get(name).copied()
+    }
+
+    /// Bind `name` to `value`.
+    pub fn set(&mut self, name: impl Into<String>, value: i64) {
+        self.0.insert(name.into(), value);
+    }
+
+    /// Iterate over `(name, value)` in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+}
+
+impl std::fmt::Display for Bindings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<_> = self.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "{}", parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_domains() {
+        assert_eq!(ShapeVar::parse("T=1..128").unwrap().domain, Domain::Range { lo: 1, hi: 128 });
+        assert_eq!(ShapeVar::parse("T=16,1,8").unwrap().domain.values(), vec![1, 8, 16]);
+        assert_eq!(ShapeVar::parse("T=1..=4").unwrap().domain.values(), vec![1, 2, 3, 4]);
+        for bad in ["T", "=1..2", "T=5..1", "T=a..3", "T=-1..3", "1T=1..2", "T=1,,2"] {
+            assert!(ShapeVar::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parses_bindings() {
+        let b = Bindings::parse("T=37, B=2").unwrap();
+        assert_eq!((b.get("T"), b.get("B")), (Some(37), Some(2)));
+        assert!(matches!(Bindings::parse("T=-3"), Err(IrError::NegativeVar { .. })));
+        assert!(Bindings::parse("T").is_err());
+        assert!(Bindings::parse("T=x").is_err());
+    }
+}
