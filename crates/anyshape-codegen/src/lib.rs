@@ -1,1 +1,21 @@
-//! placeholder
+//! Code generation for anyshape: CPU targets, the contraction sketch and its
+//! micro-kernels, lowering of programs to a small loop IR with a padding strategy, and
+//! the C printer.
+//!
+//! It knows workloads (from `anyshape-ir`) but nothing of measuring, searching or
+//! loading: those crates build on this one.
+#![deny(missing_docs)]
+
+pub mod c;
+mod error;
+pub mod loop_ir;
+mod lower;
+mod program;
+mod sketch;
+mod target;
+
+pub use error::{CodegenError, Result};
+pub use lower::lower;
+pub use program::{KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES};
+pub use sketch::{GemmView, MicroKernel};
+pub use target::{CpuTarget, Simd};

@@ -223,12 +223,17 @@ impl Expr {
 
     /// Replace every bound variable by its value and simplify; unbound ones stay.
     pub fn substitute(&self, bindings: &Bindings) -> Expr {
+        self.map_vars(&mut |v| bindings.get(v).map(Expr::Const).unwrap_or_else(|| Expr::var(v)))
+    }
+
+    /// Replace every variable by what `f` returns for it, simplifying on the way up.
+    pub fn map_vars(&self, f: &mut dyn FnMut(&str) -> Expr) -> Expr {
         match self {
-            Expr::Var(v) => bindings.get(v).map(Expr::Const).unwrap_or_else(|| self.clone()),
+            Expr::Var(v) => f(v),
             Expr::Const(_) => self.clone(),
             _ => {
                 let (a, b) = self.binary().expect("binary node");
-                self.rebuild(a.substitute(bindings), b.substitute(bindings))
+                self.rebuild(a.map_vars(f), b.map_vars(f))
             }
         }
     }

@@ -1,1 +1,21 @@
-//! placeholder
+//! Measuring programs: the builder (C sources to one shared library, in parallel, cached
+//! by source hash), the reference implementation every result is checked against, and
+//! the runner (times programs in a separate worker process with a time limit, so that a
+//! crashing or hanging candidate fails alone).
+//!
+//! It knows programs as C source and symbols; it knows nothing of search or dispatch.
+#![deny(missing_docs)]
+
+mod builder;
+mod error;
+mod reference;
+mod runner;
+pub mod worker;
+
+pub use builder::{Builder, BuiltLibrary, KernelSource};
+pub use error::{MeasureError, Result};
+pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
+pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
+
+/// Signature of every generated kernel (see `anyshape_codegen::c`).
+pub type KernelFn = unsafe extern "C" fn(*const i64, *const *const f32, *const *mut f32) -> i32;

@@ -1,1 +1,165 @@
-fn main(){}
+//! The `anyshape` command-line tool.
+mod peak;
+
+use anyhow::{bail, Context, Result};
+use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_ir::{Bindings, Workload};
+use anyshape_measure::{Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// anyshape: tune dynamic-shape tensor programs once, run every shape fast.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one program on random data: latency, GFLOP/s and (with --check) correctness.
+    Run(RunArgs),
+    /// Print the detected CPU target as JSON (edit it and pass it back with --target).
+    Target,
+    /// Measure this machine's peak FP32 throughput with an FMA microbenchmark.
+    Peak {
+        /// Seconds to run each measurement.
+        #[arg(long, default_value_t = 0.5)]
+        seconds: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// The measuring worker (started by anyshape itself).
+    #[command(name = "__worker", hide = true)]
+    Worker,
+}
+
+/// Options shared by commands that build and run kernels.
+#[derive(Args, Clone)]
+struct Common {
+    /// Target description (JSON from `anyshape target`); detected when absent.
+    #[arg(long, value_name = "FILE")]
+    target: Option<PathBuf>,
+    /// Where compiled kernels are cached [default: $ANYSHAPE_CACHE or ~/.cache/anyshape].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The workload, e.g. `dense(M=16*T,N=2304,K=768)`; built in: dense(M,N,K),
+    /// batch_matmul_nt(B,M,N,K), batch_matmul_nn(B,M,N,K); append `+relu` for an epilogue.
+    #[arg(long, short)]
+    workload: String,
+    /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
+    #[arg(long = "set", value_name = "VAR=VALUE")]
+    set: Vec<String>,
+    /// How tiles that overhang the tensors are handled.
+    #[arg(long, default_value = "local-pad", value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "global-pad", "loop-partition", "local-pad"]))]
+    strategy: String,
+    /// Bake the shape into the kernel (specialized) or read it at run time (symbolic).
+    #[arg(long, default_value = "specialized", value_parser = clap::builder::PossibleValuesParser::new(["specialized", "symbolic"]))]
+    mode: String,
+    /// Micro-kernel parameters, `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` or JSON;
+    /// a default for the target when absent.
+    #[arg(long, value_name = "PARAMS")]
+    micro_kernel: Option<String>,
+    /// Compare the output with the reference implementation.
+    #[arg(long)]
+    check: bool,
+    /// Print the generated C and stop.
+    #[arg(long)]
+    print_c: bool,
+    /// Keep timing for at least this many seconds.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Kill the program if it runs longer than this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    #[command(flatten)]
+    common: Common,
+}
+
+impl Common {
+    fn target(&self) -> Result<CpuTarget> {
+        match &self.target {
+            None => Ok(CpuTarget::detect()),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading target {}", path.display()))?;
+                Ok(CpuTarget::from_json(&text)?)
+            }
+        }
+    }
+
+    fn builder(&self) -> Builder {
+        Builder::new(self.cache_dir.clone().unwrap_or_else(Builder::default_cache_dir))
+    }
+}
+
+fn runner(options: MeasureOptions) -> Result<Runner> {
+    let program = std::env::current_exe().context("locating the anyshape executable for the worker")?;
+    Ok(Runner { worker: WorkerCommand { program, args: vec!["__worker".into()] }, options })
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let workload = Workload::parse(&args.workload)?;
+    let mut bindings = Bindings::default();
+    for s in &args.set {
+        bindings.extend_from_text(s)?;
+    }
+    let bound = workload.bind(&bindings)?;
+    let target = args.common.target()?;
+    let micro_kernel = match &args.micro_kernel {
+        Some(text) => MicroKernel::parse(text)?,
+        None => MicroKernel::default_for(&target),
+    };
+    micro_kernel.validate(&target)?;
+    let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let mode: KernelMode = args.mode.parse().map_err(anyhow::Error::msg)?;
+    let program = Program { workload: workload.clone(), micro_kernel, strategy, mode, bindings: bindings.clone() };
+    let code = program.c_source(&target)?;
+    if args.print_c {
+        print!("{}\n{code}", anyshape_codegen::c::header(&target));
+        return Ok(());
+    }
+    let symbol = program.symbol(&target);
+    let lib = args.common.builder().build(&target, &[KernelSource { symbol: symbol.clone(), code }])?;
+    if let Some(err) = lib.failed.get(&symbol) {
+        bail!("the generated kernel did not compile (a code generation bug):\n{err}");
+    }
+    let options = MeasureOptions { min_seconds: args.seconds, timeout_seconds: args.timeout, ..Default::default() };
+    let candidate = Candidate { symbol, workload: workload.clone(), bindings: bindings.clone(), check: args.check };
+    let outcome = runner(options)?.measure(&lib.path, &[candidate])?.remove(0);
+    let m = match outcome {
+        Outcome::Measured(m) => m,
+        Outcome::Failed(why) => bail!("the program failed: {why}"),
+    };
+    let flops = workload.flops(&bound);
+    println!("workload     {workload}  [{bindings}]");
+    println!("program      {micro_kernel}  strategy={strategy}  mode={mode}  target={} ({} cores, {:?})", target.name, target.cores, target.simd);
+    println!("latency      min {:.3} ms   median {:.3} ms   ({} runs)", m.min_seconds * 1e3, m.median_seconds * 1e3, m.repeats);
+    println!("throughput   {:.1} GFLOP/s (at min latency)   {:.1} GFLOP/s (at median)", flops / m.min_seconds / 1e9, flops / m.median_seconds / 1e9);
+    if let Some(check) = m.check {
+        if check.passed {
+            println!("check        ok: matches the reference (max abs error {:.2e})", check.max_abs_error);
+        } else {
+            println!("check        MISMATCH: {} elements differ (first at flat index {:?}, max abs error {:.2e})", check.mismatches, check.first_mismatch, check.max_abs_error);
+            bail!("the result does not match the reference");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Target => {
+            println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
+            Ok(())
+        }
+        Command::Peak { seconds, common } => peak::report(&common.target()?, &common.builder(), seconds),
+        Command::Worker => std::process::exit(anyshape_measure::worker::serve()),
+    }
+}

@@ -1,0 +1,224 @@
+//! The loop IR that programs are lowered to and that printers (C) and, later, feature
+//! extraction read.
+//!
+//! Invariants:
+//! - loops run their variable from 0 to `extent - 1`; index and extent expressions are
+//!   [`Expr`]s over shape vars (named `sv_<name>`), loop vars and `Let` names;
+//! - every buffer is either a kernel argument (`in0`, `in1`, ... and `out0`) or introduced
+//!   by an [`Stmt::Alloc`] before use; a `Reg` is declared before it is assigned;
+//! - a [`Value`] with `lanes > 1` reads or writes `lanes` contiguous elements.
+use anyshape_ir::Expr;
+
+/// How a loop is executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopKind {
+    /// In order.
+    Serial,
+    /// Iterations spread over the target's cores.
+    Parallel,
+    /// Unrolled by the given factor.
+    Unrolled(usize),
+}
+
+/// Where an allocated buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A per-thread scratch buffer that persists across calls (slot number).
+    Scratch(u8),
+    /// A fixed-size array on the stack.
+    Stack,
+}
+
+/// A boolean condition on integers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cond {
+    /// `a < b`.
+    Lt(Expr, Expr),
+    /// `a <= b`.
+    Le(Expr, Expr),
+    /// `a == b`.
+    Eq(Expr, Expr),
+    /// Both hold.
+    And(Box<Cond>, Box<Cond>),
+}
+
+impl Cond {
+    /// `a && b`.
+    pub fn and(a: Cond, b: Cond) -> Cond {
+        Cond::And(Box::new(a), Box::new(b))
+    }
+}
+
+/// A floating-point value (scalar or vector of `lanes`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// Zero in every lane.
+    Zero {
+        /// Lanes.
+        lanes: usize,
+    },
+    /// Load `lanes` contiguous elements of `buf` from `index`.
+    Load {
+        /// The buffer.
+        buf: String,
+        /// First element.
+        index: Expr,
+        /// Lanes.
+        lanes: usize,
+    },
+    /// A register's value.
+    Reg {
+        /// Register name.
+        name: String,
+        /// Its lanes.
+        lanes: usize,
+    },
+    /// One lane of a vector register.
+    Lane(String, Expr),
+    /// Sum.
+    Add(Box<Value>, Box<Value>),
+    /// `a * b + c`, with a scalar `b` broadcast over the lanes of `a`.
+    Fma(Box<Value>, Box<Value>, Box<Value>),
+    /// `max(x, 0)`.
+    Relu(Box<Value>),
+    /// `cond ? a : b`, evaluating only the chosen side.
+    Select(Cond, Box<Value>, Box<Value>),
+}
+
+impl Value {
+    /// A scalar load.
+    pub fn load(buf: &str, index: Expr) -> Value {
+        Value::Load { buf: buf.into(), index, lanes: 1 }
+    }
+
+    /// A vector load.
+    pub fn vload(buf: &str, index: Expr, lanes: usize) -> Value {
+        Value::Load { buf: buf.into(), index, lanes }
+    }
+
+    /// `a + b`.
+    pub fn add(a: Value, b: Value) -> Value {
+        Value::Add(Box::new(a), Box::new(b))
+    }
+
+    /// A register of `lanes`.
+    pub fn reg(name: &str, lanes: usize) -> Value {
+        Value::Reg { name: name.into(), lanes }
+    }
+
+    /// How many lanes the value has.
+    pub fn lanes(&self) -> usize {
+        match self {
+            Value::Zero { lanes } | Value::Load { lanes, .. } | Value::Reg { lanes, .. } => *lanes,
+            Value::Lane(..) => 1,
+            Value::Add(a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => a.lanes().max(b.lanes()),
+            Value::Relu(x) => x.lanes(),
+        }
+    }
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `for var in 0..extent`.
+    For {
+        /// Loop variable.
+        var: String,
+        /// Trip count.
+        extent: Expr,
+        /// How it runs.
+        kind: LoopKind,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// A conditional.
+    If {
+        /// Condition.
+        cond: Cond,
+        /// Taken when true.
+        then: Vec<Stmt>,
+        /// Taken when false.
+        otherwise: Vec<Stmt>,
+    },
+    /// An immutable integer name.
+    Let {
+        /// Name.
+        var: String,
+        /// Value.
+        value: Expr,
+    },
+    /// A local buffer of `len` elements.
+    Alloc {
+        /// Name.
+        buf: String,
+        /// Elements.
+        len: Expr,
+        /// Where it lives.
+        scope: Scope,
+    },
+    /// Declare a register (scalar or vector) with an initial value.
+    Reg {
+        /// Name.
+        name: String,
+        /// Lanes.
+        lanes: usize,
+        /// Initial value.
+        init: Value,
+    },
+    /// Assign a register.
+    Assign {
+        /// Register.
+        reg: String,
+        /// New value.
+        value: Value,
+    },
+    /// Store a value (of its lanes) at `buf[index..]`.
+    Store {
+        /// Buffer.
+        buf: String,
+        /// First element.
+        index: Expr,
+        /// Value.
+        value: Value,
+    },
+}
+
+/// A lowered kernel: one C-ABI function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Func {
+    /// Exported symbol.
+    pub name: String,
+    /// Shape vars in argument order (`vars[i]`), by their workload names.
+    pub shape_vars: Vec<String>,
+    /// For specialized kernels, the values the kernel was built for (checked at entry).
+    pub specialized: Option<Vec<i64>>,
+    /// Number of input buffers.
+    pub inputs: usize,
+    /// Body.
+    pub body: Vec<Stmt>,
+}
+
+/// `for var in 0..extent { body }`.
+pub fn for_(var: &str, extent: Expr, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
+    Stmt::For { var: var.into(), extent, kind, body }
+}
+
+/// `let var = value`.
+pub fn let_(var: &str, value: Expr) -> Stmt {
+    Stmt::Let { var: var.into(), value }
+}
+
+/// `if cond { then }`.
+pub fn if_(cond: Cond, then: Vec<Stmt>) -> Stmt {
+    Stmt::If { cond, then, otherwise: vec![] }
+}
+
+/// `buf[index] = value`.
+pub fn store(buf: &str, index: Expr, value: Value) -> Stmt {
+    Stmt::Store { buf: buf.into(), index, value }
+}
+
+/// The name a shape var has inside lowered code.
+pub fn shape_var_name(name: &str) -> String {
+    format!("sv_{name}")
+}

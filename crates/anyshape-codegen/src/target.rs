@@ -1,0 +1,150 @@
+//! CPU targets: what the rest of the system may assume about the machine (cores, SIMD
+//! width, vector registers, cache sizes), detected at run time or read from JSON.
+use crate::{CodegenError, Result};
+use serde::{Deserialize, Serialize};
+
+/// The widest SIMD instruction set the generated code may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Simd {
+    /// Scalar code only.
+    None,
+    /// 128-bit SSE.
+    Sse,
+    /// 256-bit AVX2 with FMA.
+    Avx2,
+    /// 512-bit AVX-512F.
+    Avx512,
+    /// 128-bit Arm NEON.
+    Neon,
+}
+
+impl Simd {
+    /// Vector width in bytes (4 for scalar code).
+    pub fn vector_bytes(self) -> usize {
+        match self {
+            Simd::None => 4,
+            Simd::Sse | Simd::Neon => 16,
+            Simd::Avx2 => 32,
+            Simd::Avx512 => 64,
+        }
+    }
+}
+
+/// A CPU target description.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CpuTarget {
+    /// Human-readable model name.
+    pub name: String,
+    /// Cores the kernels may run on.
+    pub cores: usize,
+    /// SIMD instruction set.
+    pub simd: Simd,
+    /// Number of architectural vector registers.
+    pub vector_registers: usize,
+    /// L1 data cache per core, bytes.
+    pub l1d_bytes: usize,
+    /// L2 cache per core, bytes.
+    pub l2_bytes: usize,
+    /// Last-level cache (shared), bytes.
+    pub l3_bytes: usize,
+}
+
+impl CpuTarget {
+    /// Detect the machine this process runs on.
+    pub fn detect() -> CpuTarget {
+        let simd = detect_simd();
+        let vector_registers = match simd {
+            Simd::Avx512 | Simd::Neon => 32,
+            _ => 16,
+        };
+        let cache = |level: &str, fallback: usize| read_cache_size(level).unwrap_or(fallback);
+        CpuTarget {
+            name: read_model_name().unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            simd,
+            vector_registers,
+            l1d_bytes: cache("1", 32 << 10),
+            l2_bytes: cache("2", 1 << 20),
+            l3_bytes: cache("3", 8 << 20),
+        }
+    }
+
+    /// Read a JSON description (the form `anyshape target` prints).
+    pub fn from_json(text: &str) -> Result<CpuTarget> {
+        let t: CpuTarget = serde_json::from_str(text).map_err(|e| CodegenError::BadTarget(e.to_string()))?;
+        if t.cores == 0 || t.vector_registers < 4 || t.l1d_bytes == 0 || t.l2_bytes == 0 || t.l3_bytes == 0 {
+            return Err(CodegenError::BadTarget("cores, vector_registers and cache sizes must be positive".into()));
+        }
+        Ok(t)
+    }
+
+    /// f32 lanes per vector register.
+    pub fn lanes_f32(&self) -> usize {
+        self.simd.vector_bytes() / 4
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_simd() -> Simd {
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        Simd::Avx512
+    } else if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        Simd::Avx2
+    } else {
+        Simd::Sse
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect_simd() -> Simd {
+    Simd::Neon
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect_simd() -> Simd {
+    Simd::None
+}
+
+/// Size of the data/unified cache of the given level for cpu0, from sysfs.
+fn read_cache_size(level: &str) -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    for entry in dir.flatten() {
+        let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).ok().map(|s| s.trim().to_string());
+        let (Some(lvl), Some(kind), Some(size)) = (read("level"), read("type"), read("size")) else {
+            continue;
+        };
+        if lvl != level || kind == "Instruction" {
+            continue;
+        }
+        let (num, mult) = match size.strip_suffix('K') {
+            Some(n) => (n, 1 << 10),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size.as_str(), 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mult);
+    }
+    None
+}
+
+fn read_model_name() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_something_sane_and_round_trips() {
+        let t = CpuTarget::detect();
+        assert!(t.cores >= 1 && t.lanes_f32() >= 1 && t.l1d_bytes >= 1024);
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(CpuTarget::from_json(&json).unwrap(), t);
+        assert!(CpuTarget::from_json("{}").is_err());
+        assert!(CpuTarget::from_json(&json.replace(&format!("\"cores\":{}", t.cores), "\"cores\":0")).is_err());
+    }
+}

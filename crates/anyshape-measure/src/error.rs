@@ -1,0 +1,44 @@
+//! Errors of the measurer.
+
+/// Result alias for this crate.
+pub type Result<T, E = MeasureError> = std::result::Result<T, E>;
+
+/// Errors raised while building or running programs.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// The C compiler could not be run at all (environment problem).
+    #[error("cannot run the C compiler `{cc}`: {source} (install gcc, or set CC)")]
+    NoCompiler {
+        /// The compiler command.
+        cc: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The C compiler rejected a source (internal bug in code generation).
+    #[error("the C compiler failed on {what}:\n{stderr}")]
+    Compile {
+        /// Which program or file.
+        what: String,
+        /// The compiler's messages.
+        stderr: String,
+    },
+    /// The worker process could not be started (environment problem).
+    #[error("cannot start the measuring worker `{cmd}`: {source}")]
+    Worker {
+        /// The command.
+        cmd: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// File system trouble in the build cache.
+    #[error("build cache {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A workload or shape problem (user input).
+    #[error(transparent)]
+    Ir(#[from] anyshape_ir::IrError),
+}

@@ -1,0 +1,152 @@
+//! The reference implementation every program is checked against: a direct loop over
+//! the iteration domain in f64, plus the bound on rounding error used to compare.
+use anyshape_ir::{AxisKind, BoundWorkload, Workload};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Deterministic random inputs in `[-1, 1)` for an instance.
+pub fn random_inputs(bound: &BoundWorkload, n_inputs: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n_inputs).map(|t| (0..bound.lens[t]).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect()
+}
+
+/// The reference result of an instance and, per output element, the sum of the
+/// absolute values of its terms (which bounds the rounding error).
+#[derive(Clone, Debug)]
+pub struct Reference {
+    /// Expected output (epilogue applied).
+    pub output: Vec<f64>,
+    /// Sum of |terms| per output element.
+    pub magnitude: Vec<f64>,
+    /// Number of terms summed per output element.
+    pub terms: usize,
+}
+
+/// Compute the reference output of `w` on `inputs`: for every point of the iteration
+/// domain, add the product of the inputs to the output element it maps to.
+pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> Reference {
+    let out_t = w.inputs.len();
+    let len = bound.lens[out_t];
+    let mut output = vec![0.0f64; len];
+    let mut magnitude = vec![0.0f64; len];
+    let spatial: Vec<usize> = (0..w.axes.len()).filter(|&a| w.axes[a].kind == AxisKind::Spatial).collect();
+    let reduction: Vec<usize> = (0..w.axes.len()).filter(|&a| w.axes[a].kind == AxisKind::Reduction).collect();
+    let terms: usize = reduction.iter().map(|&a| bound.extents[a] as usize).product();
+    let offset = |t: usize, point: &[i64]| -> i64 {
+        bound.offsets[t] + (0..w.axes.len()).map(|a| point[a] * bound.axis_strides[t][a]).sum::<i64>()
+    };
+    if !bound.extents.contains(&0) || terms == 0 {
+        let mut point = vec![0i64; w.axes.len()];
+        if !spatial.iter().any(|&a| bound.extents[a] == 0) {
+            loop {
+                if terms > 0 {
+                    for &a in &reduction {
+                        point[a] = 0;
+                    }
+                    loop {
+                        let prod: f64 = (0..w.inputs.len()).map(|t| inputs[t][offset(t, &point) as usize] as f64).product();
+                        let o = offset(out_t, &point) as usize;
+                        output[o] += prod;
+                        magnitude[o] += prod.abs();
+                        if !advance(&mut point, &reduction, &bound.extents) {
+                            break;
+                        }
+                    }
+                }
+                if !advance(&mut point, &spatial, &bound.extents) {
+                    break;
+                }
+            }
+        }
+    }
+    for x in &mut output {
+        *x = w.epilogue.apply(*x);
+    }
+    Reference { output, magnitude, terms }
+}
+
+/// Step an odometer over `axes` (last fastest); false when it wraps around.
+fn advance(point: &mut [i64], axes: &[usize], extents: &[i64]) -> bool {
+    for &a in axes.iter().rev() {
+        point[a] += 1;
+        if point[a] < extents[a] {
+            return true;
+        }
+        point[a] = 0;
+    }
+    false
+}
+
+/// The outcome of comparing a program's output with the reference.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// Whether every element is within its tolerance (and none is NaN).
+    pub passed: bool,
+    /// Largest absolute error.
+    pub max_abs_error: f64,
+    /// Elements outside their tolerance.
+    pub mismatches: usize,
+    /// The first mismatching element, if any.
+    pub first_mismatch: Option<usize>,
+}
+
+/// Compare `got` with the reference; each element may be off by the worst-case rounding
+/// error of summing its terms in f32: `(terms + 2) * eps * magnitude`.
+pub fn check_output(got: &[f32], reference: &Reference) -> CheckReport {
+    let eps = f32::EPSILON as f64;
+    let (mut max_abs_error, mut mismatches, mut first_mismatch) = (0.0f64, 0usize, None);
+    for (i, (&g, (&r, &m))) in got.iter().zip(reference.output.iter().zip(&reference.magnitude)).enumerate() {
+        let err = (g as f64 - r).abs();
+        let tol = (reference.terms as f64 + 2.0) * eps * m;
+        if !(err <= tol) {
+            mismatches += 1;
+            first_mismatch.get_or_insert(i);
+        }
+        if err.is_nan() || err > max_abs_error {
+            max_abs_error = if err.is_nan() { f64::INFINITY } else { err };
+        }
+    }
+    if got.len() != reference.output.len() {
+        mismatches += 1;
+    }
+    CheckReport { passed: mismatches == 0, max_abs_error, mismatches, first_mismatch }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyshape_ir::Bindings;
+
+    #[test]
+    fn reference_matches_hand_computed_matmul() {
+        let w = Workload::parse("batch_matmul_nn(B=2,M=2,N=3,K=T)").unwrap();
+        let bound = w.bind(&Bindings::from_pairs([("T", 4)])).unwrap();
+        let ins = random_inputs(&bound, 2, 7);
+        let r = reference_output(&w, &bound, &[&ins[0], &ins[1]]);
+        for b in 0..2 {
+            for m in 0..2 {
+                for n in 0..3 {
+                    let want: f64 = (0..4).map(|k| ins[0][b * 8 + m * 4 + k] as f64 * ins[1][b * 12 + k * 3 + n] as f64).sum();
+                    assert!((r.output[b * 6 + m * 3 + n] - want).abs() < 1e-12);
+                }
+            }
+        }
+        let got: Vec<f32> = r.output.iter().map(|&x| x as f32).collect();
+        assert!(check_output(&got, &r).passed);
+        let mut bad = got.clone();
+        bad[5] += 0.01;
+        let report = check_output(&bad, &r);
+        assert_eq!((report.passed, report.first_mismatch), (false, Some(5)));
+        bad[5] = f32::NAN;
+        assert!(!check_output(&bad, &r).passed);
+    }
+
+    #[test]
+    fn empty_reduction_gives_zeros() {
+        let w = Workload::parse("dense(M=3,N=2,K=T)+relu").unwrap();
+        let bound = w.bind(&Bindings::from_pairs([("T", 0)])).unwrap();
+        let r = reference_output(&w, &bound, &[&[], &[]]);
+        assert_eq!(r.output, vec![0.0; 6]);
+    }
+}

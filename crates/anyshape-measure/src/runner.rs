@@ -1,0 +1,201 @@
+//! The runner: measures candidates in a separate worker process with a time limit per
+//! candidate. A candidate that crashes the worker or runs past its limit is reported as
+//! failed; the worker is restarted for the candidates after it.
+use crate::{CheckReport, MeasureError, Result};
+use anyshape_ir::{Bindings, Workload};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+/// One program to measure: a symbol in the library and the instance to run it on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The kernel's symbol.
+    pub symbol: String,
+    /// The workload it computes.
+    pub workload: Workload,
+    /// The instance.
+    pub bindings: Bindings,
+    /// Compare the output with the reference implementation.
+    pub check: bool,
+}
+
+/// How candidates are timed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MeasureOptions {
+    /// Timed calls at least.
+    pub min_repeats: usize,
+    /// Timed calls at most.
+    pub max_repeats: usize,
+    /// Keep timing until this many seconds have passed (or `max_repeats`).
+    pub min_seconds: f64,
+    /// Seconds a candidate may take (all its calls together) before it is killed.
+    pub timeout_seconds: f64,
+}
+
+impl Default for MeasureOptions {
+    fn default() -> Self {
+        MeasureOptions { min_repeats: 5, max_repeats: 1000, min_seconds: 0.2, timeout_seconds: 30.0 }
+    }
+}
+
+/// Timing statistics of one successful candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Fastest call, seconds.
+    pub min_seconds: f64,
+    /// Median call, seconds.
+    pub median_seconds: f64,
+    /// Timed calls.
+    pub repeats: usize,
+    /// The comparison with the reference, when asked for.
+    pub check: Option<CheckReport>,
+}
+
+/// What happened to a candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// It ran; see the statistics (and the check, which may have failed).
+    Measured(Measurement),
+    /// It could not be measured: the reason (crash, timeout, error status, missing symbol).
+    Failed(String),
+}
+
+/// How to start a worker process: a program and its arguments.
+#[derive(Clone, Debug)]
+pub struct WorkerCommand {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+/// Measures candidates in isolated worker processes.
+#[derive(Clone, Debug)]
+pub struct Runner {
+    /// How to start a worker.
+    pub worker: WorkerCommand,
+    /// Timing options.
+    pub options: MeasureOptions,
+}
+
+/// The job a worker reads from its standard input (one JSON line).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Job {
+    pub library: PathBuf,
+    pub candidates: Vec<Candidate>,
+    pub options: MeasureOptions,
+}
+
+/// One line a worker writes to its standard output.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum Event {
+    /// About to call candidate `i` (its time limit starts).
+    Start(usize),
+    /// Candidate `i` is finished.
+    Done(usize, Outcome),
+}
+
+/// Seconds a worker may take to prepare a candidate (inputs, reference) before starting it.
+const PREPARE_SECONDS: f64 = 600.0;
+
+impl Runner {
+    /// Measure every candidate in `library`; the result has one outcome per candidate.
+    pub fn measure(&self, library: &Path, candidates: &[Candidate]) -> Result<Vec<Outcome>> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
+        let mut next = 0;
+        while next < candidates.len() {
+            let job = Job { library: library.to_path_buf(), candidates: candidates[next..].to_vec(), options: self.options.clone() };
+            let (mut child, events) = self.spawn(&job)?;
+            let mut started: Option<usize> = None;
+            loop {
+                let limit = if started.is_some() { self.options.timeout_seconds } else { PREPARE_SECONDS };
+                match events.recv_timeout(Duration::from_secs_f64(limit)) {
+                    Ok(Event::Start(i)) => started = Some(next + i),
+                    Ok(Event::Done(i, outcome)) => {
+                        outcomes[next + i] = Some(outcome);
+                        started = None;
+                        if next + i + 1 == candidates.len() {
+                            next = candidates.len();
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = child.kill();
+                        let status = child.wait().ok();
+                        // The first candidate without an outcome is the one to blame.
+                        let culprit = started.unwrap_or_else(|| outcomes.iter().position(Option::is_none).unwrap_or(next));
+                        let why = match (e, status) {
+                            (RecvTimeoutError::Timeout, _) => format!("timed out after {:.1} s", if started.is_some() { self.options.timeout_seconds } else { PREPARE_SECONDS }),
+                            (RecvTimeoutError::Disconnected, Some(st)) => format!("the worker died ({})", describe_exit(st)),
+                            (RecvTimeoutError::Disconnected, None) => "the worker died".into(),
+                        };
+                        outcomes[culprit] = Some(Outcome::Failed(why));
+                        next = culprit + 1;
+                        break;
+                    }
+                }
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if let Some(first_open) = outcomes.iter().position(Option::is_none) {
+                next = next.max(first_open);
+            }
+        }
+        Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|| Outcome::Failed("not measured".into()))).collect())
+    }
+
+    fn spawn(&self, job: &Job) -> Result<(Child, Receiver<Event>)> {
+        let cmd = self.worker.program.display().to_string();
+        let mut child = Command::new(&self.worker.program)
+            .args(&self.worker.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| MeasureError::Worker { cmd: cmd.clone(), source })?;
+        let line = serde_json::to_string(job).expect("jobs serialize");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).map_err(|source| MeasureError::Worker { cmd, source })?;
+        drop(stdin);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<Event>(&line) {
+                    Ok(ev) => {
+                        if tx.send(ev).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        Ok((child, rx))
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                4 => "SIGILL",
+                6 => "SIGABRT",
+                7 => "SIGBUS",
+                8 => "SIGFPE",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                _ => "signal",
+            };
+            return format!("{name} ({sig})");
+        }
+    }
+    format!("exit status {}", status.code().unwrap_or(-1))
+}

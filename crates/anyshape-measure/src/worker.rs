@@ -1,0 +1,90 @@
+//! The worker process: reads one job (library + candidates) as a JSON line on standard
+//! input, runs each candidate and reports events as JSON lines on standard output.
+//! It is started by [`crate::Runner`] through `anyshape __worker` or `anyshape-worker`.
+use crate::runner::{Event, Job};
+use crate::{check_output, random_inputs, reference_output, Candidate, KernelFn, MeasureOptions, Measurement, Outcome, Reference};
+use anyshape_ir::BoundWorkload;
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+/// Serve one job from standard input; returns the process exit code.
+pub fn serve() -> i32 {
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line).is_err() {
+        return 2;
+    }
+    let job: Job = match serde_json::from_str(&line) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("anyshape worker: bad job: {e}");
+            return 2;
+        }
+    };
+    // SAFETY: the library is one the builder produced from generated C; loading runs no
+    // constructors of ours beyond the C runtime's.
+    let library = unsafe { libloading::Library::new(&job.library) };
+    let mut out = std::io::stdout().lock();
+    let mut emit = |ev: Event| {
+        let _ = writeln!(out, "{}", serde_json::to_string(&ev).expect("events serialize"));
+        let _ = out.flush();
+    };
+    let mut instance: Option<(String, Vec<Vec<f32>>, Option<Reference>, BoundWorkload)> = None;
+    for (i, cand) in job.candidates.iter().enumerate() {
+        let outcome = match &library {
+            Err(e) => Err(format!("cannot load {}: {e}", job.library.display())),
+            Ok(lib) => prepare(cand, &mut instance).and_then(|(inputs, reference, bound)| {
+                // SAFETY: every generated kernel has the `KernelFn` signature.
+                let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }.map_err(|e| format!("symbol {} not found: {e}", cand.symbol))?;
+                emit(Event::Start(i));
+                run_candidate(*f, cand, inputs, reference, bound, &job.options)
+            }),
+        };
+        emit(Event::Done(i, outcome.unwrap_or_else(Outcome::Failed)));
+    }
+    0
+}
+
+type Prepared<'a> = (&'a [Vec<f32>], Option<&'a Reference>, &'a BoundWorkload);
+
+/// Inputs and reference for the candidate's instance, reused across candidates of one instance.
+fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<(String, Vec<Vec<f32>>, Option<Reference>, BoundWorkload)>) -> Result<Prepared<'a>, String> {
+    let key = format!("{}|{}", cand.workload, cand.bindings);
+    let bound = cand.workload.bind(&cand.bindings).map_err(|e| e.to_string())?;
+    let stale = cache.as_ref().is_none_or(|c| c.0 != key || (cand.check && c.2.is_none()));
+    if stale {
+        let inputs = random_inputs(&bound, cand.workload.inputs.len(), 42);
+        let reference = cand.check.then(|| {
+            let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
+            reference_output(&cand.workload, &bound, &views)
+        });
+        *cache = Some((key, inputs, reference, bound));
+    }
+    let c = cache.as_ref().expect("filled above");
+    Ok((&c.1, if cand.check { c.2.as_ref() } else { None }, &c.3))
+}
+
+fn run_candidate(f: KernelFn, cand: &Candidate, inputs: &[Vec<f32>], reference: Option<&Reference>, bound: &BoundWorkload, opts: &MeasureOptions) -> Result<Outcome, String> {
+    let vars: Vec<i64> = cand.workload.shape_vars().iter().map(|v| cand.bindings.get(v).unwrap_or(0)).collect();
+    let ins: Vec<*const f32> = inputs.iter().map(|v| v.as_ptr()).collect();
+    let mut output = vec![f32::NAN; bound.lens[cand.workload.inputs.len()]];
+    let outs = [output.as_mut_ptr()];
+    let call = || -> Result<f64, String> {
+        let t0 = Instant::now();
+        // SAFETY: buffers have the lengths the bound workload gives for these shape vars.
+        let status = unsafe { f(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+        let dt = t0.elapsed().as_secs_f64();
+        match status {
+            0 => Ok(dt),
+            s => Err(format!("kernel returned status {s}")),
+        }
+    };
+    call()?;
+    let check = reference.map(|r| check_output(&output, r));
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < opts.min_repeats || (start.elapsed().as_secs_f64() < opts.min_seconds && times.len() < opts.max_repeats) {
+        times.push(call()?);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Outcome::Measured(Measurement { min_seconds: times[0], median_seconds: times[times.len() / 2], repeats: times.len(), check }))
+}
