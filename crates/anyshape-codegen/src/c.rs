@@ -20,7 +20,10 @@ pub const STATUS_NO_MEMORY: i32 = 2;
 pub fn header(target: &CpuTarget) -> String {
     let lanes = target.lanes_f32();
     let vector = if lanes > 1 {
-        format!("typedef float as_vf __attribute__((vector_size({})));", lanes * 4)
+        format!(
+            "typedef float as_vf __attribute__((vector_size({})));",
+            lanes * 4
+        )
     } else {
         "typedef float as_vf;".to_string()
     };
@@ -97,15 +100,24 @@ impl Printer<'_> {
         match val {
             Value::Zero { lanes } if *lanes > 1 => "(as_vf){0}".into(),
             Value::Zero { .. } => "0.0f".into(),
-            Value::Load { buf, index, lanes } if *lanes > 1 => format!("as_vload(&{buf}[{}])", expr(index)),
+            Value::Load { buf, index, lanes } if *lanes > 1 => {
+                format!("as_vload(&{buf}[{}])", expr(index))
+            }
             Value::Load { buf, index, .. } => format!("{buf}[{}]", expr(index)),
             Value::Reg { name, .. } => name.clone(),
             Value::Lane(r, _) if self.target.lanes_f32() == 1 => r.clone(),
             Value::Lane(r, l) => format!("{r}[{}]", expr(l)),
             Value::Add(a, b) => format!("({} + {})", self.value(a), self.value(b)),
-            Value::Fma(a, b, c) => format!("({} * {} + {})", self.value(a), self.value(b), self.value(c)),
+            Value::Fma(a, b, c) => format!(
+                "({} * {} + {})",
+                self.value(a),
+                self.value(b),
+                self.value(c)
+            ),
             Value::Relu(x) => format!("as_relu({})", self.value(x)),
-            Value::Select(c, a, b) => format!("(({}) ? {} : {})", cond(c), self.value(a), self.value(b)),
+            Value::Select(c, a, b) => {
+                format!("(({}) ? {} : {})", cond(c), self.value(a), self.value(b))
+            }
         }
     }
 
@@ -117,24 +129,40 @@ impl Printer<'_> {
 
     fn stmt(&mut self, s: &Stmt) {
         match s {
-            Stmt::For { var, extent, kind, body } => {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => {
                 let was_parallel = self.in_parallel;
                 match kind {
                     LoopKind::Serial => {}
                     LoopKind::Unrolled(n) => self.line(&format!("#pragma GCC unroll {n}")),
                     LoopKind::Parallel => {
-                        self.line(&format!("#pragma omp parallel for schedule(static) num_threads({}) if({} > 1)", self.target.cores, expr(extent)));
+                        self.line(&format!(
+                            "#pragma omp parallel for schedule(static) num_threads({}) if({} > 1)",
+                            self.target.cores,
+                            expr(extent)
+                        ));
                         self.in_parallel = true;
                     }
                 }
-                self.line(&format!("for (int64_t {var} = 0; {var} < {}; {var}++) {{", expr(extent)));
+                self.line(&format!(
+                    "for (int64_t {var} = 0; {var} < {}; {var}++) {{",
+                    expr(extent)
+                ));
                 self.indent += 1;
                 self.block(body);
                 self.indent -= 1;
                 self.line("}");
                 self.in_parallel = was_parallel;
             }
-            Stmt::If { cond: c, then, otherwise } => {
+            Stmt::If {
+                cond: c,
+                then,
+                otherwise,
+            } => {
                 self.line(&format!("if ({}) {{", cond(c)));
                 self.indent += 1;
                 self.block(then);
@@ -147,12 +175,28 @@ impl Printer<'_> {
                 }
                 self.line("}");
             }
-            Stmt::Let { var, value } => self.line(&format!("const int64_t {var} = {};", expr(value))),
-            Stmt::Alloc { buf, len, scope: Scope::Stack } => {
-                self.line(&format!("float {buf}[{}] __attribute__((aligned(64)));", expr(len)));
+            Stmt::Let { var, value } => {
+                self.line(&format!("const int64_t {var} = {};", expr(value)))
             }
-            Stmt::Alloc { buf, len, scope: Scope::Scratch(slot) } => {
-                self.line(&format!("float *restrict {buf} = (float *)as_scratch({slot}, {});", expr(len)));
+            Stmt::Alloc {
+                buf,
+                len,
+                scope: Scope::Stack,
+            } => {
+                self.line(&format!(
+                    "float {buf}[{}] __attribute__((aligned(64)));",
+                    expr(len)
+                ));
+            }
+            Stmt::Alloc {
+                buf,
+                len,
+                scope: Scope::Scratch(slot),
+            } => {
+                self.line(&format!(
+                    "float *restrict {buf} = (float *)as_scratch({slot}, {});",
+                    expr(len)
+                ));
                 let fail = if self.in_parallel {
                     format!("{{ __atomic_store_n(&as_status, {STATUS_NO_MEMORY}, __ATOMIC_RELAXED); continue; }}")
                 } else {
@@ -167,7 +211,11 @@ impl Printer<'_> {
             Stmt::Assign { reg, value } => self.line(&format!("{reg} = {};", self.value(value))),
             Stmt::Store { buf, index, value } => {
                 if value.lanes() > 1 {
-                    self.line(&format!("as_vstore(&{buf}[{}], {});", expr(index), self.value(value)));
+                    self.line(&format!(
+                        "as_vstore(&{buf}[{}], {});",
+                        expr(index),
+                        self.value(value)
+                    ));
                 } else {
                     self.line(&format!("{buf}[{}] = {};", expr(index), self.value(value)));
                 }
@@ -178,7 +226,12 @@ impl Printer<'_> {
 
 /// Print one kernel as a C function.
 pub fn print_func(f: &Func, target: &CpuTarget) -> String {
-    let mut p = Printer { out: String::new(), indent: 1, target, in_parallel: false };
+    let mut p = Printer {
+        out: String::new(),
+        indent: 1,
+        target,
+        in_parallel: false,
+    };
     let _ = writeln!(p.out, "int32_t {}(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {{", f.name);
     p.line("int32_t as_status = 0;");
     p.line("(void)vars;");
@@ -189,10 +242,20 @@ pub fn print_func(f: &Func, target: &CpuTarget) -> String {
     for (i, sv) in f.shape_vars.iter().enumerate() {
         match &f.specialized {
             Some(values) => {
-                p.line(&format!("if (vars[{i}] != {}) return {STATUS_WRONG_SHAPE};", values[i]));
-                p.line(&format!("const int64_t {} = {};", shape_var_name(sv), values[i]));
+                p.line(&format!(
+                    "if (vars[{i}] != {}) return {STATUS_WRONG_SHAPE};",
+                    values[i]
+                ));
+                p.line(&format!(
+                    "const int64_t {} = {};",
+                    shape_var_name(sv),
+                    values[i]
+                ));
             }
-            None => p.line(&format!("const int64_t {} = vars[{i}];", shape_var_name(sv))),
+            None => p.line(&format!(
+                "const int64_t {} = vars[{i}];",
+                shape_var_name(sv)
+            )),
         }
     }
     p.block(&f.body);

@@ -16,6 +16,8 @@ mod target;
 
 pub use error::{CodegenError, Result};
 pub use lower::lower;
-pub use program::{KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES};
+pub use program::{
+    KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES,
+};
 pub use sketch::{GemmView, MicroKernel};
 pub use target::{CpuTarget, Simd};

@@ -88,22 +88,33 @@ pub enum Value {
 impl Value {
     /// A scalar load.
     pub fn load(buf: &str, index: Expr) -> Value {
-        Value::Load { buf: buf.into(), index, lanes: 1 }
+        Value::Load {
+            buf: buf.into(),
+            index,
+            lanes: 1,
+        }
     }
 
     /// A vector load.
     pub fn vload(buf: &str, index: Expr, lanes: usize) -> Value {
-        Value::Load { buf: buf.into(), index, lanes }
+        Value::Load {
+            buf: buf.into(),
+            index,
+            lanes,
+        }
     }
 
     /// `a + b`.
-    pub fn add(a: Value, b: Value) -> Value {
+    pub fn sum(a: Value, b: Value) -> Value {
         Value::Add(Box::new(a), Box::new(b))
     }
 
     /// A register of `lanes`.
     pub fn reg(name: &str, lanes: usize) -> Value {
-        Value::Reg { name: name.into(), lanes }
+        Value::Reg {
+            name: name.into(),
+            lanes,
+        }
     }
 
     /// How many lanes the value has.
@@ -111,7 +122,9 @@ impl Value {
         match self {
             Value::Zero { lanes } | Value::Load { lanes, .. } | Value::Reg { lanes, .. } => *lanes,
             Value::Lane(..) => 1,
-            Value::Add(a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => a.lanes().max(b.lanes()),
+            Value::Add(a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => {
+                a.lanes().max(b.lanes())
+            }
             Value::Relu(x) => x.lanes(),
         }
     }
@@ -200,22 +213,38 @@ pub struct Func {
 
 /// `for var in 0..extent { body }`.
 pub fn for_(var: &str, extent: Expr, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
-    Stmt::For { var: var.into(), extent, kind, body }
+    Stmt::For {
+        var: var.into(),
+        extent,
+        kind,
+        body,
+    }
 }
 
 /// `let var = value`.
 pub fn let_(var: &str, value: Expr) -> Stmt {
-    Stmt::Let { var: var.into(), value }
+    Stmt::Let {
+        var: var.into(),
+        value,
+    }
 }
 
 /// `if cond { then }`.
 pub fn if_(cond: Cond, then: Vec<Stmt>) -> Stmt {
-    Stmt::If { cond, then, otherwise: vec![] }
+    Stmt::If {
+        cond,
+        then,
+        otherwise: vec![],
+    }
 }
 
 /// `buf[index] = value`.
 pub fn store(buf: &str, index: Expr, value: Value) -> Stmt {
-    Stmt::Store { buf: buf.into(), index, value }
+    Stmt::Store {
+        buf: buf.into(),
+        index,
+        value,
+    }
 }
 
 /// The name a shape var has inside lowered code.

@@ -12,7 +12,9 @@
 //!   [epilogue over the task's output tile]
 //! [global-pad: copy the padded output back]
 //! ```
-use crate::loop_ir::{for_, if_, let_, shape_var_name, store, Cond, Func, LoopKind, Scope, Stmt, Value};
+use crate::loop_ir::{
+    for_, if_, let_, shape_var_name, store, Cond, Func, LoopKind, Scope, Stmt, Value,
+};
 use crate::{CodegenError, CpuTarget, GemmView, KernelMode, PaddingStrategy, Program, Result};
 use anyshape_ir::{Epilogue, Expr};
 
@@ -51,7 +53,11 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         KernelMode::Symbolic => None,
         KernelMode::Specialized => {
             w.bind(&p.bindings)?;
-            let values = shape_vars.iter().map(|s| p.bindings.get(s).ok_or_else(|| CodegenError::Unspecialized(format!("`{s}` has no value"))));
+            let values = shape_vars.iter().map(|s| {
+                p.bindings
+                    .get(s)
+                    .ok_or_else(|| CodegenError::Unspecialized(format!("`{s}` has no value")))
+            });
             Some(values.collect::<Result<Vec<_>>>()?)
         }
     };
@@ -61,12 +67,26 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
 
     // Extents and strides, named once.
     let batch_ext: Vec<Expr> = g.batch.iter().map(|&a| rename(&w.axes[a].extent)).collect();
-    let e_b = batch_ext.iter().fold(Expr::Const(1), |acc, e| acc * e.clone());
-    for (name, e) in [("e_b", e_b), ("e_m", rename(&w.axes[g.m].extent)), ("e_n", rename(&w.axes[g.n].extent)), ("e_k", rename(&w.axes[g.k].extent))] {
+    let e_b = batch_ext
+        .iter()
+        .fold(Expr::Const(1), |acc, e| acc * e.clone());
+    for (name, e) in [
+        ("e_b", e_b),
+        ("e_m", rename(&w.axes[g.m].extent)),
+        ("e_n", rename(&w.axes[g.n].extent)),
+        ("e_k", rename(&w.axes[g.k].extent)),
+    ] {
         body.push(let_(name, e));
     }
     let (a, b, out) = (&w.inputs[0], &w.inputs[1], &w.output);
-    for (name, t, axis) in [("sa_m", a, g.m), ("sa_k", a, g.k), ("sb_n", b, g.n), ("sb_k", b, g.k), ("sc_m", out, g.m), ("sc_n", out, g.n)] {
+    for (name, t, axis) in [
+        ("sa_m", a, g.m),
+        ("sa_k", a, g.k),
+        ("sb_n", b, g.n),
+        ("sb_k", b, g.k),
+        ("sc_m", out, g.m),
+        ("sc_n", out, g.n),
+    ] {
         body.push(let_(name, rename(&t.axis_stride(axis))));
     }
     // Base offset of each tensor for the flat batch index held in `bt_var`.
@@ -79,10 +99,19 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
             inner = inner * e.clone();
             idx.push((g.batch[j], name));
         }
-        [a, b, out].map(|t| idx.iter().fold(rename(&t.base_offset()), |acc, (axis, name)| acc + v(name) * rename(&t.axis_stride(*axis))))
+        [a, b, out].map(|t| {
+            idx.iter()
+                .fold(rename(&t.base_offset()), |acc, (axis, name)| {
+                    acc + v(name) * rename(&t.axis_stride(*axis))
+                })
+        })
     };
 
-    let nest = Nest { p, lanes: target.lanes_f32(), strategy: p.strategy };
+    let nest = Nest {
+        p,
+        lanes: target.lanes_f32(),
+        strategy: p.strategy,
+    };
     let global = p.strategy == PaddingStrategy::GlobalPad;
     if global {
         // Padded extents: every axis rounded up to its register-tile granularity.
@@ -90,16 +119,36 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         body.push(let_("p_n", Expr::round_up(v("e_n"), mk.nr as i64)));
         body.push(let_("p_k", Expr::round_up(v("e_k"), mk.uk as i64)));
         for (buf, slot, rows) in [("Ag", 2, "p_m"), ("Bg", 3, "p_n")] {
-            body.push(Stmt::Alloc { buf: buf.into(), len: v("e_b") * v(rows) * v("p_k"), scope: Scope::Scratch(slot) });
+            body.push(Stmt::Alloc {
+                buf: buf.into(),
+                len: v("e_b") * v(rows) * v("p_k"),
+                scope: Scope::Scratch(slot),
+            });
         }
-        body.push(Stmt::Alloc { buf: "Cg".into(), len: v("e_b") * v("p_m") * v("p_n"), scope: Scope::Scratch(4) });
-        for (buf, src, rows, ext, s_row, s_col, which) in [("Ag", "in0", "p_m", "e_m", "sa_m", "sa_k", 0), ("Bg", "in1", "p_n", "e_n", "sb_n", "sb_k", 1)] {
+        body.push(Stmt::Alloc {
+            buf: "Cg".into(),
+            len: v("e_b") * v("p_m") * v("p_n"),
+            scope: Scope::Scratch(4),
+        });
+        for (buf, src, rows, ext, s_row, s_col, which) in [
+            ("Ag", "in0", "p_m", "e_m", "sa_m", "sa_k", 0),
+            ("Bg", "in1", "p_n", "e_n", "sb_n", "sb_k", 1),
+        ] {
             let mut task = vec![let_("bt", v("t") / v(rows)), let_("r", v("t") % v(rows))];
             let bases = batch_bases("bt", "", &mut task);
             let valid = Cond::and(Cond::Lt(v("r"), v(ext)), Cond::Lt(v("kk"), v("e_k")));
             let src_idx = bases[which].clone() + v("r") * v(s_row) + v("kk") * v(s_col);
-            let value = Value::Select(valid, Box::new(Value::load(src, src_idx)), Box::new(Value::Zero { lanes: 1 }));
-            task.push(for_("kk", v("p_k"), LoopKind::Serial, vec![store(buf, v("t") * v("p_k") + v("kk"), value)]));
+            let value = Value::Select(
+                valid,
+                Box::new(Value::load(src, src_idx)),
+                Box::new(Value::Zero { lanes: 1 }),
+            );
+            task.push(for_(
+                "kk",
+                v("p_k"),
+                LoopKind::Serial,
+                vec![store(buf, v("t") * v("p_k") + v("kk"), value)],
+            ));
             body.push(for_("t", v("e_b") * v(rows), LoopKind::Parallel, task));
         }
     } else {
@@ -110,7 +159,10 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
 
     body.push(let_("tiles_m", Expr::ceil_div(v("p_m"), c(mk.mc))));
     body.push(let_("tiles_n", Expr::ceil_div(v("p_n"), c(mk.nc))));
-    body.push(let_("tiles_k", Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc)))));
+    body.push(let_(
+        "tiles_k",
+        Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc))),
+    ));
     let mut task = vec![
         let_("jt", v("t") % v("tiles_n")),
         let_("it", v("t") / v("tiles_n") % v("tiles_m")),
@@ -118,16 +170,46 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     ];
     let operands = if global {
         [
-            Operand { buf: "Ag", base: v("bt") * v("p_m") * v("p_k"), s_row: v("p_k"), s_col: c(1) },
-            Operand { buf: "Bg", base: v("bt") * v("p_n") * v("p_k"), s_row: v("p_k"), s_col: c(1) },
-            Operand { buf: "Cg", base: v("bt") * v("p_m") * v("p_n"), s_row: v("p_n"), s_col: c(1) },
+            Operand {
+                buf: "Ag",
+                base: v("bt") * v("p_m") * v("p_k"),
+                s_row: v("p_k"),
+                s_col: c(1),
+            },
+            Operand {
+                buf: "Bg",
+                base: v("bt") * v("p_n") * v("p_k"),
+                s_row: v("p_k"),
+                s_col: c(1),
+            },
+            Operand {
+                buf: "Cg",
+                base: v("bt") * v("p_m") * v("p_n"),
+                s_row: v("p_n"),
+                s_col: c(1),
+            },
         ]
     } else {
         let [ba, bb, bc] = batch_bases("bt", "", &mut task);
         [
-            Operand { buf: "in0", base: ba, s_row: v("sa_m"), s_col: v("sa_k") },
-            Operand { buf: "in1", base: bb, s_row: v("sb_n"), s_col: v("sb_k") },
-            Operand { buf: "out0", base: bc, s_row: v("sc_m"), s_col: v("sc_n") },
+            Operand {
+                buf: "in0",
+                base: ba,
+                s_row: v("sa_m"),
+                s_col: v("sa_k"),
+            },
+            Operand {
+                buf: "in1",
+                base: bb,
+                s_row: v("sb_n"),
+                s_col: v("sb_k"),
+            },
+            Operand {
+                buf: "out0",
+                base: bc,
+                s_row: v("sc_m"),
+                s_col: v("sc_n"),
+            },
         ]
     };
     for (i, op) in operands.iter().enumerate() {
@@ -137,20 +219,40 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     if !global && w.epilogue != Epilogue::None {
         task.push(epilogue_tile(w.epilogue));
     }
-    body.push(for_("t", v("e_b") * v("tiles_m") * v("tiles_n"), LoopKind::Parallel, task));
+    body.push(for_(
+        "t",
+        v("e_b") * v("tiles_m") * v("tiles_n"),
+        LoopKind::Parallel,
+        task,
+    ));
 
     if global {
         // Slice the padded output back, applying the epilogue on the way.
         let mut task = vec![let_("bt", v("t") / v("e_m")), let_("r", v("t") % v("e_m"))];
         let bases = batch_bases("bt", "", &mut task);
         let src = Value::load("Cg", (v("bt") * v("p_m") + v("r")) * v("p_n") + v("j"));
-        let value = if w.epilogue == Epilogue::Relu { Value::Relu(Box::new(src)) } else { src };
+        let value = if w.epilogue == Epilogue::Relu {
+            Value::Relu(Box::new(src))
+        } else {
+            src
+        };
         let dst = bases[2].clone() + v("r") * v("sc_m") + v("j") * v("sc_n");
-        task.push(for_("j", v("e_n"), LoopKind::Serial, vec![store("out0", dst, value)]));
+        task.push(for_(
+            "j",
+            v("e_n"),
+            LoopKind::Serial,
+            vec![store("out0", dst, value)],
+        ));
         body.push(for_("t", v("e_b") * v("e_m"), LoopKind::Parallel, task));
     }
 
-    Ok(Func { name: p.symbol(target), shape_vars, specialized, inputs: w.inputs.len(), body })
+    Ok(Func {
+        name: p.symbol(target),
+        shape_vars,
+        specialized,
+        inputs: w.inputs.len(),
+        body,
+    })
 }
 
 /// Apply the epilogue to the valid part of the task's output tile.
@@ -160,7 +262,17 @@ fn epilogue_tile(epilogue: Epilogue) -> Stmt {
         Epilogue::Relu => Value::Relu(Box::new(Value::load("out0", idx.clone()))),
         Epilogue::None => Value::load("out0", idx.clone()),
     };
-    for_("i", v("mlen"), LoopKind::Serial, vec![for_("j", v("nlen"), LoopKind::Serial, vec![store("out0", idx, value)])])
+    for_(
+        "i",
+        v("mlen"),
+        LoopKind::Serial,
+        vec![for_(
+            "j",
+            v("nlen"),
+            LoopKind::Serial,
+            vec![store("out0", idx, value)],
+        )],
+    )
 }
 
 impl Nest<'_> {
@@ -170,7 +282,10 @@ impl Nest<'_> {
 
     /// Whether the compute stage may assume full register tiles everywhere.
     fn padded(&self) -> bool {
-        matches!(self.strategy, PaddingStrategy::LocalPad | PaddingStrategy::GlobalPad)
+        matches!(
+            self.strategy,
+            PaddingStrategy::LocalPad | PaddingStrategy::GlobalPad
+        )
     }
 
     fn task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
@@ -182,52 +297,111 @@ impl Nest<'_> {
             let_("nlen", Expr::min(c(mk.nc), v("p_n") - v("n0"))),
             let_("nmb", Expr::ceil_div(v("mlen"), c(mk.mr))),
             let_("nnb", Expr::ceil_div(v("nlen"), c(mk.nr))),
-            Stmt::Alloc { buf: "Ap".into(), len: c(mk.mc * mk.kc), scope: Scope::Scratch(0) },
-            Stmt::Alloc { buf: "Bp".into(), len: c(mk.kc * mk.nc), scope: Scope::Scratch(1) },
+            Stmt::Alloc {
+                buf: "Ap".into(),
+                len: c(mk.mc * mk.kc),
+                scope: Scope::Scratch(0),
+            },
+            Stmt::Alloc {
+                buf: "Bp".into(),
+                len: c(mk.kc * mk.nc),
+                scope: Scope::Scratch(1),
+            },
         ];
         let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
         let kp = match self.strategy {
             PaddingStrategy::LocalPad => Expr::round_up(v("klen"), mk.uk as i64),
             _ => v("klen"),
         };
-        let mut kt_body = vec![let_("k0", v("kt") * c(mk.kc)), let_("klen", klen), let_("kp", kp)];
-        kt_body.push(self.pack("Ap", &ops[0], "ib", "nmb", mk.mr, "m0", "e_m"));
-        kt_body.push(self.pack("Bp", &ops[1], "jb", "nnb", mk.nr, "n0", "e_n"));
-        let tile = vec![let_("mi", v("m0") + v("ib") * c(mk.mr)), let_("nj", v("n0") + v("jb") * c(mk.nr))];
-        let full = Cond::and(Cond::Le(v("mi") + c(mk.mr), v("e_m")), Cond::Le(v("nj") + c(mk.nr), v("e_n")));
+        let mut kt_body = vec![
+            let_("k0", v("kt") * c(mk.kc)),
+            let_("klen", klen),
+            let_("kp", kp),
+        ];
+        kt_body.push(self.pack(0, &ops[0]));
+        kt_body.push(self.pack(1, &ops[1]));
+        let tile = vec![
+            let_("mi", v("m0") + v("ib") * c(mk.mr)),
+            let_("nj", v("n0") + v("jb") * c(mk.nr)),
+        ];
+        let full = Cond::and(
+            Cond::Le(v("mi") + c(mk.mr), v("e_m")),
+            Cond::Le(v("nj") + c(mk.nr), v("e_n")),
+        );
         let tile_body: Vec<Stmt> = match self.strategy {
             PaddingStrategy::GlobalPad => [tile, self.fast_tile(&ops[2], false)].concat(),
             PaddingStrategy::LocalPad => [tile, self.fast_tile(&ops[2], true)].concat(),
             PaddingStrategy::BoundaryCheck => [tile, self.checked_tile(&ops[2])].concat(),
             PaddingStrategy::LoopPartition => {
                 let mut t = tile;
-                t.push(Stmt::If { cond: full, then: self.fast_tile(&ops[2], false), otherwise: self.checked_tile(&ops[2]) });
+                t.push(Stmt::If {
+                    cond: full,
+                    then: self.fast_tile(&ops[2], false),
+                    otherwise: self.checked_tile(&ops[2]),
+                });
                 t
             }
         };
-        kt_body.push(for_("jb", v("nnb"), LoopKind::Serial, vec![for_("ib", v("nmb"), LoopKind::Serial, tile_body)]));
+        kt_body.push(for_(
+            "jb",
+            v("nnb"),
+            LoopKind::Serial,
+            vec![for_("ib", v("nmb"), LoopKind::Serial, tile_body)],
+        ));
         s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
         s
     }
 
-    /// Fetch stage: pack `rows` register-tile rows of one operand for the current `kt`.
-    /// Layout: block `rb` holds `kc x reg` elements, `kk`-major.
-    fn pack(&self, dst: &str, op: &Operand, rb: &str, nblocks: &str, reg: usize, origin: &str, extent: &str) -> Stmt {
+    /// Fetch stage: pack the current `kt` slice of operand `which` (0: the M side into
+    /// `Ap`, 1: the N side into `Bp`). Layout: register block `rb` holds `kc x reg`
+    /// elements, `kk`-major.
+    fn pack(&self, which: usize, op: &Operand) -> Stmt {
+        let mk = self.mk();
+        let (dst, rb, nblocks, reg, origin, extent) = match which {
+            0 => ("Ap", "ib", "nmb", mk.mr, "m0", "e_m"),
+            _ => ("Bp", "jb", "nnb", mk.nr, "n0", "e_n"),
+        };
         let kc = self.mk().kc;
         let row = v(origin) + v(rb) * c(reg) + v("rr");
-        let src_idx = v(&format!("base{}", if dst == "Ap" { 0 } else { 1 })) + row.clone() * op.s_row.clone() + (v("k0") + v("kk")) * op.s_col.clone();
+        let src_idx = v(&format!("base{which}"))
+            + row.clone() * op.s_row.clone()
+            + (v("k0") + v("kk")) * op.s_col.clone();
         let dst_idx = v(rb) * c(kc * reg) + v("kk") * c(reg) + v("rr");
         let load = Value::load(op.buf, src_idx);
-        let valid = Cond::and(Cond::Lt(row, v(extent)), Cond::Lt(v("k0") + v("kk"), v("e_k")));
+        let valid = Cond::and(
+            Cond::Lt(row, v(extent)),
+            Cond::Lt(v("k0") + v("kk"), v("e_k")),
+        );
         let (kk_extent, copy) = match self.strategy {
             PaddingStrategy::GlobalPad => (v("kp"), store(dst, dst_idx, load)),
-            PaddingStrategy::LocalPad => (v("kp"), store(dst, dst_idx, Value::Select(valid, Box::new(load), Box::new(Value::Zero { lanes: 1 })))),
+            PaddingStrategy::LocalPad => (
+                v("kp"),
+                store(
+                    dst,
+                    dst_idx,
+                    Value::Select(valid, Box::new(load), Box::new(Value::Zero { lanes: 1 })),
+                ),
+            ),
             _ => (v("klen"), if_(valid, vec![store(dst, dst_idx, load)])),
         };
         // Walk the source contiguously when its K stride is 1.
         let k_inner = op.s_col.simplify().as_const() == Some(1);
-        let (outer, inner) = if k_inner { (("rr", c(reg)), ("kk", kk_extent)) } else { (("kk", kk_extent), ("rr", c(reg))) };
-        for_(rb, v(nblocks), LoopKind::Serial, vec![for_(outer.0, outer.1, LoopKind::Serial, vec![for_(inner.0, inner.1, LoopKind::Serial, vec![copy])])])
+        let (outer, inner) = if k_inner {
+            (("rr", c(reg)), ("kk", kk_extent))
+        } else {
+            (("kk", kk_extent), ("rr", c(reg)))
+        };
+        for_(
+            rb,
+            v(nblocks),
+            LoopKind::Serial,
+            vec![for_(
+                outer.0,
+                outer.1,
+                LoopKind::Serial,
+                vec![for_(inner.0, inner.1, LoopKind::Serial, vec![copy])],
+            )],
+        )
     }
 
     fn acc(i: usize, j: usize) -> String {
@@ -242,30 +416,52 @@ impl Nest<'_> {
         let mut s = Vec::new();
         for i in 0..mk.mr {
             for j in 0..nv {
-                s.push(Stmt::Reg { name: Self::acc(i, j), lanes, init: Value::Zero { lanes } });
+                s.push(Stmt::Reg {
+                    name: Self::acc(i, j),
+                    lanes,
+                    init: Value::Zero { lanes },
+                });
             }
         }
         let mut step = vec![];
         for j in 0..nv {
             let idx = v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes);
-            step.push(Stmt::Reg { name: format!("b_{j}"), lanes, init: Value::vload("Bp", idx, lanes) });
+            step.push(Stmt::Reg {
+                name: format!("b_{j}"),
+                lanes,
+                init: Value::vload("Bp", idx, lanes),
+            });
         }
         for i in 0..mk.mr {
             let a = Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i));
             for j in 0..nv {
-                let value = Value::Fma(Box::new(Value::reg(&format!("b_{j}"), lanes)), Box::new(a.clone()), Box::new(Value::reg(&Self::acc(i, j), lanes)));
-                step.push(Stmt::Assign { reg: Self::acc(i, j), value });
+                let value = Value::Fma(
+                    Box::new(Value::reg(&format!("b_{j}"), lanes)),
+                    Box::new(a.clone()),
+                    Box::new(Value::reg(&Self::acc(i, j), lanes)),
+                );
+                step.push(Stmt::Assign {
+                    reg: Self::acc(i, j),
+                    value,
+                });
             }
         }
         if self.padded() {
             // kp is a multiple of uk: an outer loop and a fully unrolled inner one.
             let mut inner = vec![let_("kk", v("kq") * c(mk.uk) + v("u"))];
             inner.extend(step);
-            s.push(for_("kq", v("kp") / c(mk.uk), LoopKind::Serial, vec![for_("u", c(mk.uk), LoopKind::Unrolled(mk.uk), inner)]));
+            s.push(for_(
+                "kq",
+                v("kp") / c(mk.uk),
+                LoopKind::Serial,
+                vec![for_("u", c(mk.uk), LoopKind::Unrolled(mk.uk), inner)],
+            ));
         } else {
             s.push(for_("kk", v("klen"), LoopKind::Unrolled(mk.uk), step));
         }
-        let out_idx = |i: usize, col: Expr| v("base2") + (v("mi") + c(i)) * out.s_row.clone() + (v("nj") + col) * out.s_col.clone();
+        let out_idx = |i: usize, col: Expr| {
+            v("base2") + (v("mi") + c(i)) * out.s_row.clone() + (v("nj") + col) * out.s_col.clone()
+        };
         let contiguous = out.s_col.simplify().as_const() == Some(1);
         let full_store = |accumulate: bool| -> Vec<Stmt> {
             let mut st = Vec::new();
@@ -274,16 +470,31 @@ impl Nest<'_> {
                     let reg = Value::reg(&Self::acc(i, j), lanes);
                     if contiguous {
                         let idx = out_idx(i, c(j * lanes));
-                        let value = if accumulate { Value::add(Value::vload(out.buf, idx.clone(), lanes), reg) } else { reg };
+                        let value = if accumulate {
+                            Value::sum(Value::vload(out.buf, idx.clone(), lanes), reg)
+                        } else {
+                            reg
+                        };
                         st.push(store(out.buf, idx, value));
                     } else {
-                        st.push(Self::lane_store(out, out_idx(i, c(j * lanes) + v("l")), &Self::acc(i, j), accumulate, lanes, None));
+                        st.push(Self::lane_store(
+                            out,
+                            out_idx(i, c(j * lanes) + v("l")),
+                            &Self::acc(i, j),
+                            accumulate,
+                            lanes,
+                            None,
+                        ));
                     }
                 }
             }
             st
         };
-        let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| Stmt::If { cond: Cond::Eq(v("kt"), c(0)), then: f(false), otherwise: f(true) };
+        let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| Stmt::If {
+            cond: Cond::Eq(v("kt"), c(0)),
+            then: f(false),
+            otherwise: f(true),
+        };
         let full = by_kt(&full_store);
         if !checked_writeback {
             s.push(full);
@@ -295,21 +506,46 @@ impl Nest<'_> {
                 let mut row = Vec::new();
                 for j in 0..nv {
                     let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));
-                    row.push(Self::lane_store(out, out_idx(i, c(j * lanes) + v("l")), &Self::acc(i, j), accumulate, lanes, Some(col_ok)));
+                    row.push(Self::lane_store(
+                        out,
+                        out_idx(i, c(j * lanes) + v("l")),
+                        &Self::acc(i, j),
+                        accumulate,
+                        lanes,
+                        Some(col_ok),
+                    ));
                 }
                 st.push(if_(Cond::Lt(v("mi") + c(i), v("e_m")), row));
             }
             st
         };
-        let full_cond = Cond::and(Cond::Le(v("mi") + c(mk.mr), v("e_m")), Cond::Le(v("nj") + c(mk.nr), v("e_n")));
-        s.push(Stmt::If { cond: full_cond, then: vec![full], otherwise: vec![by_kt(&partial_store)] });
+        let full_cond = Cond::and(
+            Cond::Le(v("mi") + c(mk.mr), v("e_m")),
+            Cond::Le(v("nj") + c(mk.nr), v("e_n")),
+        );
+        s.push(Stmt::If {
+            cond: full_cond,
+            then: vec![full],
+            otherwise: vec![by_kt(&partial_store)],
+        });
         s
     }
 
     /// Store each lane of a vector register at `idx` (which uses loop var `l`), optionally checked.
-    fn lane_store(out: &Operand, idx: Expr, reg: &str, accumulate: bool, lanes: usize, check: Option<Cond>) -> Stmt {
+    fn lane_store(
+        out: &Operand,
+        idx: Expr,
+        reg: &str,
+        accumulate: bool,
+        lanes: usize,
+        check: Option<Cond>,
+    ) -> Stmt {
         let lane = Value::Lane(reg.into(), v("l"));
-        let value = if accumulate { Value::add(Value::load(out.buf, idx.clone()), lane) } else { lane };
+        let value = if accumulate {
+            Value::sum(Value::load(out.buf, idx.clone()), lane)
+        } else {
+            lane
+        };
         let st = store(out.buf, idx, value);
         let body = match check {
             Some(cond) => vec![if_(cond, vec![st])],
@@ -321,19 +557,60 @@ impl Nest<'_> {
     /// Register tile with a boundary check on every element in the compute stage.
     fn checked_tile(&self, out: &Operand) -> Vec<Stmt> {
         let mk = self.mk();
-        let valid = || Cond::and(Cond::Lt(v("mi") + v("i"), v("e_m")), Cond::Lt(v("nj") + v("j"), v("e_n")));
+        let valid = || {
+            Cond::and(
+                Cond::Lt(v("mi") + v("i"), v("e_m")),
+                Cond::Lt(v("nj") + v("j"), v("e_n")),
+            )
+        };
         let acc_idx = v("i") * c(mk.nr) + v("j");
-        let a = Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"));
-        let b = Value::load("Bp", v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"));
-        let fma = Value::Fma(Box::new(b), Box::new(a), Box::new(Value::load("acc", acc_idx.clone())));
-        let out_idx = v("base2") + (v("mi") + v("i")) * out.s_row.clone() + (v("nj") + v("j")) * out.s_col.clone();
+        let a = Value::load(
+            "Ap",
+            v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
+        );
+        let b = Value::load(
+            "Bp",
+            v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
+        );
+        let fma = Value::Fma(
+            Box::new(b),
+            Box::new(a),
+            Box::new(Value::load("acc", acc_idx.clone())),
+        );
+        let out_idx = v("base2")
+            + (v("mi") + v("i")) * out.s_row.clone()
+            + (v("nj") + v("j")) * out.s_col.clone();
         let acc = Value::load("acc", acc_idx.clone());
-        let write = Value::Select(Cond::Eq(v("kt"), c(0)), Box::new(acc.clone()), Box::new(Value::add(Value::load(out.buf, out_idx.clone()), acc)));
-        let ij = |body: Vec<Stmt>| for_("i", c(mk.mr), LoopKind::Unrolled(mk.mr), vec![for_("j", c(mk.nr), LoopKind::Serial, body)]);
+        let write = Value::Select(
+            Cond::Eq(v("kt"), c(0)),
+            Box::new(acc.clone()),
+            Box::new(Value::sum(Value::load(out.buf, out_idx.clone()), acc)),
+        );
+        let ij = |body: Vec<Stmt>| {
+            for_(
+                "i",
+                c(mk.mr),
+                LoopKind::Unrolled(mk.mr),
+                vec![for_("j", c(mk.nr), LoopKind::Serial, body)],
+            )
+        };
         vec![
-            Stmt::Alloc { buf: "acc".into(), len: c(mk.mr * mk.nr), scope: Scope::Stack },
-            ij(vec![store("acc", acc_idx.clone(), Value::Zero { lanes: 1 })]),
-            for_("kk", v("klen"), LoopKind::Serial, vec![ij(vec![if_(valid(), vec![store("acc", acc_idx, fma)])])]),
+            Stmt::Alloc {
+                buf: "acc".into(),
+                len: c(mk.mr * mk.nr),
+                scope: Scope::Stack,
+            },
+            ij(vec![store(
+                "acc",
+                acc_idx.clone(),
+                Value::Zero { lanes: 1 },
+            )]),
+            for_(
+                "kk",
+                v("klen"),
+                LoopKind::Serial,
+                vec![ij(vec![if_(valid(), vec![store("acc", acc_idx, fma)])])],
+            ),
             ij(vec![if_(valid(), vec![store(out.buf, out_idx, write)])]),
         ]
     }

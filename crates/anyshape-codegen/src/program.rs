@@ -27,8 +27,12 @@ pub enum PaddingStrategy {
 }
 
 /// All padding strategies, in the order of the paper's figure.
-pub const PADDING_STRATEGIES: [PaddingStrategy; 4] =
-    [PaddingStrategy::BoundaryCheck, PaddingStrategy::GlobalPad, PaddingStrategy::LoopPartition, PaddingStrategy::LocalPad];
+pub const PADDING_STRATEGIES: [PaddingStrategy; 4] = [
+    PaddingStrategy::BoundaryCheck,
+    PaddingStrategy::GlobalPad,
+    PaddingStrategy::LoopPartition,
+    PaddingStrategy::LocalPad,
+];
 
 impl PaddingStrategy {
     /// The command-line name.
@@ -76,7 +80,10 @@ macro_rules! named_enum {
             type Err = String;
             fn from_str(s: &str) -> std::result::Result<Self, String> {
                 $all.into_iter().find(|v| v.name() == s).ok_or_else(|| {
-                    format!("unknown `{s}` (expected one of: {})", $all.map(|v| v.name()).join(", "))
+                    format!(
+                        "unknown `{s}` (expected one of: {})",
+                        $all.map(|v| v.name()).join(", ")
+                    )
                 })
             }
         }
@@ -111,7 +118,10 @@ impl Program {
             KernelMode::Specialized => self.bindings.to_string(),
             KernelMode::Symbolic => String::new(),
         };
-        let key = format!("{CODEGEN_VERSION}|{}|{}|{}|{}|{specialized}|{:?}", self.workload, self.micro_kernel, self.strategy, self.mode, target);
+        let key = format!(
+            "{CODEGEN_VERSION}|{}|{}|{}|{}|{specialized}|{:?}",
+            self.workload, self.micro_kernel, self.strategy, self.mode, target
+        );
         h.update(key.as_bytes());
         let digest = h.finalize();
         let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();

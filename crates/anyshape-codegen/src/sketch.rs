@@ -30,7 +30,10 @@ pub struct GemmView {
 impl GemmView {
     /// Classify the axes of a two-input contraction; errors say why the sketch does not apply.
     pub fn of(w: &Workload) -> Result<GemmView> {
-        let fail = |reason: &str| CodegenError::SketchNotApplicable { workload: w.to_string(), reason: reason.into() };
+        let fail = |reason: &str| CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: reason.into(),
+        };
         let [a, b] = w.inputs.as_slice() else {
             return Err(fail("it needs exactly two inputs"));
         };
@@ -41,11 +44,21 @@ impl GemmView {
                 (AxisKind::Spatial, true, true) => batch.push(i),
                 (AxisKind::Spatial, true, false) => ms.push(i),
                 (AxisKind::Spatial, false, true) => ns.push(i),
-                _ => return Err(fail(&format!("axis {} is not used like a GEMM axis", axis.name))),
+                _ => {
+                    return Err(fail(&format!(
+                        "axis {} is not used like a GEMM axis",
+                        axis.name
+                    )))
+                }
             }
         }
         match (ms.as_slice(), ns.as_slice(), ks.as_slice()) {
-            ([m], [n], [k]) => Ok(GemmView { batch, m: *m, n: *n, k: *k }),
+            ([m], [n], [k]) => Ok(GemmView {
+                batch,
+                m: *m,
+                n: *n,
+                k: *k,
+            }),
             _ => Err(fail("it needs exactly one M, one N and one reduction axis")),
         }
     }
@@ -79,7 +92,14 @@ impl MicroKernel {
         let nr = nv * lanes;
         let kc = (target.l1d_bytes / 2 / (4 * nr)).clamp(4, 512) / 4 * 4;
         let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
-        MicroKernel { mr, nr, mc: mc.min(8 * mr), nc: (12 * nr).min(384.max(nr)), kc, uk: 4 }
+        MicroKernel {
+            mr,
+            nr,
+            mc: mc.min(8 * mr),
+            nc: (12 * nr).min(384.max(nr)),
+            kc,
+            uk: 4,
+        }
     }
 
     fn values(&self) -> [usize; 6] {
@@ -88,23 +108,49 @@ impl MicroKernel {
 
     /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` or the JSON form.
     pub fn parse(text: &str) -> Result<MicroKernel> {
-        let bad = |reason: String| CodegenError::BadMicroKernelText { text: text.into(), reason };
+        let bad = |reason: String| CodegenError::BadMicroKernelText {
+            text: text.into(),
+            reason,
+        };
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
         let mut v: [Option<usize>; 6] = [None; 6];
         for part in text.split(',') {
-            let (k, val) = part.split_once('=').ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
-            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| bad(format!("unknown parameter `{}` (known: {})", k.trim(), FIELDS.join(", "))))?;
-            let val = val.trim().parse().map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
+            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| {
+                bad(format!(
+                    "unknown parameter `{}` (known: {})",
+                    k.trim(),
+                    FIELDS.join(", ")
+                ))
+            })?;
+            let val = val
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
             v[slot] = Some(val);
         }
-        let missing: Vec<_> = FIELDS.iter().zip(&v).filter(|(_, x)| x.is_none()).map(|(f, _)| *f).collect();
+        let missing: Vec<_> = FIELDS
+            .iter()
+            .zip(&v)
+            .filter(|(_, x)| x.is_none())
+            .map(|(f, _)| *f)
+            .collect();
         if !missing.is_empty() {
             return Err(bad(format!("missing {}", missing.join(", "))));
         }
         let [mr, nr, mc, nc, kc, uk] = v.map(|x| x.unwrap_or(0));
-        Ok(MicroKernel { mr, nr, mc, nc, kc, uk })
+        Ok(MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+        })
     }
 
     /// Vector registers the register tile needs: accumulators, one row of B, one broadcast.
@@ -115,16 +161,28 @@ impl MicroKernel {
 
     /// Check every limit of the target; the error names the broken one.
     pub fn validate(&self, target: &CpuTarget) -> Result<()> {
-        let fail = |reason: String| Err(CodegenError::InvalidMicroKernel { micro_kernel: self.to_string(), reason });
+        let fail = |reason: String| {
+            Err(CodegenError::InvalidMicroKernel {
+                micro_kernel: self.to_string(),
+                reason,
+            })
+        };
         let lanes = target.lanes_f32();
         if self.values().contains(&0) {
             return fail("every parameter must be at least 1".into());
         }
-        if self.nr % lanes != 0 {
-            return fail(format!("nr = {} is not a multiple of the {lanes} vector lanes", self.nr));
+        if !self.nr.is_multiple_of(lanes) {
+            return fail(format!(
+                "nr = {} is not a multiple of the {lanes} vector lanes",
+                self.nr
+            ));
         }
-        for (tile, reg, name) in [(self.mc, self.mr, "mc/mr"), (self.nc, self.nr, "nc/nr"), (self.kc, self.uk, "kc/uk")] {
-            if tile % reg != 0 {
+        for (tile, reg, name) in [
+            (self.mc, self.mr, "mc/mr"),
+            (self.nc, self.nr, "nc/nr"),
+            (self.kc, self.uk, "kc/uk"),
+        ] {
+            if !tile.is_multiple_of(reg) {
                 return fail(format!("{name}: {tile} is not a multiple of {reg}"));
             }
         }
@@ -133,17 +191,37 @@ impl MicroKernel {
         }
         let regs = self.registers_needed(lanes);
         if regs > target.vector_registers {
-            return fail(format!("the {}x{} register tile needs {regs} vector registers; the target has {}", self.mr, self.nr, target.vector_registers));
+            return fail(format!(
+                "the {}x{} register tile needs {regs} vector registers; the target has {}",
+                self.mr, self.nr, target.vector_registers
+            ));
         }
         let bytes = |a: usize, b: usize| a.saturating_mul(b).saturating_mul(4);
         let checks = [
-            (bytes(self.kc, self.nr), target.l1d_bytes, "packed kc x nr micro-panel", "L1d"),
-            (bytes(self.mc, self.kc), target.l2_bytes, "packed mc x kc block", "L2"),
-            (bytes(self.kc, self.nc), target.l3_bytes, "packed kc x nc block", "L3"),
+            (
+                bytes(self.kc, self.nr),
+                target.l1d_bytes,
+                "packed kc x nr micro-panel",
+                "L1d",
+            ),
+            (
+                bytes(self.mc, self.kc),
+                target.l2_bytes,
+                "packed mc x kc block",
+                "L2",
+            ),
+            (
+                bytes(self.kc, self.nc),
+                target.l3_bytes,
+                "packed kc x nc block",
+                "L3",
+            ),
         ];
         for (need, have, what, cache) in checks {
             if need > have {
-                return fail(format!("the {what} takes {need} bytes; {cache} holds {have}"));
+                return fail(format!(
+                    "the {what} takes {need} bytes; {cache} holds {have}"
+                ));
             }
         }
         Ok(())
@@ -153,7 +231,11 @@ impl MicroKernel {
 impl fmt::Display for MicroKernel {
     /// The compact form [`MicroKernel::parse`] reads.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<_> = FIELDS.iter().zip(self.values()).map(|(k, v)| format!("{k}={v}")).collect();
+        let parts: Vec<_> = FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         write!(f, "{}", parts.join(","))
     }
 }
@@ -164,13 +246,25 @@ mod tests {
     use crate::Simd;
 
     fn avx512() -> CpuTarget {
-        CpuTarget { name: "test".into(), cores: 2, simd: Simd::Avx512, vector_registers: 32, l1d_bytes: 48 << 10, l2_bytes: 2 << 20, l3_bytes: 32 << 20 }
+        CpuTarget {
+            name: "test".into(),
+            cores: 2,
+            simd: Simd::Avx512,
+            vector_registers: 32,
+            l1d_bytes: 48 << 10,
+            l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+        }
     }
 
     #[test]
     fn default_is_valid_on_several_targets() {
         for simd in [Simd::None, Simd::Sse, Simd::Avx2, Simd::Avx512] {
-            let t = CpuTarget { simd, vector_registers: if simd == Simd::Avx512 { 32 } else { 16 }, ..avx512() };
+            let t = CpuTarget {
+                simd,
+                vector_registers: if simd == Simd::Avx512 { 32 } else { 16 },
+                ..avx512()
+            };
             let mk = MicroKernel::default_for(&t);
             mk.validate(&t).unwrap_or_else(|e| panic!("{simd:?}: {e}"));
             assert_eq!(MicroKernel::parse(&mk.to_string()).unwrap(), mk);
@@ -180,12 +274,25 @@ mod tests {
     #[test]
     fn rejects_what_breaks_the_target() {
         let t = avx512();
-        for text in ["mr=16,nr=32,mc=96,nc=384,kc=256,uk=4", "mr=12,nr=24,mc=96,nc=384,kc=256,uk=4",
-            "mr=12,nr=32,mc=100,nc=384,kc=256,uk=4", "mr=12,nr=32,mc=96,nc=384,kc=8192,uk=4", "mr=0,nr=32,mc=96,nc=384,kc=256,uk=4"] {
+        for text in [
+            "mr=16,nr=32,mc=96,nc=384,kc=256,uk=4",
+            "mr=12,nr=24,mc=96,nc=384,kc=256,uk=4",
+            "mr=12,nr=32,mc=100,nc=384,kc=256,uk=4",
+            "mr=12,nr=32,mc=96,nc=384,kc=8192,uk=4",
+            "mr=0,nr=32,mc=96,nc=384,kc=256,uk=4",
+        ] {
             let err = MicroKernel::parse(text).unwrap().validate(&t).unwrap_err();
-            assert!(matches!(err, CodegenError::InvalidMicroKernel { .. }), "{text}");
+            assert!(
+                matches!(err, CodegenError::InvalidMicroKernel { .. }),
+                "{text}"
+            );
         }
-        for text in ["mr=12", "mr=x,nr=1,mc=1,nc=1,kc=1,uk=1", "zz=1", "{\"mr\":1}"] {
+        for text in [
+            "mr=12",
+            "mr=x,nr=1,mc=1,nc=1,kc=1,uk=1",
+            "zz=1",
+            "{\"mr\":1}",
+        ] {
             assert!(MicroKernel::parse(text).is_err(), "{text}");
         }
     }
@@ -193,8 +300,24 @@ mod tests {
     #[test]
     fn classifies_builtin_contractions() {
         let w = Workload::parse("batch_matmul_nn(B=2,M=T,N=64,K=T)").unwrap();
-        assert_eq!(GemmView::of(&w).unwrap(), GemmView { batch: vec![0], m: 1, n: 2, k: 3 });
+        assert_eq!(
+            GemmView::of(&w).unwrap(),
+            GemmView {
+                batch: vec![0],
+                m: 1,
+                n: 2,
+                k: 3
+            }
+        );
         let w = Workload::parse("dense(M=T,N=64,K=T)").unwrap();
-        assert_eq!(GemmView::of(&w).unwrap(), GemmView { batch: vec![], m: 0, n: 1, k: 2 });
+        assert_eq!(
+            GemmView::of(&w).unwrap(),
+            GemmView {
+                batch: vec![],
+                m: 0,
+                n: 1,
+                k: 2
+            }
+        );
     }
 }

@@ -61,7 +61,9 @@ impl CpuTarget {
         let cache = |level: &str, fallback: usize| read_cache_size(level).unwrap_or(fallback);
         CpuTarget {
             name: read_model_name().unwrap_or_else(|| std::env::consts::ARCH.to_string()),
-            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             simd,
             vector_registers,
             l1d_bytes: cache("1", 32 << 10),
@@ -72,9 +74,17 @@ impl CpuTarget {
 
     /// Read a JSON description (the form `anyshape target` prints).
     pub fn from_json(text: &str) -> Result<CpuTarget> {
-        let t: CpuTarget = serde_json::from_str(text).map_err(|e| CodegenError::BadTarget(e.to_string()))?;
-        if t.cores == 0 || t.vector_registers < 4 || t.l1d_bytes == 0 || t.l2_bytes == 0 || t.l3_bytes == 0 {
-            return Err(CodegenError::BadTarget("cores, vector_registers and cache sizes must be positive".into()));
+        let t: CpuTarget =
+            serde_json::from_str(text).map_err(|e| CodegenError::BadTarget(e.to_string()))?;
+        if t.cores == 0
+            || t.vector_registers < 4
+            || t.l1d_bytes == 0
+            || t.l2_bytes == 0
+            || t.l3_bytes == 0
+        {
+            return Err(CodegenError::BadTarget(
+                "cores, vector_registers and cache sizes must be positive".into(),
+            ));
         }
         Ok(t)
     }
@@ -89,7 +99,9 @@ impl CpuTarget {
 fn detect_simd() -> Simd {
     if std::arch::is_x86_feature_detected!("avx512f") {
         Simd::Avx512
-    } else if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    } else if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
         Simd::Avx2
     } else {
         Simd::Sse
@@ -110,8 +122,13 @@ fn detect_simd() -> Simd {
 fn read_cache_size(level: &str) -> Option<usize> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     for entry in dir.flatten() {
-        let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).ok().map(|s| s.trim().to_string());
-        let (Some(lvl), Some(kind), Some(size)) = (read("level"), read("type"), read("size")) else {
+        let read = |f: &str| {
+            std::fs::read_to_string(entry.path().join(f))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let (Some(lvl), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
             continue;
         };
         if lvl != level || kind == "Instruction" {
@@ -131,7 +148,10 @@ fn read_cache_size(level: &str) -> Option<usize> {
 
 fn read_model_name() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string())
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
 }
 
 #[cfg(test)]
@@ -145,6 +165,9 @@ mod tests {
         let json = serde_json::to_string(&t).unwrap();
         assert_eq!(CpuTarget::from_json(&json).unwrap(), t);
         assert!(CpuTarget::from_json("{}").is_err());
-        assert!(CpuTarget::from_json(&json.replace(&format!("\"cores\":{}", t.cores), "\"cores\":0")).is_err());
+        assert!(CpuTarget::from_json(
+            &json.replace(&format!("\"cores\":{}", t.cores), "\"cores\":0")
+        )
+        .is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Integer expressions over shape vars: construction with simplification, evaluation,
 //! substitution and the textual form.
 //!
-//! Canonical forms kept by the smart constructors (`Expr::add` etc. and the operator
+//! Canonical forms kept by the smart constructors (`Expr::plus` etc. and the operator
 //! overloads, which call them):
 //! - constants are folded; `x + 0`, `x - 0`, `x * 1`, `x / 1`, `min(x, x)` reduce to `x`,
 //!   `x * 0` and `x % 1` to `0`, `x - x` to `0`;
@@ -39,19 +39,31 @@ pub enum Expr {
 /// Floor division of integers (`None` on division by zero or overflow).
 pub(crate) fn floor_div(a: i64, b: i64) -> Option<i64> {
     let q = a.checked_div(b)?;
-    Some(if (a % b != 0) && ((a < 0) != (b < 0)) { q - 1 } else { q })
+    Some(if (a % b != 0) && ((a < 0) != (b < 0)) {
+        q - 1
+    } else {
+        q
+    })
 }
 
 /// Ceiling division of integers (`None` on division by zero or overflow).
 pub(crate) fn ceil_div(a: i64, b: i64) -> Option<i64> {
     let q = a.checked_div(b)?;
-    Some(if (a % b != 0) && ((a < 0) == (b < 0)) { q + 1 } else { q })
+    Some(if (a % b != 0) && ((a < 0) == (b < 0)) {
+        q + 1
+    } else {
+        q
+    })
 }
 
 /// Modulo with the sign of the divisor (`None` on division by zero).
 pub(crate) fn floor_mod(a: i64, b: i64) -> Option<i64> {
     let r = a.checked_rem(b)?;
-    Some(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
+    Some(if r != 0 && ((r < 0) != (b < 0)) {
+        r + b
+    } else {
+        r
+    })
 }
 
 impl Expr {
@@ -69,7 +81,7 @@ impl Expr {
     }
 
     /// `a + b`, simplified.
-    pub fn add(a: Expr, b: Expr) -> Expr {
+    pub fn plus(a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match (a, b) {
             (Const(x), Const(y)) => match x.checked_add(y) {
@@ -77,33 +89,33 @@ impl Expr {
                 None => Add(Box::new(Const(x)), Box::new(Const(y))),
             },
             (Const(0), e) | (e, Const(0)) => e,
-            (Const(c), e) => Expr::add(e, Const(c)),
+            (Const(c), e) => Expr::plus(e, Const(c)),
             (Add(x, c1), Const(c2)) if matches!(*c1, Const(_)) => {
                 let c1 = c1.as_const().unwrap_or(0);
                 match c1.checked_add(c2) {
-                    Some(c) => Expr::add(*x, Const(c)),
+                    Some(c) => Expr::plus(*x, Const(c)),
                     None => Add(Box::new(Add(x, Box::new(Const(c1)))), Box::new(Const(c2))),
                 }
             }
             // Keep constants outermost: (x + c) + y = (x + y) + c.
-            (Add(x, c), y) if matches!(*c, Const(_)) => Expr::add(Expr::add(*x, y), *c),
-            (x, Add(y, c)) if matches!(*c, Const(_)) => Expr::add(Expr::add(x, *y), *c),
+            (Add(x, c), y) if matches!(*c, Const(_)) => Expr::plus(Expr::plus(*x, y), *c),
+            (x, Add(y, c)) if matches!(*c, Const(_)) => Expr::plus(Expr::plus(x, *y), *c),
             (x, y) => Add(Box::new(x), Box::new(y)),
         }
     }
 
     /// `a - b`, simplified.
-    pub fn sub(a: Expr, b: Expr) -> Expr {
+    pub fn minus(a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match (a, b) {
-            (x, Const(c)) if c != i64::MIN => Expr::add(x, Const(-c)),
+            (x, Const(c)) if c != i64::MIN => Expr::plus(x, Const(-c)),
             (x, y) if x == y => Const(0),
             (x, y) => Sub(Box::new(x), Box::new(y)),
         }
     }
 
     /// `a * b`, simplified.
-    pub fn mul(a: Expr, b: Expr) -> Expr {
+    pub fn times(a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match (a, b) {
             (Const(x), Const(y)) => match x.checked_mul(y) {
@@ -112,11 +124,11 @@ impl Expr {
             },
             (Const(0), _) | (_, Const(0)) => Const(0),
             (Const(1), e) | (e, Const(1)) => e,
-            (Const(c), e) => Expr::mul(e, Const(c)),
+            (Const(c), e) => Expr::times(e, Const(c)),
             (Mul(x, c1), Const(c2)) if matches!(*c1, Const(_)) => {
                 let c1 = c1.as_const().unwrap_or(1);
                 match c1.checked_mul(c2) {
-                    Some(c) => Expr::mul(*x, Const(c)),
+                    Some(c) => Expr::times(*x, Const(c)),
                     None => Mul(Box::new(Mul(x, Box::new(Const(c1)))), Box::new(Const(c2))),
                 }
             }
@@ -136,11 +148,16 @@ impl Expr {
     pub fn floor_div(a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match (a, b) {
-            (Const(x), Const(y)) if floor_div(x, y).is_some() => Const(floor_div(x, y).unwrap_or(0)),
+            (Const(x), Const(y)) if floor_div(x, y).is_some() => {
+                Const(floor_div(x, y).unwrap_or(0))
+            }
             (x, Const(1)) => x,
             (x, Const(d)) if d > 0 && x.split_scaled().is_some_and(|(_, c)| c % d == 0) => {
-                let (e, c) = x.split_scaled().map(|(e, c)| (e.clone(), c)).unwrap_or((Const(0), 0));
-                Expr::mul(e, Const(c / d))
+                let (e, c) = x
+                    .split_scaled()
+                    .map(|(e, c)| (e.clone(), c))
+                    .unwrap_or((Const(0), 0));
+                Expr::times(e, Const(c / d))
             }
             (x, y) => FloorDiv(Box::new(x), Box::new(y)),
         }
@@ -153,8 +170,11 @@ impl Expr {
             (Const(x), Const(y)) if ceil_div(x, y).is_some() => Const(ceil_div(x, y).unwrap_or(0)),
             (x, Const(1)) => x,
             (x, Const(d)) if d > 0 && x.split_scaled().is_some_and(|(_, c)| c % d == 0) => {
-                let (e, c) = x.split_scaled().map(|(e, c)| (e.clone(), c)).unwrap_or((Const(0), 0));
-                Expr::mul(e, Const(c / d))
+                let (e, c) = x
+                    .split_scaled()
+                    .map(|(e, c)| (e.clone(), c))
+                    .unwrap_or((Const(0), 0));
+                Expr::times(e, Const(c / d))
             }
             (x, y) => CeilDiv(Box::new(x), Box::new(y)),
         }
@@ -164,7 +184,9 @@ impl Expr {
     pub fn modulo(a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match (a, b) {
-            (Const(x), Const(y)) if floor_mod(x, y).is_some() => Const(floor_mod(x, y).unwrap_or(0)),
+            (Const(x), Const(y)) if floor_mod(x, y).is_some() => {
+                Const(floor_mod(x, y).unwrap_or(0))
+            }
             (_, Const(1)) => Const(0),
             (x, Const(d)) if d > 0 && x.split_scaled().is_some_and(|(_, c)| c % d == 0) => Const(0),
             (x, y) => Mod(Box::new(x), Box::new(y)),
@@ -193,15 +215,21 @@ impl Expr {
 
     /// `a` rounded up to a multiple of `m` (`ceildiv(a, m) * m`).
     pub fn round_up(a: Expr, m: i64) -> Expr {
-        Expr::mul(Expr::ceil_div(a, Expr::Const(m)), Expr::Const(m))
+        Expr::times(Expr::ceil_div(a, Expr::Const(m)), Expr::Const(m))
     }
 
     fn binary(&self) -> Option<(&Expr, &Expr)> {
         use Expr::*;
         match self {
             Const(_) | Var(_) => None,
-            Add(a, b) | Sub(a, b) | Mul(a, b) | FloorDiv(a, b) | CeilDiv(a, b) | Mod(a, b)
-            | Min(a, b) | Max(a, b) => Some((a, b)),
+            Add(a, b)
+            | Sub(a, b)
+            | Mul(a, b)
+            | FloorDiv(a, b)
+            | CeilDiv(a, b)
+            | Mod(a, b)
+            | Min(a, b)
+            | Max(a, b) => Some((a, b)),
         }
     }
 
@@ -209,9 +237,9 @@ impl Expr {
     fn rebuild(&self, a: Expr, b: Expr) -> Expr {
         use Expr::*;
         match self {
-            Add(..) => Expr::add(a, b),
-            Sub(..) => Expr::sub(a, b),
-            Mul(..) => Expr::mul(a, b),
+            Add(..) => Expr::plus(a, b),
+            Sub(..) => Expr::minus(a, b),
+            Mul(..) => Expr::times(a, b),
             FloorDiv(..) => Expr::floor_div(a, b),
             CeilDiv(..) => Expr::ceil_div(a, b),
             Mod(..) => Expr::modulo(a, b),
@@ -223,7 +251,12 @@ impl Expr {
 
     /// Replace every bound variable by its value and simplify; unbound ones stay.
     pub fn substitute(&self, bindings: &Bindings) -> Expr {
-        self.map_vars(&mut |v| bindings.get(v).map(Expr::Const).unwrap_or_else(|| Expr::var(v)))
+        self.map_vars(&mut |v| {
+            bindings
+                .get(v)
+                .map(Expr::Const)
+                .unwrap_or_else(|| Expr::var(v))
+        })
     }
 
     /// Replace every variable by what `f` returns for it, simplifying on the way up.
@@ -375,9 +408,9 @@ macro_rules! overload {
         }
     };
 }
-overload!(Add, add, Expr::add);
-overload!(Sub, sub, Expr::sub);
-overload!(Mul, mul, Expr::mul);
+overload!(Add, add, Expr::plus);
+overload!(Sub, sub, Expr::minus);
+overload!(Mul, mul, Expr::times);
 overload!(Div, div, Expr::floor_div);
 overload!(Rem, rem, Expr::modulo);
 
@@ -404,7 +437,7 @@ mod tests {
         assert_eq!(t() * 16 / 8, t() * 2);
         assert_eq!(t() * 16 % 8, Expr::Const(0));
         assert_eq!(Expr::ceil_div(t() * 32, 16.into()), t() * 2);
-        assert_eq!(t() * 0 + 7, Expr::Const(7));
+        assert_eq!(Expr::times(t(), 0.into()) + 7, Expr::Const(7));
         assert_eq!(t() - t(), Expr::Const(0));
         assert_eq!(Expr::min(t(), t()), t());
         assert_eq!(Expr::Const(3) + t(), t() + 3);
@@ -423,16 +456,29 @@ mod tests {
 
     #[test]
     fn eval_errors_are_named() {
-        assert_eq!(t().eval(&Bindings::default()), Err(IrError::Unbound("T".into())));
+        assert_eq!(
+            t().eval(&Bindings::default()),
+            Err(IrError::Unbound("T".into()))
+        );
         let b = Bindings::from_pairs([("T", 0)]);
-        assert!(matches!((Expr::Const(4) / t()).eval(&b), Err(IrError::DivByZero(_))));
+        assert!(matches!(
+            (Expr::Const(4) / t()).eval(&b),
+            Err(IrError::DivByZero(_))
+        ));
         let b = Bindings::from_pairs([("T", i64::MAX)]);
         assert!(matches!((t() * 2).eval(&b), Err(IrError::Overflow(_))));
     }
 
     #[test]
     fn display_round_trips() {
-        for s in ["16 * T", "(T + 1) * 2", "T - (B - 1)", "ceildiv(T, 8) * 8", "T / 2 % 3", "min(T, 4) + -1"] {
+        for s in [
+            "16 * T",
+            "(T + 1) * 2",
+            "T - (B - 1)",
+            "ceildiv(T, 8) * 8",
+            "T / 2 % 3",
+            "min(T, 4) + -1",
+        ] {
             let e = parse_expr(s).unwrap();
             assert_eq!(parse_expr(&e.to_string()).unwrap(), e, "{s} -> {e}");
         }
@@ -444,7 +490,7 @@ mod tests {
             let mut e = Expr::var("T");
             let mut raw = Expr::var("T");
             for (op, c) in ops {
-                let c = if op >= 3 && op <= 5 && c == 0 { 3 } else { c };
+                let c = if (3..=5).contains(&op) && c == 0 { 3 } else { c };
                 let (s, r) = match op {
                     0 => (e.clone() + c, Expr::Add(Box::new(raw), Box::new(Expr::Const(c)))),
                     1 => (e.clone() - c, Expr::Sub(Box::new(raw), Box::new(Expr::Const(c)))),

@@ -43,7 +43,11 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn error(&self, message: &str) -> ParseError {
-        ParseError { text: self.text.to_string(), pos: self.pos, message: message.to_string() }
+        ParseError {
+            text: self.text.to_string(),
+            pos: self.pos,
+            message: message.to_string(),
+        }
     }
 
     fn skip_ws(&mut self) {
@@ -114,13 +118,19 @@ impl Parser<'_> {
                 while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                     self.pos += 1;
                 }
-                self.text[start..self.pos].parse().map(Expr::Const).map_err(|_| {
-                    self.pos = start;
-                    self.error("integer too large")
-                })
+                self.text[start..self.pos]
+                    .parse()
+                    .map(Expr::Const)
+                    .map_err(|_| {
+                        self.pos = start;
+                        self.error("integer too large")
+                    })
             }
             Some(c) if c.is_ascii_alphabetic() || c == '_' => {
-                while self.peek().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                while self
+                    .peek()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                {
                     self.pos += 1;
                 }
                 let name = &self.text[start..self.pos];
@@ -147,7 +157,9 @@ impl Parser<'_> {
                     _ => Err(ParseError {
                         text: self.text.to_string(),
                         pos: start,
-                        message: format!("unknown function `{name}` (known: min, max, ceildiv, floordiv)"),
+                        message: format!(
+                            "unknown function `{name}` (known: min, max, ceildiv, floordiv)"
+                        ),
                     }),
                 }
             }
@@ -160,7 +172,7 @@ impl Parser<'_> {
                 Ok(e)
             }
             Some(_) => Err(self.error("expected a number, a name or `(`")),
-            None => Err(self.error("unexpected end of text")),
+            None => Err(self.error("expected a number, a name or `(` but the text ends")),
         }
     }
 }
@@ -173,15 +185,32 @@ mod tests {
     #[test]
     fn parses_command_line_forms() {
         let b = Bindings::from_pairs([("T", 5)]);
-        for (s, v) in [("16*T", 80), ("16 * T + 1", 81), ("-T", -5), ("ceildiv(T, 2)", 3), ("T/2", 2),
-            ("T % 3", 2), ("max(T, 7) - min(T, 2)", 5), ("(T+1)*(T-1)", 24), ("2*3*T", 30)] {
+        for (s, v) in [
+            ("16*T", 80),
+            ("16 * T + 1", 81),
+            ("-T", -5),
+            ("ceildiv(T, 2)", 3),
+            ("T/2", 2),
+            ("T % 3", 2),
+            ("max(T, 7) - min(T, 2)", 5),
+            ("(T+1)*(T-1)", 24),
+            ("2*3*T", 30),
+        ] {
             assert_eq!(parse_expr(s).unwrap().eval(&b).unwrap(), v, "{s}");
         }
     }
 
     #[test]
     fn errors_point_at_the_problem() {
-        for (s, pos) in [("16*", 3), ("16 $ T", 3), ("(T+1", 4), ("T)", 1), ("foo(T, 1)", 0), ("min(T)", 0), ("T/0", 1)] {
+        for (s, pos) in [
+            ("16*", 3),
+            ("16 $ T", 3),
+            ("(T+1", 4),
+            ("T)", 1),
+            ("foo(T, 1)", 0),
+            ("min(T)", 0),
+            ("T/0", 1),
+        ] {
             let e = parse_expr(s).unwrap_err();
             assert_eq!(e.pos, pos, "{s}: {e}");
             assert!(e.to_string().contains('^'));
@@ -190,7 +219,10 @@ mod tests {
 
     #[test]
     fn splits_at_top_level_only() {
-        let parts: Vec<_> = split_top_level("M=min(T,2),N=3", ',').into_iter().map(|p| p.1).collect();
+        let parts: Vec<_> = split_top_level("M=min(T,2),N=3", ',')
+            .into_iter()
+            .map(|p| p.1)
+            .collect();
         assert_eq!(parts, ["M=min(T,2)", "N=3"]);
     }
 }

@@ -43,18 +43,31 @@ impl ShapeVar {
     /// Parse `T=1..128` (inclusive range) or `T=1,8,16` (list). Values must be >= 0.
     pub fn parse(text: &str) -> Result<ShapeVar> {
         let err = |pos: usize, message: &str| {
-            IrError::Parse(ParseError { text: text.to_string(), pos, message: message.to_string() })
+            IrError::Parse(ParseError {
+                text: text.to_string(),
+                pos,
+                message: message.to_string(),
+            })
         };
-        let (name, rest) = text.split_once('=').ok_or_else(|| err(0, "expected `NAME=LO..HI` or `NAME=V1,V2,...`"))?;
+        let (name, rest) = text
+            .split_once('=')
+            .ok_or_else(|| err(0, "expected `NAME=LO..HI` or `NAME=V1,V2,...`"))?;
         let name = name.trim();
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        if name.is_empty()
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             || name.starts_with(|c: char| c.is_ascii_digit())
         {
-            return Err(err(0, "a shape var name is letters, digits and `_`, not starting with a digit"));
+            return Err(err(
+                0,
+                "a shape var name is letters, digits and `_`, not starting with a digit",
+            ));
         }
         let base = name.len() + 1;
         let num = |s: &str, at: usize| -> Result<i64> {
-            let v: i64 = s.trim().parse().map_err(|_| err(at, "expected a whole number"))?;
+            let v: i64 = s
+                .trim()
+                .parse()
+                .map_err(|_| err(at, "expected a whole number"))?;
             if v < 0 {
                 return Err(err(at, "shape var values must be >= 0"));
             }
@@ -78,7 +91,11 @@ impl ShapeVar {
             values.dedup();
             Domain::List(values)
         };
-        Ok(ShapeVar { name: name.to_string(), domain, weights: None })
+        Ok(ShapeVar {
+            name: name.to_string(),
+            domain,
+            weights: None,
+        })
     }
 }
 
@@ -104,16 +121,28 @@ impl Bindings {
         let mut at = 0;
         for part in text.split(',') {
             let err = |pos: usize, message: &str| {
-                IrError::Parse(ParseError { text: text.to_string(), pos, message: message.to_string() })
+                IrError::Parse(ParseError {
+                    text: text.to_string(),
+                    pos,
+                    message: message.to_string(),
+                })
             };
-            let (name, value) = part.split_once('=').ok_or_else(|| err(at, "expected `NAME=VALUE`"))?;
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| err(at, "expected `NAME=VALUE`"))?;
             let name = name.trim();
             if name.is_empty() {
                 return Err(err(at, "missing shape var name"));
             }
-            let value: i64 = value.trim().parse().map_err(|_| err(at + name.len() + 1, "expected a whole number"))?;
+            let value: i64 = value
+                .trim()
+                .parse()
+                .map_err(|_| err(at + name.len() + 1, "expected a whole number"))?;
             if value < 0 {
-                return Err(IrError::NegativeVar { name: name.to_string(), value });
+                return Err(IrError::NegativeVar {
+                    name: name.to_string(),
+                    value,
+                });
             }
             self.0.insert(name.to_string(), value);
             at += part.len() + 1;
@@ -150,10 +179,21 @@ mod tests {
 
     #[test]
     fn parses_domains() {
-        assert_eq!(ShapeVar::parse("T=1..128").unwrap().domain, Domain::Range { lo: 1, hi: 128 });
-        assert_eq!(ShapeVar::parse("T=16,1,8").unwrap().domain.values(), vec![1, 8, 16]);
-        assert_eq!(ShapeVar::parse("T=1..=4").unwrap().domain.values(), vec![1, 2, 3, 4]);
-        for bad in ["T", "=1..2", "T=5..1", "T=a..3", "T=-1..3", "1T=1..2", "T=1,,2"] {
+        assert_eq!(
+            ShapeVar::parse("T=1..128").unwrap().domain,
+            Domain::Range { lo: 1, hi: 128 }
+        );
+        assert_eq!(
+            ShapeVar::parse("T=16,1,8").unwrap().domain.values(),
+            vec![1, 8, 16]
+        );
+        assert_eq!(
+            ShapeVar::parse("T=1..=4").unwrap().domain.values(),
+            vec![1, 2, 3, 4]
+        );
+        for bad in [
+            "T", "=1..2", "T=5..1", "T=a..3", "T=-1..3", "1T=1..2", "T=1,,2",
+        ] {
             assert!(ShapeVar::parse(bad).is_err(), "{bad}");
         }
     }
@@ -162,7 +202,10 @@ mod tests {
     fn parses_bindings() {
         let b = Bindings::parse("T=37, B=2").unwrap();
         assert_eq!((b.get("T"), b.get("B")), (Some(37), Some(2)));
-        assert!(matches!(Bindings::parse("T=-3"), Err(IrError::NegativeVar { .. })));
+        assert!(matches!(
+            Bindings::parse("T=-3"),
+            Err(IrError::NegativeVar { .. })
+        ));
         assert!(Bindings::parse("T").is_err());
         assert!(Bindings::parse("T=x").is_err());
     }

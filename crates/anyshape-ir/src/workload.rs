@@ -66,7 +66,10 @@ pub struct AffineIndex {
 impl AffineIndex {
     /// The index `axis`.
     pub fn axis(axis: usize) -> AffineIndex {
-        AffineIndex { terms: vec![(axis, 1)], offset: 0 }
+        AffineIndex {
+            terms: vec![(axis, 1)],
+            offset: 0,
+        }
     }
 
     /// The coefficient of `axis` (0 when absent).
@@ -106,12 +109,17 @@ impl TensorRef {
 
     /// The element offset of the point where every axis is 0.
     pub fn base_offset(&self) -> Expr {
-        self.strides().into_iter().zip(&self.index).fold(Expr::Const(0), |acc, (s, ix)| acc + s * ix.offset)
+        self.strides()
+            .into_iter()
+            .zip(&self.index)
+            .fold(Expr::Const(0), |acc, (s, ix)| acc + s * ix.offset)
     }
 
     /// Number of elements, symbolic.
     pub fn len(&self) -> Expr {
-        self.shape.iter().fold(Expr::Const(1), |acc, d| acc * d.clone())
+        self.shape
+            .iter()
+            .fold(Expr::Const(1), |acc, d| acc * d.clone())
     }
 
     /// Whether the tensor is indexed by `axis`.
@@ -162,8 +170,16 @@ pub struct Workload {
 /// Built-in workloads: name, argument names, description.
 pub const BUILTIN_WORKLOADS: &[(&str, &[&str], &str)] = &[
     ("dense", &["M", "N", "K"], "Y[m,n] = sum_k X[m,k] * W[n,k]"),
-    ("batch_matmul_nt", &["B", "M", "N", "K"], "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]"),
-    ("batch_matmul_nn", &["B", "M", "N", "K"], "Y[b,m,n] = sum_k X[b,m,k] * W[b,k,n]"),
+    (
+        "batch_matmul_nt",
+        &["B", "M", "N", "K"],
+        "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]",
+    ),
+    (
+        "batch_matmul_nn",
+        &["B", "M", "N", "K"],
+        "Y[b,m,n] = sum_k X[b,m,k] * W[b,k,n]",
+    ),
 ];
 
 /// A workload with every shape var bound: concrete extents, shapes and strides.
@@ -189,8 +205,22 @@ fn product(name: &str, dims: &[i64]) -> Result<usize> {
 }
 
 impl Workload {
-    fn contraction(op: &str, args: Vec<(String, Expr)>, axes: Vec<Axis>, inputs: Vec<TensorRef>, output: TensorRef) -> Workload {
-        Workload { op: op.to_string(), args, dtype: DType::F32, axes, inputs, output, epilogue: Epilogue::None }
+    fn contraction(
+        op: &str,
+        args: Vec<(String, Expr)>,
+        axes: Vec<Axis>,
+        inputs: Vec<TensorRef>,
+        output: TensorRef,
+    ) -> Workload {
+        Workload {
+            op: op.to_string(),
+            args,
+            dtype: DType::F32,
+            axes,
+            inputs,
+            output,
+            epilogue: Epilogue::None,
+        }
     }
 
     /// `dense(M, N, K)`: `Y[m,n] = sum_k X[m,k] * W[n,k]`.
@@ -199,50 +229,105 @@ impl Workload {
         let x = tensor("X", &[&m, &k], &[0, 2]);
         let w = tensor("W", &[&n, &k], &[1, 2]);
         let y = tensor("Y", &[&m, &n], &[0, 1]);
-        Workload::contraction("dense", named(&["M", "N", "K"], [m, n, k]), axes, vec![x, w], y)
+        Workload::contraction(
+            "dense",
+            named(&["M", "N", "K"], [m, n, k]),
+            axes,
+            vec![x, w],
+            y,
+        )
     }
 
     /// `batch_matmul_nt(B, M, N, K)`: `Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]`.
     pub fn batch_matmul_nt(b: Expr, m: Expr, n: Expr, k: Expr) -> Workload {
-        let axes = vec![spatial("b", &b), spatial("m", &m), spatial("n", &n), reduction("k", &k)];
+        let axes = vec![
+            spatial("b", &b),
+            spatial("m", &m),
+            spatial("n", &n),
+            reduction("k", &k),
+        ];
         let x = tensor("X", &[&b, &m, &k], &[0, 1, 3]);
         let w = tensor("W", &[&b, &n, &k], &[0, 2, 3]);
         let y = tensor("Y", &[&b, &m, &n], &[0, 1, 2]);
-        Workload::contraction("batch_matmul_nt", named(&["B", "M", "N", "K"], [b, m, n, k]), axes, vec![x, w], y)
+        Workload::contraction(
+            "batch_matmul_nt",
+            named(&["B", "M", "N", "K"], [b, m, n, k]),
+            axes,
+            vec![x, w],
+            y,
+        )
     }
 
     /// `batch_matmul_nn(B, M, N, K)`: `Y[b,m,n] = sum_k X[b,m,k] * W[b,k,n]`.
     pub fn batch_matmul_nn(b: Expr, m: Expr, n: Expr, k: Expr) -> Workload {
-        let axes = vec![spatial("b", &b), spatial("m", &m), spatial("n", &n), reduction("k", &k)];
+        let axes = vec![
+            spatial("b", &b),
+            spatial("m", &m),
+            spatial("n", &n),
+            reduction("k", &k),
+        ];
         let x = tensor("X", &[&b, &m, &k], &[0, 1, 3]);
         let w = tensor("W", &[&b, &k, &n], &[0, 3, 2]);
         let y = tensor("Y", &[&b, &m, &n], &[0, 1, 2]);
-        Workload::contraction("batch_matmul_nn", named(&["B", "M", "N", "K"], [b, m, n, k]), axes, vec![x, w], y)
+        Workload::contraction(
+            "batch_matmul_nn",
+            named(&["B", "M", "N", "K"], [b, m, n, k]),
+            axes,
+            vec![x, w],
+            y,
+        )
     }
 
     /// Parse the command-line form: `dense(M=16*T,N=2304,K=768)`, positional
     /// `dense(16*T,2304,768)`, optionally followed by `+relu`.
     pub fn parse(text: &str) -> Result<Workload> {
-        let perr = |pos: usize, message: String| IrError::Parse(ParseError { text: text.to_string(), pos, message });
+        let perr = |pos: usize, message: String| {
+            IrError::Parse(ParseError {
+                text: text.to_string(),
+                pos,
+                message,
+            })
+        };
         let (call, epilogue) = match split_top_level(text, '+').as_slice() {
             [(_, call)] => (*call, Epilogue::None),
             [(_, call), (at, epi)] => match epi.trim() {
                 "relu" => (*call, Epilogue::Relu),
-                other => return Err(perr(*at, format!("unknown epilogue `{other}` (known: relu)"))),
+                other => {
+                    return Err(perr(
+                        *at,
+                        format!("unknown epilogue `{other}` (known: relu)"),
+                    ))
+                }
             },
             [_, _, (at, _), ..] => return Err(perr(*at, "at most one epilogue".into())),
             [] => unreachable!("split yields at least one piece"),
         };
-        let open = call.find('(').ok_or_else(|| perr(call.len(), "expected `NAME(ARGS)`, e.g. `dense(M=16*T,N=2304,K=768)`".into()))?;
+        let open = call.find('(').ok_or_else(|| {
+            perr(
+                call.len(),
+                "expected `NAME(ARGS)`, e.g. `dense(M=16*T,N=2304,K=768)`".into(),
+            )
+        })?;
         let name = call[..open].trim();
-        let close = call.rfind(')').filter(|&c| c > open).ok_or_else(|| perr(call.len(), "missing `)`".into()))?;
+        let close = call
+            .rfind(')')
+            .filter(|&c| c > open)
+            .ok_or_else(|| perr(call.len(), "missing `)`".into()))?;
         if !call[close + 1..].trim().is_empty() {
             return Err(perr(close + 1, "unexpected text after `)`".into()));
         }
-        let (_, arg_names, _) = BUILTIN_WORKLOADS.iter().find(|w| w.0 == name).ok_or_else(|| IrError::UnknownWorkload {
-            name: name.to_string(),
-            known: BUILTIN_WORKLOADS.iter().map(|w| w.0).collect::<Vec<_>>().join(", "),
-        })?;
+        let (_, arg_names, _) =
+            BUILTIN_WORKLOADS
+                .iter()
+                .find(|w| w.0 == name)
+                .ok_or_else(|| IrError::UnknownWorkload {
+                    name: name.to_string(),
+                    known: BUILTIN_WORKLOADS
+                        .iter()
+                        .map(|w| w.0)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
         let mut values: Vec<Option<Expr>> = vec![None; arg_names.len()];
         let inner = &call[open + 1..close];
         if !inner.trim().is_empty() {
@@ -252,29 +337,55 @@ impl Workload {
                     Some((k, v)) => {
                         let k = k.trim();
                         let slot = arg_names.iter().position(|n| *n == k).ok_or_else(|| {
-                            perr(at, format!("`{name}` has no argument `{k}` (arguments: {})", arg_names.join(", ")))
+                            perr(
+                                at,
+                                format!(
+                                    "`{name}` has no argument `{k}` (arguments: {})",
+                                    arg_names.join(", ")
+                                ),
+                            )
                         })?;
                         (slot, v, at + part.len() - v.len())
                     }
                     None if i < arg_names.len() => (i, part, at),
-                    None => return Err(perr(at, format!("`{name}` takes {} arguments", arg_names.len()))),
+                    None => {
+                        return Err(perr(
+                            at,
+                            format!("`{name}` takes {} arguments", arg_names.len()),
+                        ))
+                    }
                 };
                 if values[slot].is_some() {
-                    return Err(perr(at, format!("argument `{}` given twice", arg_names[slot])));
+                    return Err(perr(
+                        at,
+                        format!("argument `{}` given twice", arg_names[slot]),
+                    ));
                 }
                 let e = parse_expr(expr_text).map_err(|e| perr(expr_at + e.pos, e.message))?;
                 values[slot] = Some(e);
             }
         }
-        let missing: Vec<_> = arg_names.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
+        let missing: Vec<_> = arg_names
+            .iter()
+            .zip(&values)
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect();
         if !missing.is_empty() {
-            return Err(IrError::BadArguments { name: name.to_string(), message: format!("missing argument(s) {}", missing.join(", ")) });
+            return Err(IrError::BadArguments {
+                name: name.to_string(),
+                message: format!("missing argument(s) {}", missing.join(", ")),
+            });
         }
         let v: Vec<Expr> = values.into_iter().flatten().collect();
         let mut w = match (name, v.as_slice()) {
             ("dense", [m, n, k]) => Workload::dense(m.clone(), n.clone(), k.clone()),
-            ("batch_matmul_nt", [b, m, n, k]) => Workload::batch_matmul_nt(b.clone(), m.clone(), n.clone(), k.clone()),
-            ("batch_matmul_nn", [b, m, n, k]) => Workload::batch_matmul_nn(b.clone(), m.clone(), n.clone(), k.clone()),
+            ("batch_matmul_nt", [b, m, n, k]) => {
+                Workload::batch_matmul_nt(b.clone(), m.clone(), n.clone(), k.clone())
+            }
+            ("batch_matmul_nn", [b, m, n, k]) => {
+                Workload::batch_matmul_nn(b.clone(), m.clone(), n.clone(), k.clone())
+            }
             _ => unreachable!("argument count checked against BUILTIN_WORKLOADS"),
         };
         w.epilogue = epilogue;
@@ -287,20 +398,41 @@ impl Workload {
         let bad = |m: String| Err(IrError::InvalidWorkload(m));
         for t in self.inputs.iter().chain([&self.output]) {
             if t.index.len() != t.shape.len() {
-                return bad(format!("tensor {} has {} dims but {} indices", t.name, t.shape.len(), t.index.len()));
+                return bad(format!(
+                    "tensor {} has {} dims but {} indices",
+                    t.name,
+                    t.shape.len(),
+                    t.index.len()
+                ));
             }
-            if t.index.iter().flat_map(|ix| &ix.terms).any(|&(a, _)| a >= self.axes.len()) {
-                return bad(format!("tensor {} names an axis that does not exist", t.name));
+            if t.index
+                .iter()
+                .flat_map(|ix| &ix.terms)
+                .any(|&(a, _)| a >= self.axes.len())
+            {
+                return bad(format!(
+                    "tensor {} names an axis that does not exist",
+                    t.name
+                ));
             }
         }
         let mut seen = BTreeSet::new();
         for ix in &self.output.index {
             match ix.terms.as_slice() {
-                [(a, 1)] if ix.offset == 0 && self.axes[*a].kind == AxisKind::Spatial && seen.insert(*a) => {}
+                [(a, 1)]
+                    if ix.offset == 0
+                        && self.axes[*a].kind == AxisKind::Spatial
+                        && seen.insert(*a) => {}
                 _ => return bad("output indices must be distinct spatial axes".into()),
             }
         }
-        if seen.len() != self.axes.iter().filter(|a| a.kind == AxisKind::Spatial).count() {
+        if seen.len()
+            != self
+                .axes
+                .iter()
+                .filter(|a| a.kind == AxisKind::Spatial)
+                .count()
+        {
             return bad("every spatial axis must index the output".into());
         }
         Ok(())
@@ -308,8 +440,17 @@ impl Workload {
 
     /// The shape vars this workload mentions, sorted by name (the order kernels take them in).
     pub fn shape_vars(&self) -> Vec<String> {
-        let exprs = self.axes.iter().map(|a| &a.extent).chain(self.inputs.iter().chain([&self.output]).flat_map(|t| &t.shape));
-        exprs.flat_map(Expr::vars).collect::<BTreeSet<_>>().into_iter().collect()
+        let exprs = self.axes.iter().map(|a| &a.extent).chain(
+            self.inputs
+                .iter()
+                .chain([&self.output])
+                .flat_map(|t| &t.shape),
+        );
+        exprs
+            .flat_map(Expr::vars)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
     }
 
     /// All tensors: inputs, then the output.
@@ -323,40 +464,79 @@ impl Workload {
         for var in self.shape_vars() {
             match bindings.get(&var) {
                 None => return Err(IrError::Unbound(var)),
-                Some(v) if v < 0 => return Err(IrError::NegativeVar { name: var, value: v }),
+                Some(v) if v < 0 => {
+                    return Err(IrError::NegativeVar {
+                        name: var,
+                        value: v,
+                    })
+                }
                 Some(_) => {}
             }
         }
         let nonneg = |what: String, e: &Expr| -> Result<i64> {
             let v = e.eval(bindings)?;
             if v < 0 {
-                return Err(IrError::NegativeExtent { what: format!("{what} = {e}"), value: v });
+                return Err(IrError::NegativeExtent {
+                    what: format!("{what} = {e}"),
+                    value: v,
+                });
             }
             Ok(v)
         };
-        let extents = self.axes.iter().map(|a| nonneg(format!("extent of axis {}", a.name), &a.extent)).collect::<Result<Vec<_>>>()?;
+        let extents = self
+            .axes
+            .iter()
+            .map(|a| nonneg(format!("extent of axis {}", a.name), &a.extent))
+            .collect::<Result<Vec<_>>>()?;
         let empty = extents.contains(&0);
-        let (mut shapes, mut axis_strides, mut offsets, mut lens) = (vec![], vec![], vec![], vec![]);
+        let (mut shapes, mut axis_strides, mut offsets, mut lens) =
+            (vec![], vec![], vec![], vec![]);
         for t in self.tensors() {
-            let shape = t.shape.iter().enumerate().map(|(d, e)| nonneg(format!("{}.shape[{d}]", t.name), e)).collect::<Result<Vec<_>>>()?;
+            let shape = t
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(d, e)| nonneg(format!("{}.shape[{d}]", t.name), e))
+                .collect::<Result<Vec<_>>>()?;
             let len = product(&t.name, &shape)?;
             for (d, ix) in t.index.iter().enumerate() {
                 let (mut lo, mut hi) = (ix.offset, ix.offset);
                 for &(a, c) in &ix.terms {
-                    let reach = c.checked_mul(extents[a].saturating_sub(1)).ok_or_else(|| IrError::TooLarge(t.name.clone()))?;
-                    if reach < 0 { lo += reach } else { hi += reach }
+                    let reach = c
+                        .checked_mul(extents[a].saturating_sub(1))
+                        .ok_or_else(|| IrError::TooLarge(t.name.clone()))?;
+                    if reach < 0 {
+                        lo += reach
+                    } else {
+                        hi += reach
+                    }
                 }
                 if !empty && (lo < 0 || hi >= shape[d]) {
-                    return Err(IrError::OutOfBounds { tensor: t.name.clone(), dim: d, index: if lo < 0 { lo } else { hi }, extent: shape[d] });
+                    return Err(IrError::OutOfBounds {
+                        tensor: t.name.clone(),
+                        dim: d,
+                        index: if lo < 0 { lo } else { hi },
+                        extent: shape[d],
+                    });
                 }
             }
             let eval = |e: Expr| e.eval(bindings);
-            axis_strides.push((0..self.axes.len()).map(|a| eval(t.axis_stride(a))).collect::<Result<Vec<_>>>()?);
+            axis_strides.push(
+                (0..self.axes.len())
+                    .map(|a| eval(t.axis_stride(a)))
+                    .collect::<Result<Vec<_>>>()?,
+            );
             offsets.push(eval(t.base_offset())?);
             shapes.push(shape);
             lens.push(len);
         }
-        Ok(BoundWorkload { extents, shapes, axis_strides, offsets, lens })
+        Ok(BoundWorkload {
+            extents,
+            shapes,
+            axis_strides,
+            offsets,
+            lens,
+        })
     }
 
     /// Floating-point operations of an instance (a multiply and an add per point).
@@ -368,7 +548,11 @@ impl Workload {
 impl fmt::Display for Workload {
     /// The form [`Workload::parse`] reads back.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let args: Vec<_> = self.args.iter().map(|(k, v)| format!("{k}={}", v.to_string().replace(' ', ""))).collect();
+        let args: Vec<_> = self
+            .args
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.to_string().replace(' ', "")))
+            .collect();
         write!(f, "{}({})", self.op, args.join(","))?;
         match self.epilogue {
             Epilogue::None => Ok(()),
@@ -378,11 +562,19 @@ impl fmt::Display for Workload {
 }
 
 fn spatial(name: &str, extent: &Expr) -> Axis {
-    Axis { name: name.into(), extent: extent.clone(), kind: AxisKind::Spatial }
+    Axis {
+        name: name.into(),
+        extent: extent.clone(),
+        kind: AxisKind::Spatial,
+    }
 }
 
 fn reduction(name: &str, extent: &Expr) -> Axis {
-    Axis { name: name.into(), extent: extent.clone(), kind: AxisKind::Reduction }
+    Axis {
+        name: name.into(),
+        extent: extent.clone(),
+        kind: AxisKind::Reduction,
+    }
 }
 
 fn tensor(name: &str, shape: &[&Expr], axes: &[usize]) -> TensorRef {
@@ -427,12 +619,30 @@ mod tests {
     #[test]
     fn rejects_bad_input_clearly() {
         let w = Workload::parse("dense(M=16*T,N=2304,K=768)").unwrap();
-        assert_eq!(w.bind(&Bindings::default()), Err(IrError::Unbound("T".into())));
-        assert!(matches!(w.bind(&Bindings::from_pairs([("T", -1)])), Err(IrError::NegativeVar { .. })));
+        assert_eq!(
+            w.bind(&Bindings::default()),
+            Err(IrError::Unbound("T".into()))
+        );
+        assert!(matches!(
+            w.bind(&Bindings::from_pairs([("T", -1)])),
+            Err(IrError::NegativeVar { .. })
+        ));
         let w = Workload::parse("dense(M=T-10,N=4,K=4)").unwrap();
-        assert!(matches!(w.bind(&Bindings::from_pairs([("T", 3)])), Err(IrError::NegativeExtent { .. })));
-        for bad in ["dense(M=16*T,N=2304)", "dense(M=16*,N=1,K=1)", "conv(1,2)", "dense(M=1,N=1,K=1,Q=2)",
-            "dense(M=1,M=2,K=3)", "dense M=1", "dense(1,2,3)+gelu", "dense(1,2,3) x", "dense(1,2,3,4)"] {
+        assert!(matches!(
+            w.bind(&Bindings::from_pairs([("T", 3)])),
+            Err(IrError::NegativeExtent { .. })
+        ));
+        for bad in [
+            "dense(M=16*T,N=2304)",
+            "dense(M=16*,N=1,K=1)",
+            "conv(1,2)",
+            "dense(M=1,N=1,K=1,Q=2)",
+            "dense(M=1,M=2,K=3)",
+            "dense M=1",
+            "dense(1,2,3)+gelu",
+            "dense(1,2,3) x",
+            "dense(1,2,3,4)",
+        ] {
             let e = Workload::parse(bad).unwrap_err();
             assert!(!e.to_string().is_empty(), "{bad}");
         }

@@ -44,12 +44,21 @@ pub struct Builder {
 impl Builder {
     /// A builder caching in `cache_dir`, with `-O3 -march=native -fopenmp`.
     pub fn new(cache_dir: impl Into<PathBuf>) -> Builder {
-        let flags = ["-O3", "-march=native", "-fPIC", "-fopenmp", "-std=gnu11", "-w"];
+        let flags = [
+            "-O3",
+            "-march=native",
+            "-fPIC",
+            "-fopenmp",
+            "-std=gnu11",
+            "-w",
+        ];
         Builder {
             cache_dir: cache_dir.into(),
             cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
             flags: flags.map(String::from).to_vec(),
-            jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            jobs: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
         }
     }
 
@@ -59,7 +68,9 @@ impl Builder {
         if let Some(dir) = std::env::var_os("ANYSHAPE_CACHE") {
             return PathBuf::from(dir);
         }
-        let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
         base.unwrap_or_else(std::env::temp_dir).join("anyshape")
     }
 
@@ -77,36 +88,84 @@ impl Builder {
         for k in kernels {
             h.update(&k.code);
         }
-        let hash: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+        let hash: String = h
+            .finalize()
+            .iter()
+            .take(12)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let path = self.cache_dir.join(format!("lib{hash}.so"));
         let failed_path = path.with_extension("failed.json");
         if path.exists() {
-            let failed = std::fs::read_to_string(&failed_path).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
-            return Ok(BuiltLibrary { path, failed, cached: true });
+            let failed = std::fs::read_to_string(&failed_path)
+                .ok()
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or_default();
+            return Ok(BuiltLibrary {
+                path,
+                failed,
+                cached: true,
+            });
         }
-        let work = self.cache_dir.join(format!("build-{hash}-{}", std::process::id()));
+        let work = self
+            .cache_dir
+            .join(format!("build-{hash}-{}", std::process::id()));
         std::fs::create_dir_all(&work).map_err(io(&work))?;
         let result = self.build_in(&work, &header, kernels, &path);
         let _ = std::fs::remove_dir_all(&work);
         let failed = result?;
         if !failed.is_empty() {
-            let _ = std::fs::write(&failed_path, serde_json::to_string(&failed).unwrap_or_default());
+            let _ = std::fs::write(
+                &failed_path,
+                serde_json::to_string(&failed).unwrap_or_default(),
+            );
         }
-        Ok(BuiltLibrary { path, failed, cached: false })
+        Ok(BuiltLibrary {
+            path,
+            failed,
+            cached: false,
+        })
     }
 
-    fn build_in(&self, work: &Path, header: &str, kernels: &[KernelSource], out: &Path) -> Result<BTreeMap<String, String>> {
-        let chunks: Vec<&[KernelSource]> = if kernels.is_empty() { vec![&[]] } else { kernels.chunks(kernels.len().div_ceil(self.jobs.max(1))).collect() };
+    fn build_in(
+        &self,
+        work: &Path,
+        header: &str,
+        kernels: &[KernelSource],
+        out: &Path,
+    ) -> Result<BTreeMap<String, String>> {
+        let chunks: Vec<&[KernelSource]> = if kernels.is_empty() {
+            vec![&[]]
+        } else {
+            kernels
+                .chunks(kernels.len().div_ceil(self.jobs.max(1)))
+                .collect()
+        };
         let mut objects = Vec::new();
         let mut failed = BTreeMap::new();
-        let results = self.compile_all(work, header, &chunks.iter().enumerate().map(|(i, c)| (format!("chunk{i}"), *c)).collect::<Vec<_>>())?;
+        let results = self.compile_all(
+            work,
+            header,
+            &chunks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("chunk{i}"), *c))
+                .collect::<Vec<_>>(),
+        )?;
         for ((obj, err), chunk) in results.into_iter().zip(&chunks) {
             match err {
                 None => objects.push(obj),
                 // Find the culprits: compile each kernel of the failed chunk on its own.
                 Some(_) => {
-                    let singles: Vec<_> = chunk.iter().map(|k| (k.symbol.clone(), std::slice::from_ref(k))).collect();
-                    for ((obj, err), k) in self.compile_all(work, header, &singles)?.into_iter().zip(chunk.iter()) {
+                    let singles: Vec<_> = chunk
+                        .iter()
+                        .map(|k| (k.symbol.clone(), std::slice::from_ref(k)))
+                        .collect();
+                    for ((obj, err), k) in self
+                        .compile_all(work, header, &singles)?
+                        .into_iter()
+                        .zip(chunk.iter())
+                    {
                         match err {
                             None => objects.push(obj),
                             Some(e) => {
@@ -119,17 +178,32 @@ impl Builder {
         }
         let tmp = work.join("out.so");
         let mut cmd = Command::new(&self.cc);
-        cmd.args(&self.flags).arg("-shared").arg("-o").arg(&tmp).args(&objects);
+        cmd.args(&self.flags)
+            .arg("-shared")
+            .arg("-o")
+            .arg(&tmp)
+            .args(&objects);
         let (ok, stderr) = run(&self.cc, &mut cmd)?;
         if !ok {
-            return Err(MeasureError::Compile { what: "the link step".into(), stderr });
+            return Err(MeasureError::Compile {
+                what: "the link step".into(),
+                stderr,
+            });
         }
-        std::fs::rename(&tmp, out).map_err(|source| MeasureError::Io { path: out.display().to_string(), source })?;
+        std::fs::rename(&tmp, out).map_err(|source| MeasureError::Io {
+            path: out.display().to_string(),
+            source,
+        })?;
         Ok(failed)
     }
 
     /// Compile each `(name, kernels)` unit to an object file, `jobs` at a time.
-    fn compile_all(&self, work: &Path, header: &str, units: &[(String, &[KernelSource])]) -> Result<Vec<(PathBuf, Option<String>)>> {
+    fn compile_all(
+        &self,
+        work: &Path,
+        header: &str,
+        units: &[(String, &[KernelSource])],
+    ) -> Result<Vec<(PathBuf, Option<String>)>> {
         let mut out = Vec::new();
         for group in units.chunks(self.jobs.max(1)) {
             let mut running = Vec::new();
@@ -141,7 +215,10 @@ impl Builder {
                     text.push('\n');
                     text.push_str(&k.code);
                 }
-                std::fs::write(&src, text).map_err(|source| MeasureError::Io { path: src.display().to_string(), source })?;
+                std::fs::write(&src, text).map_err(|source| MeasureError::Io {
+                    path: src.display().to_string(),
+                    source,
+                })?;
                 let child = Command::new(&self.cc)
                     .args(&self.flags)
                     .arg("-c")
@@ -151,12 +228,22 @@ impl Builder {
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped())
                     .spawn()
-                    .map_err(|source| MeasureError::NoCompiler { cc: self.cc.clone(), source })?;
+                    .map_err(|source| MeasureError::NoCompiler {
+                        cc: self.cc.clone(),
+                        source,
+                    })?;
                 running.push((obj, child));
             }
             for (obj, child) in running {
-                let output = child.wait_with_output().map_err(|source| MeasureError::NoCompiler { cc: self.cc.clone(), source })?;
-                let err = (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned());
+                let output =
+                    child
+                        .wait_with_output()
+                        .map_err(|source| MeasureError::NoCompiler {
+                            cc: self.cc.clone(),
+                            source,
+                        })?;
+                let err = (!output.status.success())
+                    .then(|| String::from_utf8_lossy(&output.stderr).into_owned());
                 out.push((obj, err));
             }
         }
@@ -165,6 +252,15 @@ impl Builder {
 }
 
 fn run(cc: &str, cmd: &mut Command) -> Result<(bool, String)> {
-    let output = cmd.stdout(Stdio::null()).output().map_err(|source| MeasureError::NoCompiler { cc: cc.into(), source })?;
-    Ok((output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned()))
+    let output = cmd
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|source| MeasureError::NoCompiler {
+            cc: cc.into(),
+            source,
+        })?;
+    Ok((
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
 }

@@ -8,7 +8,13 @@ use serde::{Deserialize, Serialize};
 /// Deterministic random inputs in `[-1, 1)` for an instance.
 pub fn random_inputs(bound: &BoundWorkload, n_inputs: usize, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n_inputs).map(|t| (0..bound.lens[t]).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect()
+    (0..n_inputs)
+        .map(|t| {
+            (0..bound.lens[t])
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect()
+        })
+        .collect()
 }
 
 /// The reference result of an instance and, per output element, the sum of the
@@ -30,11 +36,21 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
     let len = bound.lens[out_t];
     let mut output = vec![0.0f64; len];
     let mut magnitude = vec![0.0f64; len];
-    let spatial: Vec<usize> = (0..w.axes.len()).filter(|&a| w.axes[a].kind == AxisKind::Spatial).collect();
-    let reduction: Vec<usize> = (0..w.axes.len()).filter(|&a| w.axes[a].kind == AxisKind::Reduction).collect();
-    let terms: usize = reduction.iter().map(|&a| bound.extents[a] as usize).product();
+    let spatial: Vec<usize> = (0..w.axes.len())
+        .filter(|&a| w.axes[a].kind == AxisKind::Spatial)
+        .collect();
+    let reduction: Vec<usize> = (0..w.axes.len())
+        .filter(|&a| w.axes[a].kind == AxisKind::Reduction)
+        .collect();
+    let terms: usize = reduction
+        .iter()
+        .map(|&a| bound.extents[a] as usize)
+        .product();
     let offset = |t: usize, point: &[i64]| -> i64 {
-        bound.offsets[t] + (0..w.axes.len()).map(|a| point[a] * bound.axis_strides[t][a]).sum::<i64>()
+        bound.offsets[t]
+            + (0..w.axes.len())
+                .map(|a| point[a] * bound.axis_strides[t][a])
+                .sum::<i64>()
     };
     if !bound.extents.contains(&0) || terms == 0 {
         let mut point = vec![0i64; w.axes.len()];
@@ -45,7 +61,9 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
                         point[a] = 0;
                     }
                     loop {
-                        let prod: f64 = (0..w.inputs.len()).map(|t| inputs[t][offset(t, &point) as usize] as f64).product();
+                        let prod: f64 = (0..w.inputs.len())
+                            .map(|t| inputs[t][offset(t, &point) as usize] as f64)
+                            .product();
                         let o = offset(out_t, &point) as usize;
                         output[o] += prod;
                         magnitude[o] += prod.abs();
@@ -63,7 +81,11 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
     for x in &mut output {
         *x = w.epilogue.apply(*x);
     }
-    Reference { output, magnitude, terms }
+    Reference {
+        output,
+        magnitude,
+        terms,
+    }
 }
 
 /// Step an odometer over `axes` (last fastest); false when it wraps around.
@@ -96,10 +118,14 @@ pub struct CheckReport {
 pub fn check_output(got: &[f32], reference: &Reference) -> CheckReport {
     let eps = f32::EPSILON as f64;
     let (mut max_abs_error, mut mismatches, mut first_mismatch) = (0.0f64, 0usize, None);
-    for (i, (&g, (&r, &m))) in got.iter().zip(reference.output.iter().zip(&reference.magnitude)).enumerate() {
+    for (i, (&g, (&r, &m))) in got
+        .iter()
+        .zip(reference.output.iter().zip(&reference.magnitude))
+        .enumerate()
+    {
         let err = (g as f64 - r).abs();
         let tol = (reference.terms as f64 + 2.0) * eps * m;
-        if !(err <= tol) {
+        if err.is_nan() || err > tol {
             mismatches += 1;
             first_mismatch.get_or_insert(i);
         }
@@ -110,7 +136,12 @@ pub fn check_output(got: &[f32], reference: &Reference) -> CheckReport {
     if got.len() != reference.output.len() {
         mismatches += 1;
     }
-    CheckReport { passed: mismatches == 0, max_abs_error, mismatches, first_mismatch }
+    CheckReport {
+        passed: mismatches == 0,
+        max_abs_error,
+        mismatches,
+        first_mismatch,
+    }
 }
 
 #[cfg(test)]
@@ -127,7 +158,11 @@ mod tests {
         for b in 0..2 {
             for m in 0..2 {
                 for n in 0..3 {
-                    let want: f64 = (0..4).map(|k| ins[0][b * 8 + m * 4 + k] as f64 * ins[1][b * 12 + k * 3 + n] as f64).sum();
+                    let want: f64 = (0..4)
+                        .map(|k| {
+                            ins[0][b * 8 + m * 4 + k] as f64 * ins[1][b * 12 + k * 3 + n] as f64
+                        })
+                        .sum();
                     assert!((r.output[b * 6 + m * 3 + n] - want).abs() < 1e-12);
                 }
             }

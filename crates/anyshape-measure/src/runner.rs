@@ -38,7 +38,12 @@ pub struct MeasureOptions {
 
 impl Default for MeasureOptions {
     fn default() -> Self {
-        MeasureOptions { min_repeats: 5, max_repeats: 1000, min_seconds: 0.2, timeout_seconds: 30.0 }
+        MeasureOptions {
+            min_repeats: 5,
+            max_repeats: 1000,
+            min_seconds: 0.2,
+            timeout_seconds: 30.0,
+        }
     }
 }
 
@@ -108,11 +113,19 @@ impl Runner {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
         let mut next = 0;
         while next < candidates.len() {
-            let job = Job { library: library.to_path_buf(), candidates: candidates[next..].to_vec(), options: self.options.clone() };
+            let job = Job {
+                library: library.to_path_buf(),
+                candidates: candidates[next..].to_vec(),
+                options: self.options.clone(),
+            };
             let (mut child, events) = self.spawn(&job)?;
             let mut started: Option<usize> = None;
             loop {
-                let limit = if started.is_some() { self.options.timeout_seconds } else { PREPARE_SECONDS };
+                let limit = if started.is_some() {
+                    self.options.timeout_seconds
+                } else {
+                    PREPARE_SECONDS
+                };
                 match events.recv_timeout(Duration::from_secs_f64(limit)) {
                     Ok(Event::Start(i)) => started = Some(next + i),
                     Ok(Event::Done(i, outcome)) => {
@@ -127,10 +140,21 @@ impl Runner {
                         let _ = child.kill();
                         let status = child.wait().ok();
                         // The first candidate without an outcome is the one to blame.
-                        let culprit = started.unwrap_or_else(|| outcomes.iter().position(Option::is_none).unwrap_or(next));
+                        let culprit = started.unwrap_or_else(|| {
+                            outcomes.iter().position(Option::is_none).unwrap_or(next)
+                        });
                         let why = match (e, status) {
-                            (RecvTimeoutError::Timeout, _) => format!("timed out after {:.1} s", if started.is_some() { self.options.timeout_seconds } else { PREPARE_SECONDS }),
-                            (RecvTimeoutError::Disconnected, Some(st)) => format!("the worker died ({})", describe_exit(st)),
+                            (RecvTimeoutError::Timeout, _) => format!(
+                                "timed out after {:.1} s",
+                                if started.is_some() {
+                                    self.options.timeout_seconds
+                                } else {
+                                    PREPARE_SECONDS
+                                }
+                            ),
+                            (RecvTimeoutError::Disconnected, Some(st)) => {
+                                format!("the worker died ({})", describe_exit(st))
+                            }
                             (RecvTimeoutError::Disconnected, None) => "the worker died".into(),
                         };
                         outcomes[culprit] = Some(Outcome::Failed(why));
@@ -145,7 +169,10 @@ impl Runner {
                 next = next.max(first_open);
             }
         }
-        Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|| Outcome::Failed("not measured".into()))).collect())
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::Failed("not measured".into())))
+            .collect())
     }
 
     fn spawn(&self, job: &Job) -> Result<(Child, Receiver<Event>)> {
@@ -156,10 +183,16 @@ impl Runner {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|source| MeasureError::Worker { cmd: cmd.clone(), source })?;
+            .map_err(|source| MeasureError::Worker {
+                cmd: cmd.clone(),
+                source,
+            })?;
         let line = serde_json::to_string(job).expect("jobs serialize");
         let mut stdin = child.stdin.take().expect("piped stdin");
-        stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).map_err(|source| MeasureError::Worker { cmd, source })?;
+        stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| stdin.write_all(b"\n"))
+            .map_err(|source| MeasureError::Worker { cmd, source })?;
         drop(stdin);
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();

@@ -4,7 +4,9 @@ mod peak;
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
-use anyshape_measure::{Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand};
+use anyshape_measure::{
+    Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
+};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -86,20 +88,32 @@ impl Common {
         match &self.target {
             None => Ok(CpuTarget::detect()),
             Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading target {}", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading target {}", path.display()))?;
                 Ok(CpuTarget::from_json(&text)?)
             }
         }
     }
 
     fn builder(&self) -> Builder {
-        Builder::new(self.cache_dir.clone().unwrap_or_else(Builder::default_cache_dir))
+        Builder::new(
+            self.cache_dir
+                .clone()
+                .unwrap_or_else(Builder::default_cache_dir),
+        )
     }
 }
 
 fn runner(options: MeasureOptions) -> Result<Runner> {
-    let program = std::env::current_exe().context("locating the anyshape executable for the worker")?;
-    Ok(Runner { worker: WorkerCommand { program, args: vec!["__worker".into()] }, options })
+    let program =
+        std::env::current_exe().context("locating the anyshape executable for the worker")?;
+    Ok(Runner {
+        worker: WorkerCommand {
+            program,
+            args: vec!["__worker".into()],
+        },
+        options,
+    })
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -117,19 +131,40 @@ fn run(args: RunArgs) -> Result<()> {
     micro_kernel.validate(&target)?;
     let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
     let mode: KernelMode = args.mode.parse().map_err(anyhow::Error::msg)?;
-    let program = Program { workload: workload.clone(), micro_kernel, strategy, mode, bindings: bindings.clone() };
+    let program = Program {
+        workload: workload.clone(),
+        micro_kernel,
+        strategy,
+        mode,
+        bindings: bindings.clone(),
+    };
     let code = program.c_source(&target)?;
     if args.print_c {
         print!("{}\n{code}", anyshape_codegen::c::header(&target));
         return Ok(());
     }
     let symbol = program.symbol(&target);
-    let lib = args.common.builder().build(&target, &[KernelSource { symbol: symbol.clone(), code }])?;
+    let lib = args.common.builder().build(
+        &target,
+        &[KernelSource {
+            symbol: symbol.clone(),
+            code,
+        }],
+    )?;
     if let Some(err) = lib.failed.get(&symbol) {
         bail!("the generated kernel did not compile (a code generation bug):\n{err}");
     }
-    let options = MeasureOptions { min_seconds: args.seconds, timeout_seconds: args.timeout, ..Default::default() };
-    let candidate = Candidate { symbol, workload: workload.clone(), bindings: bindings.clone(), check: args.check };
+    let options = MeasureOptions {
+        min_seconds: args.seconds,
+        timeout_seconds: args.timeout,
+        ..Default::default()
+    };
+    let candidate = Candidate {
+        symbol,
+        workload: workload.clone(),
+        bindings: bindings.clone(),
+        check: args.check,
+    };
     let outcome = runner(options)?.measure(&lib.path, &[candidate])?.remove(0);
     let m = match outcome {
         Outcome::Measured(m) => m,
@@ -137,12 +172,27 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let flops = workload.flops(&bound);
     println!("workload     {workload}  [{bindings}]");
-    println!("program      {micro_kernel}  strategy={strategy}  mode={mode}  target={} ({} cores, {:?})", target.name, target.cores, target.simd);
-    println!("latency      min {:.3} ms   median {:.3} ms   ({} runs)", m.min_seconds * 1e3, m.median_seconds * 1e3, m.repeats);
-    println!("throughput   {:.1} GFLOP/s (at min latency)   {:.1} GFLOP/s (at median)", flops / m.min_seconds / 1e9, flops / m.median_seconds / 1e9);
+    println!(
+        "program      {micro_kernel}  strategy={strategy}  mode={mode}  target={} ({} cores, {:?})",
+        target.name, target.cores, target.simd
+    );
+    println!(
+        "latency      min {:.3} ms   median {:.3} ms   ({} runs)",
+        m.min_seconds * 1e3,
+        m.median_seconds * 1e3,
+        m.repeats
+    );
+    println!(
+        "throughput   {:.1} GFLOP/s (at min latency)   {:.1} GFLOP/s (at median)",
+        flops / m.min_seconds / 1e9,
+        flops / m.median_seconds / 1e9
+    );
     if let Some(check) = m.check {
         if check.passed {
-            println!("check        ok: matches the reference (max abs error {:.2e})", check.max_abs_error);
+            println!(
+                "check        ok: matches the reference (max abs error {:.2e})",
+                check.max_abs_error
+            );
         } else {
             println!("check        MISMATCH: {} elements differ (first at flat index {:?}, max abs error {:.2e})", check.mismatches, check.first_mismatch, check.max_abs_error);
             bail!("the result does not match the reference");
@@ -159,7 +209,9 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
             Ok(())
         }
-        Command::Peak { seconds, common } => peak::report(&common.target()?, &common.builder(), seconds),
+        Command::Peak { seconds, common } => {
+            peak::report(&common.target()?, &common.builder(), seconds)
+        }
         Command::Worker => std::process::exit(anyshape_measure::worker::serve()),
     }
 }

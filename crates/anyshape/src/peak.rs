@@ -11,8 +11,12 @@ use std::time::Instant;
 const CHAINS: usize = 12;
 
 fn source(threads: usize) -> String {
-    let decl: String = (0..CHAINS).map(|i| format!("  as_vf a{i} = (as_vf){{0}} + (float)(t + {i});\n")).collect();
-    let fma: String = (0..CHAINS).map(|i| format!("    a{i} = a{i} * m + d;\n")).collect();
+    let decl: String = (0..CHAINS)
+        .map(|i| format!("  as_vf a{i} = (as_vf){{0}} + (float)(t + {i});\n"))
+        .collect();
+    let fma: String = (0..CHAINS)
+        .map(|i| format!("    a{i} = a{i} * m + d;\n"))
+        .collect();
     let sum: String = (0..CHAINS).map(|i| format!(" + a{i}")).collect();
     format!(
         "int32_t as_peak_{threads}(const int64_t *vars, const float *const *ins, float *const *outs) {{\n\
@@ -28,13 +32,20 @@ fn source(threads: usize) -> String {
 /// Measure and print single-core and all-core peak.
 pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()> {
     let threads = [1, target.cores];
-    let kernels: Vec<KernelSource> = threads.iter().map(|&t| KernelSource { symbol: format!("as_peak_{t}"), code: source(t) }).collect();
+    let kernels: Vec<KernelSource> = threads
+        .iter()
+        .map(|&t| KernelSource {
+            symbol: format!("as_peak_{t}"),
+            code: source(t),
+        })
+        .collect();
     let lib = builder.build(target, &kernels)?;
     if let Some((sym, err)) = lib.failed.iter().next() {
         bail!("{sym} did not compile:\n{err}");
     }
     // SAFETY: our own library, built just now from the source above.
-    let library = unsafe { libloading::Library::new(&lib.path) }.context("loading the peak kernel")?;
+    let library =
+        unsafe { libloading::Library::new(&lib.path) }.context("loading the peak kernel")?;
     let lanes = target.lanes_f32();
     println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
     for &t in &threads {

@@ -1,0 +1,243 @@
+//! Every program anyshape generates is checked against the reference implementation:
+//! three workloads x four padding strategies x two kernel modes, over T = 1, primes, the
+//! range ends 1 and 128 and values past the range; plus random micro-kernels.
+use anyshape_codegen::{
+    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, KERNEL_MODES, PADDING_STRATEGIES,
+};
+use anyshape_ir::{Bindings, Workload};
+use anyshape_measure::{
+    Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
+};
+use rand::{RngExt, SeedableRng};
+
+const TS: [i64; 11] = [1, 7, 17, 37, 61, 97, 113, 127, 128, 129, 200];
+
+fn runner() -> Runner {
+    let worker = WorkerCommand {
+        program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
+        args: vec![],
+    };
+    Runner {
+        worker,
+        options: MeasureOptions {
+            min_repeats: 1,
+            max_repeats: 1,
+            min_seconds: 0.0,
+            timeout_seconds: 60.0,
+        },
+    }
+}
+
+/// A micro-kernel with small tiles, so that small shapes still span several cache tiles
+/// and reduction tiles.
+fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
+    let lanes = target.lanes_f32();
+    MicroKernel {
+        mr: 3,
+        nr: lanes,
+        mc: 6,
+        nc: 2 * lanes,
+        kc: 8,
+        uk: 4,
+    }
+}
+
+/// Build every program, run each on its instances with the check on, and fail listing
+/// every program that is wrong or did not run.
+fn check_programs(target: &CpuTarget, runs: Vec<(Program, Vec<Bindings>)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let kernels: Vec<KernelSource> = runs
+        .iter()
+        .map(|(p, _)| KernelSource {
+            symbol: p.symbol(target),
+            code: p.c_source(target).unwrap(),
+        })
+        .collect();
+    let lib = Builder::new(dir.path()).build(target, &kernels).unwrap();
+    assert!(
+        lib.failed.is_empty(),
+        "kernels failed to compile: {:#?}",
+        lib.failed
+    );
+    let mut candidates = Vec::new();
+    let mut labels = Vec::new();
+    for (p, instances) in &runs {
+        for b in instances {
+            candidates.push(Candidate {
+                symbol: p.symbol(target),
+                workload: p.workload.clone(),
+                bindings: b.clone(),
+                check: true,
+            });
+            labels.push(format!(
+                "{} {} {} {} [{b}]",
+                p.workload, p.micro_kernel, p.strategy, p.mode
+            ));
+        }
+    }
+    let outcomes = runner().measure(&lib.path, &candidates).unwrap();
+    let failures: Vec<String> = outcomes
+        .iter()
+        .zip(&labels)
+        .filter_map(|(o, label)| match o {
+            Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed) => None,
+            other => Some(format!("{label}: {other:?}")),
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs wrong:\n{}",
+        failures.len(),
+        labels.len(),
+        failures.join("\n")
+    );
+}
+
+fn matrix(workload: &str) {
+    let target = CpuTarget::detect();
+    let w = Workload::parse(workload).unwrap();
+    let mks = [
+        MicroKernel::default_for(&target),
+        small_micro_kernel(&target),
+    ];
+    let all: Vec<Bindings> = TS
+        .iter()
+        .map(|&t| Bindings::from_pairs([("T", t)]))
+        .collect();
+    let mut runs = Vec::new();
+    for strategy in PADDING_STRATEGIES {
+        for mode in KERNEL_MODES {
+            match mode {
+                KernelMode::Symbolic => {
+                    for mk in mks {
+                        runs.push((
+                            Program {
+                                workload: w.clone(),
+                                micro_kernel: mk,
+                                strategy,
+                                mode,
+                                bindings: Bindings::default(),
+                            },
+                            all.clone(),
+                        ));
+                    }
+                }
+                KernelMode::Specialized => {
+                    for (i, b) in all.iter().enumerate() {
+                        let p = Program {
+                            workload: w.clone(),
+                            micro_kernel: mks[i % 2],
+                            strategy,
+                            mode,
+                            bindings: b.clone(),
+                        };
+                        runs.push((p, vec![b.clone()]));
+                    }
+                }
+            }
+        }
+    }
+    check_programs(&target, runs);
+}
+
+#[test]
+fn dense_all_strategies_and_modes() {
+    matrix("dense(M=16*T,N=80,K=40)");
+}
+
+#[test]
+fn batch_matmul_nt_all_strategies_and_modes() {
+    matrix("batch_matmul_nt(B=3,M=T,N=T,K=64)");
+}
+
+#[test]
+fn batch_matmul_nn_all_strategies_and_modes() {
+    matrix("batch_matmul_nn(B=3,M=T,N=64,K=T)");
+}
+
+/// Random valid micro-kernels on random shapes (with and without an epilogue), every
+/// strategy, symbolic mode; run on several instances each, including T = 0.
+#[test]
+fn random_micro_kernels_are_correct() {
+    let target = CpuTarget::detect();
+    let lanes = target.lanes_f32();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2026);
+    let workloads = [
+        "dense(M=T,N=2*T+3,K=T+1)+relu",
+        "batch_matmul_nn(B=2,M=T+1,N=T,K=3*T)",
+        "batch_matmul_nt(B=T,M=5,N=T,K=7)+relu",
+    ];
+    let mut runs = Vec::new();
+    while runs.len() < 16 {
+        let nv = rng.random_range(1..=3usize);
+        let mk = MicroKernel {
+            mr: rng.random_range(1..=8),
+            nr: nv * lanes,
+            mc: 0,
+            nc: nv * lanes * rng.random_range(1..=4usize),
+            kc: 0,
+            uk: [1, 2, 4, 8][rng.random_range(0..4usize)],
+        };
+        let mk = MicroKernel {
+            mc: mk.mr * rng.random_range(1..=5usize),
+            kc: mk.uk * rng.random_range(1..=6usize),
+            ..mk
+        };
+        if mk.validate(&target).is_err() {
+            continue;
+        }
+        let w = Workload::parse(workloads[runs.len() % workloads.len()]).unwrap();
+        let strategy = PADDING_STRATEGIES[runs.len() % 4];
+        let instances = [0, 1, rng.random_range(2..40), rng.random_range(40..90)]
+            .map(|t| Bindings::from_pairs([("T", t)]))
+            .to_vec();
+        runs.push((
+            Program {
+                workload: w,
+                micro_kernel: mk,
+                strategy,
+                mode: KernelMode::Symbolic,
+                bindings: Bindings::default(),
+            },
+            instances,
+        ));
+    }
+    check_programs(&target, runs);
+}
+
+/// A specialized kernel refuses shape-var values it was not built for.
+#[test]
+fn specialized_kernel_rejects_other_shapes() {
+    let target = CpuTarget::detect();
+    let w = Workload::parse("dense(M=T,N=16,K=8)").unwrap();
+    let p = Program {
+        workload: w.clone(),
+        micro_kernel: small_micro_kernel(&target),
+        strategy: PaddingStrategy::LocalPad,
+        mode: KernelMode::Specialized,
+        bindings: Bindings::from_pairs([("T", 5)]),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let lib = Builder::new(dir.path())
+        .build(
+            &target,
+            &[KernelSource {
+                symbol: p.symbol(&target),
+                code: p.c_source(&target).unwrap(),
+            }],
+        )
+        .unwrap();
+    let cand = |t| Candidate {
+        symbol: p.symbol(&target),
+        workload: w.clone(),
+        bindings: Bindings::from_pairs([("T", t)]),
+        check: true,
+    };
+    let out = runner().measure(&lib.path, &[cand(5), cand(6)]).unwrap();
+    assert!(matches!(&out[0], Outcome::Measured(m) if m.check.as_ref().unwrap().passed));
+    assert!(
+        matches!(&out[1], Outcome::Failed(why) if why.contains("status 1")),
+        "{:?}",
+        out[1]
+    );
+}

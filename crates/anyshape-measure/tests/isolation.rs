@@ -1,0 +1,119 @@
+//! The runner survives candidates that crash or hang: each fails alone, the others are
+//! measured. The faulty kernels are a test-only hook: hand-written C placed in the
+//! same library as real programs.
+use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_ir::{Bindings, Workload};
+use anyshape_measure::{
+    Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
+};
+
+const SIG: &str = "(const int64_t *vars, const float *const *ins, float *const *outs)";
+
+#[test]
+fn crashing_and_hanging_candidates_fail_alone() {
+    let target = CpuTarget::detect();
+    let w = Workload::parse("dense(M=T,N=40,K=24)").unwrap();
+    let good = Program {
+        workload: w.clone(),
+        micro_kernel: MicroKernel::default_for(&target),
+        strategy: PaddingStrategy::LocalPad,
+        mode: KernelMode::Symbolic,
+        bindings: Bindings::default(),
+    };
+    let kernels = vec![
+        KernelSource {
+            symbol: good.symbol(&target),
+            code: good.c_source(&target).unwrap(),
+        },
+        KernelSource {
+            symbol: "as_test_crash".into(),
+            code: format!("int32_t as_test_crash{SIG} {{ *(volatile int *)0 = 1; return 0; }}"),
+        },
+        KernelSource {
+            symbol: "as_test_hang".into(),
+            code: format!(
+                "int32_t as_test_hang{SIG} {{ for (;;) {{ __asm__ volatile(\"\"); }} return 0; }}"
+            ),
+        },
+        KernelSource {
+            symbol: "as_test_abort".into(),
+            code: format!("void abort(void); int32_t as_test_abort{SIG} {{ abort(); return 0; }}"),
+        },
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    let cand = |symbol: &str, t: i64| Candidate {
+        symbol: symbol.into(),
+        workload: w.clone(),
+        bindings: Bindings::from_pairs([("T", t)]),
+        check: true,
+    };
+    let good_sym = good.symbol(&target);
+    let batch = [
+        cand(&good_sym, 5),
+        cand("as_test_crash", 5),
+        cand(&good_sym, 9),
+        cand("as_test_hang", 9),
+        cand("as_test_abort", 3),
+        cand("as_missing", 3),
+        cand(&good_sym, 33),
+    ];
+    let worker = WorkerCommand {
+        program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
+        args: vec![],
+    };
+    let runner = Runner {
+        worker,
+        options: MeasureOptions {
+            min_repeats: 2,
+            max_repeats: 3,
+            min_seconds: 0.0,
+            timeout_seconds: 2.0,
+        },
+    };
+    let t0 = std::time::Instant::now();
+    let out = runner.measure(&lib.path, &batch).unwrap();
+    let ok = |o: &Outcome| matches!(o, Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed));
+    assert!(ok(&out[0]) && ok(&out[2]) && ok(&out[6]), "{out:#?}");
+    assert!(
+        matches!(&out[1], Outcome::Failed(w) if w.contains("SIGSEGV")),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        matches!(&out[3], Outcome::Failed(w) if w.contains("timed out")),
+        "{:?}",
+        out[3]
+    );
+    assert!(
+        matches!(&out[4], Outcome::Failed(w) if w.contains("SIGABRT")),
+        "{:?}",
+        out[4]
+    );
+    assert!(
+        matches!(&out[5], Outcome::Failed(w) if w.contains("not found")),
+        "{:?}",
+        out[5]
+    );
+    assert!(t0.elapsed().as_secs_f64() < 30.0);
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_fails_alone() {
+    let target = CpuTarget::detect();
+    let kernels = vec![
+        KernelSource {
+            symbol: "as_test_ok".into(),
+            code: format!("int32_t as_test_ok{SIG} {{ return 0; }}"),
+        },
+        KernelSource {
+            symbol: "as_test_bad".into(),
+            code: "int32_t as_test_bad( { syntax error".into(),
+        },
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    assert_eq!(lib.failed.keys().collect::<Vec<_>>(), ["as_test_bad"]);
+    let again = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    assert!(again.cached && again.failed.contains_key("as_test_bad"));
+}
