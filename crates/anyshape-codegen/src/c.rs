@@ -41,17 +41,26 @@ static inline int64_t as_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 static inline float as_relu(float x) {{ return x > 0.0f ? x : 0.0f; }}
 static inline as_vf as_vload(const float *p) {{ as_vf v; memcpy(&v, p, sizeof v); return v; }}
 static inline void as_vstore(float *p, as_vf v) {{ memcpy(p, &v, sizeof v); }}
-/* Per-thread scratch buffers that grow and are kept across calls. */
+/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
+static int64_t as_calls;
+static __thread void *as_buf[8];
+static __thread size_t as_cap[8];
+static __thread int64_t as_held[8][2];
 static void *as_scratch(int slot, int64_t elems) {{
-  static __thread void *buf[8];
-  static __thread size_t cap[8];
   size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(float) + 63) & ~(size_t)63;
-  if (bytes > cap[slot]) {{
-    free(buf[slot]);
-    buf[slot] = aligned_alloc(64, bytes);
-    cap[slot] = buf[slot] ? bytes : 0;
+  if (bytes > as_cap[slot]) {{
+    free(as_buf[slot]);
+    as_buf[slot] = aligned_alloc(64, bytes);
+    as_cap[slot] = as_buf[slot] ? bytes : 0;
+    as_held[slot][0] = 0;
   }}
-  return buf[slot];
+  return as_buf[slot];
+}}
+static inline int as_claim(int slot, int64_t call, int64_t key) {{
+  if (as_held[slot][0] == call && as_held[slot][1] == key) return 0;
+  as_held[slot][0] = call;
+  as_held[slot][1] = key;
+  return 1;
 }}
 "#
     )
@@ -81,6 +90,7 @@ fn cond(c: &Cond) -> String {
         Cond::Le(a, b) => format!("{} <= {}", expr(a), expr(b)),
         Cond::Eq(a, b) => format!("{} == {}", expr(a), expr(b)),
         Cond::And(a, b) => format!("({}) && ({})", cond(a), cond(b)),
+        Cond::Claim { slot, key } => format!("as_claim({slot}, as_call, {})", expr(key)),
     }
 }
 
@@ -234,6 +244,8 @@ pub fn print_func(f: &Func, target: &CpuTarget) -> String {
     };
     let _ = writeln!(p.out, "int32_t {}(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {{", f.name);
     p.line("int32_t as_status = 0;");
+    p.line("const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);");
+    p.line("(void)as_call;");
     p.line("(void)vars;");
     for i in 0..f.inputs {
         p.line(&format!("const float *restrict in{i} = ins[{i}];"));

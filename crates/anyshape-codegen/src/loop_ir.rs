@@ -40,6 +40,15 @@ pub enum Cond {
     Eq(Expr, Expr),
     /// Both hold.
     And(Box<Cond>, Box<Cond>),
+    /// True when this thread's scratch slot does not yet hold the data for `key` in the
+    /// current kernel call; evaluating it claims the slot for `key` (the caller then fills
+    /// it). Reallocating the slot drops the claim.
+    Claim {
+        /// The scratch slot.
+        slot: u8,
+        /// What the slot is to hold.
+        key: Expr,
+    },
 }
 
 impl Cond {

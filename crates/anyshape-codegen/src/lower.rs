@@ -164,8 +164,9 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc))),
     ));
     let mut task = vec![
-        let_("jt", v("t") % v("tiles_n")),
-        let_("it", v("t") / v("tiles_n") % v("tiles_m")),
+        // M tiles vary fastest, so consecutive tasks of a thread share the packed B panel.
+        let_("it", v("t") % v("tiles_m")),
+        let_("jt", v("t") / v("tiles_m") % v("tiles_n")),
         let_("bt", v("t") / (v("tiles_n") * v("tiles_m"))),
     ];
     let operands = if global {
@@ -304,7 +305,7 @@ impl Nest<'_> {
             },
             Stmt::Alloc {
                 buf: "Bp".into(),
-                len: c(mk.kc * mk.nc),
+                len: v("tiles_k") * c(mk.kc * mk.nc),
                 scope: Scope::Scratch(1),
             },
         ];
@@ -313,13 +314,24 @@ impl Nest<'_> {
             PaddingStrategy::LocalPad => Expr::round_up(v("klen"), mk.uk as i64),
             _ => v("klen"),
         };
-        let mut kt_body = vec![
+        let kt_lets = vec![
             let_("k0", v("kt") * c(mk.kc)),
             let_("klen", klen),
             let_("kp", kp),
+            let_("bofs", v("kt") * c(mk.kc * mk.nc)),
         ];
+        // The whole K x nc panel of B is packed once per thread and (batch, N tile).
+        let pack_b = [kt_lets.clone(), vec![self.pack(1, &ops[1])]].concat();
+        let claim = Cond::Claim {
+            slot: 1,
+            key: v("bt") * v("tiles_n") + v("jt"),
+        };
+        s.push(if_(
+            claim,
+            vec![for_("kt", v("tiles_k"), LoopKind::Serial, pack_b)],
+        ));
+        let mut kt_body = kt_lets;
         kt_body.push(self.pack(0, &ops[0]));
-        kt_body.push(self.pack(1, &ops[1]));
         let tile = vec![
             let_("mi", v("m0") + v("ib") * c(mk.mr)),
             let_("nj", v("n0") + v("jb") * c(mk.nr)),
@@ -366,7 +378,8 @@ impl Nest<'_> {
         let src_idx = v(&format!("base{which}"))
             + row.clone() * op.s_row.clone()
             + (v("k0") + v("kk")) * op.s_col.clone();
-        let dst_idx = v(rb) * c(kc * reg) + v("kk") * c(reg) + v("rr");
+        let panel = if which == 0 { c(0) } else { v("bofs") };
+        let dst_idx = panel + v(rb) * c(kc * reg) + v("kk") * c(reg) + v("rr");
         let load = Value::load(op.buf, src_idx);
         let valid = Cond::and(
             Cond::Lt(row, v(extent)),
@@ -425,7 +438,7 @@ impl Nest<'_> {
         }
         let mut step = vec![];
         for j in 0..nv {
-            let idx = v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes);
+            let idx = v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes);
             step.push(Stmt::Reg {
                 name: format!("b_{j}"),
                 lanes,
@@ -570,7 +583,7 @@ impl Nest<'_> {
         );
         let b = Value::load(
             "Bp",
-            v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
+            v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
         );
         let fma = Value::Fma(
             Box::new(b),

@@ -176,6 +176,19 @@ impl Builder {
                 }
             }
         }
+        if objects.is_empty() {
+            // Every kernel failed: build an empty library so callers still get one.
+            let (obj, err) = self
+                .compile_all(work, header, &[("empty".to_string(), &[])])?
+                .remove(0);
+            if let Some(stderr) = err {
+                return Err(MeasureError::Compile {
+                    what: "the shared prelude".into(),
+                    stderr,
+                });
+            }
+            objects.push(obj);
+        }
         let tmp = work.join("out.so");
         let mut cmd = Command::new(&self.cc);
         cmd.args(&self.flags)

@@ -25,7 +25,7 @@ pub fn serve() -> i32 {
     };
     // SAFETY: the library is one the builder produced from generated C; loading runs no
     // constructors of ours beyond the C runtime's.
-    let library = unsafe { libloading::Library::new(&job.library) };
+    let library = unsafe { crate::load_library(&job.library) };
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
         let _ = writeln!(

@@ -241,3 +241,52 @@ fn specialized_kernel_rejects_other_shapes() {
         out[1]
     );
 }
+
+/// Kernels keep packed panels in per-thread scratch across calls; a second call on the
+/// same shape with new data must not reuse them.
+#[test]
+fn repeated_calls_with_new_data_are_correct() {
+    use anyshape_measure::{check_output, load_library, random_inputs, reference_output, KernelFn};
+    let target = CpuTarget::detect();
+    let w = Workload::parse("batch_matmul_nt(B=2,M=T,N=40,K=24)").unwrap();
+    let b = Bindings::from_pairs([("T", 30)]);
+    let bound = w.bind(&b).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let programs: Vec<Program> = PADDING_STRATEGIES
+        .into_iter()
+        .map(|strategy| Program {
+            workload: w.clone(),
+            micro_kernel: small_micro_kernel(&target),
+            strategy,
+            mode: KernelMode::Symbolic,
+            bindings: Bindings::default(),
+        })
+        .collect();
+    let kernels: Vec<KernelSource> = programs
+        .iter()
+        .map(|p| KernelSource {
+            symbol: p.symbol(&target),
+            code: p.c_source(&target).unwrap(),
+        })
+        .collect();
+    let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    // SAFETY: a library just built from generated kernels.
+    let library = unsafe { load_library(&lib.path) }.unwrap();
+    for p in &programs {
+        // SAFETY: generated kernels have the KernelFn signature.
+        let f = unsafe { library.get::<KernelFn>(p.symbol(&target).as_bytes()) }.unwrap();
+        for seed in [1, 2, 3] {
+            let inputs = random_inputs(&bound, 2, seed);
+            let mut out = vec![f32::NAN; bound.lens[2]];
+            let ins = [inputs[0].as_ptr(), inputs[1].as_ptr()];
+            let outs = [out.as_mut_ptr()];
+            // SAFETY: buffers sized by the bound workload.
+            assert_eq!(
+                unsafe { f([30i64].as_ptr(), ins.as_ptr(), outs.as_ptr()) },
+                0
+            );
+            let r = reference_output(&w, &bound, &[&inputs[0], &inputs[1]]);
+            assert!(check_output(&out, &r).passed, "{} seed {seed}", p.strategy);
+        }
+    }
+}

@@ -45,7 +45,7 @@ pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()>
     }
     // SAFETY: our own library, built just now from the source above.
     let library =
-        unsafe { libloading::Library::new(&lib.path) }.context("loading the peak kernel")?;
+        unsafe { anyshape_measure::load_library(&lib.path) }.context("loading the peak kernel")?;
     let lanes = target.lanes_f32();
     println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
     for &t in &threads {
