@@ -100,7 +100,7 @@ impl ShapeVar {
 }
 
 /// Values of shape vars (and, in lowered code, of other named integers).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Bindings(BTreeMap<String, i64>);
 
 impl Bindings {

@@ -17,6 +17,15 @@ pub use error::{MeasureError, Result};
 pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
 pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
 
+/// The measurer: a builder that compiles programs and a runner that times them.
+#[derive(Clone, Debug)]
+pub struct Measurer {
+    /// Compiles kernels.
+    pub builder: Builder,
+    /// Times them in isolated workers.
+    pub runner: Runner,
+}
+
 /// Signature of every generated kernel (see `anyshape_codegen::c`).
 pub type KernelFn = unsafe extern "C" fn(*const i64, *const *const f32, *const *mut f32) -> i32;
 

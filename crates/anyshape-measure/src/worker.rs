@@ -28,12 +28,11 @@ pub fn serve() -> i32 {
     let library = unsafe { crate::load_library(&job.library) };
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&ev).expect("events serialize")
-        );
-        let _ = out.flush();
+        let line = serde_json::to_string(&ev).expect("events serialize");
+        // The runner is gone (killed): stop instead of measuring for nobody.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            std::process::exit(3);
+        }
     };
     let mut instance: Option<Instance> = None;
     for (i, cand) in job.candidates.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! The `anyshape` command-line tool.
 mod peak;
+mod tune;
 
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Run one program on random data: latency, GFLOP/s and (with --check) correctness.
     Run(RunArgs),
+    /// Tune a workload once for every instance of its shape vars' domains.
+    Tune(tune::TuneArgs),
     /// Print the detected CPU target as JSON (edit it and pass it back with --target).
     Target,
     /// Measure this machine's peak FP32 throughput with an FMA microbenchmark.
@@ -205,6 +208,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args),
+        Command::Tune(args) => tune::tune(args),
         Command::Target => {
             println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
             Ok(())

@@ -163,3 +163,86 @@ fn bad_input_is_a_clear_error() {
         );
     }
 }
+
+/// Kill a tuning run with SIGKILL mid-way, resume it: the records file has no torn or
+/// duplicate lines and the run reaches its budget.
+#[test]
+fn killed_tuning_run_resumes_from_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let args = |resume: bool| {
+        let mut a = vec![
+            "tune",
+            "-w",
+            "dense(M=T,N=T+16,K=32)",
+            "--range",
+            "T=1..30",
+            "--trials",
+            "30",
+            "--batch",
+            "2",
+            "--quiet",
+            "--records",
+        ];
+        a.push(records.to_str().unwrap());
+        if resume {
+            a.push("--resume");
+        }
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_anyshape"))
+        .args(args(false))
+        .env("ANYSHAPE_CACHE", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = || {
+        std::fs::read_to_string(&records)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    let start = std::time::Instant::now();
+    while lines() < 9 && start.elapsed().as_secs() < 240 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let killed_at = lines();
+    assert!(
+        (9..30).contains(&killed_at),
+        "killed after {killed_at} records"
+    );
+
+    let o = anyshape(
+        &args(false).iter().map(String::as_str).collect::<Vec<_>>(),
+        dir.path(),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("--resume"),
+        "{}",
+        text(&o)
+    );
+    let o = anyshape(
+        &args(true).iter().map(String::as_str).collect::<Vec<_>>(),
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("{killed_at} resumed")),
+        "{}",
+        text(&o)
+    );
+    let content = std::fs::read_to_string(&records).unwrap();
+    assert!(content.ends_with('\n'));
+    let mut seen = std::collections::BTreeSet::new();
+    for line in content.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).expect("every line is a whole record");
+        assert!(
+            seen.insert((v["micro_kernel"].to_string(), v["bindings"].to_string())),
+            "duplicate trial: {line}"
+        );
+    }
+    assert_eq!(seen.len(), 30);
+}

@@ -1,0 +1,781 @@
+//! The joint evolutionary search: one population of micro-kernels serves every instance.
+//!
+//! Each round: evolve candidates from the best micro-kernels known for any instance
+//! (mutation, crossover, fresh samples); score every candidate on every instance with
+//! the cost model (features once per micro-kernel, adapted per instance); pick a batch
+//! that most lowers the predicted weighted latency (plus some random picks); build them
+//! as symbolic kernels, measure each on the instances where it should help most; append
+//! the records; retrain the model. The objective is `Σ_i w_i · latency_i` of the best
+//! micro-kernel known for each instance.
+use crate::{
+    extract, spearman, Adaptation, CostModel, Record, RecordLog, Result, Sample, SearchSpace,
+    TrialResult, TuneError,
+};
+use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
+use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
+use rand::{Rng, RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+/// One instance of the workload's domain, with its normalized weight.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// Shape-var values.
+    pub bindings: Bindings,
+    /// Weight (all weights sum to 1).
+    pub weight: f64,
+    /// Bound shapes.
+    pub bound: BoundWorkload,
+    /// Useful floating-point operations.
+    pub flops: f64,
+}
+
+/// Every instance of the domains of `vars` (their cartesian product), weighted by the
+/// product of the vars' weights and normalized. Every shape var of the workload needs a
+/// domain, and every domain must name a shape var of the workload.
+pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
+    let needed = w.shape_vars();
+    for v in &needed {
+        if !vars.iter().any(|s| &s.name == v) {
+            return Err(TuneError::Options(format!(
+                "shape var `{v}` needs a domain, e.g. `--range {v}=1..128`"
+            )));
+        }
+    }
+    if let Some(extra) = vars.iter().find(|s| !needed.contains(&s.name)) {
+        return Err(TuneError::Options(format!(
+            "`{}` is not a shape var of {w} (its shape vars: {})",
+            extra.name,
+            needed.join(", ")
+        )));
+    }
+    let mut points: Vec<(Bindings, f64)> = vec![(Bindings::default(), 1.0)];
+    for v in vars {
+        let values = v.domain.values();
+        if let Some(ws) = &v.weights {
+            if ws.len() != values.len() || ws.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err(TuneError::Options(format!(
+                    "weights of `{}`: need {} non-negative numbers",
+                    v.name,
+                    values.len()
+                )));
+            }
+        }
+        let mut next = Vec::new();
+        for (b, w0) in &points {
+            for (i, &x) in values.iter().enumerate() {
+                let mut b = b.clone();
+                b.set(v.name.clone(), x);
+                next.push((b, w0 * v.weights.as_ref().map_or(1.0, |ws| ws[i])));
+            }
+        }
+        points = next;
+    }
+    let total: f64 = points.iter().map(|p| p.1).sum();
+    if total <= 0.0 {
+        return Err(TuneError::Options("the weights are all zero".into()));
+    }
+    points
+        .into_iter()
+        .map(|(bindings, weight)| {
+            let bound = w.bind(&bindings)?;
+            let flops = w.flops(&bound);
+            Ok(Instance {
+                bindings,
+                weight: weight / total,
+                bound,
+                flops,
+            })
+        })
+        .collect()
+}
+
+/// Tuning options.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// Total trials (programs measured on an instance), including resumed ones.
+    pub trials: usize,
+    /// Micro-kernels built and measured per round.
+    pub batch: usize,
+    /// Instances each new micro-kernel is measured on.
+    pub instances_per_kernel: usize,
+    /// Fraction of each batch picked at random (exploration).
+    pub epsilon: f64,
+    /// Random seed.
+    pub seed: u64,
+    /// Padding strategy of the tuned programs.
+    pub strategy: PaddingStrategy,
+    /// Timing options.
+    pub measure: MeasureOptions,
+    /// Check outputs against the reference on instances up to this many FLOPs.
+    pub check_flops: f64,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            trials: 256,
+            batch: 16,
+            instances_per_kernel: 4,
+            epsilon: 0.15,
+            seed: 0,
+            strategy: PaddingStrategy::LocalPad,
+            measure: MeasureOptions {
+                min_repeats: 3,
+                max_repeats: 200,
+                min_seconds: 0.03,
+                timeout_seconds: 10.0,
+            },
+            check_flops: 4e8,
+        }
+    }
+}
+
+/// Where tuning wall time went, seconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct TimeBreakdown {
+    /// Compiling kernels.
+    pub build: f64,
+    /// Running them (worker processes, reference checks).
+    pub measure: f64,
+    /// Training and querying the cost model.
+    pub model: f64,
+    /// Evolving candidates and extracting features.
+    pub search: f64,
+}
+
+impl TimeBreakdown {
+    /// Total seconds.
+    pub fn total(&self) -> f64 {
+        self.build + self.measure + self.model + self.search
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundSummary {
+    /// Round number.
+    pub round: usize,
+    /// Trials so far (including resumed ones).
+    pub trials: usize,
+    /// Trial budget.
+    pub budget: usize,
+    /// Trials of this round that failed.
+    pub failed: usize,
+    /// `Σ w_i · latency_i` with the best known micro-kernel per instance (measured where
+    /// measured, predicted elsewhere), seconds.
+    pub predicted_weighted_latency: f64,
+    /// The same over measured instances only, weights renormalized, seconds.
+    pub measured_weighted_latency: f64,
+    /// Instances with at least one measurement.
+    pub measured_instances: usize,
+    /// Best measured GFLOP/s so far (any instance).
+    pub best_gflops: f64,
+    /// Time so far.
+    pub time: TimeBreakdown,
+}
+
+/// The best micro-kernel found for one instance.
+#[derive(Clone, Debug, Serialize)]
+pub struct InstanceBest {
+    /// The instance.
+    pub bindings: Bindings,
+    /// Its weight.
+    pub weight: f64,
+    /// The chosen micro-kernel.
+    pub micro_kernel: MicroKernel,
+    /// Its latency, seconds (measured if `measured`, else predicted).
+    pub latency_seconds: f64,
+    /// Whether that latency was measured.
+    pub measured: bool,
+    /// Useful GFLOP/s at that latency.
+    pub gflops: f64,
+}
+
+/// The result of a tuning run.
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneReport {
+    /// The workload.
+    pub workload: String,
+    /// Best micro-kernel per instance.
+    pub best: Vec<InstanceBest>,
+    /// Trials in the records (including resumed ones).
+    pub trials: usize,
+    /// Failed trials.
+    pub failed_trials: usize,
+    /// Rounds run by this process.
+    pub rounds: usize,
+    /// Trials resumed from the records file.
+    pub resumed_trials: usize,
+    /// Where this process's time went.
+    pub time: TimeBreakdown,
+    /// One summary per round run by this process.
+    pub history: Vec<RoundSummary>,
+    /// The fitted occupancy slope `k`.
+    pub k: f64,
+    /// Spearman correlation of predicted and measured throughput on the last 20% of the
+    /// successful trials, the model trained on the first 80%.
+    pub holdout_spearman: Option<f64>,
+    /// Successful trials the final model was trained on.
+    pub model_samples: usize,
+}
+
+/// A joint tuning run.
+pub struct Tuner<'a> {
+    workload: Workload,
+    target: CpuTarget,
+    instances: Vec<Instance>,
+    options: TuneOptions,
+    measurer: &'a Measurer,
+    log: RecordLog,
+    records: Vec<Record>,
+    resumed: usize,
+    space: SearchSpace,
+    features: HashMap<MicroKernel, Vec<f64>>,
+    index: HashMap<Bindings, usize>,
+    time: TimeBreakdown,
+}
+
+impl<'a> Tuner<'a> {
+    /// Prepare a run; `log` and `previous` come from [`RecordLog::open`]. Previous records
+    /// of this workload, target and strategy are reused; nothing measured is measured again.
+    pub fn new(
+        workload: &Workload,
+        target: &CpuTarget,
+        instances: Vec<Instance>,
+        options: TuneOptions,
+        measurer: &'a Measurer,
+        log: RecordLog,
+        previous: Vec<Record>,
+    ) -> Result<Tuner<'a>> {
+        if instances.is_empty() {
+            return Err(TuneError::Options("the domain has no instances".into()));
+        }
+        if options.batch == 0 || options.instances_per_kernel == 0 {
+            return Err(TuneError::Options(
+                "batch and instances per kernel must be at least 1".into(),
+            ));
+        }
+        let name = workload.to_string();
+        let index: HashMap<Bindings, usize> = instances
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (x.bindings.clone(), i))
+            .collect();
+        let records: Vec<Record> = previous
+            .into_iter()
+            .filter(|r| r.workload == name && &r.target == target && r.strategy == options.strategy)
+            .collect();
+        Ok(Tuner {
+            workload: workload.clone(),
+            target: target.clone(),
+            space: SearchSpace::new(target),
+            resumed: records.len(),
+            instances,
+            options,
+            measurer,
+            log,
+            records,
+            features: HashMap::new(),
+            index,
+            time: TimeBreakdown::default(),
+        })
+    }
+
+    /// Features of each micro-kernel (cached; extraction counts as search time).
+    fn features_of(&mut self, mks: &[MicroKernel]) -> Vec<Vec<f64>> {
+        let t0 = Instant::now();
+        let rep = self.instances[self.instances.len() / 2].bindings.clone();
+        let out = mks
+            .iter()
+            .map(|mk| {
+                self.features
+                    .entry(*mk)
+                    .or_insert_with(|| {
+                        extract(
+                            &self.workload,
+                            mk,
+                            self.options.strategy,
+                            &self.target,
+                            &rep,
+                        )
+                    })
+                    .clone()
+            })
+            .collect();
+        self.time.search += t0.elapsed().as_secs_f64();
+        out
+    }
+
+    /// Best measured latency per instance, and the micro-kernel that gave it.
+    fn measured_best(&self) -> Vec<Option<(f64, MicroKernel)>> {
+        let mut best: Vec<Option<(f64, MicroKernel)>> = vec![None; self.instances.len()];
+        for r in &self.records {
+            if let (Some(lat), Some(&i)) = (r.latency(), self.index.get(&r.bindings)) {
+                if best[i].is_none_or(|(b, _)| lat < b) {
+                    best[i] = Some((lat, r.micro_kernel));
+                }
+            }
+        }
+        best
+    }
+
+    fn samples(&mut self, records: &[Record]) -> Vec<Sample> {
+        let ok: Vec<(MicroKernel, usize, f64)> = records
+            .iter()
+            .filter_map(|r| Some((r.micro_kernel, *self.index.get(&r.bindings)?, r.latency()?)))
+            .collect();
+        let feats = self.features_of(&ok.iter().map(|x| x.0).collect::<Vec<_>>());
+        ok.iter()
+            .zip(feats)
+            .map(|(&(mk, i, lat), features)| {
+                let inst = &self.instances[i];
+                let a = Adaptation::of(&self.workload, &mk, &inst.bound);
+                Sample {
+                    features,
+                    tasks: a.tasks,
+                    pad: a.pad,
+                    throughput: inst.flops / lat,
+                    weight: inst.weight,
+                }
+            })
+            .collect()
+    }
+
+    fn train(&mut self, records: &[Record], seed: u64) -> CostModel {
+        let samples = self.samples(records);
+        let t0 = Instant::now();
+        let model = CostModel::fit(&samples, self.target.cores, seed);
+        self.time.model += t0.elapsed().as_secs_f64();
+        model
+    }
+
+    /// Predicted latency of every micro-kernel on every instance: `[kernel][instance]`.
+    fn predict(&mut self, model: &CostModel, mks: &[MicroKernel]) -> Vec<Vec<f64>> {
+        let feats = self.features_of(mks);
+        let t0 = Instant::now();
+        let ln = model.ln_f_mk(&feats);
+        let out = mks
+            .iter()
+            .zip(ln)
+            .map(|(mk, l)| {
+                self.instances
+                    .iter()
+                    .map(|x| {
+                        x.flops
+                            / model
+                                .throughput(l, Adaptation::of(&self.workload, mk, &x.bound))
+                                .max(1e-30)
+                    })
+                    .collect()
+            })
+            .collect();
+        self.time.model += t0.elapsed().as_secs_f64();
+        out
+    }
+
+    /// Micro-kernels measured successfully at least once.
+    fn known(&self) -> Vec<MicroKernel> {
+        self.records
+            .iter()
+            .filter(|r| r.latency().is_some())
+            .map(|r| r.micro_kernel)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// Best latency per instance over `known` kernels: measured where measured, predicted
+    /// elsewhere; with the micro-kernel and whether it was measured.
+    fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, MicroKernel, bool)> {
+        let known = self.known();
+        let measured = self.measured_best();
+        let pred = self.predict(model, &known);
+        let mut table: HashMap<(MicroKernel, usize), f64> = HashMap::new();
+        for r in &self.records {
+            if let (Some(l), Some(&i)) = (r.latency(), self.index.get(&r.bindings)) {
+                let e = table.entry((r.micro_kernel, i)).or_insert(l);
+                *e = e.min(l);
+            }
+        }
+        (0..self.instances.len())
+            .map(|i| {
+                let mut best = measured[i].map(|(l, mk)| (l, mk, true)).unwrap_or((
+                    f64::INFINITY,
+                    MicroKernel::default_for(&self.target),
+                    false,
+                ));
+                for (k, mk) in known.iter().enumerate() {
+                    if !table.contains_key(&(*mk, i)) && pred[k][i] < best.0 {
+                        best = (pred[k][i], *mk, false);
+                    }
+                }
+                best
+            })
+            .collect()
+    }
+
+    fn summary(&mut self, round: usize, failed: usize, model: &CostModel) -> RoundSummary {
+        let best = self.best_per_instance(model);
+        let measured = self.measured_best();
+        let predicted: f64 = best
+            .iter()
+            .zip(&self.instances)
+            .map(|(b, x)| x.weight * b.0)
+            .sum();
+        let (mut mw, mut ml, mut n) = (0.0, 0.0, 0);
+        for (m, x) in measured.iter().zip(&self.instances) {
+            if let Some((l, _)) = m {
+                mw += x.weight;
+                ml += x.weight * l;
+                n += 1;
+            }
+        }
+        let best_gflops = self
+            .records
+            .iter()
+            .filter_map(|r| {
+                Some(self.instances[*self.index.get(&r.bindings)?].flops / r.latency()? / 1e9)
+            })
+            .fold(0.0, f64::max);
+        RoundSummary {
+            round,
+            trials: self.records.len(),
+            budget: self.options.trials,
+            failed,
+            predicted_weighted_latency: predicted,
+            measured_weighted_latency: if mw > 0.0 { ml / mw } else { f64::NAN },
+            measured_instances: n,
+            best_gflops,
+            time: self.time,
+        }
+    }
+
+    /// Evolve candidates from the best known micro-kernels.
+    fn evolve(&self, elites: &[MicroKernel], rng: &mut ChaCha8Rng) -> Vec<MicroKernel> {
+        let mut out: BTreeSet<MicroKernel> = elites.iter().copied().collect();
+        for _ in 0..64 {
+            out.insert(self.space.sample(rng));
+        }
+        if !elites.is_empty() {
+            for _ in 0..192 {
+                let a = elites[rng.random_range(0..elites.len())];
+                out.insert(self.space.mutate(&a, rng));
+            }
+            for _ in 0..64 {
+                let a = elites[rng.random_range(0..elites.len())];
+                let b = elites[rng.random_range(0..elites.len())];
+                out.insert(self.space.crossover(&a, &b, rng));
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Choose this round's trials: `(micro-kernel, instance)` pairs.
+    fn choose(
+        &mut self,
+        model: &CostModel,
+        rng: &mut ChaCha8Rng,
+        budget: usize,
+    ) -> Vec<(MicroKernel, usize)> {
+        let t0 = Instant::now();
+        let best = self.best_per_instance(model);
+        let mut elites: BTreeSet<MicroKernel> = BTreeSet::new();
+        for b in &best {
+            if b.0.is_finite() {
+                elites.insert(b.1);
+            }
+        }
+        let elites: Vec<MicroKernel> = elites.into_iter().collect();
+        let candidates = self.evolve(&elites, rng);
+        self.time.search += t0.elapsed().as_secs_f64();
+        let pred = self.predict(model, &candidates);
+        let t0 = Instant::now();
+        let done: BTreeSet<(MicroKernel, Bindings)> = self
+            .records
+            .iter()
+            .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .collect();
+        let w: Vec<f64> = self.instances.iter().map(|x| x.weight).collect();
+        // Current objective terms; unknown instances count as twice the best prediction.
+        let mut cur: Vec<f64> = best
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if b.0.is_finite() {
+                    b.0
+                } else {
+                    2.0 * pred.iter().map(|p| p[i]).fold(f64::INFINITY, f64::min)
+                }
+            })
+            .collect();
+        let gain = |c: usize, i: usize, cur: &[f64]| w[i] * (cur[i] - pred[c][i]).max(0.0);
+        let n_kernels = self
+            .options
+            .batch
+            .min(budget.div_ceil(self.options.instances_per_kernel))
+            .max(1);
+        // With no measurements yet the model knows nothing: explore at random.
+        let epsilon = if model.samples == 0 {
+            1.0
+        } else {
+            self.options.epsilon
+        };
+        let n_random = ((n_kernels as f64 * epsilon).round() as usize).min(n_kernels);
+        let mut picked: Vec<usize> = Vec::new();
+        let mut trials: Vec<(MicroKernel, usize)> = Vec::new();
+        while picked.len() < n_kernels - n_random {
+            let score = |c: usize| (0..w.len()).map(|i| gain(c, i, &cur)).sum::<f64>();
+            let Some(c) = (0..candidates.len())
+                .filter(|c| !picked.contains(c))
+                .max_by(|&a, &b| score(a).total_cmp(&score(b)))
+            else {
+                break;
+            };
+            picked.push(c);
+            // Measure it where it should help most (not measured there yet).
+            let mut order: Vec<usize> = (0..w.len())
+                .filter(|&i| !done.contains(&(candidates[c], self.instances[i].bindings.clone())))
+                .collect();
+            order.sort_by(|&a, &b| gain(c, b, &cur).total_cmp(&gain(c, a, &cur)));
+            for &i in order.iter().take(self.options.instances_per_kernel) {
+                trials.push((candidates[c], i));
+            }
+            for i in 0..w.len() {
+                cur[i] = cur[i].min(pred[c][i]);
+            }
+        }
+        // Exploration: random micro-kernels on instances drawn by weight.
+        for _ in 0..n_random {
+            let mk = self.space.sample(rng);
+            for _ in 0..self.options.instances_per_kernel {
+                trials.push((mk, weighted_pick(&w, rng)));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        trials.retain(|(mk, i)| {
+            !done.contains(&(*mk, self.instances[*i].bindings.clone())) && seen.insert((*mk, *i))
+        });
+        trials.truncate(budget);
+        self.time.search += t0.elapsed().as_secs_f64();
+        trials
+    }
+
+    /// Build and measure the trials, append their records; returns how many failed.
+    fn measure(
+        &mut self,
+        trials: &[(MicroKernel, usize)],
+        round: usize,
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<usize> {
+        let t0 = Instant::now();
+        let mks: BTreeSet<MicroKernel> = trials.iter().map(|t| t.0).collect();
+        let program = |mk: MicroKernel| Program {
+            workload: self.workload.clone(),
+            micro_kernel: mk,
+            strategy: self.options.strategy,
+            mode: KernelMode::Symbolic,
+            bindings: Bindings::default(),
+        };
+        let mut sources = Vec::new();
+        let mut lower_errors: BTreeMap<String, String> = BTreeMap::new();
+        for &mk in &mks {
+            let p = program(mk);
+            match p.c_source(&self.target) {
+                Ok(code) => sources.push(KernelSource {
+                    symbol: p.symbol(&self.target),
+                    code,
+                }),
+                Err(e) => {
+                    lower_errors.insert(p.symbol(&self.target), e.to_string());
+                }
+            }
+        }
+        let lib = self.measurer.builder.build(&self.target, &sources)?;
+        self.time.build += t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        // Group by instance so the worker reuses inputs and reference between candidates.
+        let mut order: Vec<&(MicroKernel, usize)> = trials.iter().collect();
+        order.sort_by_key(|t| (t.1, t.0));
+        let mut runnable = Vec::new();
+        let mut results: Vec<(MicroKernel, usize, TrialResult)> = Vec::new();
+        for &&(mk, i) in &order {
+            let sym = program(mk).symbol(&self.target);
+            if let Some(e) = lib.failed.get(&sym).or(lower_errors.get(&sym)) {
+                results.push((
+                    mk,
+                    i,
+                    TrialResult::Failed {
+                        error: format!("did not compile: {}", e.lines().next().unwrap_or("")),
+                    },
+                ));
+                continue;
+            }
+            let check = self.instances[i].flops <= self.options.check_flops;
+            runnable.push((
+                (mk, i),
+                Candidate {
+                    symbol: sym,
+                    workload: self.workload.clone(),
+                    bindings: self.instances[i].bindings.clone(),
+                    check,
+                },
+            ));
+        }
+        let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
+        let outcomes = self.measurer.runner.measure(&lib.path, &cands)?;
+        for (((mk, i), cand), outcome) in runnable.into_iter().zip(outcomes) {
+            let result = match outcome {
+                Outcome::Failed(error) => TrialResult::Failed { error },
+                Outcome::Measured(m) => match &m.check {
+                    Some(c) if !c.passed => TrialResult::Failed {
+                        error: format!("wrong result: {} elements differ", c.mismatches),
+                    },
+                    _ => TrialResult::Measured {
+                        min_seconds: m.min_seconds,
+                        median_seconds: m.median_seconds,
+                        repeats: m.repeats,
+                        checked: cand.check,
+                    },
+                },
+            };
+            results.push((mk, i, result));
+        }
+        self.time.measure += t0.elapsed().as_secs_f64();
+        let mut failed = 0;
+        for (mk, i, result) in results {
+            failed += usize::from(matches!(result, TrialResult::Failed { .. }));
+            let record = Record {
+                anyshape: env!("CARGO_PKG_VERSION").to_string(),
+                workload: self.workload.to_string(),
+                target: self.target.clone(),
+                strategy: self.options.strategy,
+                micro_kernel: mk,
+                bindings: self.instances[i].bindings.clone(),
+                result,
+                round,
+            };
+            self.log.append(&record)?;
+            self.records.push(record);
+            on_trial(self.records.len());
+        }
+        Ok(failed)
+    }
+
+    /// Run rounds until the trial budget is spent; `on_round` hears each round's summary
+    /// and `on_trial` the trial count after each measured trial.
+    pub fn run(
+        &mut self,
+        on_round: &mut dyn FnMut(&RoundSummary),
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<TuneReport> {
+        let first_round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
+        let mut round = first_round;
+        let records = self.records.clone();
+        let mut model = self.train(&records, self.options.seed);
+        let mut history = Vec::new();
+        let mut stalled = 0;
+        while self.records.len() < self.options.trials && stalled < 3 {
+            let mut rng = ChaCha8Rng::seed_from_u64(
+                self.options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round as u64,
+            );
+            let budget = self.options.trials - self.records.len();
+            let trials = self.choose(&model, &mut rng, budget);
+            if trials.is_empty() {
+                stalled += 1;
+                round += 1;
+                continue;
+            }
+            stalled = 0;
+            let failed = self.measure(&trials, round, on_trial)?;
+            let records = self.records.clone();
+            model = self.train(&records, self.options.seed ^ round as u64);
+            let summary = self.summary(round, failed, &model);
+            on_round(&summary);
+            history.push(summary);
+            round += 1;
+        }
+        Ok(self.report(&model, round - first_round, history))
+    }
+
+    fn report(
+        &mut self,
+        model: &CostModel,
+        rounds: usize,
+        history: Vec<RoundSummary>,
+    ) -> TuneReport {
+        let best = self.best_per_instance(model);
+        let best = best
+            .into_iter()
+            .zip(&self.instances)
+            .map(|((lat, mk, measured), x)| InstanceBest {
+                bindings: x.bindings.clone(),
+                weight: x.weight,
+                micro_kernel: mk,
+                latency_seconds: lat,
+                measured,
+                gflops: x.flops / lat / 1e9,
+            })
+            .collect();
+        let ok: Vec<Record> = self
+            .records
+            .iter()
+            .filter(|r| r.latency().is_some())
+            .cloned()
+            .collect();
+        let holdout_spearman = (ok.len() >= 20).then(|| {
+            let cut = ok.len() * 4 / 5;
+            let held = self.samples(&ok[cut..]);
+            let m = self.train(&ok[..cut], self.options.seed);
+            let feats: Vec<Vec<f64>> = held.iter().map(|s| s.features.clone()).collect();
+            let ln = m.ln_f_mk(&feats);
+            let pred: Vec<f64> = held
+                .iter()
+                .zip(ln)
+                .map(|(s, l)| {
+                    m.throughput(
+                        l,
+                        Adaptation {
+                            tasks: s.tasks,
+                            pad: s.pad,
+                        },
+                    )
+                })
+                .collect();
+            let truth: Vec<f64> = held.iter().map(|s| s.throughput).collect();
+            spearman(&pred, &truth)
+        });
+        TuneReport {
+            workload: self.workload.to_string(),
+            best,
+            trials: self.records.len(),
+            failed_trials: self
+                .records
+                .iter()
+                .filter(|r| r.latency().is_none())
+                .count(),
+            rounds,
+            resumed_trials: self.resumed,
+            time: self.time,
+            history,
+            k: model.k,
+            holdout_spearman,
+            model_samples: model.samples,
+        }
+    }
+}
+
+fn weighted_pick(w: &[f64], rng: &mut impl Rng) -> usize {
+    let total: f64 = w.iter().sum();
+    let mut x = rng.random_range(0.0..total.max(1e-300));
+    for (i, wi) in w.iter().enumerate() {
+        if x < *wi {
+            return i;
+        }
+        x -= wi;
+    }
+    w.len() - 1
+}

@@ -1,0 +1,74 @@
+//! Verification of a tuning report: the best micro-kernel of every instance, built and
+//! run on that instance, compared with the reference implementation.
+use crate::{Result, TuneReport};
+use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_ir::Workload;
+use anyshape_measure::{Candidate, KernelSource, Measurer, Outcome};
+use std::collections::BTreeSet;
+
+/// The outcome of [`verify`].
+#[derive(Clone, Debug, Default)]
+pub struct Verification {
+    /// Instances checked.
+    pub checked: usize,
+    /// Instances skipped (over the FLOP cap).
+    pub skipped: usize,
+    /// `instance: reason` for every instance whose kernel failed or was wrong.
+    pub failures: Vec<String>,
+}
+
+/// Check the best micro-kernel of every instance of `report` with at most `max_flops`
+/// useful FLOPs (the reference is a plain f64 loop nest: large instances take long).
+pub fn verify(
+    workload: &Workload,
+    target: &CpuTarget,
+    strategy: PaddingStrategy,
+    report: &TuneReport,
+    measurer: &Measurer,
+    max_flops: f64,
+) -> Result<Verification> {
+    let program = |mk: MicroKernel| Program {
+        workload: workload.clone(),
+        micro_kernel: mk,
+        strategy,
+        mode: KernelMode::Symbolic,
+        bindings: Default::default(),
+    };
+    let mks: BTreeSet<MicroKernel> = report.best.iter().map(|b| b.micro_kernel).collect();
+    let mut sources = Vec::new();
+    for &mk in &mks {
+        let p = program(mk);
+        sources.push(KernelSource {
+            symbol: p.symbol(target),
+            code: p.c_source(target)?,
+        });
+    }
+    let lib = measurer.builder.build(target, &sources)?;
+    let mut v = Verification::default();
+    let mut cands = Vec::new();
+    for b in &report.best {
+        let flops = workload.flops(&workload.bind(&b.bindings)?);
+        if flops > max_flops {
+            v.skipped += 1;
+            continue;
+        }
+        cands.push(Candidate {
+            symbol: program(b.micro_kernel).symbol(target),
+            workload: workload.clone(),
+            bindings: b.bindings.clone(),
+            check: true,
+        });
+    }
+    let outcomes = measurer.runner.measure(&lib.path, &cands)?;
+    for (c, o) in cands.iter().zip(outcomes) {
+        v.checked += 1;
+        match o {
+            Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed) => {}
+            Outcome::Measured(m) => v
+                .failures
+                .push(format!("{}: wrong result ({:?})", c.bindings, m.check)),
+            Outcome::Failed(why) => v.failures.push(format!("{}: {why}", c.bindings)),
+        }
+    }
+    Ok(v)
+}

@@ -1,0 +1,130 @@
+//! Joint tuning end to end on a small workload: the run spends its budget, the best
+//! micro-kernel of every instance is correct there, and a resumed run measures nothing
+//! twice.
+use anyshape_codegen::{CpuTarget, PaddingStrategy};
+use anyshape_ir::{ShapeVar, Workload};
+use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
+use anyshape_tune::{instances, verify, RecordLog, TuneOptions, Tuner};
+use std::collections::BTreeSet;
+
+fn runner() -> Runner {
+    let worker = WorkerCommand {
+        program: env!("CARGO_BIN_EXE_anyshape-tune-worker").into(),
+        args: vec![],
+    };
+    Runner {
+        worker,
+        options: MeasureOptions {
+            min_repeats: 2,
+            max_repeats: 20,
+            min_seconds: 0.0,
+            timeout_seconds: 20.0,
+        },
+    }
+}
+
+#[test]
+fn tunes_resumes_and_every_best_kernel_is_correct() {
+    let target = CpuTarget::detect();
+    let w = Workload::parse("batch_matmul_nn(B=2,M=T,N=T+5,K=T)").unwrap();
+    let vars = [ShapeVar::parse("T=1..24").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let measurer = Measurer {
+        builder: Builder::new(dir.path().join("cache")),
+        runner: runner(),
+    };
+    let records = dir.path().join("records.jsonl");
+    let options = |trials| TuneOptions {
+        trials,
+        batch: 3,
+        instances_per_kernel: 3,
+        measure: measurer.runner.options.clone(),
+        ..TuneOptions::default()
+    };
+
+    let (log, previous) = RecordLog::open(&records, false).unwrap();
+    let mut tuner = Tuner::new(
+        &w,
+        &target,
+        instances(&w, &vars).unwrap(),
+        options(18),
+        &measurer,
+        log,
+        previous,
+    )
+    .unwrap();
+    let mut rounds = 0;
+    let report = tuner.run(&mut |_| rounds += 1, &mut |_| {}).unwrap();
+    assert_eq!(report.trials, 18);
+    assert!(rounds >= 2);
+    assert_eq!(report.best.len(), 24);
+
+    // Resume with a larger budget: the old trials count, none is repeated.
+    let (log, previous) = RecordLog::open(&records, true).unwrap();
+    assert_eq!(previous.len(), 18);
+    let mut tuner = Tuner::new(
+        &w,
+        &target,
+        instances(&w, &vars).unwrap(),
+        options(27),
+        &measurer,
+        log,
+        previous,
+    )
+    .unwrap();
+    let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    assert_eq!((report.trials, report.resumed_trials), (27, 18));
+    let (_, all) = RecordLog::open(&records, true).unwrap();
+    assert_eq!(all.len(), 27);
+    let pairs: BTreeSet<_> = all
+        .iter()
+        .map(|r| (r.micro_kernel, r.bindings.clone()))
+        .collect();
+    assert_eq!(pairs.len(), 27, "a trial was measured twice");
+
+    // The best micro-kernel of every instance computes it correctly.
+    let v = verify(
+        &w,
+        &target,
+        PaddingStrategy::LocalPad,
+        &report,
+        &measurer,
+        f64::INFINITY,
+    )
+    .unwrap();
+    assert_eq!((v.checked, v.skipped), (24, 0));
+    assert!(v.failures.is_empty(), "{:#?}", v.failures);
+}
+
+#[test]
+fn bad_domains_are_clear_errors() {
+    let w = Workload::parse("dense(M=T,N=B,K=4)").unwrap();
+    let e = instances(&w, &[ShapeVar::parse("T=1..4").unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`B` needs a domain"), "{e}");
+    let e = instances(
+        &w,
+        &[
+            ShapeVar::parse("T=1..4").unwrap(),
+            ShapeVar::parse("B=1,2").unwrap(),
+            ShapeVar::parse("Q=1").unwrap(),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`Q` is not a shape var"), "{e}");
+    let mut t = ShapeVar::parse("T=1..4").unwrap();
+    t.weights = Some(vec![1.0, 2.0]);
+    assert!(instances(&w, &[t, ShapeVar::parse("B=1").unwrap()]).is_err());
+    let xs = instances(
+        &w,
+        &[
+            ShapeVar::parse("T=1..4").unwrap(),
+            ShapeVar::parse("B=1,2").unwrap(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(xs.len(), 8);
+    assert!((xs.iter().map(|x| x.weight).sum::<f64>() - 1.0).abs() < 1e-12);
+}

@@ -1,0 +1,229 @@
+//! `anyshape tune`: joint tuning of a workload for every instance of its domain.
+use crate::{runner, Common};
+use anyhow::{bail, Context, Result};
+use anyshape_ir::{ShapeVar, Workload};
+use anyshape_measure::Measurer;
+use anyshape_tune::{instances, verify, RecordLog, RoundSummary, TuneOptions, TuneReport, Tuner};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Options of `anyshape tune`.
+#[derive(Args)]
+pub struct TuneArgs {
+    /// The workload, e.g. `dense(M=16*T,N=2304,K=768)`.
+    #[arg(long, short)]
+    workload: String,
+    /// Domain of a shape var: `T=1..128` (inclusive) or `T=1,8,16`; one per shape var.
+    #[arg(long = "range", value_name = "VAR=DOMAIN", required = true)]
+    ranges: Vec<String>,
+    /// Shape weights (how often each value occurs), JSON: `{"T": {"1": 4, "64": 10}}`;
+    /// values not listed weigh 1. Uniform when absent.
+    #[arg(long, value_name = "FILE")]
+    weights: Option<PathBuf>,
+    /// Trial budget (programs measured on an instance), counting resumed trials.
+    #[arg(long, default_value_t = 256)]
+    trials: usize,
+    /// Records file (JSONL), appended to after every trial.
+    #[arg(long, value_name = "FILE")]
+    records: PathBuf,
+    /// Continue the run in the records file: nothing measured is measured again.
+    #[arg(long)]
+    resume: bool,
+    /// Micro-kernels built and measured per round.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the report (best micro-kernel per instance, history, timings) as JSON.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// After tuning, check the best kernel of every instance against the reference
+    /// (instances up to --verify-flops; the reference is a plain loop nest).
+    #[arg(long)]
+    verify: bool,
+    /// FLOP cap for --verify.
+    #[arg(long, default_value_t = 2e9)]
+    verify_flops: f64,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn shape_vars(args: &TuneArgs) -> Result<Vec<ShapeVar>> {
+    let mut vars: Vec<ShapeVar> = args
+        .ranges
+        .iter()
+        .map(|r| ShapeVar::parse(r))
+        .collect::<Result<_, _>>()?;
+    if let Some(path) = &args.weights {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading weights {}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("weights {} are not JSON", path.display()))?;
+        let Some(map) = json.as_object() else {
+            bail!(
+                "weights {}: expected an object like {{\"T\": {{\"1\": 4}}}}",
+                path.display()
+            )
+        };
+        for (name, table) in map {
+            let Some(var) = vars.iter_mut().find(|v| &v.name == name) else {
+                bail!("weights name `{name}`, which has no --range")
+            };
+            let Some(table) = table.as_object() else {
+                bail!("weights of `{name}`: expected an object of value -> weight")
+            };
+            let values = var.domain.values();
+            let mut w = vec![1.0; values.len()];
+            for (value, weight) in table {
+                let v: i64 = value.parse().with_context(|| {
+                    format!("weights of `{name}`: `{value}` is not a whole number")
+                })?;
+                let Some(i) = values.iter().position(|&x| x == v) else {
+                    bail!("weights of `{name}`: {v} is outside its domain")
+                };
+                w[i] = weight
+                    .as_f64()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .with_context(|| {
+                        format!("weights of `{name}`: the weight of {v} must be a number >= 0")
+                    })?;
+            }
+            var.weights = Some(w);
+        }
+    }
+    Ok(vars)
+}
+
+fn round_line(s: &RoundSummary) -> String {
+    format!(
+        "round {:>3}  trials {:>4}/{}  failed {:>2}  weighted latency: predicted {:>9.3} ms, measured {:>9.3} ms ({} instances)  best {:>6.1} GFLOP/s",
+        s.round, s.trials, s.budget, s.failed, s.predicted_weighted_latency * 1e3, s.measured_weighted_latency * 1e3, s.measured_instances, s.best_gflops
+    )
+}
+
+/// Run `anyshape tune`.
+pub fn tune(args: TuneArgs) -> Result<()> {
+    let workload = Workload::parse(&args.workload)?;
+    let vars = shape_vars(&args)?;
+    let domain = instances(&workload, &vars)?;
+    let target = args.common.target()?;
+
+    let options = TuneOptions {
+        trials: args.trials,
+        batch: args.batch,
+        seed: args.seed,
+        ..TuneOptions::default()
+    };
+    let strategy = options.strategy;
+    let measurer = Measurer {
+        builder: args.common.builder(),
+        runner: runner(options.measure.clone())?,
+    };
+    let (log, previous) = RecordLog::open(&args.records, args.resume)?;
+    let n_instances = domain.len();
+    let mut tuner = Tuner::new(
+        &workload, &target, domain, options, &measurer, log, previous,
+    )?;
+    eprintln!(
+        "tuning {workload} for {n_instances} instances on {} ({} cores, {:?}); records: {}",
+        target.name,
+        target.cores,
+        target.simd,
+        args.records.display()
+    );
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(args.trials as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} trials  {elapsed_precise}  eta {eta}")
+            .expect("valid template"),
+    );
+    let start = Instant::now();
+    let report = tuner.run(
+        &mut |s| {
+            if args.quiet {
+                eprintln!("{}", round_line(s));
+            } else {
+                bar.println(round_line(s));
+            }
+        },
+        &mut |n| bar.set_position(n as u64),
+    )?;
+    bar.finish_and_clear();
+    print_report(&report, start.elapsed().as_secs_f64());
+    if args.verify {
+        let v = verify(
+            &workload,
+            &target,
+            strategy,
+            &report,
+            &measurer,
+            args.verify_flops,
+        )?;
+        println!("verify: the best kernels of {} instances match the reference; {} failed; {} skipped (over {:.1e} FLOPs)", v.checked - v.failures.len(), v.failures.len(), v.skipped, args.verify_flops);
+        if !v.failures.is_empty() {
+            bail!("verification failed:\n{}", v.failures.join("\n"));
+        }
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("report written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_report(r: &TuneReport, wall: f64) {
+    println!("best micro-kernel per instance (m = measured, p = predicted by the cost model):");
+    let mut i = 0;
+    while i < r.best.len() {
+        let mut j = i;
+        while j + 1 < r.best.len() && r.best[j + 1].micro_kernel == r.best[i].micro_kernel {
+            j += 1;
+        }
+        let (a, b) = (&r.best[i], &r.best[j]);
+        let span = if i == j {
+            format!("{}", a.bindings)
+        } else {
+            format!("{} .. {}", a.bindings, b.bindings)
+        };
+        let gf: Vec<String> = r.best[i..=j]
+            .iter()
+            .map(|x| format!("{:.0}{}", x.gflops, if x.measured { "m" } else { "p" }))
+            .collect();
+        let shown = if gf.len() > 6 {
+            format!("{} .. {}", gf[..3].join(" "), gf[gf.len() - 2..].join(" "))
+        } else {
+            gf.join(" ")
+        };
+        println!("  {span:<22} {}   GFLOP/s: {shown}", a.micro_kernel);
+        i = j + 1;
+    }
+    let t = &r.time;
+    println!(
+        "trials {} ({} resumed, {} failed) in {} rounds; wall {:.1} s: build {:.1} s, measure {:.1} s, cost model {:.1} s, search {:.1} s",
+        r.trials, r.resumed_trials, r.failed_trials, r.rounds, wall, t.build, t.measure, t.model, t.search
+    );
+    let rho = r
+        .holdout_spearman
+        .map_or("n/a (fewer than 20 successful trials)".to_string(), |x| {
+            format!("{x:.3}")
+        });
+    println!(
+        "cost model: k = {:.2}, trained on {} trials; Spearman on the last 20% held out: {rho}",
+        r.k, r.model_samples
+    );
+    let weighted: f64 = r.best.iter().map(|b| b.weight * b.latency_seconds).sum();
+    println!(
+        "weighted latency over all instances: {:.3} ms",
+        weighted * 1e3
+    );
+}
