@@ -4,9 +4,11 @@
 //! Structure of every lowered contraction (see `sketch` for the parameters):
 //! ```text
 //! [global-pad: copy inputs into zero-padded buffers]
-//! parallel for task in batch x tiles_m x tiles_n:
+//! parallel for task in batch x tiles_n x tiles_m (M tiles fastest):
+//!   if this thread does not hold the B panel of (batch, N tile) yet:
+//!     fetch: pack the K x nc panel of B                                -- checks/zero-fill here
 //!   for kt in tiles_k:
-//!     fetch:   pack the A block (mc x kc) and the B block (kc x nc)   -- checks/zero-fill here
+//!     fetch:   pack the A block (mc x kc)                              -- checks/zero-fill here
 //!     compute: for each register tile: mr x nr accumulators over the packed panels
 //!     write-back: store (kt == 0) or accumulate into the output        -- checks here
 //!   [epilogue over the task's output tile]
@@ -39,7 +41,6 @@ struct Operand {
 struct Nest<'a> {
     p: &'a Program,
     lanes: usize,
-    strategy: PaddingStrategy,
 }
 
 /// Lower a program for a target.
@@ -110,7 +111,6 @@ pub fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     let nest = Nest {
         p,
         lanes: target.lanes_f32(),
-        strategy: p.strategy,
     };
     let global = p.strategy == PaddingStrategy::GlobalPad;
     if global {
@@ -284,7 +284,7 @@ impl Nest<'_> {
     /// Whether the compute stage may assume full register tiles everywhere.
     fn padded(&self) -> bool {
         matches!(
-            self.strategy,
+            self.p.strategy,
             PaddingStrategy::LocalPad | PaddingStrategy::GlobalPad
         )
     }
@@ -310,7 +310,7 @@ impl Nest<'_> {
             },
         ];
         let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
-        let kp = match self.strategy {
+        let kp = match self.p.strategy {
             PaddingStrategy::LocalPad => Expr::round_up(v("klen"), mk.uk as i64),
             _ => v("klen"),
         };
@@ -340,7 +340,7 @@ impl Nest<'_> {
             Cond::Le(v("mi") + c(mk.mr), v("e_m")),
             Cond::Le(v("nj") + c(mk.nr), v("e_n")),
         );
-        let tile_body: Vec<Stmt> = match self.strategy {
+        let tile_body: Vec<Stmt> = match self.p.strategy {
             PaddingStrategy::GlobalPad => [tile, self.fast_tile(&ops[2], false)].concat(),
             PaddingStrategy::LocalPad => [tile, self.fast_tile(&ops[2], true)].concat(),
             PaddingStrategy::BoundaryCheck => [tile, self.checked_tile(&ops[2])].concat(),
@@ -385,7 +385,7 @@ impl Nest<'_> {
             Cond::Lt(row, v(extent)),
             Cond::Lt(v("k0") + v("kk"), v("e_k")),
         );
-        let (kk_extent, copy) = match self.strategy {
+        let (kk_extent, copy) = match self.p.strategy {
             PaddingStrategy::GlobalPad => (v("kp"), store(dst, dst_idx, load)),
             PaddingStrategy::LocalPad => (
                 v("kp"),

@@ -111,6 +111,21 @@ pub struct Program {
 pub const CODEGEN_VERSION: u32 = 1;
 
 impl Program {
+    /// A symbolic program: one kernel for every instance of `workload`.
+    pub fn symbolic(
+        workload: &Workload,
+        micro_kernel: MicroKernel,
+        strategy: PaddingStrategy,
+    ) -> Program {
+        Program {
+            workload: workload.clone(),
+            micro_kernel,
+            strategy,
+            mode: KernelMode::Symbolic,
+            bindings: Bindings::default(),
+        }
+    }
+
     /// The exported symbol: a hash of everything that shapes the generated code.
     pub fn symbol(&self, target: &CpuTarget) -> String {
         let mut h = Sha256::new();

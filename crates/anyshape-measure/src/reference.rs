@@ -52,29 +52,48 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
                 .map(|a| point[a] * bound.axis_strides[t][a])
                 .sum::<i64>()
     };
-    if !bound.extents.contains(&0) || terms == 0 {
+    // The innermost reduction axis is walked with stride increments; the others by an
+    // odometer over the iteration domain.
+    let inner = reduction.last().copied();
+    let outer_red = &reduction[..reduction.len().saturating_sub(1)];
+    let n_in = w.inputs.len();
+    if terms > 0 && !spatial.iter().any(|&a| bound.extents[a] == 0) {
         let mut point = vec![0i64; w.axes.len()];
-        if !spatial.iter().any(|&a| bound.extents[a] == 0) {
+        loop {
+            let o = offset(out_t, &point) as usize;
+            for &a in outer_red {
+                point[a] = 0;
+            }
             loop {
-                if terms > 0 {
-                    for &a in &reduction {
-                        point[a] = 0;
-                    }
-                    loop {
-                        let prod: f64 = (0..w.inputs.len())
-                            .map(|t| inputs[t][offset(t, &point) as usize] as f64)
-                            .product();
-                        let o = offset(out_t, &point) as usize;
-                        output[o] += prod;
-                        magnitude[o] += prod.abs();
-                        if !advance(&mut point, &reduction, &bound.extents) {
-                            break;
-                        }
+                let mut offs: Vec<i64> = (0..n_in).map(|t| offset(t, &point)).collect();
+                let (extent, strides) = match inner {
+                    Some(r) => (
+                        bound.extents[r],
+                        (0..n_in)
+                            .map(|t| bound.axis_strides[t][r])
+                            .collect::<Vec<_>>(),
+                    ),
+                    None => (1, vec![0; n_in]),
+                };
+                let (mut sum, mut mag) = (0.0f64, 0.0f64);
+                for _ in 0..extent {
+                    let prod: f64 = (0..n_in)
+                        .map(|t| inputs[t][offs[t] as usize] as f64)
+                        .product();
+                    sum += prod;
+                    mag += prod.abs();
+                    for t in 0..n_in {
+                        offs[t] += strides[t];
                     }
                 }
-                if !advance(&mut point, &spatial, &bound.extents) {
+                output[o] += sum;
+                magnitude[o] += mag;
+                if !advance(&mut point, outer_red, &bound.extents) {
                     break;
                 }
+            }
+            if !advance(&mut point, &spatial, &bound.extents) {
+                break;
             }
         }
     }

@@ -110,6 +110,17 @@ const PREPARE_SECONDS: f64 = 600.0;
 impl Runner {
     /// Measure every candidate in `library`; the result has one outcome per candidate.
     pub fn measure(&self, library: &Path, candidates: &[Candidate]) -> Result<Vec<Outcome>> {
+        self.measure_with(library, candidates, &mut |_, _| {})
+    }
+
+    /// Like [`Runner::measure`], telling `on_outcome` each candidate's outcome (by index)
+    /// as soon as it is known.
+    pub fn measure_with(
+        &self,
+        library: &Path,
+        candidates: &[Candidate],
+        on_outcome: &mut dyn FnMut(usize, &Outcome),
+    ) -> Result<Vec<Outcome>> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
         let mut next = 0;
         while next < candidates.len() {
@@ -129,6 +140,7 @@ impl Runner {
                 match events.recv_timeout(Duration::from_secs_f64(limit)) {
                     Ok(Event::Start(i)) => started = Some(next + i),
                     Ok(Event::Done(i, outcome)) => {
+                        on_outcome(next + i, &outcome);
                         outcomes[next + i] = Some(outcome);
                         started = None;
                         if next + i + 1 == candidates.len() {
@@ -157,7 +169,9 @@ impl Runner {
                             }
                             (RecvTimeoutError::Disconnected, None) => "the worker died".into(),
                         };
-                        outcomes[culprit] = Some(Outcome::Failed(why));
+                        let failed = Outcome::Failed(why);
+                        on_outcome(culprit, &failed);
+                        outcomes[culprit] = Some(failed);
                         next = culprit + 1;
                         break;
                     }

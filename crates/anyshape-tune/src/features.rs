@@ -10,7 +10,7 @@
 //! symbolic mode and walked over one full task (one cache tile of every axis, batch 1),
 //! with tensor strides taken from a representative instance.
 use anyshape_codegen::loop_ir::{shape_var_name, Cond, LoopKind, Stmt, Value};
-use anyshape_codegen::{lower, CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{lower, CpuTarget, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Expr, Workload};
 
 /// Buffer classes features are aggregated over.
@@ -258,13 +258,7 @@ pub fn extract(
     target: &CpuTarget,
     representative: &Bindings,
 ) -> Vec<f64> {
-    let program = Program {
-        workload: workload.clone(),
-        micro_kernel: *mk,
-        strategy,
-        mode: KernelMode::Symbolic,
-        bindings: Bindings::default(),
-    };
+    let program = Program::symbolic(workload, *mk, strategy);
     let Ok(func) = lower(&program, target) else {
         return vec![0.0; feature_names().len()];
     };

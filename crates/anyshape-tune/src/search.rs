@@ -11,7 +11,7 @@ use crate::{
     extract, spearman, Adaptation, CostModel, Record, RecordLog, Result, Sample, SearchSpace,
     TrialResult, TuneError,
 };
-use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
 use rand::{Rng, RngExt, SeedableRng};
@@ -573,17 +573,12 @@ impl<'a> Tuner<'a> {
     ) -> Result<usize> {
         let t0 = Instant::now();
         let mks: BTreeSet<MicroKernel> = trials.iter().map(|t| t.0).collect();
-        let program = |mk: MicroKernel| Program {
-            workload: self.workload.clone(),
-            micro_kernel: mk,
-            strategy: self.options.strategy,
-            mode: KernelMode::Symbolic,
-            bindings: Bindings::default(),
-        };
         let mut sources = Vec::new();
         let mut lower_errors: BTreeMap<String, String> = BTreeMap::new();
+        let mut symbols = BTreeMap::new();
         for &mk in &mks {
-            let p = program(mk);
+            let p = self.program(mk);
+            symbols.insert(mk, p.symbol(&self.target));
             match p.c_source(&self.target) {
                 Ok(code) => sources.push(KernelSource {
                     symbol: p.symbol(&self.target),
@@ -601,68 +596,91 @@ impl<'a> Tuner<'a> {
         let mut order: Vec<&(MicroKernel, usize)> = trials.iter().collect();
         order.sort_by_key(|t| (t.1, t.0));
         let mut runnable = Vec::new();
-        let mut results: Vec<(MicroKernel, usize, TrialResult)> = Vec::new();
+        let mut failed = 0;
         for &&(mk, i) in &order {
-            let sym = program(mk).symbol(&self.target);
+            let sym = symbols[&mk].clone();
             if let Some(e) = lib.failed.get(&sym).or(lower_errors.get(&sym)) {
-                results.push((
-                    mk,
-                    i,
-                    TrialResult::Failed {
-                        error: format!("did not compile: {}", e.lines().next().unwrap_or("")),
-                    },
-                ));
+                let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
+                failed += 1;
+                self.record(mk, i, TrialResult::Failed { error }, round, on_trial)?;
                 continue;
             }
             let check = self.instances[i].flops <= self.options.check_flops;
+            let bindings = self.instances[i].bindings.clone();
             runnable.push((
                 (mk, i),
                 Candidate {
                     symbol: sym,
                     workload: self.workload.clone(),
-                    bindings: self.instances[i].bindings.clone(),
+                    bindings,
                     check,
                 },
             ));
         }
         let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
-        let outcomes = self.measurer.runner.measure(&lib.path, &cands)?;
-        for (((mk, i), cand), outcome) in runnable.into_iter().zip(outcomes) {
-            let result = match outcome {
-                Outcome::Failed(error) => TrialResult::Failed { error },
-                Outcome::Measured(m) => match &m.check {
-                    Some(c) if !c.passed => TrialResult::Failed {
-                        error: format!("wrong result: {} elements differ", c.mismatches),
+        // Each trial is recorded as soon as it is measured, so a killed run loses none.
+        let measurer = self.measurer;
+        let mut append_error = None;
+        measurer
+            .runner
+            .measure_with(&lib.path, &cands, &mut |n, outcome| {
+                let ((mk, i), cand) = &runnable[n];
+                let result = match outcome {
+                    Outcome::Failed(error) => TrialResult::Failed {
+                        error: error.clone(),
                     },
-                    _ => TrialResult::Measured {
-                        min_seconds: m.min_seconds,
-                        median_seconds: m.median_seconds,
-                        repeats: m.repeats,
-                        checked: cand.check,
+                    Outcome::Measured(m) => match &m.check {
+                        Some(c) if !c.passed => TrialResult::Failed {
+                            error: format!("wrong result: {} elements differ", c.mismatches),
+                        },
+                        _ => TrialResult::Measured {
+                            min_seconds: m.min_seconds,
+                            median_seconds: m.median_seconds,
+                            repeats: m.repeats,
+                            checked: cand.check,
+                        },
                     },
-                },
-            };
-            results.push((mk, i, result));
-        }
+                };
+                failed += usize::from(matches!(result, TrialResult::Failed { .. }));
+                if let Err(e) = self.record(*mk, *i, result, round, on_trial) {
+                    append_error.get_or_insert(e);
+                }
+            })?;
         self.time.measure += t0.elapsed().as_secs_f64();
-        let mut failed = 0;
-        for (mk, i, result) in results {
-            failed += usize::from(matches!(result, TrialResult::Failed { .. }));
-            let record = Record {
-                anyshape: env!("CARGO_PKG_VERSION").to_string(),
-                workload: self.workload.to_string(),
-                target: self.target.clone(),
-                strategy: self.options.strategy,
-                micro_kernel: mk,
-                bindings: self.instances[i].bindings.clone(),
-                result,
-                round,
-            };
-            self.log.append(&record)?;
-            self.records.push(record);
-            on_trial(self.records.len());
+        if let Some(e) = append_error {
+            return Err(e);
         }
         Ok(failed)
+    }
+
+    /// The tuned program of a micro-kernel (symbolic, so one build serves every instance).
+    fn program(&self, mk: MicroKernel) -> Program {
+        Program::symbolic(&self.workload, mk, self.options.strategy)
+    }
+
+    /// Append one trial to the records file and the in-memory records.
+    fn record(
+        &mut self,
+        mk: MicroKernel,
+        i: usize,
+        result: TrialResult,
+        round: usize,
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<()> {
+        let record = Record {
+            anyshape: env!("CARGO_PKG_VERSION").to_string(),
+            workload: self.workload.to_string(),
+            target: self.target.clone(),
+            strategy: self.options.strategy,
+            micro_kernel: mk,
+            bindings: self.instances[i].bindings.clone(),
+            result,
+            round,
+        };
+        self.log.append(&record)?;
+        self.records.push(record);
+        on_trial(self.records.len());
+        Ok(())
     }
 
     /// Run rounds until the trial budget is spent; `on_round` hears each round's summary

@@ -1,7 +1,7 @@
 //! Verification of a tuning report: the best micro-kernel of every instance, built and
 //! run on that instance, compared with the reference implementation.
 use crate::{Result, TuneReport};
-use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::Workload;
 use anyshape_measure::{Candidate, KernelSource, Measurer, Outcome};
 use std::collections::BTreeSet;
@@ -27,13 +27,7 @@ pub fn verify(
     measurer: &Measurer,
     max_flops: f64,
 ) -> Result<Verification> {
-    let program = |mk: MicroKernel| Program {
-        workload: workload.clone(),
-        micro_kernel: mk,
-        strategy,
-        mode: KernelMode::Symbolic,
-        bindings: Default::default(),
-    };
+    let program = |mk: MicroKernel| Program::symbolic(workload, mk, strategy);
     let mks: BTreeSet<MicroKernel> = report.best.iter().map(|b| b.micro_kernel).collect();
     let mut sources = Vec::new();
     for &mk in &mks {
