@@ -166,10 +166,16 @@ impl CostModel {
                     .map(|(x, w)| w * (x - mean).powi(2))
                     .sum()
             };
-            model.k = (0..=20)
-                .map(|i| i as f64 / 20.0)
-                .min_by(|a, b| err(*a).total_cmp(&err(*b)))
-                .unwrap_or(1.0);
+            // From k = 1 down, a smaller k must explain clearly more: where occupancy
+            // never varies (many more tasks than cores) k stays 1.
+            let mut best = (1.0, err(1.0));
+            for k in (0..20).rev().map(|i| i as f64 / 20.0) {
+                let e = err(k);
+                if e < best.1 * (1.0 - 1e-6) {
+                    best = (k, e);
+                }
+            }
+            model.k = best.0;
             let yk = labels(model.k);
             model.base = weighted_mean(&yk, &weights);
             model.booster = fit_trees(&yk);
