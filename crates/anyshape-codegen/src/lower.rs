@@ -336,10 +336,6 @@ impl Nest<'_> {
             let_("mi", v("m0") + v("ib") * c(mk.mr)),
             let_("nj", v("n0") + v("jb") * c(mk.nr)),
         ];
-        let full = Cond::and(
-            Cond::Le(v("mi") + c(mk.mr), v("e_m")),
-            Cond::Le(v("nj") + c(mk.nr), v("e_n")),
-        );
         let tile_body: Vec<Stmt> = match self.p.strategy {
             PaddingStrategy::GlobalPad => [tile, self.fast_tile(&ops[2], false)].concat(),
             PaddingStrategy::LocalPad => [tile, self.fast_tile(&ops[2], true)].concat(),
@@ -347,7 +343,7 @@ impl Nest<'_> {
             PaddingStrategy::LoopPartition => {
                 let mut t = tile;
                 t.push(Stmt::If {
-                    cond: full,
+                    cond: self.full_tile(),
                     then: self.fast_tile(&ops[2], false),
                     otherwise: self.checked_tile(&ops[2]),
                 });
@@ -414,6 +410,15 @@ impl Nest<'_> {
                 LoopKind::Serial,
                 vec![for_(inner.0, inner.1, LoopKind::Serial, vec![copy])],
             )],
+        )
+    }
+
+    /// Whether the register tile at (`mi`, `nj`) lies wholly inside the output.
+    fn full_tile(&self) -> Cond {
+        let mk = self.mk();
+        Cond::and(
+            Cond::Le(v("mi") + c(mk.mr), v("e_m")),
+            Cond::Le(v("nj") + c(mk.nr), v("e_n")),
         )
     }
 
@@ -532,12 +537,8 @@ impl Nest<'_> {
             }
             st
         };
-        let full_cond = Cond::and(
-            Cond::Le(v("mi") + c(mk.mr), v("e_m")),
-            Cond::Le(v("nj") + c(mk.nr), v("e_n")),
-        );
         s.push(Stmt::If {
-            cond: full_cond,
+            cond: self.full_tile(),
             then: vec![full],
             otherwise: vec![by_kt(&partial_store)],
         });
