@@ -381,36 +381,51 @@ impl Nest<'_> {
             Cond::Lt(row, v(extent)),
             Cond::Lt(v("k0") + v("kk"), v("e_k")),
         );
-        let (kk_extent, copy) = match self.p.strategy {
-            PaddingStrategy::GlobalPad => (v("kp"), store(dst, dst_idx, load)),
-            PaddingStrategy::LocalPad => (
-                v("kp"),
-                store(
-                    dst,
-                    dst_idx,
-                    Value::Select(valid, Box::new(load), Box::new(Value::Zero { lanes: 1 })),
-                ),
+        let kk_extent = match self.p.strategy {
+            PaddingStrategy::GlobalPad | PaddingStrategy::LocalPad => v("kp"),
+            _ => v("klen"),
+        };
+        let unchecked = store(dst, dst_idx.clone(), load.clone());
+        let checked = match self.p.strategy {
+            PaddingStrategy::LocalPad => store(
+                dst,
+                dst_idx,
+                Value::Select(valid, Box::new(load), Box::new(Value::Zero { lanes: 1 })),
             ),
-            _ => (v("klen"), if_(valid, vec![store(dst, dst_idx, load)])),
+            _ => if_(valid, vec![store(dst, dst_idx, load)]),
         };
         // Walk the source contiguously when its K stride is 1.
         let k_inner = op.s_col.simplify().as_const() == Some(1);
         let (outer, inner) = if k_inner {
-            (("rr", c(reg)), ("kk", kk_extent))
+            (("rr", c(reg)), ("kk", kk_extent.clone()))
         } else {
-            (("kk", kk_extent), ("rr", c(reg)))
+            (("kk", kk_extent.clone()), ("rr", c(reg)))
         };
-        for_(
-            rb,
-            v(nblocks),
-            LoopKind::Serial,
-            vec![for_(
+        let nest = |copy: Stmt| {
+            for_(
                 outer.0,
-                outer.1,
+                outer.1.clone(),
                 LoopKind::Serial,
-                vec![for_(inner.0, inner.1, LoopKind::Serial, vec![copy])],
-            )],
-        )
+                vec![for_(inner.0, inner.1.clone(), LoopKind::Serial, vec![copy])],
+            )
+        };
+        // Blocks wholly inside the tensor are copied without checks (so the compiler can
+        // vectorize the copy); only edge blocks check each element.
+        let body = match self.p.strategy {
+            PaddingStrategy::GlobalPad => nest(unchecked),
+            _ => {
+                let inside = Cond::and(
+                    Cond::Le(v(origin) + v(rb) * c(reg) + c(reg), v(extent)),
+                    Cond::Le(v("k0") + kk_extent, v("e_k")),
+                );
+                Stmt::If {
+                    cond: inside,
+                    then: vec![nest(unchecked)],
+                    otherwise: vec![nest(checked)],
+                }
+            }
+        };
+        for_(rb, v(nblocks), LoopKind::Serial, vec![body])
     }
 
     /// Whether the register tile at (`mi`, `nj`) lies wholly inside the output.
