@@ -115,13 +115,6 @@ impl TensorRef {
             .fold(Expr::Const(0), |acc, (s, ix)| acc + s * ix.offset)
     }
 
-    /// Number of elements, symbolic.
-    pub fn len(&self) -> Expr {
-        self.shape
-            .iter()
-            .fold(Expr::Const(1), |acc, d| acc * d.clone())
-    }
-
     /// Whether the tensor is indexed by `axis`.
     pub fn uses_axis(&self, axis: usize) -> bool {
         self.index.iter().any(|ix| ix.coeff(axis) != 0)

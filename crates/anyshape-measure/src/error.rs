@@ -38,7 +38,4 @@ pub enum MeasureError {
         /// Why.
         source: std::io::Error,
     },
-    /// A workload or shape problem (user input).
-    #[error(transparent)]
-    Ir(#[from] anyshape_ir::IrError),
 }

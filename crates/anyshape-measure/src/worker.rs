@@ -6,6 +6,7 @@ use crate::{
     check_output, random_inputs, reference_output, Candidate, KernelFn, MeasureOptions,
     Measurement, Outcome, Reference,
 };
+use anyshape_codegen::c;
 use anyshape_ir::BoundWorkload;
 use std::io::{BufRead, Write};
 use std::time::Instant;
@@ -132,7 +133,9 @@ fn run_candidate(
         let status = unsafe { f(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
         let dt = t0.elapsed().as_secs_f64();
         match status {
-            0 => Ok(dt),
+            c::STATUS_OK => Ok(dt),
+            c::STATUS_WRONG_SHAPE => Err(format!("kernel returned status {status}: a specialized kernel was called with other shape-var values")),
+            c::STATUS_NO_MEMORY => Err(format!("kernel returned status {status}: out of scratch memory")),
             s => Err(format!("kernel returned status {s}")),
         }
     };

@@ -8,7 +8,7 @@
 //!   instances (tasks) the program runs; `k` is fitted to the measurements.
 //! - `f_pad` = useful work / padded work over every padded axis (spatial and reduction).
 use anyshape_codegen::{GemmView, MicroKernel};
-use anyshape_ir::{BoundWorkload, Workload};
+use anyshape_ir::BoundWorkload;
 use forust_ml::objective::ObjectiveType;
 use forust_ml::{GradientBooster, Matrix};
 
@@ -40,15 +40,9 @@ pub struct Adaptation {
 }
 
 impl Adaptation {
-    /// Tasks and padding of `mk` on a bound instance of `w` (local padding pads each axis
-    /// to its register-tile granularity: `mr`, `nr`, `uk`).
-    pub fn of(w: &Workload, mk: &MicroKernel, bound: &BoundWorkload) -> Adaptation {
-        let Ok(g) = GemmView::of(w) else {
-            return Adaptation {
-                tasks: 1.0,
-                pad: 1.0,
-            };
-        };
+    /// Tasks and padding of `mk` on a bound instance of the workload whose GEMM view is
+    /// `g` (local padding pads each axis to its register-tile granularity: `mr`, `nr`, `uk`).
+    pub fn of(g: &GemmView, mk: &MicroKernel, bound: &BoundWorkload) -> Adaptation {
         let e = |a: usize| bound.extents[a].max(0) as f64;
         let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
         let batch: f64 = g.batch.iter().map(|&a| e(a)).product();

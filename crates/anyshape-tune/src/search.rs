@@ -11,7 +11,7 @@ use crate::{
     extract, spearman, Adaptation, CostModel, Record, RecordLog, Result, Sample, SearchSpace,
     TrialResult, TuneError,
 };
-use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{CpuTarget, GemmView, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
 use rand::{Rng, RngExt, SeedableRng};
@@ -147,13 +147,6 @@ pub struct TimeBreakdown {
     pub search: f64,
 }
 
-impl TimeBreakdown {
-    /// Total seconds.
-    pub fn total(&self) -> f64 {
-        self.build + self.measure + self.model + self.search
-    }
-}
-
 /// What one round did.
 #[derive(Clone, Debug, Serialize)]
 pub struct RoundSummary {
@@ -226,6 +219,7 @@ pub struct TuneReport {
 /// A joint tuning run.
 pub struct Tuner<'a> {
     workload: Workload,
+    gemm: GemmView,
     target: CpuTarget,
     instances: Vec<Instance>,
     options: TuneOptions,
@@ -270,6 +264,7 @@ impl<'a> Tuner<'a> {
             .filter(|r| r.workload == name && &r.target == target && r.strategy == options.strategy)
             .collect();
         Ok(Tuner {
+            gemm: GemmView::of(workload)?,
             workload: workload.clone(),
             target: target.clone(),
             space: SearchSpace::new(target),
@@ -333,7 +328,7 @@ impl<'a> Tuner<'a> {
             .zip(feats)
             .map(|(&(mk, i, lat), features)| {
                 let inst = &self.instances[i];
-                let a = Adaptation::of(&self.workload, &mk, &inst.bound);
+                let a = Adaptation::of(&self.gemm, &mk, &inst.bound);
                 Sample {
                     features,
                     tasks: a.tasks,
@@ -367,7 +362,7 @@ impl<'a> Tuner<'a> {
                     .map(|x| {
                         x.flops
                             / model
-                                .throughput(l, Adaptation::of(&self.workload, mk, &x.bound))
+                                .throughput(l, Adaptation::of(&self.gemm, mk, &x.bound))
                                 .max(1e-30)
                     })
                     .collect()
