@@ -3,7 +3,8 @@
 //! Every kernel has the C ABI
 //! `int32_t NAME(const int64_t *vars, const float *const *ins, float *const *outs)`
 //! and returns 0 on success, 1 when a specialized kernel is called with other shape-var
-//! values than it was built for, 2 when scratch memory cannot be allocated.
+//! values than it was built for, 2 when scratch memory cannot be allocated (and a
+//! module's dispatcher 3 when it finds no kernel).
 use crate::loop_ir::{shape_var_name, Cond, Func, LoopKind, Scope, Stmt, Value};
 use crate::CpuTarget;
 use anyshape_ir::Expr;
@@ -15,6 +16,8 @@ pub const STATUS_OK: i32 = 0;
 pub const STATUS_WRONG_SHAPE: i32 = 1;
 /// Kernel return code: scratch memory could not be allocated.
 pub const STATUS_NO_MEMORY: i32 = 2;
+/// Module entry return code: the dispatcher chose no kernel (a corrupted module).
+pub const STATUS_NO_KERNEL: i32 = 3;
 
 /// The prelude every generated C file starts with: types and helpers for `target`.
 pub fn header(target: &CpuTarget) -> String {

@@ -1,12 +1,13 @@
 //! Code generation for anyshape: CPU targets, the contraction sketch and its
 //! micro-kernels, lowering of programs to a small loop IR with a padding strategy, and
-//! the C printer.
+//! the C printer, and the dispatcher's C form.
 //!
 //! It knows workloads (from `anyshape-ir`) but nothing of measuring, searching or
 //! loading: those crates build on this one.
 #![deny(missing_docs)]
 
 pub mod c;
+mod dispatch;
 mod error;
 pub mod loop_ir;
 mod lower;
@@ -14,10 +15,11 @@ mod program;
 mod sketch;
 mod target;
 
+pub use dispatch::{dispatcher_c, DispatchTree, DispatcherSpec, ENTRY_SYMBOL, SELECT_SYMBOL};
 pub use error::{CodegenError, Result};
 pub use lower::lower;
 pub use program::{
     KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES,
 };
 pub use sketch::{GemmView, MicroKernel};
-pub use target::{CpuTarget, Simd};
+pub use target::{host_cpu_features, CpuTarget, Simd};

@@ -25,31 +25,3 @@ pub struct Measurer {
     /// Times them in isolated workers.
     pub runner: Runner,
 }
-
-/// Signature of every generated kernel (see `anyshape_codegen::c`).
-pub type KernelFn = unsafe extern "C" fn(*const i64, *const *const f32, *const *mut f32) -> i32;
-
-/// Load a kernel library. It is never unloaded (`RTLD_NODELETE`): its OpenMP runtime
-/// keeps worker threads alive, and unloading their code under them would crash.
-///
-/// # Safety
-/// The library must be one the builder produced (its initializers are the C runtime's).
-pub unsafe fn load_library(
-    path: &std::path::Path,
-) -> Result<libloading::Library, libloading::Error> {
-    #[cfg(unix)]
-    {
-        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-        #[cfg(target_os = "linux")]
-        const RTLD_NODELETE: i32 = 0x1000;
-        #[cfg(not(target_os = "linux"))]
-        const RTLD_NODELETE: i32 = 0x80;
-        // SAFETY: forwarded to the caller.
-        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) }.map(Into::into)
-    }
-    #[cfg(not(unix))]
-    {
-        // SAFETY: forwarded to the caller.
-        unsafe { libloading::Library::new(path) }
-    }
-}

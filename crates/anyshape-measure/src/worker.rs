@@ -3,11 +3,12 @@
 //! It is started by [`crate::Runner`] through `anyshape __worker` or `anyshape-worker`.
 use crate::runner::{Event, Job};
 use crate::{
-    check_output, random_inputs, reference_output, Candidate, KernelFn, MeasureOptions,
-    Measurement, Outcome, Reference,
+    check_output, random_inputs, reference_output, Candidate, MeasureOptions, Measurement, Outcome,
+    Reference,
 };
 use anyshape_codegen::c;
 use anyshape_ir::BoundWorkload;
+use anyshape_runtime::{load_library, status_message, KernelFn};
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
@@ -26,7 +27,7 @@ pub fn serve() -> i32 {
     };
     // SAFETY: the library is one the builder produced from generated C; loading runs no
     // constructors of ours beyond the C runtime's.
-    let library = unsafe { crate::load_library(&job.library) };
+    let library = unsafe { load_library(&job.library) };
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
         let line = serde_json::to_string(&ev).expect("events serialize");
@@ -132,11 +133,10 @@ fn run_candidate(
         // SAFETY: buffers have the lengths the bound workload gives for these shape vars.
         let status = unsafe { f(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
         let dt = t0.elapsed().as_secs_f64();
-        match status {
-            c::STATUS_OK => Ok(dt),
-            c::STATUS_WRONG_SHAPE => Err(format!("kernel returned status {status}: a specialized kernel was called with other shape-var values")),
-            c::STATUS_NO_MEMORY => Err(format!("kernel returned status {status}: out of scratch memory")),
-            s => Err(format!("kernel returned status {s}")),
+        if status == c::STATUS_OK {
+            Ok(dt)
+        } else {
+            Err(format!("kernel returned {}", status_message(status)))
         }
     };
     call()?;

@@ -1,25 +1,32 @@
 //! Joint tuning of a dynamic-shape workload for all its instances at once (DietCode):
 //! the shape-generic search space, program features, the micro-kernel cost model, the
-//! joint evolutionary search and the records it appends to.
+//! joint evolutionary search and the records it appends to,
+//! the votes and the dispatch tree, and writing the module (kernels + dispatcher +
+//! manifest) that the runtime loads.
 //!
-//! It builds on codegen (programs) and measure (builder, runner); it knows nothing of
-//! modules or dispatch, which read its report and records.
+//! It builds on codegen (programs), measure (builder, runner) and the runtime's module
+//! format.
 #![deny(missing_docs)]
 
 mod cost_model;
 mod error;
 mod features;
+mod module;
 mod records;
 mod search;
 mod space;
 mod verify;
+mod votes;
 
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use error::{Result, TuneError};
 pub use features::{extract, feature_names};
+pub use module::{write_module, ModuleSpec, Specialize};
 pub use records::{Record, RecordLog, TrialResult};
 pub use search::{
-    instances, Instance, InstanceBest, RoundSummary, TimeBreakdown, TuneOptions, TuneReport, Tuner,
+    instances, Instance, InstanceBest, RoundSummary, ScoreTable, TimeBreakdown, TuneOptions,
+    TuneReport, Tuner,
 };
 pub use space::SearchSpace;
 pub use verify::{verify, Verification};
+pub use votes::{cover, elect, train_tree, vote, VoteOptions, Votes};

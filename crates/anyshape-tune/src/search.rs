@@ -93,6 +93,17 @@ pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
         .collect()
 }
 
+/// Latency of micro-kernels on every instance, measured or predicted.
+#[derive(Clone, Debug)]
+pub struct ScoreTable {
+    /// The micro-kernels (rows).
+    pub kernels: Vec<MicroKernel>,
+    /// Seconds, `[kernel][instance]`; infinite where the program failed.
+    pub latency: Vec<Vec<f64>>,
+    /// Whether each entry was measured (else predicted by the cost model).
+    pub measured: Vec<Vec<bool>>,
+}
+
 /// Tuning options.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
@@ -383,32 +394,86 @@ impl<'a> Tuner<'a> {
             .collect()
     }
 
-    /// Best latency per instance over `known` kernels: measured where measured, predicted
-    /// elsewhere; with the micro-kernel and whether it was measured.
-    fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, MicroKernel, bool)> {
-        let known = self.known();
-        let measured = self.measured_best();
-        let pred = self.predict(model, &known);
-        let mut table: HashMap<(MicroKernel, usize), f64> = HashMap::new();
+    /// Latency of `kernels` (all successfully measured ones when `None`) on every
+    /// instance under `model`: the best measurement where measured, infinite where the
+    /// program failed there, the model's prediction elsewhere.
+    pub(crate) fn scores_with(
+        &mut self,
+        model: &CostModel,
+        kernels: Option<&[MicroKernel]>,
+    ) -> ScoreTable {
+        let kernels = kernels.map_or_else(|| self.known(), <[MicroKernel]>::to_vec);
+        let mut latency = self.predict(model, &kernels);
+        let mut measured = vec![vec![false; self.instances.len()]; kernels.len()];
+        let row: HashMap<MicroKernel, usize> =
+            kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
         for r in &self.records {
-            if let (Some(l), Some(&i)) = (r.latency(), self.index.get(&r.bindings)) {
-                let e = table.entry((r.micro_kernel, i)).or_insert(l);
-                *e = e.min(l);
+            let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings))
+            else {
+                continue;
+            };
+            let l = r.latency().unwrap_or(f64::INFINITY);
+            if !measured[k][i] || l < latency[k][i] {
+                latency[k][i] = l;
             }
+            measured[k][i] = true;
         }
+        ScoreTable {
+            kernels,
+            latency,
+            measured,
+        }
+    }
+
+    /// The latency table of [`Tuner::scores_with`] under a model trained on every record.
+    pub fn scores(&mut self, kernels: Option<&[MicroKernel]>) -> ScoreTable {
+        let records = self.records.clone();
+        let model = self.train(&records, self.options.seed);
+        self.scores_with(&model, kernels)
+    }
+
+    /// Measure each of `kernels` on every instance where it was not measured yet
+    /// (records appended as usual); returns how many trials failed.
+    pub fn measure_everywhere(
+        &mut self,
+        kernels: &[MicroKernel],
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<usize> {
+        let done: BTreeSet<(MicroKernel, Bindings)> = self
+            .records
+            .iter()
+            .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .collect();
+        let trials: Vec<(MicroKernel, usize)> = kernels
+            .iter()
+            .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
+            .filter(|(mk, i)| !done.contains(&(*mk, self.instances[*i].bindings.clone())))
+            .collect();
+        if trials.is_empty() {
+            return Ok(0);
+        }
+        let round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
+        self.measure(&trials, round, on_trial)
+    }
+
+    /// The instances being tuned.
+    pub fn instances(&self) -> &[Instance] {
+        &self.instances
+    }
+
+    /// Best latency per instance over the known kernels (see [`Tuner::scores_with`]),
+    /// with the micro-kernel and whether it was measured.
+    fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, MicroKernel, bool)> {
+        let t = self.scores_with(model, None);
         (0..self.instances.len())
             .map(|i| {
-                let mut best = measured[i].map(|(l, mk)| (l, mk, true)).unwrap_or((
-                    f64::INFINITY,
-                    MicroKernel::default_for(&self.target),
-                    false,
-                ));
-                for (k, mk) in known.iter().enumerate() {
-                    if !table.contains_key(&(*mk, i)) && pred[k][i] < best.0 {
-                        best = (pred[k][i], *mk, false);
-                    }
-                }
-                best
+                (0..t.kernels.len())
+                    .filter(|&k| t.latency[k][i].is_finite())
+                    .min_by(|&a, &b| t.latency[a][i].total_cmp(&t.latency[b][i]))
+                    .map_or(
+                        (f64::INFINITY, MicroKernel::default_for(&self.target), false),
+                        |k| (t.latency[k][i], t.kernels[k], t.measured[k][i]),
+                    )
             })
             .collect()
     }

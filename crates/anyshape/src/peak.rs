@@ -5,7 +5,8 @@
 //! GFLOP/s = 2 * lanes * chains * iters * threads / seconds, best of several runs.
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::CpuTarget;
-use anyshape_measure::{Builder, KernelFn, KernelSource};
+use anyshape_measure::{Builder, KernelSource};
+use anyshape_runtime::KernelFn;
 use std::time::Instant;
 
 const CHAINS: usize = 12;
@@ -45,7 +46,7 @@ pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()>
     }
     // SAFETY: our own library, built just now from the source above.
     let library =
-        unsafe { anyshape_measure::load_library(&lib.path) }.context("loading the peak kernel")?;
+        unsafe { anyshape_runtime::load_library(&lib.path) }.context("loading the peak kernel")?;
     let lanes = target.lanes_f32();
     println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
     for &t in &threads {

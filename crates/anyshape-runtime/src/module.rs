@@ -1,0 +1,244 @@
+//! A loaded module: checked on load, callable for any instance of its workload.
+use crate::kernel::{load_library, status_message, KernelFn, SelectFn};
+use crate::{Manifest, Result, RuntimeError};
+use anyshape_codegen::{c, host_cpu_features, ENTRY_SYMBOL, SELECT_SYMBOL};
+use anyshape_ir::{Bindings, BoundWorkload, Workload};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Which kernel serves an instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    /// Index of the micro-kernel in the manifest.
+    pub micro_kernel: usize,
+    /// The kernel's symbol.
+    pub symbol: String,
+    /// A kernel specialized for exactly this instance (else the symbolic one).
+    pub specialized: bool,
+}
+
+/// A loaded module.
+pub struct Module {
+    dir: PathBuf,
+    manifest: Manifest,
+    workload: Workload,
+    vars: Vec<String>,
+    entry: KernelFn,
+    select: SelectFn,
+    kernels: HashMap<String, KernelFn>,
+    specialized: HashMap<Bindings, usize>,
+    // Keeps the library mapped (it is never unloaded anyway: see `load_library`).
+    _library: libloading::Library,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("dir", &self.dir)
+            .field("workload", &self.manifest.workload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Module {
+    /// Load the module in directory `path`: its manifest must be intact and of this
+    /// anyshape version, every file must match its checksum, and this CPU must have the
+    /// instruction-set extensions the kernels were compiled for.
+    pub fn load(path: impl AsRef<Path>) -> Result<Module> {
+        let dir = path.as_ref().to_path_buf();
+        let manifest = Manifest::read(&dir)?;
+        manifest.check_files(&dir)?;
+        manifest.check_cpu(&host_cpu_features())?;
+        let bad = |reason: String| RuntimeError::BadManifest {
+            path: dir.join(crate::MANIFEST_FILE).display().to_string(),
+            reason,
+        };
+        let workload = Workload::parse(&manifest.workload).map_err(|e| bad(e.to_string()))?;
+        let vars = workload.shape_vars();
+        let n = manifest.micro_kernels.len();
+        if manifest.symbolic.len() != n
+            || manifest.dispatch.max_kernel() >= n
+            || manifest.specialized.iter().any(|s| s.micro_kernel >= n)
+        {
+            return Err(bad("kernel indices out of range".into()));
+        }
+        let lib_path = dir.join(&manifest.library);
+        let load_err = |reason: String| RuntimeError::Load {
+            path: lib_path.display().to_string(),
+            reason,
+        };
+        // SAFETY: the library's checksum matches the manifest anyshape wrote with it.
+        let library = unsafe { load_library(&lib_path) }.map_err(|e| load_err(e.to_string()))?;
+        let get = |sym: &str| -> Result<KernelFn> {
+            // SAFETY: every kernel and the entry point have the `KernelFn` signature.
+            unsafe { library.get::<KernelFn>(sym.as_bytes()) }
+                .map(|f| *f)
+                .map_err(|e| load_err(format!("symbol {sym}: {e}")))
+        };
+        let entry = get(ENTRY_SYMBOL)?;
+        // SAFETY: the select function has the `SelectFn` signature.
+        let select = unsafe { library.get::<SelectFn>(SELECT_SYMBOL.as_bytes()) }
+            .map(|f| *f)
+            .map_err(|e| load_err(format!("symbol {SELECT_SYMBOL}: {e}")))?;
+        let mut kernels = HashMap::new();
+        for sym in manifest
+            .symbolic
+            .iter()
+            .chain(manifest.specialized.iter().map(|s| &s.symbol))
+        {
+            kernels.insert(sym.clone(), get(sym)?);
+        }
+        let specialized = manifest
+            .specialized
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.bindings.clone(), i))
+            .collect();
+        Ok(Module {
+            dir,
+            manifest,
+            workload,
+            vars,
+            entry,
+            select,
+            kernels,
+            specialized,
+            _library: library,
+        })
+    }
+
+    /// The module's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The workload it computes.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// Bind shape-var values: every shape var must be given (values >= 0), no other.
+    pub fn bind(&self, bindings: &Bindings) -> Result<BoundWorkload> {
+        if let Some((name, _)) = bindings
+            .iter()
+            .find(|(n, _)| !self.vars.iter().any(|v| v == n))
+        {
+            return Err(RuntimeError::UnknownVar {
+                name: name.into(),
+                workload: self.manifest.workload.clone(),
+                vars: self.vars.join(", "),
+            });
+        }
+        Ok(self.workload.bind(bindings)?)
+    }
+
+    /// Which kernel the module runs for `bindings` (as its compiled dispatcher decides).
+    pub fn dispatch(&self, bindings: &Bindings) -> Dispatch {
+        if let Some(&i) = self.specialized.get(bindings) {
+            let s = &self.manifest.specialized[i];
+            return Dispatch {
+                micro_kernel: s.micro_kernel,
+                symbol: s.symbol.clone(),
+                specialized: true,
+            };
+        }
+        let k = self.manifest.dispatch.select(bindings);
+        Dispatch {
+            micro_kernel: k,
+            symbol: self.manifest.symbolic[k].clone(),
+            specialized: false,
+        }
+    }
+
+    /// The micro-kernel index the compiled tree walk returns (the same as
+    /// [`Module::dispatch`] for instances without a specialized kernel).
+    pub fn select_compiled(&self, bindings: &Bindings) -> i32 {
+        let vars = self.var_values(bindings);
+        // SAFETY: `vars` has one value per shape var, as the dispatcher reads.
+        unsafe { (self.select)(vars.as_ptr()) }
+    }
+
+    /// Shape-var values in the kernel ABI's order (unbound ones as 0).
+    pub fn var_values(&self, bindings: &Bindings) -> Vec<i64> {
+        self.vars
+            .iter()
+            .map(|v| bindings.get(v).unwrap_or(0))
+            .collect()
+    }
+
+    /// The module's entry point (dispatcher + kernels), for callers that validated buffers.
+    pub fn entry(&self) -> KernelFn {
+        self.entry
+    }
+
+    /// A kernel of the module by symbol.
+    pub fn kernel(&self, symbol: &str) -> Option<KernelFn> {
+        self.kernels.get(symbol).copied()
+    }
+
+    /// Compute the workload at `bindings`: `inputs` in the workload's order, one output.
+    /// Buffer lengths are checked against the bound shapes first.
+    pub fn run(
+        &self,
+        bindings: &Bindings,
+        inputs: &[&[f32]],
+        outputs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        self.run_with(self.entry, bindings, inputs, outputs)
+    }
+
+    /// Like [`Module::run`] with a given kernel of the module (see [`Module::kernel`]).
+    pub fn run_with(
+        &self,
+        kernel: KernelFn,
+        bindings: &Bindings,
+        inputs: &[&[f32]],
+        outputs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        let bound = self.bind(bindings)?;
+        let n_in = self.workload.inputs.len();
+        if inputs.len() != n_in {
+            return Err(RuntimeError::BufferCount {
+                what: "input",
+                expected: n_in,
+                got: inputs.len(),
+            });
+        }
+        if outputs.len() != 1 {
+            return Err(RuntimeError::BufferCount {
+                what: "output",
+                expected: 1,
+                got: outputs.len(),
+            });
+        }
+        let lens = inputs
+            .iter()
+            .map(|b| b.len())
+            .chain(std::iter::once(outputs[0].len()));
+        for ((t, got), &expected) in self.workload.tensors().zip(lens).zip(&bound.lens) {
+            if got != expected {
+                return Err(RuntimeError::BufferLen {
+                    tensor: t.name.clone(),
+                    bindings: bindings.to_string(),
+                    expected,
+                    got,
+                });
+            }
+        }
+        let vars = self.var_values(bindings);
+        let ins: Vec<*const f32> = inputs.iter().map(|b| b.as_ptr()).collect();
+        let outs = [outputs[0].as_mut_ptr()];
+        // SAFETY: the buffers have the lengths the bound workload gives for these values.
+        let status = unsafe { kernel(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+        if status == c::STATUS_OK {
+            Ok(())
+        } else {
+            Err(RuntimeError::Kernel(status_message(status)))
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Votes and the dispatch tree (DietCode §4.3): every instance votes for a micro-kernel,
+//! a micro-kernel within a tolerance of an instance's best may take its vote so that few
+//! are chosen, and a decision tree learns shape-var values → vote.
+use crate::{Result, ScoreTable, TuneError, Tuner};
+use anyshape_codegen::{DispatchTree, MicroKernel};
+use anyshape_ir::Bindings;
+use anyshape_runtime::Vote;
+use smartcore::linalg::basic::matrix::DenseMatrix;
+use smartcore::tree::decision_tree_classifier::{
+    DecisionTreeClassifier, DecisionTreeClassifierParameters,
+};
+
+/// The outcome of voting.
+#[derive(Clone, Debug)]
+pub struct Votes {
+    /// The chosen micro-kernels, most votes first.
+    pub micro_kernels: Vec<MicroKernel>,
+    /// One vote per instance (indices into `micro_kernels`).
+    pub votes: Vec<Vote>,
+}
+
+/// How votes are taken.
+#[derive(Clone, Copy, Debug)]
+pub struct VoteOptions {
+    /// A micro-kernel within this fraction of an instance's best may take its vote.
+    pub tolerance: f64,
+    /// At most this many micro-kernels in the module.
+    pub max_kernels: usize,
+    /// Measure the candidate micro-kernels on every instance before the final vote
+    /// (else unmeasured pairs are the cost model's predictions).
+    pub measure: bool,
+}
+
+impl Default for VoteOptions {
+    fn default() -> Self {
+        VoteOptions {
+            tolerance: 0.02,
+            max_kernels: 8,
+            measure: true,
+        }
+    }
+}
+
+/// Take the votes of a tuning run: candidates by a cover of the measured-or-predicted
+/// table, measured on every instance (with `measure`), then the final cover and votes
+/// over the measured table. `on_trial` hears the record count after each new trial.
+pub fn elect(
+    tuner: &mut Tuner,
+    options: &VoteOptions,
+    on_trial: &mut dyn FnMut(usize),
+) -> Result<Votes> {
+    let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
+    let bindings: Vec<Bindings> = tuner
+        .instances()
+        .iter()
+        .map(|x| x.bindings.clone())
+        .collect();
+    let table = tuner.scores(None);
+    let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
+    let candidates: Vec<MicroKernel> = picked.iter().map(|&k| table.kernels[k]).collect();
+    if options.measure {
+        tuner.measure_everywhere(&candidates, on_trial)?;
+    }
+    let table = tuner.scores(Some(&candidates));
+    let chosen = cover(&table, &weights, options.tolerance, options.max_kernels);
+    vote(&table, &chosen, &bindings, options.tolerance)
+}
+
+/// Greedy cover: pick micro-kernels (rows of `table`) until every instance has one within
+/// `tolerance` of its best, each time the one that covers the most weight still uncovered;
+/// at most `max_kernels`. Returns row indices in the order picked.
+pub fn cover(
+    table: &ScoreTable,
+    weights: &[f64],
+    tolerance: f64,
+    max_kernels: usize,
+) -> Vec<usize> {
+    let n = weights.len();
+    let best: Vec<f64> = (0..n)
+        .map(|i| {
+            table
+                .latency
+                .iter()
+                .map(|l| l[i])
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let near = |k: usize, i: usize| {
+        let l = table.latency[k][i];
+        l.is_finite() && l <= best[i] * (1.0 + tolerance)
+    };
+    let mut open: Vec<bool> = (0..n).map(|i| best[i].is_finite()).collect();
+    let mut picked = Vec::new();
+    while open.iter().any(|&o| o) && picked.len() < max_kernels.max(1) {
+        // Weight first; the count breaks ties between zero-weight instances.
+        let gain = |k: usize| -> (f64, usize) {
+            let mut w = 0.0;
+            let mut c = 0;
+            for i in (0..n).filter(|&i| open[i] && near(k, i)) {
+                w += weights[i];
+                c += 1;
+            }
+            (w, c)
+        };
+        let Some(k) = (0..table.kernels.len())
+            .filter(|k| !picked.contains(k))
+            .max_by(|&a, &b| {
+                let (ga, gb) = (gain(a), gain(b));
+                ga.0.total_cmp(&gb.0).then(ga.1.cmp(&gb.1))
+            })
+        else {
+            break;
+        };
+        if gain(k).1 == 0 {
+            break;
+        }
+        for (i, o) in open.iter_mut().enumerate() {
+            *o &= !near(k, i);
+        }
+        picked.push(k);
+    }
+    picked
+}
+
+/// Votes over the rows `chosen` of `table`: each instance votes for the first chosen
+/// micro-kernel within `tolerance` of its best among the chosen ones (so that large
+/// regions of the domain agree), the fastest chosen one if none is. Unused kernels are
+/// dropped.
+pub fn vote(
+    table: &ScoreTable,
+    chosen: &[usize],
+    instances: &[Bindings],
+    tolerance: f64,
+) -> Result<Votes> {
+    if chosen.is_empty() {
+        return Err(TuneError::Options(
+            "no micro-kernel ran successfully on any instance: nothing to dispatch to".into(),
+        ));
+    }
+    let mut pick = Vec::with_capacity(instances.len());
+    for i in 0..instances.len() {
+        let best = chosen
+            .iter()
+            .map(|&k| table.latency[k][i])
+            .fold(f64::INFINITY, f64::min);
+        let k = chosen
+            .iter()
+            .copied()
+            .find(|&k| table.latency[k][i] <= best * (1.0 + tolerance))
+            .unwrap_or(chosen[0]);
+        pick.push(k);
+    }
+    // Keep the kernels that got votes, most votes first.
+    let mut used: Vec<(usize, usize)> = chosen
+        .iter()
+        .map(|&k| (pick.iter().filter(|&&p| p == k).count(), k))
+        .filter(|&(c, _)| c > 0)
+        .collect();
+    used.sort_by(|a, b| b.0.cmp(&a.0));
+    let order: Vec<usize> = used.iter().map(|u| u.1).collect();
+    let votes = instances
+        .iter()
+        .zip(&pick)
+        .enumerate()
+        .map(|(i, (b, &k))| Vote {
+            bindings: b.clone(),
+            micro_kernel: order
+                .iter()
+                .position(|&o| o == k)
+                .expect("voted kernels are kept"),
+            latency_seconds: table.latency[k][i],
+            measured: table.measured[k][i],
+        })
+        .collect();
+    Ok(Votes {
+        micro_kernels: order.iter().map(|&k| table.kernels[k]).collect(),
+        votes,
+    })
+}
+
+/// Train a decision tree (smartcore's CART classifier) on shape-var values → vote and
+/// export it as a [`DispatchTree`]; returns it with its training accuracy.
+pub fn train_tree(vars: &[String], votes: &[Vote]) -> Result<(DispatchTree, f64)> {
+    let labels: Vec<i32> = votes.iter().map(|v| v.micro_kernel as i32).collect();
+    let tree = if labels.iter().all(|&l| Some(l) == labels.first().copied()) {
+        DispatchTree::Leaf {
+            kernel: labels.first().copied().unwrap_or(0) as usize,
+        }
+    } else {
+        let rows: Vec<Vec<f64>> = votes
+            .iter()
+            .map(|v| {
+                vars.iter()
+                    .map(|n| v.bindings.get(n).unwrap_or(0) as f64)
+                    .collect()
+            })
+            .collect();
+        let fail = |e: smartcore::error::Failed| TuneError::Options(format!("decision tree: {e}"));
+        let x = DenseMatrix::from_2d_vec(&rows).map_err(fail)?;
+        let model: DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>> =
+            DecisionTreeClassifier::fit(&x, &labels, DecisionTreeClassifierParameters::default())
+                .map_err(fail)?;
+        export(&model, vars)?
+    };
+    let hits = votes
+        .iter()
+        .filter(|v| tree.select(&v.bindings) == v.micro_kernel)
+        .count();
+    Ok((tree, hits as f64 / votes.len().max(1) as f64))
+}
+
+/// smartcore keeps its nodes private; their serialized form has what a dispatcher needs
+/// (`split_feature`, `split_value`, `true_child` for `x <= value`, `false_child`, `output`).
+fn export(
+    model: &DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>>,
+    vars: &[String],
+) -> Result<DispatchTree> {
+    let bad = || TuneError::Options("decision tree: unexpected serialized form".into());
+    let json = serde_json::to_value(model).map_err(|_| bad())?;
+    let nodes = json["nodes"].as_array().ok_or_else(bad)?;
+    let classes: Vec<i64> = json["classes"]
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|c| c.as_i64().ok_or_else(bad))
+        .collect::<Result<_>>()?;
+    fn node(
+        nodes: &[serde_json::Value],
+        classes: &[i64],
+        vars: &[String],
+        at: usize,
+        depth: usize,
+    ) -> Option<DispatchTree> {
+        let n = nodes.get(at)?;
+        if depth > 10_000 {
+            return None;
+        }
+        match (n["true_child"].as_u64(), n["false_child"].as_u64()) {
+            (Some(t), Some(f)) => Some(DispatchTree::Split {
+                var: vars.get(n["split_feature"].as_u64()? as usize)?.clone(),
+                // Integer values: x <= 37.5 is x <= 37.
+                at: n["split_value"].as_f64()?.floor() as i64,
+                le: Box::new(node(nodes, classes, vars, t as usize, depth + 1)?),
+                gt: Box::new(node(nodes, classes, vars, f as usize, depth + 1)?),
+            }),
+            _ => Some(DispatchTree::Leaf {
+                kernel: usize::try_from(*classes.get(n["output"].as_u64()? as usize)?).ok()?,
+            }),
+        }
+    }
+    node(nodes, &classes, vars, 0, 0).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(lat: Vec<Vec<f64>>) -> ScoreTable {
+        let n = lat[0].len();
+        ScoreTable {
+            kernels: (0..lat.len())
+                .map(|i| MicroKernel {
+                    mr: 1,
+                    nr: 16,
+                    mc: 8 * (i + 1),
+                    nc: 16,
+                    kc: 8,
+                    uk: 1,
+                })
+                .collect(),
+            measured: vec![vec![true; n]; lat.len()],
+            latency: lat,
+        }
+    }
+
+    #[test]
+    fn tolerance_keeps_the_set_small_and_the_tree_learns_it() {
+        // Kernel 0 is best on small T, kernel 2 on large T; kernel 1 is 1% off everywhere.
+        let n = 40;
+        let a: Vec<f64> = (0..n).map(|i| if i < 20 { 1.0 } else { 2.0 }).collect();
+        let c: Vec<f64> = (0..n).map(|i| if i < 20 { 2.0 } else { 1.0 }).collect();
+        let b: Vec<f64> = (0..n).map(|_| 1.01).collect();
+        let t = table(vec![a, b, c]);
+        let w = vec![1.0 / n as f64; n];
+        // 2% tolerance: kernel 1 alone covers everything.
+        assert_eq!(cover(&t, &w, 0.02, 8), vec![1]);
+        // No tolerance: kernels 0 and 2.
+        let mut strict = cover(&t, &w, 0.0, 8);
+        strict.sort();
+        assert_eq!(strict, vec![0, 2]);
+        let inst: Vec<Bindings> = (0..n)
+            .map(|i| Bindings::from_pairs([("T", i as i64 + 1)]))
+            .collect();
+        let v = vote(&t, &strict, &inst, 0.0).unwrap();
+        assert_eq!(v.micro_kernels.len(), 2);
+        let (tree, acc) = train_tree(&["T".into()], &v.votes).unwrap();
+        assert_eq!(acc, 1.0);
+        assert_eq!(tree.depth(), 1);
+        // Past the range, the tree extends its last region.
+        let last = v.votes.last().unwrap().micro_kernel;
+        assert_eq!(tree.select(&Bindings::from_pairs([("T", 1000)])), last);
+        // One kernel: a single leaf.
+        let one = vote(&t, &[1], &inst, 0.02).unwrap();
+        let (leaf, acc) = train_tree(&["T".into()], &one.votes).unwrap();
+        assert_eq!((leaf, acc), (DispatchTree::Leaf { kernel: 0 }, 1.0));
+    }
+
+    #[test]
+    fn failed_programs_never_get_votes() {
+        let t = table(vec![vec![1.0, f64::INFINITY], vec![3.0, 3.0]]);
+        let c = cover(&t, &[0.5, 0.5], 0.02, 8);
+        let inst = [
+            Bindings::from_pairs([("T", 1)]),
+            Bindings::from_pairs([("T", 2)]),
+        ];
+        let v = vote(&t, &c, &inst, 0.02).unwrap();
+        assert!(v.votes[1].latency_seconds.is_finite());
+    }
+}
