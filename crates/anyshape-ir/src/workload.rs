@@ -454,23 +454,20 @@ impl Workload {
     /// Bind every shape var: evaluate extents, shapes and strides and check that every
     /// access stays inside its tensor.
     pub fn bind(&self, bindings: &Bindings) -> Result<BoundWorkload> {
-        for var in self.shape_vars() {
-            match bindings.get(&var) {
-                None => return Err(IrError::Unbound(var)),
-                Some(v) if v < 0 => {
-                    return Err(IrError::NegativeVar {
-                        name: var,
-                        value: v,
-                    })
-                }
-                Some(_) => {}
-            }
+        // Unbound vars are reported by `eval`; nothing here allocates on success, since
+        // binding sits on every module call.
+        if let Some((name, value)) = bindings.iter().find(|(_, v)| *v < 0) {
+            return Err(IrError::NegativeVar {
+                name: name.to_string(),
+                value,
+            });
         }
-        let nonneg = |what: String, e: &Expr| -> Result<i64> {
+        // The message is built only on failure: binding sits on the module's call path.
+        let nonneg = |what: &dyn Fn() -> String, e: &Expr| -> Result<i64> {
             let v = e.eval(bindings)?;
             if v < 0 {
                 return Err(IrError::NegativeExtent {
-                    what: format!("{what} = {e}"),
+                    what: format!("{} = {e}", what()),
                     value: v,
                 });
             }
@@ -479,7 +476,7 @@ impl Workload {
         let extents = self
             .axes
             .iter()
-            .map(|a| nonneg(format!("extent of axis {}", a.name), &a.extent))
+            .map(|a| nonneg(&|| format!("extent of axis {}", a.name), &a.extent))
             .collect::<Result<Vec<_>>>()?;
         let empty = extents.contains(&0);
         let (mut shapes, mut axis_strides, mut offsets, mut lens) =
@@ -489,7 +486,7 @@ impl Workload {
                 .shape
                 .iter()
                 .enumerate()
-                .map(|(d, e)| nonneg(format!("{}.shape[{d}]", t.name), e))
+                .map(|(d, e)| nonneg(&|| format!("{}.shape[{d}]", t.name), e))
                 .collect::<Result<Vec<_>>>()?;
             let len = product(&t.name, &shape)?;
             for (d, ix) in t.index.iter().enumerate() {
@@ -513,13 +510,25 @@ impl Workload {
                     });
                 }
             }
-            let eval = |e: Expr| e.eval(bindings);
+            // Numerically from the bound shape (the same values `axis_stride` and
+            // `base_offset` give symbolically, without building expressions).
+            let mut strides = vec![1i64; shape.len()];
+            for d in (0..shape.len().saturating_sub(1)).rev() {
+                strides[d] = strides[d + 1] * shape[d + 1];
+            }
+            let dot = |f: &dyn Fn(&AffineIndex) -> i64| -> Result<i64> {
+                strides.iter().zip(&t.index).try_fold(0i64, |acc, (s, ix)| {
+                    s.checked_mul(f(ix))
+                        .and_then(|x| acc.checked_add(x))
+                        .ok_or_else(|| IrError::TooLarge(t.name.clone()))
+                })
+            };
             axis_strides.push(
                 (0..self.axes.len())
-                    .map(|a| eval(t.axis_stride(a)))
+                    .map(|a| dot(&|ix| ix.coeff(a)))
                     .collect::<Result<Vec<_>>>()?,
             );
-            offsets.push(eval(t.base_offset())?);
+            offsets.push(dot(&|ix| ix.offset)?);
             shapes.push(shape);
             lens.push(len);
         }

@@ -5,6 +5,7 @@ use anyshape_codegen::{c, host_cpu_features, ENTRY_SYMBOL, SELECT_SYMBOL};
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Which kernel serves an instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +28,8 @@ pub struct Module {
     select: SelectFn,
     kernels: HashMap<String, KernelFn>,
     specialized: HashMap<Bindings, usize>,
+    /// Buffer lengths of the instance checked last (repeated shapes skip binding).
+    last: Mutex<Option<(Bindings, Vec<usize>)>>,
     // Keeps the library mapped (it is never unloaded anyway: see `load_library`).
     _library: libloading::Library,
 }
@@ -103,6 +106,7 @@ impl Module {
             select,
             kernels,
             specialized,
+            last: Mutex::new(None),
             _library: library,
         })
     }
@@ -135,6 +139,19 @@ impl Module {
             });
         }
         Ok(self.workload.bind(bindings)?)
+    }
+
+    /// Buffer lengths (inputs, then output) at `bindings`, checked as [`Module::bind`] does.
+    fn lens(&self, bindings: &Bindings) -> Result<Vec<usize>> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((b, lens)) = last.as_ref() {
+            if b == bindings {
+                return Ok(lens.clone());
+            }
+        }
+        let lens = self.bind(bindings)?.lens;
+        *last = Some((bindings.clone(), lens.clone()));
+        Ok(lens)
     }
 
     /// Which kernel the module runs for `bindings` (as its compiled dispatcher decides).
@@ -200,7 +217,7 @@ impl Module {
         inputs: &[&[f32]],
         outputs: &mut [&mut [f32]],
     ) -> Result<()> {
-        let bound = self.bind(bindings)?;
+        let lens = self.lens(bindings)?;
         let n_in = self.workload.inputs.len();
         if inputs.len() != n_in {
             return Err(RuntimeError::BufferCount {
@@ -216,11 +233,11 @@ impl Module {
                 got: outputs.len(),
             });
         }
-        let lens = inputs
+        let given = inputs
             .iter()
             .map(|b| b.len())
             .chain(std::iter::once(outputs[0].len()));
-        for ((t, got), &expected) in self.workload.tensors().zip(lens).zip(&bound.lens) {
+        for ((t, got), &expected) in self.workload.tensors().zip(given).zip(&lens) {
             if got != expected {
                 return Err(RuntimeError::BufferLen {
                     tensor: t.name.clone(),

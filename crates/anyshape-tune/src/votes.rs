@@ -156,7 +156,7 @@ pub fn vote(
         .map(|&k| (pick.iter().filter(|&&p| p == k).count(), k))
         .filter(|&(c, _)| c > 0)
         .collect();
-    used.sort_by(|a, b| b.0.cmp(&a.0));
+    used.sort_by_key(|u| std::cmp::Reverse(u.0));
     let order: Vec<usize> = used.iter().map(|u| u.1).collect();
     let votes = instances
         .iter()

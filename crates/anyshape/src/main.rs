@@ -1,4 +1,6 @@
 //! The `anyshape` command-line tool.
+mod bench;
+mod inspect;
 mod peak;
 mod tune;
 
@@ -25,6 +27,13 @@ enum Command {
     Run(RunArgs),
     /// Tune a workload once for every instance of its shape vars' domains.
     Tune(tune::TuneArgs),
+    /// Print what a module holds: micro-kernels, dispatch tree, where each instance goes.
+    Inspect {
+        /// The module directory (from `anyshape tune --out`).
+        module: PathBuf,
+    },
+    /// Benchmark a module: dispatch loss over its instances, dispatch overhead per call.
+    Bench(bench::BenchArgs),
     /// Print the detected CPU target as JSON (edit it and pass it back with --target).
     Target,
     /// Measure this machine's peak FP32 throughput with an FMA microbenchmark.
@@ -55,8 +64,11 @@ struct Common {
 struct RunArgs {
     /// The workload, e.g. `dense(M=16*T,N=2304,K=768)`; built in: dense(M,N,K),
     /// batch_matmul_nt(B,M,N,K), batch_matmul_nn(B,M,N,K); append `+relu` for an epilogue.
-    #[arg(long, short)]
-    workload: String,
+    #[arg(long, short, required_unless_present = "module")]
+    workload: Option<String>,
+    /// Run a module (from `anyshape tune --out`) instead: its dispatcher picks the kernel.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["workload", "strategy", "mode", "micro_kernel", "print_c"])]
+    module: Option<PathBuf>,
     /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Vec<String>,
@@ -120,11 +132,19 @@ fn runner(options: MeasureOptions) -> Result<Runner> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let workload = Workload::parse(&args.workload)?;
     let mut bindings = Bindings::default();
     for s in &args.set {
         bindings.extend_from_text(s)?;
     }
+    let options = MeasureOptions {
+        min_seconds: args.seconds,
+        timeout_seconds: args.timeout,
+        ..Default::default()
+    };
+    if let Some(module) = &args.module {
+        return inspect::run_module(module, &bindings, args.check, options);
+    }
+    let workload = Workload::parse(args.workload.as_deref().unwrap_or_default())?;
     let bound = workload.bind(&bindings)?;
     let target = args.common.target()?;
     let micro_kernel = match &args.micro_kernel {
@@ -157,11 +177,6 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(err) = lib.failed.get(&symbol) {
         bail!("the generated kernel did not compile (a code generation bug):\n{err}");
     }
-    let options = MeasureOptions {
-        min_seconds: args.seconds,
-        timeout_seconds: args.timeout,
-        ..Default::default()
-    };
     let candidate = Candidate {
         symbol,
         workload: workload.clone(),
@@ -209,6 +224,8 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Tune(args) => tune::tune(args),
+        Command::Inspect { module } => inspect::inspect(&module),
+        Command::Bench(args) => bench::bench(args),
         Command::Target => {
             println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
             Ok(())

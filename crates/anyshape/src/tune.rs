@@ -3,7 +3,10 @@ use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
-use anyshape_tune::{instances, verify, RecordLog, RoundSummary, TuneOptions, TuneReport, Tuner};
+use anyshape_tune::{
+    elect, instances, train_tree, verify, write_module, ModuleSpec, RecordLog, RoundSummary,
+    Specialize, TuneOptions, TuneReport, Tuner, VoteOptions,
+};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -47,6 +50,25 @@ pub struct TuneArgs {
     /// FLOP cap for --verify.
     #[arg(long, default_value_t = 2e9)]
     verify_flops: f64,
+    /// Write the module (kernels for every shape + dispatcher + manifest) to this directory.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Instances that get kernels specialized for them in the module: `none` (one
+    /// symbolic kernel per micro-kernel: smallest), `all` (fastest, largest), or a count
+    /// (the heaviest instances, evenly spread where weights tie).
+    #[arg(long, default_value = "none", value_name = "none|all|N")]
+    specialize: Specialize,
+    /// A micro-kernel within this fraction of an instance's best may take its vote
+    /// (fewer micro-kernels, smaller module).
+    #[arg(long, default_value_t = 0.02)]
+    tolerance: f64,
+    /// At most this many micro-kernels in the module.
+    #[arg(long, default_value_t = 8)]
+    max_kernels: usize,
+    /// Vote on the cost model's predictions instead of measuring the candidate
+    /// micro-kernels on every instance (faster, less exact).
+    #[arg(long)]
+    predicted_votes: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -159,6 +181,11 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     )?;
     bar.finish_and_clear();
     print_report(&report, start.elapsed().as_secs_f64());
+    if let Some(out) = &args.out {
+        build_module(
+            &args, out, &mut tuner, &workload, &vars, &target, strategy, &measurer,
+        )?;
+    }
     if args.verify {
         let v = verify(
             &workload,
@@ -178,6 +205,85 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("report written to {}", path.display());
     }
+    Ok(())
+}
+
+/// Vote, train the dispatch tree and write the module.
+#[allow(clippy::too_many_arguments)]
+fn build_module(
+    args: &TuneArgs,
+    out: &std::path::Path,
+    tuner: &mut Tuner,
+    workload: &Workload,
+    vars: &[ShapeVar],
+    target: &anyshape_codegen::CpuTarget,
+    strategy: anyshape_codegen::PaddingStrategy,
+    measurer: &Measurer,
+) -> Result<()> {
+    if !(0.0..1.0).contains(&args.tolerance) {
+        bail!("--tolerance must be in [0, 1), e.g. 0.02");
+    }
+    let options = VoteOptions {
+        tolerance: args.tolerance,
+        max_kernels: args.max_kernels,
+        measure: !args.predicted_votes,
+    };
+    let start = Instant::now();
+    let n = tuner.instances().len();
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} voting: measuring candidates on every instance, {pos} records  {elapsed_precise}")
+            .expect("valid template"),
+    );
+    let votes = elect(tuner, &options, &mut |r| bar.set_position(r as u64))?;
+    bar.finish_and_clear();
+    let measured = votes.votes.iter().filter(|v| v.measured).count();
+    let vote_secs = start.elapsed().as_secs_f64();
+    let (tree, accuracy) = train_tree(&workload.shape_vars(), &votes.votes)?;
+    let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
+    let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
+    let specialize = args.specialize.pick(&bindings, &weights);
+    eprintln!(
+        "building the module: {} symbolic + {} specialized kernels ...",
+        votes.micro_kernels.len(),
+        specialize.len()
+    );
+    let t0 = Instant::now();
+    let manifest = write_module(
+        &ModuleSpec {
+            workload,
+            shape_vars: vars,
+            target,
+            strategy,
+            votes: &votes,
+            tree: &tree,
+            tree_accuracy: accuracy,
+            specialize: &specialize,
+        },
+        &measurer.builder,
+        out,
+    )?;
+    let bytes: u64 = manifest.files.values().map(|f| f.bytes).sum();
+    println!(
+        "votes: {} micro-kernels for {n} instances ({measured} votes measured, tolerance {:.0}%) in {vote_secs:.1} s; dispatch tree: depth {}, {} leaves, training accuracy {:.1}%",
+        votes.micro_kernels.len(),
+        args.tolerance * 100.0,
+        tree.depth(),
+        tree.leaves(),
+        accuracy * 100.0
+    );
+    println!(
+        "module written to {} ({} specialized kernels, {:.1} KiB, built in {:.1} s); inspect it with `anyshape inspect {}`",
+        out.display(),
+        manifest.specialized.len(),
+        bytes as f64 / 1024.0,
+        t0.elapsed().as_secs_f64(),
+        out.display()
+    );
     Ok(())
 }
 
