@@ -37,6 +37,8 @@ pub struct Builder {
     pub cc: String,
     /// Compiler flags.
     pub flags: Vec<String>,
+    /// Extra flags for the link step, after the objects (e.g. `-lopenblas`).
+    pub link_flags: Vec<String>,
     /// Parallel compiler processes.
     pub jobs: usize,
 }
@@ -56,6 +58,7 @@ impl Builder {
             cache_dir: cache_dir.into(),
             cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
             flags: flags.map(String::from).to_vec(),
+            link_flags: Vec::new(),
             jobs: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -85,6 +88,9 @@ impl Builder {
         let header = c::header(target);
         let mut h = Sha256::new();
         h.update(format!("{}|{}|{header}", self.cc, self.flags.join(" ")));
+        if !self.link_flags.is_empty() {
+            h.update(format!("|link {}", self.link_flags.join(" ")));
+        }
         for k in kernels {
             h.update(&k.code);
         }
@@ -195,7 +201,8 @@ impl Builder {
             .arg("-shared")
             .arg("-o")
             .arg(&tmp)
-            .args(&objects);
+            .args(&objects)
+            .args(&self.link_flags);
         let (ok, stderr) = run(&self.cc, &mut cmd)?;
         if !ok {
             return Err(MeasureError::Compile {

@@ -14,7 +14,7 @@ mod module;
 pub use error::{Result, RuntimeError};
 pub use kernel::{load_library, status_message, KernelFn, SelectFn};
 pub use manifest::{
-    sha256_hex, FileEntry, Manifest, SpecializedKernel, Vote, FORMAT_VERSION, HEADER_FILE,
-    MANIFEST_FILE,
+    sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, Vote, FORMAT_VERSION,
+    HEADER_FILE, MANIFEST_FILE,
 };
 pub use module::{Dispatch, Module};

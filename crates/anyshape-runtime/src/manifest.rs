@@ -82,8 +82,22 @@ pub struct Manifest {
     pub library: String,
     /// Checksums of the module's files by name.
     pub files: BTreeMap<String, FileEntry>,
+    /// How long tuning took (absent in modules written without tuning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningInfo>,
     /// SHA-256 of this manifest with this field empty.
     pub checksum: String,
+}
+
+/// The tuning run behind a module.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningInfo {
+    /// Wall time of the run that wrote the module (search, votes), seconds.
+    pub seconds: f64,
+    /// Trials in the records, votes included.
+    pub trials: usize,
+    /// Trials taken from earlier runs' records (their time is not in `seconds`).
+    pub resumed_trials: usize,
 }
 
 /// SHA-256 of `bytes`, hex.

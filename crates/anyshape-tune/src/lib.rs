@@ -27,6 +27,6 @@ pub use search::{
     instances, Instance, InstanceBest, RoundSummary, ScoreTable, TimeBreakdown, TuneOptions,
     TuneReport, Tuner,
 };
-pub use space::SearchSpace;
+pub use space::{Factors, SearchSpace};
 pub use verify::{verify, Verification};
 pub use votes::{cover, elect, train_tree, vote, VoteOptions, Votes};

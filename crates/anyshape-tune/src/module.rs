@@ -8,7 +8,8 @@ use anyshape_codegen::{
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Builder, KernelSource};
 use anyshape_runtime::{
-    sha256_hex, FileEntry, Manifest, SpecializedKernel, FORMAT_VERSION, HEADER_FILE, MANIFEST_FILE,
+    sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, FORMAT_VERSION, HEADER_FILE,
+    MANIFEST_FILE,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -98,6 +99,8 @@ pub struct ModuleSpec<'a> {
     pub tree_accuracy: f64,
     /// Instances that get specialized kernels (each runs the micro-kernel it voted for).
     pub specialize: &'a [Bindings],
+    /// The tuning run, for the record.
+    pub tuning: Option<TuningInfo>,
 }
 
 /// Build the module into directory `dir` (replaced if it holds a module already) and
@@ -219,6 +222,7 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
         tree_accuracy: spec.tree_accuracy,
         library,
         files,
+        tuning: spec.tuning.clone(),
         checksum: String::new(),
     };
     manifest.seal();

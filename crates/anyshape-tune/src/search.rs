@@ -8,10 +8,10 @@
 //! the records; retrain the model. The objective is `Σ_i w_i · latency_i` of the best
 //! micro-kernel known for each instance.
 use crate::{
-    extract, spearman, Adaptation, CostModel, Record, RecordLog, Result, Sample, SearchSpace,
-    TrialResult, TuneError,
+    extract, spearman, Adaptation, CostModel, Factors, Record, RecordLog, Result, Sample,
+    SearchSpace, TrialResult, TuneError,
 };
-use anyshape_codegen::{CpuTarget, GemmView, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{CpuTarget, GemmView, KernelMode, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
 use rand::{Rng, RngExt, SeedableRng};
@@ -123,6 +123,9 @@ pub struct TuneOptions {
     pub measure: MeasureOptions,
     /// Check outputs against the reference on instances up to this many FLOPs.
     pub check_flops: f64,
+    /// Per-shape tuning (the Ansor-style baseline): a single instance, tiles that divide
+    /// its extents only, kernels specialized for it.
+    pub per_shape: bool,
 }
 
 impl Default for TuneOptions {
@@ -141,6 +144,7 @@ impl Default for TuneOptions {
                 timeout_seconds: 10.0,
             },
             check_flops: 4e8,
+            per_shape: false,
         }
     }
 }
@@ -270,15 +274,36 @@ impl<'a> Tuner<'a> {
             .enumerate()
             .map(|(i, x)| (x.bindings.clone(), i))
             .collect();
+        if options.per_shape && instances.len() != 1 {
+            return Err(TuneError::Options(format!(
+                "per-shape tuning takes exactly one instance, not {}",
+                instances.len()
+            )));
+        }
+        let gemm = GemmView::of(workload)?;
+        let space = if options.per_shape {
+            let e = &instances[0].bound.extents;
+            let extent = |a: usize| usize::try_from(e[a]).unwrap_or(1);
+            SearchSpace::factor_only(
+                target,
+                Factors {
+                    m: extent(gemm.m),
+                    n: extent(gemm.n),
+                    k: extent(gemm.k),
+                },
+            )
+        } else {
+            SearchSpace::new(target)
+        };
         let records: Vec<Record> = previous
             .into_iter()
             .filter(|r| r.workload == name && &r.target == target && r.strategy == options.strategy)
             .collect();
         Ok(Tuner {
-            gemm: GemmView::of(workload)?,
+            gemm,
             workload: workload.clone(),
             target: target.clone(),
-            space: SearchSpace::new(target),
+            space,
             resumed: records.len(),
             instances,
             options,
@@ -454,6 +479,11 @@ impl<'a> Tuner<'a> {
         }
         let round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
         self.measure(&trials, round, on_trial)
+    }
+
+    /// Trials in the records so far (resumed ones included).
+    pub fn trials(&self) -> usize {
+        self.records.len()
     }
 
     /// The instances being tuned.
@@ -713,9 +743,15 @@ impl<'a> Tuner<'a> {
         Ok(failed)
     }
 
-    /// The tuned program of a micro-kernel (symbolic, so one build serves every instance).
-    fn program(&self, mk: MicroKernel) -> Program {
-        Program::symbolic(&self.workload, mk, self.options.strategy)
+    /// The tuned program of a micro-kernel: symbolic, so one build serves every
+    /// instance; specialized for the instance when tuning per shape.
+    pub fn program(&self, mk: MicroKernel) -> Program {
+        let mut p = Program::symbolic(&self.workload, mk, self.options.strategy);
+        if self.options.per_shape {
+            p.mode = KernelMode::Specialized;
+            p.bindings = self.instances[0].bindings.clone();
+        }
+        p
     }
 
     /// Append one trial to the records file and the in-memory records.

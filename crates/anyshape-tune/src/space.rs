@@ -22,23 +22,93 @@ fn scale(x: usize, unit: usize, rng: &mut impl Rng) -> usize {
     b * unit
 }
 
+/// GEMM extents of one instance, for the shape-dependent (Ansor-style) space whose tiles
+/// divide the extents: `mr`, `mc` divide M; `nr`, `nc` divide N rounded up to the vector
+/// width (a vector register is never split); `kc` divides K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Factors {
+    /// Rows (M).
+    pub m: usize,
+    /// Columns (N).
+    pub n: usize,
+    /// Reduction (K).
+    pub k: usize,
+}
+
+/// Largest `x <= at_most` with `x % unit == 0` and `total % x == 0`, if any.
+fn largest_factor(total: usize, unit: usize, at_most: usize) -> Option<usize> {
+    (1..=at_most / unit)
+        .rev()
+        .map(|j| j * unit)
+        .find(|x| total.is_multiple_of(*x))
+}
+
 /// The space of valid micro-kernels for a target.
 #[derive(Clone, Debug)]
 pub struct SearchSpace {
     target: CpuTarget,
+    factors: Option<Factors>,
 }
 
 impl SearchSpace {
-    /// The space for `target`.
+    /// The shape-generic space for `target`.
     pub fn new(target: &CpuTarget) -> SearchSpace {
         SearchSpace {
             target: target.clone(),
+            factors: None,
         }
     }
 
-    /// Whether `mk` is in the space (valid on the target).
+    /// The shape-dependent space of one instance: only tiles that divide its extents
+    /// (what per-shape auto-schedulers such as Ansor search).
+    pub fn factor_only(target: &CpuTarget, f: Factors) -> SearchSpace {
+        let lanes = target.lanes_f32();
+        SearchSpace {
+            target: target.clone(),
+            factors: Some(Factors {
+                m: f.m.max(1),
+                n: f.n.max(1).div_ceil(lanes) * lanes,
+                k: f.k.max(1),
+            }),
+        }
+    }
+
+    /// Whether `mk` is in the space (valid on the target; dividing the extents in a
+    /// factor-only space).
     pub fn contains(&self, mk: &MicroKernel) -> bool {
         mk.validate(&self.target).is_ok()
+            && self.factors.is_none_or(|f| {
+                f.m.is_multiple_of(mk.mr)
+                    && f.m.is_multiple_of(mk.mc)
+                    && f.n.is_multiple_of(mk.nr)
+                    && f.n.is_multiple_of(mk.nc)
+                    && f.k.is_multiple_of(mk.kc)
+            })
+    }
+
+    /// In a factor-only space, shrink every tile to the nearest dividing size (only
+    /// shrinking, so target limits still hold); elsewhere `mk` itself.
+    fn snap(&self, mk: MicroKernel) -> MicroKernel {
+        let Some(f) = self.factors else {
+            return mk;
+        };
+        let lanes = self.lanes();
+        let mr = largest_factor(f.m, 1, mk.mr).unwrap_or(1);
+        let mc = largest_factor(f.m, mr, mk.mc.max(mr)).unwrap_or(mr);
+        let nr = largest_factor(f.n, lanes, mk.nr).unwrap_or(lanes);
+        let nc = largest_factor(f.n, nr, mk.nc.max(nr)).unwrap_or(nr);
+        let (kc, uk) = match largest_factor(f.k, mk.uk, mk.kc) {
+            Some(kc) => (kc, mk.uk),
+            None => (largest_factor(f.k, 1, mk.kc.max(1)).unwrap_or(1), 1),
+        };
+        MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+        }
     }
 
     fn lanes(&self) -> usize {
@@ -54,8 +124,12 @@ impl SearchSpace {
         x
     }
 
-    /// A uniformly drawn valid micro-kernel.
+    /// A uniformly drawn valid micro-kernel (snapped to dividing tiles in a factor-only space).
     pub fn sample(&self, rng: &mut impl Rng) -> MicroKernel {
+        self.snap(self.sample_generic(rng))
+    }
+
+    fn sample_generic(&self, rng: &mut impl Rng) -> MicroKernel {
         let lanes = self.lanes();
         let regs = self.target.vector_registers;
         // Register tile: nv vectors wide, as many rows as registers allow.
@@ -80,7 +154,7 @@ impl SearchSpace {
             kc,
             uk,
         };
-        debug_assert!(self.contains(&mk), "{mk}");
+        debug_assert!(mk.validate(t).is_ok(), "{mk}");
         mk
     }
 
@@ -109,6 +183,7 @@ impl SearchSpace {
                     m.kc = (m.kc / m.uk).max(1) * m.uk;
                 }
             }
+            let m = self.snap(m);
             if m != *mk && self.contains(&m) {
                 return m;
             }
@@ -122,14 +197,14 @@ impl SearchSpace {
         let mc = (other.mc / other.mr).max(1) * reg.mr;
         let nc = (other.nc / other.nr).max(1) * reg.nr;
         let kc = (other.kc / reg.uk).max(1) * reg.uk;
-        let child = MicroKernel {
+        let child = self.snap(MicroKernel {
             mr: reg.mr,
             nr: reg.nr,
             mc,
             nc,
             kc,
             uk: reg.uk,
-        };
+        });
         if self.contains(&child) {
             child
         } else {
@@ -161,5 +236,34 @@ mod tests {
         // Non-factor tiles of every kind are members: the space is not shape-bound.
         assert!(seen.iter().any(|m| m.mr == 7 || m.mr == 5 || m.mr == 11));
         assert!(seen.len() > 1000);
+    }
+
+    #[test]
+    fn factor_only_space_divides_the_extents() {
+        let target = CpuTarget::detect();
+        let lanes = target.lanes_f32();
+        // A prime M: only mr = mc = 1 or 37 divide it.
+        let f = Factors {
+            m: 37,
+            n: 50,
+            k: 96,
+        };
+        let space = SearchSpace::factor_only(&target, f);
+        let n_padded = 50usize.div_ceil(lanes) * lanes;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        for _ in 0..300 {
+            let a = space.sample(&mut rng);
+            let b = space.mutate(&a, &mut rng);
+            let c = space.crossover(&a, &b, &mut rng);
+            for m in [a, b, c] {
+                assert!(space.contains(&m), "{m}");
+                assert!(37 % m.mr + 37 % m.mc + 96 % m.kc == 0, "{m}");
+                assert!(n_padded % m.nr + n_padded % m.nc == 0, "{m}");
+            }
+        }
+        // The generic space holds tiles the factor-only one lacks.
+        let generic = SearchSpace::new(&target);
+        let mk = generic.sample(&mut rng);
+        assert!(generic.contains(&mk));
     }
 }

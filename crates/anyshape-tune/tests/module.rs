@@ -61,6 +61,7 @@ fn build(w: &Workload, dir: &Path, specialize: Specialize) -> Manifest {
             tree: &tree,
             tree_accuracy: accuracy,
             specialize: &chosen,
+            tuning: None,
         },
         &Builder::new(dir.parent().unwrap().join("cache")),
         dir,

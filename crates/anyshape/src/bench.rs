@@ -19,6 +19,26 @@ pub struct BenchArgs {
     /// The module to benchmark (from `anyshape tune --out`).
     #[arg(long, value_name = "DIR")]
     module: PathBuf,
+    /// Compare the module, instance by instance in one run, with the vendor libraries
+    /// (oneDNN, OpenBLAS: whichever are installed; a missing one is skipped with a
+    /// warning) and, with --per-shape-trials, per-shape (Ansor-style) and Nimble-style
+    /// tuning; writes `results.csv` and `report.md` to --out-dir.
+    #[arg(long)]
+    compare: bool,
+    /// Instances for --compare, e.g. `T=1..128` [default: the module's domain].
+    #[arg(long, value_name = "VAR=DOMAIN")]
+    range: Option<String>,
+    /// Instances the tuned baselines are tuned and run on, e.g. `T=5,24,43,62,81,100,119,128`.
+    #[arg(long, value_name = "VAR=VALUES")]
+    samples: Option<String>,
+    /// Trials per sample for per-shape tuning (factor-only tiles, specialized kernels);
+    /// Nimble-style runs the largest sample's micro-kernel everywhere with loop
+    /// partitioning. 0: no tuned baselines. Records go to --out-dir/records (resumable).
+    #[arg(long, default_value_t = 0)]
+    per_shape_trials: usize,
+    /// Where --compare writes `results.csv`, `report.md` and the baselines' records.
+    #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
+    out_dir: PathBuf,
     /// Measure, on every tuned instance, the dispatched kernel against every
     /// micro-kernel of the module; print the loss distribution.
     #[arg(long)]
@@ -45,10 +65,22 @@ pub struct BenchArgs {
 
 /// Run `anyshape bench`.
 pub fn bench(args: BenchArgs) -> Result<()> {
-    if !args.dispatch_loss && !args.overhead {
-        bail!("nothing to measure: pass --dispatch-loss and/or --overhead");
+    if !args.dispatch_loss && !args.overhead && !args.compare {
+        bail!("nothing to measure: pass --compare, --dispatch-loss and/or --overhead");
     }
     let module = Module::load(&args.module)?;
+    if args.compare {
+        let options = crate::compare::CompareOptions {
+            path: &args.module,
+            range: args.range.as_deref(),
+            samples: args.samples.as_deref(),
+            per_shape_trials: args.per_shape_trials,
+            out_dir: &args.out_dir,
+            seconds: args.seconds,
+            quiet: args.quiet,
+        };
+        crate::compare::compare(&module, &options, &args.common)?;
+    }
     if args.dispatch_loss {
         dispatch_loss(&args, &module)?;
     }

@@ -1,5 +1,6 @@
 //! The `anyshape` command-line tool.
 mod bench;
+mod compare;
 mod inspect;
 mod peak;
 mod tune;

@@ -32,6 +32,16 @@ fn source(threads: usize) -> String {
 
 /// Measure and print single-core and all-core peak.
 pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()> {
+    let lanes = target.lanes_f32();
+    println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
+    for (t, best) in measure(target, builder, seconds)? {
+        println!("  {t} thread(s): {best:.1} GFLOP/s");
+    }
+    Ok(())
+}
+
+/// Peak GFLOP/s on one thread and on all cores: `[(threads, GFLOP/s)]`.
+pub fn measure(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<Vec<(usize, f64)>> {
     let threads = [1, target.cores];
     let kernels: Vec<KernelSource> = threads
         .iter()
@@ -48,7 +58,7 @@ pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()>
     let library =
         unsafe { anyshape_runtime::load_library(&lib.path) }.context("loading the peak kernel")?;
     let lanes = target.lanes_f32();
-    println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
+    let mut peaks = Vec::new();
     for &t in &threads {
         // SAFETY: the kernel has the KernelFn signature.
         let f = unsafe { library.get::<KernelFn>(format!("as_peak_{t}").as_bytes()) }?;
@@ -70,7 +80,7 @@ pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()>
             }
             best = best.max(2.0 * (lanes * CHAINS) as f64 * iters as f64 * t as f64 / dt / 1e9);
         }
-        println!("  {t} thread(s): {best:.1} GFLOP/s");
+        peaks.push((t, best));
     }
-    Ok(())
+    Ok(peaks)
 }

@@ -183,7 +183,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     print_report(&report, start.elapsed().as_secs_f64());
     if let Some(out) = &args.out {
         build_module(
-            &args, out, &mut tuner, &workload, &vars, &target, strategy, &measurer,
+            &args, out, &mut tuner, &report, start, &workload, &vars, &target, strategy, &measurer,
         )?;
     }
     if args.verify {
@@ -214,6 +214,8 @@ fn build_module(
     args: &TuneArgs,
     out: &std::path::Path,
     tuner: &mut Tuner,
+    report: &TuneReport,
+    tune_start: Instant,
     workload: &Workload,
     vars: &[ShapeVar],
     target: &anyshape_codegen::CpuTarget,
@@ -263,6 +265,11 @@ fn build_module(
             tree: &tree,
             tree_accuracy: accuracy,
             specialize: &specialize,
+            tuning: Some(anyshape_runtime::TuningInfo {
+                seconds: tune_start.elapsed().as_secs_f64(),
+                trials: tuner.trials(),
+                resumed_trials: report.resumed_trials,
+            }),
         },
         &measurer.builder,
         out,

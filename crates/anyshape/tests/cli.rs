@@ -246,3 +246,122 @@ fn killed_tuning_run_resumes_from_its_records() {
     }
     assert_eq!(seen.len(), 30);
 }
+
+#[test]
+fn tune_writes_a_module_that_runs_inspects_and_benches() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("small.module");
+    let m = module.to_str().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let o = anyshape(
+        &[
+            "tune",
+            "-w",
+            "batch_matmul_nn(B=2,M=T,N=24,K=T)",
+            "--range",
+            "T=1..12",
+            "--trials",
+            "12",
+            "--batch",
+            "3",
+            "--records",
+            records.to_str().unwrap(),
+            "--out",
+            m,
+            "--specialize",
+            "2",
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("module written to") && out.contains("training accuracy"),
+        "{out}"
+    );
+    // In the tuned range, at its ends and far past it: correct.
+    for t in ["1", "12", "13", "97", "300"] {
+        let set = format!("T={t}");
+        let o = anyshape(
+            &[
+                "run",
+                "--module",
+                m,
+                "--set",
+                &set,
+                "--check",
+                "--seconds",
+                "0.01",
+            ],
+            dir.path(),
+        );
+        let out = text(&o);
+        assert!(
+            o.status.success() && out.contains("check        ok"),
+            "T={t}: {out}"
+        );
+    }
+    let o = anyshape(&["inspect", m], dir.path());
+    let out = text(&o);
+    assert!(
+        o.status.success() && out.contains("dispatch tree") && out.contains("T=1"),
+        "{out}"
+    );
+    let csv = dir.path().join("loss.csv");
+    let o = anyshape(
+        &[
+            "bench",
+            "--module",
+            m,
+            "--dispatch-loss",
+            "--overhead",
+            "--seconds",
+            "0.01",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success()
+            && out.contains("dispatch loss over 12 instances")
+            && out.contains("C entry"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 13);
+    // Bad module input: a clear error, no panic.
+    for (args, expect) in [
+        (
+            vec!["run", "--module", m, "--set", "U=3"],
+            "not a shape var",
+        ),
+        (vec!["run", "--module", m], "is not bound"),
+        (
+            vec!["inspect", "/nonexistent.module"],
+            "not an anyshape module",
+        ),
+        (vec!["bench", "--module", m], "nothing to measure"),
+    ] {
+        let o = anyshape(&args, dir.path());
+        let out = text(&o);
+        assert!(
+            !o.status.success() && out.contains(expect) && !out.contains("panicked"),
+            "{args:?}: {out}"
+        );
+    }
+    let lib = std::fs::read_dir(&module)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "so"))
+        .unwrap();
+    std::fs::write(&lib, b"not a library").unwrap();
+    let o = anyshape(&["run", "--module", m, "--set", "T=3"], dir.path());
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("corrupted or truncated"),
+        "{out}"
+    );
+}
