@@ -34,6 +34,11 @@ pub struct MeasureOptions {
     pub min_seconds: f64,
     /// Seconds a candidate may take (all its calls together) before it is killed.
     pub timeout_seconds: f64,
+    /// Time consecutive candidates on the same instance in alternation (one call each,
+    /// round after round) rather than one after the other, so that a slow phase of a
+    /// shared machine slows them alike; they then share `min_seconds * n`.
+    #[serde(default)]
+    pub interleave: bool,
 }
 
 impl Default for MeasureOptions {
@@ -43,6 +48,7 @@ impl Default for MeasureOptions {
             max_repeats: 1000,
             min_seconds: 0.2,
             timeout_seconds: 30.0,
+            interleave: false,
         }
     }
 }
@@ -122,11 +128,20 @@ impl Runner {
         on_outcome: &mut dyn FnMut(usize, &Outcome),
     ) -> Result<Vec<Outcome>> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
-        let mut next = 0;
-        while next < candidates.len() {
+        // Each worker gets the candidates still without an outcome; a crash or hang
+        // settles its culprit and the rest go to a new worker (with interleaving, those
+        // timed alongside the culprit lost their run and are measured again). Every
+        // restart settles at least one candidate, so this ends.
+        loop {
+            let open: Vec<usize> = (0..candidates.len())
+                .filter(|&i| outcomes[i].is_none())
+                .collect();
+            if open.is_empty() {
+                break;
+            }
             let job = Job {
                 library: library.to_path_buf(),
-                candidates: candidates[next..].to_vec(),
+                candidates: open.iter().map(|&i| candidates[i].clone()).collect(),
                 options: self.options.clone(),
             };
             let (mut child, events) = self.spawn(&job)?;
@@ -138,23 +153,25 @@ impl Runner {
                     PREPARE_SECONDS
                 };
                 match events.recv_timeout(Duration::from_secs_f64(limit)) {
-                    Ok(Event::Start(i)) => started = Some(next + i),
+                    Ok(Event::Start(i)) => started = open.get(i).copied(),
                     Ok(Event::Done(i, outcome)) => {
-                        on_outcome(next + i, &outcome);
-                        outcomes[next + i] = Some(outcome);
+                        if let Some(&k) = open.get(i) {
+                            on_outcome(k, &outcome);
+                            outcomes[k] = Some(outcome);
+                        }
                         started = None;
-                        if next + i + 1 == candidates.len() {
-                            next = candidates.len();
+                        if open.iter().all(|&k| outcomes[k].is_some()) {
                             break;
                         }
                     }
                     Err(e) => {
                         let _ = child.kill();
                         let status = child.wait().ok();
-                        // The first candidate without an outcome is the one to blame.
-                        let culprit = started.unwrap_or_else(|| {
-                            outcomes.iter().position(Option::is_none).unwrap_or(next)
-                        });
+                        // The candidate started last, else the first without an outcome.
+                        let culprit = started
+                            .filter(|&k| outcomes[k].is_none())
+                            .or_else(|| open.iter().copied().find(|&k| outcomes[k].is_none()))
+                            .expect("a candidate without an outcome");
                         let why = match (e, status) {
                             (RecvTimeoutError::Timeout, _) => format!(
                                 "timed out after {:.1} s",
@@ -172,16 +189,12 @@ impl Runner {
                         let failed = Outcome::Failed(why);
                         on_outcome(culprit, &failed);
                         outcomes[culprit] = Some(failed);
-                        next = culprit + 1;
                         break;
                     }
                 }
             }
             let _ = child.kill();
             let _ = child.wait();
-            if let Some(first_open) = outcomes.iter().position(Option::is_none) {
-                next = next.max(first_open);
-            }
         }
         Ok(outcomes
             .into_iter()

@@ -3,7 +3,7 @@
 //! It is started by [`crate::Runner`] through `anyshape __worker` or `anyshape-worker`.
 use crate::runner::{Event, Job};
 use crate::{
-    check_output, random_inputs, reference_output, Candidate, MeasureOptions, Measurement, Outcome,
+    check_output, random_inputs, reference_output, Candidate, CheckReport, Measurement, Outcome,
     Reference,
 };
 use anyshape_codegen::c;
@@ -37,18 +37,73 @@ pub fn serve() -> i32 {
         }
     };
     let mut instance: Option<Instance> = None;
-    for (i, cand) in job.candidates.iter().enumerate() {
-        let outcome = match &library {
-            Err(e) => Err(format!("cannot load {}: {e}", job.library.display())),
-            Ok(lib) => prepare(cand, &mut instance).and_then(|(inputs, reference, bound)| {
+    let cands = &job.candidates;
+    let mut i = 0;
+    while i < cands.len() {
+        // A group: consecutive candidates on the same instance, timed in alternation when
+        // the options ask for it (drift on a shared machine then hits them alike).
+        let same = |a: &Candidate, b: &Candidate| {
+            a.workload == b.workload && a.bindings == b.bindings && a.check == b.check
+        };
+        let mut j = i + 1;
+        if job.options.interleave {
+            while j < cands.len() && same(&cands[i], &cands[j]) {
+                j += 1;
+            }
+        }
+        let lib = match &library {
+            Err(e) => {
+                for k in i..j {
+                    let why = format!("cannot load {}: {e}", job.library.display());
+                    emit(Event::Done(k, Outcome::Failed(why)));
+                }
+                i = j;
+                continue;
+            }
+            Ok(lib) => lib,
+        };
+        let prepared = prepare(&cands[i], &mut instance);
+        let mut ready: Vec<(usize, Timed)> = Vec::new();
+        for (k, cand) in cands.iter().enumerate().take(j).skip(i) {
+            let warmed = prepared.clone().and_then(|(inputs, reference, bound)| {
                 // SAFETY: every generated kernel has the `KernelFn` signature.
                 let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }
                     .map_err(|e| format!("symbol {} not found: {e}", cand.symbol))?;
-                emit(Event::Start(i));
-                run_candidate(*f, cand, inputs, reference, bound, &job.options)
-            }),
-        };
-        emit(Event::Done(i, outcome.unwrap_or_else(Outcome::Failed)));
+                emit(Event::Start(k));
+                Timed::warm(*f, cand, inputs, reference, bound)
+            });
+            match warmed {
+                Ok(t) => ready.push((k, t)),
+                Err(why) => emit(Event::Done(k, Outcome::Failed(why))),
+            }
+        }
+        if let Some((last, _)) = ready.last() {
+            emit(Event::Start(*last));
+        }
+        let o = &job.options;
+        let start = Instant::now();
+        let mut round = 0;
+        while !ready.is_empty()
+            && (round < o.min_repeats
+                || (start.elapsed().as_secs_f64() < o.min_seconds * ready.len() as f64
+                    && round < o.max_repeats))
+        {
+            let mut failed = Vec::new();
+            for (n, (_, t)) in ready.iter_mut().enumerate() {
+                if let Err(why) = t.call() {
+                    failed.push((n, why));
+                }
+            }
+            for (n, why) in failed.into_iter().rev() {
+                let (k, _) = ready.remove(n);
+                emit(Event::Done(k, Outcome::Failed(why)));
+            }
+            round += 1;
+        }
+        for (k, t) in ready {
+            emit(Event::Done(k, t.outcome()));
+        }
+        i = j;
     }
     0
 }
@@ -111,48 +166,69 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
     ))
 }
 
-fn run_candidate(
+/// A candidate warmed up (called once, checked) and being timed.
+struct Timed {
     f: KernelFn,
-    cand: &Candidate,
-    inputs: &[Vec<f32>],
-    reference: Option<&Reference>,
-    bound: &BoundWorkload,
-    opts: &MeasureOptions,
-) -> Result<Outcome, String> {
-    let vars: Vec<i64> = cand
-        .workload
-        .shape_vars()
-        .iter()
-        .map(|v| cand.bindings.get(v).unwrap_or(0))
-        .collect();
-    let ins: Vec<*const f32> = inputs.iter().map(|v| v.as_ptr()).collect();
-    let mut output = vec![f32::NAN; bound.lens[cand.workload.inputs.len()]];
-    let outs = [output.as_mut_ptr()];
-    let call = || -> Result<f64, String> {
+    vars: Vec<i64>,
+    ins: Vec<*const f32>,
+    output: Vec<f32>,
+    times: Vec<f64>,
+    check: Option<CheckReport>,
+}
+
+impl Timed {
+    /// Call once (untimed: first-call costs such as page faults or a vendor library's
+    /// setup stay out of the timings) and check the output against the reference.
+    fn warm(
+        f: KernelFn,
+        cand: &Candidate,
+        inputs: &[Vec<f32>],
+        reference: Option<&Reference>,
+        bound: &BoundWorkload,
+    ) -> Result<Timed, String> {
+        let vars = cand
+            .workload
+            .shape_vars()
+            .iter()
+            .map(|v| cand.bindings.get(v).unwrap_or(0))
+            .collect();
+        let mut t = Timed {
+            f,
+            vars,
+            ins: inputs.iter().map(|v| v.as_ptr()).collect(),
+            output: vec![f32::NAN; bound.lens[cand.workload.inputs.len()]],
+            times: Vec::new(),
+            check: None,
+        };
+        t.call()?;
+        t.times.clear();
+        t.check = reference.map(|r| check_output(&t.output, r));
+        Ok(t)
+    }
+
+    /// One timed call.
+    fn call(&mut self) -> Result<(), String> {
+        let outs = [self.output.as_mut_ptr()];
         let t0 = Instant::now();
-        // SAFETY: buffers have the lengths the bound workload gives for these shape vars.
-        let status = unsafe { f(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+        // SAFETY: buffers have the lengths the bound workload gives for these shape vars;
+        // the inputs outlive the group of candidates being timed.
+        let status = unsafe { (self.f)(self.vars.as_ptr(), self.ins.as_ptr(), outs.as_ptr()) };
         let dt = t0.elapsed().as_secs_f64();
         if status == c::STATUS_OK {
-            Ok(dt)
+            self.times.push(dt);
+            Ok(())
         } else {
             Err(format!("kernel returned {}", status_message(status)))
         }
-    };
-    call()?;
-    let check = reference.map(|r| check_output(&output, r));
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < opts.min_repeats
-        || (start.elapsed().as_secs_f64() < opts.min_seconds && times.len() < opts.max_repeats)
-    {
-        times.push(call()?);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(Outcome::Measured(Measurement {
-        min_seconds: times[0],
-        median_seconds: times[times.len() / 2],
-        repeats: times.len(),
-        check,
-    }))
+
+    fn outcome(mut self) -> Outcome {
+        self.times.sort_by(f64::total_cmp);
+        Outcome::Measured(Measurement {
+            min_seconds: self.times[0],
+            median_seconds: self.times[self.times.len() / 2],
+            repeats: self.times.len(),
+            check: self.check,
+        })
+    }
 }

@@ -24,6 +24,7 @@ fn runner() -> Runner {
             max_repeats: 1,
             min_seconds: 0.0,
             timeout_seconds: 60.0,
+            interleave: false,
         },
     }
 }

@@ -62,40 +62,47 @@ fn crashing_and_hanging_candidates_fail_alone() {
         program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
         args: vec![],
     };
-    let runner = Runner {
-        worker,
-        options: MeasureOptions {
-            min_repeats: 2,
-            max_repeats: 3,
-            min_seconds: 0.0,
-            timeout_seconds: 2.0,
-        },
-    };
-    let t0 = std::time::Instant::now();
-    let out = runner.measure(&lib.path, &batch).unwrap();
-    let ok = |o: &Outcome| matches!(o, Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed));
-    assert!(ok(&out[0]) && ok(&out[2]) && ok(&out[6]), "{out:#?}");
-    assert!(
-        matches!(&out[1], Outcome::Failed(w) if w.contains("SIGSEGV")),
-        "{:?}",
-        out[1]
-    );
-    assert!(
-        matches!(&out[3], Outcome::Failed(w) if w.contains("timed out")),
-        "{:?}",
-        out[3]
-    );
-    assert!(
-        matches!(&out[4], Outcome::Failed(w) if w.contains("SIGABRT")),
-        "{:?}",
-        out[4]
-    );
-    assert!(
-        matches!(&out[5], Outcome::Failed(w) if w.contains("not found")),
-        "{:?}",
-        out[5]
-    );
-    assert!(t0.elapsed().as_secs_f64() < 30.0);
+    // Candidates timed one after the other, and in alternation (groups on one instance).
+    for interleave in [false, true] {
+        let runner = Runner {
+            worker: worker.clone(),
+            options: MeasureOptions {
+                min_repeats: 2,
+                max_repeats: 3,
+                min_seconds: 0.0,
+                timeout_seconds: 2.0,
+                interleave,
+            },
+        };
+        let t0 = std::time::Instant::now();
+        let out = runner.measure(&lib.path, &batch).unwrap();
+        let ok = |o: &Outcome| matches!(o, Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed));
+        assert!(
+            ok(&out[0]) && ok(&out[2]) && ok(&out[6]),
+            "interleave {interleave}: {out:#?}"
+        );
+        assert!(
+            matches!(&out[1], Outcome::Failed(w) if w.contains("SIGSEGV")),
+            "{:?}",
+            out[1]
+        );
+        assert!(
+            matches!(&out[3], Outcome::Failed(w) if w.contains("timed out")),
+            "{:?}",
+            out[3]
+        );
+        assert!(
+            matches!(&out[4], Outcome::Failed(w) if w.contains("SIGABRT")),
+            "{:?}",
+            out[4]
+        );
+        assert!(
+            matches!(&out[5], Outcome::Failed(w) if w.contains("not found")),
+            "{:?}",
+            out[5]
+        );
+        assert!(t0.elapsed().as_secs_f64() < 30.0);
+    }
 }
 
 #[test]

@@ -142,6 +142,7 @@ impl Default for TuneOptions {
                 max_repeats: 200,
                 min_seconds: 0.03,
                 timeout_seconds: 10.0,
+                interleave: true,
             },
             check_flops: 4e8,
             per_shape: false,

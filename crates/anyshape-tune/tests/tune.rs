@@ -19,6 +19,7 @@ fn runner() -> Runner {
             max_repeats: 20,
             min_seconds: 0.0,
             timeout_seconds: 20.0,
+            interleave: false,
         },
     }
 }

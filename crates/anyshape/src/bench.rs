@@ -125,7 +125,8 @@ fn dispatch_loss(args: &BenchArgs, module: &Module) -> Result<()> {
         min_repeats: 3,
         max_repeats: 1000,
         min_seconds: args.seconds,
-        timeout_seconds: 60.0,
+        timeout_seconds: 600.0,
+        interleave: true,
     };
     let bar = if args.quiet {
         ProgressBar::hidden()

@@ -238,6 +238,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
         max_repeats: 1000,
         min_seconds: o.seconds,
         timeout_seconds: 120.0,
+        interleave: false,
     };
     let run = runner(options)?;
     let total: usize = instances
