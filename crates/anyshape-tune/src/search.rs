@@ -458,28 +458,48 @@ impl<'a> Tuner<'a> {
         self.scores_with(&model, kernels)
     }
 
-    /// Measure each of `kernels` on every instance where it was not measured yet
-    /// (records appended as usual); returns how many trials failed.
+    /// Measure each of `kernels` on every instance in one round (interleaved by instance,
+    /// so that all of them are timed side by side, at the same time), unless an earlier
+    /// round already did exactly that; returns that round. Records are appended as usual.
     pub fn measure_everywhere(
         &mut self,
         kernels: &[MicroKernel],
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<usize> {
-        let done: BTreeSet<(MicroKernel, Bindings)> = self
-            .records
+        let wanted: BTreeSet<(MicroKernel, &Bindings)> = kernels
             .iter()
-            .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .flat_map(|mk| self.instances.iter().map(move |x| (*mk, &x.bindings)))
             .collect();
+        let mut by_round: BTreeMap<usize, BTreeSet<(MicroKernel, &Bindings)>> = BTreeMap::new();
+        for r in &self.records {
+            by_round
+                .entry(r.round)
+                .or_default()
+                .insert((r.micro_kernel, &r.bindings));
+        }
+        if let Some((&round, _)) = by_round.iter().rev().find(|(_, s)| wanted.is_subset(s)) {
+            return Ok(round);
+        }
         let trials: Vec<(MicroKernel, usize)> = kernels
             .iter()
             .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
-            .filter(|(mk, i)| !done.contains(&(*mk, self.instances[*i].bindings.clone())))
             .collect();
-        if trials.is_empty() {
-            return Ok(0);
-        }
         let round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
-        self.measure(&trials, round, on_trial)
+        self.measure(&trials, round, on_trial)?;
+        Ok(round)
+    }
+
+    /// The latency table of `kernels` from the trials of one `round` only (see
+    /// [`Tuner::measure_everywhere`]): measurements taken side by side, not the minimum
+    /// over every time a program ran, which favours programs measured more often.
+    pub fn scores_in_round(&mut self, kernels: &[MicroKernel], round: usize) -> ScoreTable {
+        let all = std::mem::take(&mut self.records);
+        self.records = all.iter().filter(|r| r.round == round).cloned().collect();
+        let records = all.clone();
+        let model = self.train(&records, self.options.seed);
+        let table = self.scores_with(&model, Some(kernels));
+        self.records = all;
+        table
     }
 
     /// Trials in the records so far (resumed ones included).

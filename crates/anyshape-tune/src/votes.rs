@@ -58,10 +58,12 @@ pub fn elect(
     let table = tuner.scores(None);
     let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
     let candidates: Vec<MicroKernel> = picked.iter().map(|&k| table.kernels[k]).collect();
-    if options.measure {
-        tuner.measure_everywhere(&candidates, on_trial)?;
-    }
-    let table = tuner.scores(Some(&candidates));
+    let table = if options.measure {
+        let round = tuner.measure_everywhere(&candidates, on_trial)?;
+        tuner.scores_in_round(&candidates, round)
+    } else {
+        tuner.scores(Some(&candidates))
+    };
     let chosen = cover(&table, &weights, options.tolerance, options.max_kernels);
     vote(&table, &chosen, &bindings, options.tolerance)
 }

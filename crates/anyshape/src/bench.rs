@@ -171,6 +171,11 @@ fn dispatch_loss(args: &BenchArgs, module: &Module) -> Result<()> {
 
 fn report_loss(rows: &[Row], module: &Module, args: &BenchArgs) -> Result<()> {
     let m = module.manifest();
+    // The dispatched program was timed twice: through the entry point and called
+    // directly (its specialized kernel where it has one, else its symbolic kernel).
+    // Both time the same code, so their minimum is its latency and their ratio shows
+    // the measurement noise.
+    let direct = |r: &Row| r.specialized.unwrap_or(r.symbolic[r.dispatched]);
     let loss: Vec<f64> = rows
         .iter()
         .map(|r| {
@@ -179,9 +184,14 @@ fn report_loss(rows: &[Row], module: &Module, args: &BenchArgs) -> Result<()> {
                 .iter()
                 .chain(r.specialized.iter())
                 .fold(r.entry, |a, &b| a.min(b));
-            r.entry / best - 1.0
+            r.entry.min(direct(r)) / best - 1.0
         })
         .collect();
+    let mut noise: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.entry / direct(r)).ln().abs())
+        .collect();
+    noise.sort_by(f64::total_cmp);
     let n = loss.len() as f64;
     let mean = loss.iter().sum::<f64>() / n;
     let (worst_i, worst) = loss
@@ -209,6 +219,11 @@ fn report_loss(rows: &[Row], module: &Module, args: &BenchArgs) -> Result<()> {
         rows.len(),
         within(0.05),
         rows.len()
+    );
+    println!(
+        "  noise floor (the entry point against the same kernel called directly): median {:.2}%, 90th percentile {:.2}%",
+        (noise[noise.len() / 2].exp() - 1.0) * 100.0,
+        (noise[noise.len() * 9 / 10].exp() - 1.0) * 100.0
     );
     let pairs: Vec<f64> = rows
         .iter()

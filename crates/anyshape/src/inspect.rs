@@ -132,26 +132,5 @@ pub fn run_module(
         },
         d.symbol
     );
-    println!(
-        "latency      min {:.3} ms   median {:.3} ms   ({} runs)",
-        r.min_seconds * 1e3,
-        r.median_seconds * 1e3,
-        r.repeats
-    );
-    println!(
-        "throughput   {:.1} GFLOP/s (at min latency)",
-        flops / r.min_seconds / 1e9
-    );
-    if let Some(c) = r.check {
-        if c.passed {
-            println!(
-                "check        ok: matches the reference (max abs error {:.2e})",
-                c.max_abs_error
-            );
-        } else {
-            println!("check        MISMATCH: {} elements differ", c.mismatches);
-            bail!("the result does not match the reference");
-        }
-    }
-    Ok(())
+    crate::print_measurement(&r, flops)
 }

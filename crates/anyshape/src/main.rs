@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
-    Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
+    Builder, Candidate, KernelSource, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -195,6 +195,11 @@ fn run(args: RunArgs) -> Result<()> {
         "program      {micro_kernel}  strategy={strategy}  mode={mode}  target={} ({} cores, {:?})",
         target.name, target.cores, target.simd
     );
+    print_measurement(&m, flops)
+}
+
+/// Print a measurement's latency, throughput and check; fail on a mismatch.
+fn print_measurement(m: &Measurement, flops: f64) -> Result<()> {
     println!(
         "latency      min {:.3} ms   median {:.3} ms   ({} runs)",
         m.min_seconds * 1e3,
@@ -206,7 +211,7 @@ fn run(args: RunArgs) -> Result<()> {
         flops / m.min_seconds / 1e9,
         flops / m.median_seconds / 1e9
     );
-    if let Some(check) = m.check {
+    if let Some(check) = &m.check {
         if check.passed {
             println!(
                 "check        ok: matches the reference (max abs error {:.2e})",
