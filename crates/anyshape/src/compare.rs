@@ -319,6 +319,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
             .collect::<Result<_, _>>()?,
         table: &table,
         tuning: &tuning,
+        tuning_resumed: m.tuning.as_ref().is_some_and(|t| t.resumed_trials > 0),
         tuning_note: m.tuning.as_ref().map(|t| {
             format!(
                 "anyshape: {} trials, {} of them resumed from records (their time is not included)",
@@ -354,6 +355,8 @@ struct Report<'a> {
     table: &'a [Vec<Option<Cell>>],
     tuning: &'a [(String, f64)],
     tuning_note: Option<String>,
+    /// Whether anyshape's tuning time leaves out trials resumed from records.
+    tuning_resumed: bool,
     unavailable: &'a [String],
     failures: &'a [String],
 }
@@ -424,7 +427,13 @@ impl Report<'_> {
                 }
             );
         }
-        let ours = self.tuning.iter().find(|t| t.0 == "anyshape").map(|t| t.1);
+        // A ratio only against a complete anyshape time (no trials resumed from records).
+        let ours = self
+            .tuning
+            .iter()
+            .find(|t| t.0 == "anyshape")
+            .map(|t| t.1)
+            .filter(|_| !self.tuning_resumed);
         for (name, secs) in self.tuning {
             let _ = writeln!(
                 s,

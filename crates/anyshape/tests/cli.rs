@@ -332,6 +332,44 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 13);
+    // Side by side with the vendor libraries (skipped with a warning where missing) and
+    // the tuned baselines, on a few instances.
+    let out_dir = dir.path().join("compare");
+    let o = anyshape(
+        &[
+            "bench",
+            "--module",
+            m,
+            "--compare",
+            "--range",
+            "T=1,5,12",
+            "--samples",
+            "T=5,12",
+            "--per-shape-trials",
+            "3",
+            "--seconds",
+            "0.01",
+            "--quiet",
+            "--out-dir",
+            out_dir.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success() && out.contains("vs per-shape") && out.contains("vs nimble"),
+        "{out}"
+    );
+    let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(
+        report.contains("| T=12 |") && !out.contains("wrong result"),
+        "{report}"
+    );
+    let rows = std::fs::read_to_string(out_dir.join("results.csv")).unwrap();
+    assert!(
+        rows.lines().filter(|l| l.contains(",per-shape,")).count() == 2,
+        "{rows}"
+    );
     // Bad module input: a clear error, no panic.
     for (args, expect) in [
         (
