@@ -427,13 +427,18 @@ impl<'a> Tuner<'a> {
         &mut self,
         model: &CostModel,
         kernels: Option<&[MicroKernel]>,
+        round: Option<usize>,
     ) -> ScoreTable {
         let kernels = kernels.map_or_else(|| self.known(), <[MicroKernel]>::to_vec);
         let mut latency = self.predict(model, &kernels);
         let mut measured = vec![vec![false; self.instances.len()]; kernels.len()];
         let row: HashMap<MicroKernel, usize> =
             kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
-        for r in &self.records {
+        for r in self
+            .records
+            .iter()
+            .filter(|r| round.is_none_or(|n| r.round == n))
+        {
             let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings))
             else {
                 continue;
@@ -455,31 +460,34 @@ impl<'a> Tuner<'a> {
     pub fn scores(&mut self, kernels: Option<&[MicroKernel]>) -> ScoreTable {
         let records = self.records.clone();
         let model = self.train(&records, self.options.seed);
-        self.scores_with(&model, kernels)
+        self.scores_with(&model, kernels, None)
     }
 
-    /// Measure each of `kernels` on every instance in one round (interleaved by instance,
-    /// so that all of them are timed side by side, at the same time), unless an earlier
-    /// round already did exactly that; returns that round. Records are appended as usual.
+    /// The latest round that measured some micro-kernels on every instance (a vote
+    /// round, see [`Tuner::measure_everywhere`]), with those micro-kernels.
+    pub fn vote_round(&self) -> Option<(usize, Vec<MicroKernel>)> {
+        let last = self.records.iter().map(|r| r.round).max()?;
+        let mut seen: BTreeMap<MicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+        for r in self.records.iter().filter(|r| r.round == last) {
+            seen.entry(r.micro_kernel).or_default().insert(&r.bindings);
+        }
+        let everywhere =
+            |s: &BTreeSet<&Bindings>| self.instances.iter().all(|x| s.contains(&x.bindings));
+        let kernels: Vec<MicroKernel> = seen
+            .iter()
+            .filter(|(_, s)| everywhere(s))
+            .map(|(mk, _)| *mk)
+            .collect();
+        (!kernels.is_empty() && kernels.len() == seen.len()).then_some((last, kernels))
+    }
+
+    /// Measure each of `kernels` on every instance in one round, interleaved by instance
+    /// (all of them timed side by side, at the same time); returns the round.
     pub fn measure_everywhere(
         &mut self,
         kernels: &[MicroKernel],
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<usize> {
-        let wanted: BTreeSet<(MicroKernel, &Bindings)> = kernels
-            .iter()
-            .flat_map(|mk| self.instances.iter().map(move |x| (*mk, &x.bindings)))
-            .collect();
-        let mut by_round: BTreeMap<usize, BTreeSet<(MicroKernel, &Bindings)>> = BTreeMap::new();
-        for r in &self.records {
-            by_round
-                .entry(r.round)
-                .or_default()
-                .insert((r.micro_kernel, &r.bindings));
-        }
-        if let Some((&round, _)) = by_round.iter().rev().find(|(_, s)| wanted.is_subset(s)) {
-            return Ok(round);
-        }
         let trials: Vec<(MicroKernel, usize)> = kernels
             .iter()
             .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
@@ -489,17 +497,13 @@ impl<'a> Tuner<'a> {
         Ok(round)
     }
 
-    /// The latency table of `kernels` from the trials of one `round` only (see
-    /// [`Tuner::measure_everywhere`]): measurements taken side by side, not the minimum
-    /// over every time a program ran, which favours programs measured more often.
+    /// The latency table of `kernels` from the trials of one `round` only: measurements
+    /// taken side by side, not the minimum over every time a program ran, which favours
+    /// programs measured more often.
     pub fn scores_in_round(&mut self, kernels: &[MicroKernel], round: usize) -> ScoreTable {
-        let all = std::mem::take(&mut self.records);
-        self.records = all.iter().filter(|r| r.round == round).cloned().collect();
-        let records = all.clone();
+        let records = self.records.clone();
         let model = self.train(&records, self.options.seed);
-        let table = self.scores_with(&model, Some(kernels));
-        self.records = all;
-        table
+        self.scores_with(&model, Some(kernels), Some(round))
     }
 
     /// Trials in the records so far (resumed ones included).
@@ -515,7 +519,7 @@ impl<'a> Tuner<'a> {
     /// Best latency per instance over the known kernels (see [`Tuner::scores_with`]),
     /// with the micro-kernel and whether it was measured.
     fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, MicroKernel, bool)> {
-        let t = self.scores_with(model, None);
+        let t = self.scores_with(model, None, None);
         (0..self.instances.len())
             .map(|i| {
                 (0..t.kernels.len())

@@ -55,14 +55,21 @@ pub fn elect(
         .iter()
         .map(|x| x.bindings.clone())
         .collect();
-    let table = tuner.scores(None);
-    let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
-    let candidates: Vec<MicroKernel> = picked.iter().map(|&k| table.kernels[k]).collect();
-    let table = if options.measure {
-        let round = tuner.measure_everywhere(&candidates, on_trial)?;
-        tuner.scores_in_round(&candidates, round)
-    } else {
-        tuner.scores(Some(&candidates))
+    let table = match tuner.vote_round().filter(|_| options.measure) {
+        // The records end with a vote round (a resumed run): vote on it again, so that
+        // the same records give the same module.
+        Some((round, candidates)) => tuner.scores_in_round(&candidates, round),
+        None => {
+            let table = tuner.scores(None);
+            let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
+            let candidates: Vec<MicroKernel> = picked.iter().map(|&k| table.kernels[k]).collect();
+            if options.measure {
+                let round = tuner.measure_everywhere(&candidates, on_trial)?;
+                tuner.scores_in_round(&candidates, round)
+            } else {
+                tuner.scores(Some(&candidates))
+            }
+        }
     };
     let chosen = cover(&table, &weights, options.tolerance, options.max_kernels);
     vote(&table, &chosen, &bindings, options.tolerance)
