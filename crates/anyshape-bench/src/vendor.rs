@@ -1,15 +1,16 @@
 //! Vendor baselines: OpenBLAS (`cblas_sgemm`: one multi-threaded call per batch item, or
 //! an OpenMP loop over the batch with one-threaded calls) and oneDNN (a matmul
 //! primitive, batched natively), each as a C function with anyshape's kernel ABI,
-//! compiled against the system's headers and linked to the system library. A library
-//! that is missing fails its own build only: the bench goes on without it.
+//! compiled against the system's headers and linked to the system library; and the
+//! `gemm` crate, built into the worker ([`crate::BUILTINS`]). A library that is missing
+//! fails its own build only: the bench goes on without it.
 //!
 //! Layouts come from the workload: the strides of each tensor along the GEMM axes
 //! decide transposition (BLAS) or the memory descriptors (oneDNN), so any contraction
 //! the sketch accepts with a unit stride along N or K works.
 use anyshape_codegen::{c, CpuTarget, GemmView};
 use anyshape_ir::{Expr, Workload};
-use anyshape_measure::{Builder, KernelSource};
+use anyshape_measure::{Builder, KernelSource, BUILTIN_LIBRARY};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -25,11 +26,14 @@ pub struct VendorKernel {
 /// A vendor library built for a workload, or why it is unavailable.
 #[derive(Clone, Debug)]
 pub struct VendorLibrary {
-    /// `oneDNN` or `OpenBLAS`.
+    /// `gemm crate`, `OpenBLAS` or `oneDNN`.
     pub vendor: &'static str,
     /// The shared library holding the variants, or the reason there is none.
     pub built: Result<(PathBuf, Vec<VendorKernel>), String>,
 }
+
+/// Every vendor, as named in [`VendorLibrary::vendor`].
+const VENDORS: [&str; 3] = ["gemm crate", "OpenBLAS", "oneDNN"];
 
 /// The C prelude of a shim: shape vars, extents and strides of the GEMM view.
 fn prelude(w: &Workload, g: &GemmView) -> String {
@@ -168,7 +172,7 @@ pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec
         Ok(g) if g.batch.len() <= 1 && w.epilogue == anyshape_ir::Epilogue::None => g,
         Ok(_) => {
             let why = format!("{w}: vendor baselines need at most one batch axis and no epilogue");
-            return ["OpenBLAS", "oneDNN"]
+            return VENDORS
                 .map(|vendor| VendorLibrary {
                     vendor,
                     built: Err(why.clone()),
@@ -176,7 +180,7 @@ pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec
                 .to_vec();
         }
         Err(e) => {
-            return ["OpenBLAS", "oneDNN"]
+            return VENDORS
                 .map(|vendor| VendorLibrary {
                     vendor,
                     built: Err(e.to_string()),
@@ -184,7 +188,20 @@ pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec
                 .to_vec()
         }
     };
-    let mut out = Vec::new();
+    let mut gemm = vec![VendorKernel {
+        name: "gemm".into(),
+        symbol: "gemm".into(),
+    }];
+    if !g.batch.is_empty() {
+        gemm.push(VendorKernel {
+            name: "gemm-par".into(),
+            symbol: "gemm_par".into(),
+        });
+    }
+    let mut out = vec![VendorLibrary {
+        vendor: "gemm crate",
+        built: Ok((PathBuf::from(BUILTIN_LIBRARY), gemm)),
+    }];
     let mut blas = vec![(
         "openblas",
         openblas_source(w, &g, "as_vendor_openblas", false),

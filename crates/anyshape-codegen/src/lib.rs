@@ -1,11 +1,13 @@
 //! Code generation for anyshape: CPU targets, the contraction sketch and its
 //! micro-kernels, lowering of programs to a small loop IR with a padding strategy, and
-//! the C printer, and the dispatcher's C form.
+//! the C printer, the dispatcher's C form, and the global-padding wrapper of the
+//! bucketing baseline.
 //!
 //! It knows workloads (from `anyshape-ir`) but nothing of measuring, searching or
 //! loading: those crates build on this one.
 #![deny(missing_docs)]
 
+mod bucket;
 pub mod c;
 mod dispatch;
 mod error;
@@ -15,6 +17,7 @@ mod program;
 mod sketch;
 mod target;
 
+pub use bucket::bucket_c;
 pub use dispatch::{dispatcher_c, DispatchTree, DispatcherSpec, ENTRY_SYMBOL, SELECT_SYMBOL};
 pub use error::{CodegenError, Result};
 pub use lower::lower;

@@ -1,6 +1,10 @@
 //! The worker process: reads one job (library + candidates) as a JSON line on standard
 //! input, runs each candidate and reports events as JSON lines on standard output.
 //! It is started by [`crate::Runner`] through `anyshape __worker` or `anyshape-worker`.
+//!
+//! Kernels come from the job's shared library, or, when the job names
+//! [`BUILTIN_LIBRARY`], from [`Builtin`]s compiled into the worker executable (baselines
+//! written in Rust, such as the `gemm` crate's).
 use crate::runner::{Event, Job};
 use crate::{
     check_output, random_inputs, reference_output, Candidate, CheckReport, Measurement, Outcome,
@@ -12,8 +16,36 @@ use anyshape_runtime::{load_library, status_message, KernelFn};
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
-/// Serve one job from standard input; returns the process exit code.
+/// The library name that asks the worker for its [`Builtin`] kernels.
+pub const BUILTIN_LIBRARY: &str = "<builtin>";
+
+/// A kernel prepared for one instance: called with the inputs and the output.
+pub type PreparedKernel = Box<dyn FnMut(&[*const f32], *mut f32) -> Result<(), String>>;
+
+/// A kernel compiled into the worker executable, found by its symbol when a job names
+/// [`BUILTIN_LIBRARY`]. `prepare` runs once per instance, outside the timed calls.
+#[derive(Clone, Copy)]
+pub struct Builtin {
+    /// The name jobs use for it.
+    pub symbol: &'static str,
+    /// Set the kernel up for an instance (shapes, strides), or say why it cannot run it.
+    pub prepare: fn(&anyshape_ir::Workload, &BoundWorkload) -> Result<PreparedKernel, String>,
+}
+
+/// Where a job's kernels come from.
+enum Source {
+    Library(libloading::Library),
+    Builtins(&'static [Builtin]),
+}
+
+/// Serve one job from standard input with no builtin kernels.
 pub fn serve() -> i32 {
+    serve_with(&[])
+}
+
+/// Serve one job from standard input, resolving [`BUILTIN_LIBRARY`] jobs against
+/// `builtins`; returns the process exit code.
+pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
     let mut line = String::new();
     if std::io::stdin().lock().read_line(&mut line).is_err() {
         return 2;
@@ -25,9 +57,13 @@ pub fn serve() -> i32 {
             return 2;
         }
     };
-    // SAFETY: the library is one the builder produced from generated C; loading runs no
-    // constructors of ours beyond the C runtime's.
-    let library = unsafe { load_library(&job.library) };
+    let library = if job.library.as_os_str() == BUILTIN_LIBRARY {
+        Ok(Source::Builtins(builtins))
+    } else {
+        // SAFETY: the library is one the builder produced from generated C; loading runs
+        // no constructors of ours beyond the C runtime's.
+        unsafe { load_library(&job.library) }.map(Source::Library)
+    };
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
         let line = serde_json::to_string(&ev).expect("events serialize");
@@ -66,11 +102,9 @@ pub fn serve() -> i32 {
         let mut ready: Vec<(usize, Timed)> = Vec::new();
         for (k, cand) in cands.iter().enumerate().take(j).skip(i) {
             let warmed = prepared.clone().and_then(|(inputs, reference, bound)| {
-                // SAFETY: every generated kernel has the `KernelFn` signature.
-                let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }
-                    .map_err(|e| format!("symbol {} not found: {e}", cand.symbol))?;
+                let f = kernel(lib, cand, bound)?;
                 emit(Event::Start(k));
-                Timed::warm(*f, cand, inputs, reference, bound)
+                Timed::warm(f, cand, inputs, reference, bound)
             });
             match warmed {
                 Ok(t) => ready.push((k, t)),
@@ -106,6 +140,37 @@ pub fn serve() -> i32 {
         i = j;
     }
     0
+}
+
+/// The candidate's kernel, from the library or the builtins.
+fn kernel(source: &Source, cand: &Candidate, bound: &BoundWorkload) -> Result<Kernel, String> {
+    match source {
+        Source::Library(lib) => {
+            // SAFETY: every generated kernel has the `KernelFn` signature.
+            let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }
+                .map_err(|e| format!("symbol {} not found: {e}", cand.symbol))?;
+            let vars = cand
+                .workload
+                .shape_vars()
+                .iter()
+                .map(|v| cand.bindings.get(v).unwrap_or(0))
+                .collect();
+            Ok(Kernel::C(*f, vars))
+        }
+        Source::Builtins(all) => {
+            let b = all
+                .iter()
+                .find(|b| b.symbol == cand.symbol)
+                .ok_or_else(|| format!("no builtin kernel {}", cand.symbol))?;
+            Ok(Kernel::Builtin((b.prepare)(&cand.workload, bound)?))
+        }
+    }
+}
+
+/// A callable kernel: generated C with its shape-var values, or a prepared builtin.
+enum Kernel {
+    C(KernelFn, Vec<i64>),
+    Builtin(PreparedKernel),
 }
 
 type Prepared<'a> = (&'a [Vec<f32>], Option<&'a Reference>, &'a BoundWorkload);
@@ -168,8 +233,7 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
 
 /// A candidate warmed up (called once, checked) and being timed.
 struct Timed {
-    f: KernelFn,
-    vars: Vec<i64>,
+    f: Kernel,
     ins: Vec<*const f32>,
     output: Vec<f32>,
     times: Vec<f64>,
@@ -180,21 +244,14 @@ impl Timed {
     /// Call once (untimed: first-call costs such as page faults or a vendor library's
     /// setup stay out of the timings) and check the output against the reference.
     fn warm(
-        f: KernelFn,
+        f: Kernel,
         cand: &Candidate,
         inputs: &[Vec<f32>],
         reference: Option<&Reference>,
         bound: &BoundWorkload,
     ) -> Result<Timed, String> {
-        let vars = cand
-            .workload
-            .shape_vars()
-            .iter()
-            .map(|v| cand.bindings.get(v).unwrap_or(0))
-            .collect();
         let mut t = Timed {
             f,
-            vars,
             ins: inputs.iter().map(|v| v.as_ptr()).collect(),
             output: vec![f32::NAN; bound.lens[cand.workload.inputs.len()]],
             times: Vec::new(),
@@ -210,16 +267,19 @@ impl Timed {
     fn call(&mut self) -> Result<(), String> {
         let outs = [self.output.as_mut_ptr()];
         let t0 = Instant::now();
-        // SAFETY: buffers have the lengths the bound workload gives for these shape vars;
-        // the inputs outlive the group of candidates being timed.
-        let status = unsafe { (self.f)(self.vars.as_ptr(), self.ins.as_ptr(), outs.as_ptr()) };
-        let dt = t0.elapsed().as_secs_f64();
-        if status == c::STATUS_OK {
-            self.times.push(dt);
-            Ok(())
-        } else {
-            Err(format!("kernel returned {}", status_message(status)))
+        match &mut self.f {
+            Kernel::C(f, vars) => {
+                // SAFETY: buffers have the lengths the bound workload gives for these
+                // shape vars; the inputs outlive the group of candidates being timed.
+                let status = unsafe { f(vars.as_ptr(), self.ins.as_ptr(), outs.as_ptr()) };
+                if status != c::STATUS_OK {
+                    return Err(format!("kernel returned {}", status_message(status)));
+                }
+            }
+            Kernel::Builtin(f) => f(&self.ins, outs[0])?,
         }
+        self.times.push(t0.elapsed().as_secs_f64());
+        Ok(())
     }
 
     fn outcome(mut self) -> Outcome {

@@ -92,12 +92,17 @@ pub struct Manifest {
 /// The tuning run behind a module.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuningInfo {
-    /// Wall time of the run that wrote the module (search, votes), seconds.
+    /// Tuning wall time (search and votes) summed over the records, resumed runs'
+    /// included, seconds.
     pub seconds: f64,
     /// Trials in the records, votes included.
     pub trials: usize,
-    /// Trials taken from earlier runs' records (their time is not in `seconds`).
+    /// Trials taken from earlier runs' records.
     pub resumed_trials: usize,
+    /// Trials whose records carry no time (written by an older version): `seconds`
+    /// leaves them out.
+    #[serde(default)]
+    pub untimed_trials: usize,
 }
 
 /// SHA-256 of `bytes`, hex.

@@ -50,6 +50,11 @@ pub struct Record {
     pub result: TrialResult,
     /// The search round it belongs to.
     pub round: usize,
+    /// Wall-clock seconds the tuning run spent on this record since its previous one
+    /// (search, build, measurement), so a run's tuning time survives being killed and
+    /// resumed: it is the sum over its records. 0 in records of older versions.
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 impl Record {
@@ -153,6 +158,7 @@ mod tests {
                 checked: false,
             },
             round: 0,
+            seconds: 0.5,
         }
     }
 

@@ -247,6 +247,8 @@ pub struct Tuner<'a> {
     features: HashMap<MicroKernel, Vec<f64>>,
     index: HashMap<Bindings, usize>,
     time: TimeBreakdown,
+    /// When the last record was written (or the tuner was made).
+    clock: Instant,
 }
 
 impl<'a> Tuner<'a> {
@@ -314,6 +316,7 @@ impl<'a> Tuner<'a> {
             features: HashMap::new(),
             index,
             time: TimeBreakdown::default(),
+            clock: Instant::now(),
         })
     }
 
@@ -509,6 +512,14 @@ impl<'a> Tuner<'a> {
     /// Trials in the records so far (resumed ones included).
     pub fn trials(&self) -> usize {
         self.records.len()
+    }
+
+    /// Tuning wall time of the records, this run's and resumed ones': the sum of their
+    /// [`Record::seconds`]; and how many records carry no time (written by an older
+    /// version), which the sum then leaves out.
+    pub fn tuning_seconds(&self) -> (f64, usize) {
+        let untimed = self.records.iter().filter(|r| r.seconds == 0.0).count();
+        (self.records.iter().map(|r| r.seconds).sum(), untimed)
     }
 
     /// The instances being tuned.
@@ -797,7 +808,9 @@ impl<'a> Tuner<'a> {
             bindings: self.instances[i].bindings.clone(),
             result,
             round,
+            seconds: self.clock.elapsed().as_secs_f64(),
         };
+        self.clock = Instant::now();
         self.log.append(&record)?;
         self.records.push(record);
         on_trial(self.records.len());

@@ -319,11 +319,11 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
             .collect::<Result<_, _>>()?,
         table: &table,
         tuning: &tuning,
-        tuning_resumed: m.tuning.as_ref().is_some_and(|t| t.resumed_trials > 0),
-        tuning_note: m.tuning.as_ref().map(|t| {
+        tuning_resumed: m.tuning.as_ref().is_some_and(|t| t.untimed_trials > 0),
+        tuning_note: m.tuning.as_ref().filter(|t| t.untimed_trials > 0).map(|t| {
             format!(
-                "anyshape: {} trials, {} of them resumed from records (their time is not included)",
-                t.trials, t.resumed_trials
+                "anyshape: {} trials, {} of them from records without times (an older version's; their time is not included)",
+                t.trials, t.untimed_trials
             )
         }),
         unavailable: &unavailable,

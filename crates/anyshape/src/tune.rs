@@ -183,7 +183,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     print_report(&report, start.elapsed().as_secs_f64());
     if let Some(out) = &args.out {
         build_module(
-            &args, out, &mut tuner, &report, start, &workload, &vars, &target, strategy, &measurer,
+            &args, out, &mut tuner, &report, &workload, &vars, &target, strategy, &measurer,
         )?;
     }
     if args.verify {
@@ -215,7 +215,6 @@ fn build_module(
     out: &std::path::Path,
     tuner: &mut Tuner,
     report: &TuneReport,
-    tune_start: Instant,
     workload: &Workload,
     vars: &[ShapeVar],
     target: &anyshape_codegen::CpuTarget,
@@ -254,6 +253,7 @@ fn build_module(
         votes.micro_kernels.len(),
         specialize.len()
     );
+    let (tuning_seconds, untimed_trials) = tuner.tuning_seconds();
     let t0 = Instant::now();
     let manifest = write_module(
         &ModuleSpec {
@@ -266,9 +266,10 @@ fn build_module(
             tree_accuracy: accuracy,
             specialize: &specialize,
             tuning: Some(anyshape_runtime::TuningInfo {
-                seconds: tune_start.elapsed().as_secs_f64(),
+                seconds: tuning_seconds,
                 trials: tuner.trials(),
                 resumed_trials: report.resumed_trials,
+                untimed_trials,
             }),
         },
         &measurer.builder,
