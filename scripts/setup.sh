@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what anyshape needs beyond the Rust toolchain on a Debian machine: a C
 # compiler with OpenMP (gcc and its libgomp), and the vendor libraries `anyshape bench`
-# compares against (oneDNN, OpenBLAS; the bench skips a missing one with a warning).
+# compares against (oneDNN, OpenBLAS; the bench skips a missing one with a warning)
+# and a font for its plots.
 # Idempotent; quiet when all is there.
 set -euo pipefail
 need=()
@@ -9,7 +10,7 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 if command -v cc >/dev/null 2>&1 && ! echo 'int main(void){return 0;}' | cc -fopenmp -x c - -o /dev/null 2>/dev/null; then
   need+=(libgomp1 gcc)
 fi
-for pkg in libdnnl-dev libopenblas-dev libopenblas0-openmp; do
+for pkg in libdnnl-dev libopenblas-dev libopenblas0-openmp fonts-dejavu-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -99,12 +99,19 @@ unsafe fn item(s: &Shape, a: *const f32, b: *const f32, c: *mut f32, i: usize, p
     }
 }
 
-fn prepare(w: &Workload, bound: &BoundWorkload, batch_parallel: bool) -> Result<PreparedKernel, String> {
+fn prepare(
+    w: &Workload,
+    bound: &BoundWorkload,
+    batch_parallel: bool,
+) -> Result<PreparedKernel, String> {
     let s = shape(w, bound)?;
     let threads = rayon::current_num_threads();
     Ok(Box::new(move |ins: &[*const f32], out: *mut f32| {
         let [a, b] = ins else {
-            return Err(format!("the gemm baseline takes 2 inputs, got {}", ins.len()));
+            return Err(format!(
+                "the gemm baseline takes 2 inputs, got {}",
+                ins.len()
+            ));
         };
         if batch_parallel {
             // Raw pointers are not `Send`; the items write disjoint parts of the output.
@@ -112,7 +119,14 @@ fn prepare(w: &Workload, bound: &BoundWorkload, batch_parallel: bool) -> Result<
             (0..s.nb).into_par_iter().for_each(|i| {
                 // SAFETY: as in `item`; batch items do not overlap in the output.
                 unsafe {
-                    item(&s, a as *const f32, b as *const f32, c as *mut f32, i, Parallelism::None)
+                    item(
+                        &s,
+                        a as *const f32,
+                        b as *const f32,
+                        c as *mut f32,
+                        i,
+                        Parallelism::None,
+                    )
                 }
             });
         } else {

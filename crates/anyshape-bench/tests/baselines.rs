@@ -15,11 +15,19 @@ const WORKLOADS: [&str; 3] = [
     "batch_matmul_nt(B=3,M=T,N=T,K=16)",
     "batch_matmul_nn(B=3,M=T,N=16,K=T)",
 ];
+/// A kernel under test: shape-var values, inputs, output -> status.
+type Call<'a> = &'a mut dyn FnMut(&[i64], &[*const f32], *mut f32) -> i32;
+
 const TS: [i64; 10] = [0, 1, 2, 7, 13, 31, 64, 127, 128, 129];
 
 /// Run `call` on the instance `T=t` of `w` and compare with the reference; returns the
 /// kernel's status, or panics naming the instance on a wrong result.
-fn check(w: &Workload, t: i64, what: &str, call: &mut dyn FnMut(&[i64], &[*const f32], *mut f32) -> i32) -> i32 {
+fn check(
+    w: &Workload,
+    t: i64,
+    what: &str,
+    call: Call,
+) -> i32 {
     let b = Bindings::from_pairs([("T", t)]);
     let bound = w.bind(&b).unwrap();
     let inputs = random_inputs(&bound, w.inputs.len(), 7);

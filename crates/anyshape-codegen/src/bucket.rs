@@ -12,11 +12,11 @@ use std::fmt::Write;
 /// instance `bucket`, on any instance no larger than `bucket` in every shape var; larger
 /// ones get `STATUS_WRONG_SHAPE`. Padding buffers are per thread and kept across calls.
 pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> Result<String> {
-    let plain = w
-        .inputs
-        .iter()
-        .chain([&w.output])
-        .all(|t| t.index.iter().all(|ix| ix.offset == 0 && ix.terms.len() == 1 && ix.terms[0].1 == 1));
+    let plain = w.inputs.iter().chain([&w.output]).all(|t| {
+        t.index
+            .iter()
+            .all(|ix| ix.offset == 0 && ix.terms.len() == 1 && ix.terms[0].1 == 1)
+    });
     if !plain {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),

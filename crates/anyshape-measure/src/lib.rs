@@ -15,8 +15,8 @@ pub mod worker;
 pub use builder::{Builder, BuiltLibrary, KernelSource};
 pub use error::{MeasureError, Result};
 pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
-pub use worker::{Builtin, PreparedKernel, BUILTIN_LIBRARY};
 pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
+pub use worker::{Builtin, PreparedKernel, BUILTIN_LIBRARY};
 
 /// The measurer: a builder that compiles programs and a runner that times them.
 #[derive(Clone, Debug)]

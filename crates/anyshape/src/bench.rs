@@ -20,9 +20,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     module: PathBuf,
     /// Compare the module, instance by instance in one run, with the vendor libraries
-    /// (oneDNN, OpenBLAS: whichever are installed; a missing one is skipped with a
-    /// warning) and, with --per-shape-trials, per-shape (Ansor-style) and Nimble-style
-    /// tuning; writes `results.csv` and `report.md` to --out-dir.
+    /// (oneDNN, OpenBLAS: whichever are installed, a missing one is skipped with a
+    /// warning; the `gemm` crate) and, with --per-shape-trials, per-shape (Ansor-style),
+    /// Nimble-style and bucketing; writes `results.csv`, `report.md` and the plots
+    /// `latency.svg` and `tuning.svg` to --out-dir.
     #[arg(long)]
     compare: bool,
     /// Instances for --compare, e.g. `T=1..128` [default: the module's domain].
@@ -36,6 +37,13 @@ pub struct BenchArgs {
     /// partitioning. 0: no tuned baselines. Records go to --out-dir/records (resumable).
     #[arg(long, default_value_t = 0)]
     per_shape_trials: usize,
+    /// With --per-shape-trials: the bucketing baseline's bucket width along the shape
+    /// var (buckets start at the smallest instance); the largest instance of each bucket
+    /// is tuned per shape and the others are padded up to it (global padding: inputs
+    /// copied into zero-filled buffers, the output copied back, all inside the timed
+    /// call). 0: no bucketing.
+    #[arg(long, default_value_t = 16, value_name = "WIDTH")]
+    bucket: i64,
     /// Where --compare writes `results.csv`, `report.md` and the baselines' records.
     #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
     out_dir: PathBuf,
@@ -75,6 +83,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             range: args.range.as_deref(),
             samples: args.samples.as_deref(),
             per_shape_trials: args.per_shape_trials,
+            bucket: args.bucket,
             out_dir: &args.out_dir,
             seconds: args.seconds,
             quiet: args.quiet,

@@ -3,7 +3,8 @@
 use crate::{peak, runner, Common};
 use anyhow::{Context, Result};
 use anyshape_bench::build_vendors;
-use anyshape_codegen::{CpuTarget, PaddingStrategy, Program, ENTRY_SYMBOL};
+use anyshape_bench::plot::{bars_svg, lines_svg, PlotError, Series};
+use anyshape_codegen::{bucket_c, CpuTarget, PaddingStrategy, Program, ENTRY_SYMBOL};
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
 use anyshape_runtime::Module;
@@ -12,7 +13,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// Instances up to this many FLOPs are checked against the reference (it is slow).
 const CHECK_FLOPS: f64 = 1e8;
@@ -47,8 +47,12 @@ impl System {
     }
 }
 
-/// A tuned system's name and tuning wall time, seconds.
-type TuningTime = (String, f64);
+/// A tuned system's tuning: wall time (seconds, from its records) and trials.
+struct TuningTime {
+    name: String,
+    seconds: f64,
+    trials: usize,
+}
 
 /// Options of the comparison (from `anyshape bench`).
 pub struct CompareOptions<'a> {
@@ -60,6 +64,8 @@ pub struct CompareOptions<'a> {
     pub samples: Option<&'a str>,
     /// Trials per instance of per-shape tuning (0: no tuned baselines).
     pub per_shape_trials: usize,
+    /// Width of the bucketing baseline's buckets along the shape var (0: no bucketing).
+    pub bucket: i64,
     /// Where the report, CSV and the baselines' records go.
     pub out_dir: &'a Path,
     /// Seconds of timed calls per system and instance.
@@ -68,87 +74,200 @@ pub struct CompareOptions<'a> {
     pub quiet: bool,
 }
 
-/// The tuned baselines: per-shape (Ansor-style) kernels for the samples and the
-/// Nimble-style kernel (the largest sample's micro-kernel, symbolic with loop partitioning).
-fn tuned_baselines(
-    w: &Workload,
-    samples: &[Bindings],
+/// One instance tuned on its own (per-shape tuning): its best program and the cost.
+#[derive(Clone)]
+struct PerShape {
+    program: Program,
+    seconds: f64,
     trials: usize,
-    target: &CpuTarget,
-    measurer: &Measurer,
-    records_dir: &Path,
+}
+
+/// Per-shape tuning of the instances the tuned baselines need, each once, with records
+/// per instance under `records_dir` (a resumed instance keeps its recorded time).
+struct PerShapeTuner<'a> {
+    w: &'a Workload,
+    trials: usize,
+    target: &'a CpuTarget,
+    measurer: &'a Measurer,
+    records_dir: &'a Path,
     quiet: bool,
-) -> Result<(Vec<System>, Vec<TuningTime>)> {
-    std::fs::create_dir_all(records_dir)
-        .with_context(|| format!("creating {}", records_dir.display()))?;
-    let mut best = Vec::new();
-    let mut times = Vec::new();
-    let mut total = 0.0;
-    for b in samples {
+    done: HashMap<Bindings, PerShape>,
+}
+
+impl PerShapeTuner<'_> {
+    fn tune(&mut self, b: &Bindings) -> Result<PerShape> {
+        if let Some(p) = self.done.get(b) {
+            return Ok(p.clone());
+        }
         let vars: Vec<ShapeVar> = b
             .iter()
             .map(|(n, v)| ShapeVar::parse(&format!("{n}={v}")))
             .collect::<Result<_, _>>()?;
-        let inst = anyshape_tune::instances(w, &vars)?;
-        let file = records_dir.join(format!(
+        let inst = anyshape_tune::instances(self.w, &vars)?;
+        let file = self.records_dir.join(format!(
             "per-shape-{}.jsonl",
             b.to_string().replace([',', '='], "_")
         ));
         let (log, previous) = RecordLog::open(&file, true)?;
         let options = TuneOptions {
-            trials,
+            trials: self.trials,
             per_shape: true,
             ..TuneOptions::default()
         };
-        let start = Instant::now();
-        let mut tuner = Tuner::new(w, target, inst, options, measurer, log, previous)?;
+        let mut tuner = Tuner::new(
+            self.w,
+            self.target,
+            inst,
+            options,
+            self.measurer,
+            log,
+            previous,
+        )?;
         let report = tuner.run(&mut |_| {}, &mut |_| {})?;
-        let secs = start.elapsed().as_secs_f64();
-        total += secs;
+        let (seconds, untimed) = tuner.tuning_seconds();
+        if untimed > 0 {
+            eprintln!("warning: {untimed} records of {} carry no time (an older version's): the tuning time leaves them out", file.display());
+        }
         let mk = report.best[0].micro_kernel;
-        if !quiet {
+        if !self.quiet {
             eprintln!(
-                "per-shape tuning at {b}: {} trials ({} resumed) in {secs:.1} s -> {mk} ({:.1} GFLOP/s)",
+                "per-shape tuning at {b}: {} trials ({} resumed), {seconds:.1} s of tuning -> {mk} ({:.1} GFLOP/s)",
                 report.trials, report.resumed_trials, report.best[0].gflops
             );
         }
-        best.push((b.clone(), tuner.program(mk), secs));
+        let p = PerShape {
+            program: tuner.program(mk),
+            seconds,
+            trials: report.trials,
+        };
+        self.done.insert(b.clone(), p.clone());
+        Ok(p)
     }
-    times.push(("per-shape".to_string(), total));
-    // Nimble-style: the largest sample's micro-kernel, symbolic, loop partitioning.
-    let largest = samples
+}
+
+/// The bucketing baseline's buckets: each instance with the largest instance of its
+/// bucket (buckets of `width` values of the one shape var, from the smallest instance).
+fn buckets(instances: &[Bindings], width: i64) -> Result<Vec<(Bindings, Bindings)>> {
+    let var = match instances.first().map(|b| b.iter().collect::<Vec<_>>()) {
+        Some(v) if v.len() == 1 => v[0].0.to_string(),
+        _ => anyhow::bail!("bucketing needs instances of exactly one shape var"),
+    };
+    let values: Vec<i64> = instances.iter().filter_map(|b| b.get(&var)).collect();
+    let (lo, hi) = (
+        values.iter().copied().min().unwrap_or(0),
+        values.iter().copied().max().unwrap_or(0),
+    );
+    Ok(values
         .iter()
-        .zip(&best)
-        .max_by(|a, b| {
-            let f = |x: &Bindings| w.bind(x).map_or(0.0, |bw| w.flops(&bw));
-            f(a.0).total_cmp(&f(b.0))
+        .map(|&t| {
+            let max = (lo + ((t - lo) / width + 1) * width - 1).min(hi);
+            (
+                Bindings::from_pairs([(var.as_str(), t)]),
+                Bindings::from_pairs([(var.as_str(), max)]),
+            )
         })
-        .map(|(_, p)| p.clone())
-        .context("no samples for the tuned baselines")?;
-    times.push(("nimble".to_string(), largest.2));
-    let nimble = Program::symbolic(w, largest.1.micro_kernel, PaddingStrategy::LoopPartition);
-    let mut sources = Vec::new();
-    for p in best.iter().map(|x| &x.1).chain([&nimble]) {
-        sources.push(KernelSource {
-            symbol: p.symbol(target),
-            code: p.c_source(target)?,
+        .collect())
+}
+
+/// The tuned baselines: per-shape (Ansor-style) kernels for the samples, the
+/// Nimble-style kernel (the largest sample's micro-kernel, symbolic with loop
+/// partitioning) and bucketing (each bucket's largest instance tuned per shape, the
+/// others padded up to it).
+fn tuned_baselines(
+    samples: &[Bindings],
+    buckets: &[(Bindings, Bindings)],
+    tuner: &mut PerShapeTuner,
+) -> Result<(Vec<System>, Vec<TuningTime>)> {
+    let (w, target, measurer) = (tuner.w, tuner.target, tuner.measurer);
+    std::fs::create_dir_all(tuner.records_dir)
+        .with_context(|| format!("creating {}", tuner.records_dir.display()))?;
+    let mut sources: Vec<KernelSource> = Vec::new();
+    let mut add = |symbol: String, code: String| {
+        if !sources.iter().any(|s| s.symbol == symbol) {
+            sources.push(KernelSource { symbol, code });
+        }
+    };
+    let mut times = Vec::new();
+    let mut per_shape = HashMap::new();
+    let (mut seconds, mut trials) = (0.0, 0);
+    let mut largest: Option<(f64, PerShape)> = None;
+    for b in samples {
+        let p = tuner.tune(b)?;
+        add(p.program.symbol(target), p.program.c_source(target)?);
+        per_shape.insert(b.clone(), p.program.symbol(target));
+        seconds += p.seconds;
+        trials += p.trials;
+        let flops = w.flops(&w.bind(b)?);
+        if largest.as_ref().is_none_or(|l| flops > l.0) {
+            largest = Some((flops, p));
+        }
+    }
+    let (_, largest) = largest.context("no samples for the tuned baselines")?;
+    times.push(TuningTime {
+        name: "per-shape".into(),
+        seconds,
+        trials,
+    });
+    times.push(TuningTime {
+        name: "nimble".into(),
+        seconds: largest.seconds,
+        trials: largest.trials,
+    });
+    // Nimble-style: the largest sample's micro-kernel, symbolic, loop partitioning.
+    let nimble = Program::symbolic(
+        w,
+        largest.program.micro_kernel,
+        PaddingStrategy::LoopPartition,
+    );
+    add(nimble.symbol(target), nimble.c_source(target)?);
+    let mut bucketed = HashMap::new();
+    let mut maxima: Vec<&Bindings> = buckets.iter().map(|b| &b.1).collect();
+    maxima.sort();
+    maxima.dedup();
+    let (mut seconds, mut trials) = (0.0, 0);
+    for max in &maxima {
+        let p = tuner.tune(max)?;
+        seconds += p.seconds;
+        trials += p.trials;
+        let inner = p.program.symbol(target);
+        let wrapper = format!("{inner}_bucket");
+        add(inner.clone(), p.program.c_source(target)?);
+        add(wrapper.clone(), bucket_c(w, max, &wrapper, &inner)?);
+        for (b, m) in buckets {
+            if m == *max {
+                bucketed.insert(b.clone(), wrapper.clone());
+            }
+        }
+    }
+    if !maxima.is_empty() {
+        times.push(TuningTime {
+            name: "bucketing".into(),
+            seconds,
+            trials,
         });
     }
     let lib = measurer.builder.build(target, &sources)?;
     if let Some((sym, err)) = lib.failed.iter().next() {
         anyhow::bail!("baseline kernel {sym} did not compile:\n{err}");
     }
-    let per_shape = System {
-        name: "per-shape".into(),
-        library: lib.path.clone(),
-        symbols: best
-            .iter()
-            .map(|(b, p, _)| (b.clone(), p.symbol(target)))
-            .collect(),
-        all: None,
-    };
-    let nimble = System::everywhere("nimble", lib.path, nimble.symbol(target));
-    Ok((vec![per_shape, nimble], times))
+    let mut systems = vec![
+        System {
+            name: "per-shape".into(),
+            library: lib.path.clone(),
+            symbols: per_shape,
+            all: None,
+        },
+        System::everywhere("nimble", lib.path.clone(), nimble.symbol(target)),
+    ];
+    if !maxima.is_empty() {
+        systems.push(System {
+            name: "bucketing".into(),
+            library: lib.path,
+            symbols: bucketed,
+            all: None,
+        });
+    }
+    Ok((systems, times))
 }
 
 /// Measure the module, every vendor variant and (with `per_shape_trials`) the tuned
@@ -174,33 +293,56 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
         module.dir().join(&m.library),
         ENTRY_SYMBOL.into(),
     )];
-    let mut tuning: Vec<(String, f64)> = Vec::new();
+    let mut tuning: Vec<TuningTime> = Vec::new();
     if let Some(t) = &m.tuning {
-        tuning.push(("anyshape".into(), t.seconds));
+        tuning.push(TuningTime {
+            name: "anyshape".into(),
+            seconds: t.seconds,
+            trials: t.trials,
+        });
     }
+    let mut methods = Vec::new();
     if o.per_shape_trials > 0 {
+        methods.push(format!("per-shape (Ansor-style): anyshape's search on one instance at a time, factor-only tiles, specialized kernels, {} trials per sample (DietCode gave Ansor >= 1000 per shape); Nimble-style: the largest sample's micro-kernel, symbolic with loop partitioning, on every instance; its tuning time is that sample's", o.per_shape_trials));
+        if o.bucket > 0 {
+            methods.push(format!("bucketing: buckets of {} values from the smallest instance; the largest instance of each bucket tuned per shape ({} trials); the others padded up to it (global padding: inputs copied into zero-filled buffers of the bucket's shape and the output copied back, inside the timed call)", o.bucket, o.per_shape_trials));
+        }
         let samples = domain(&[ShapeVar::parse(o.samples.context(
             "--per-shape-trials needs --samples, e.g. T=5,24,43,62,81,100,119,128",
         )?)?])?;
+        let buckets = if o.bucket > 0 {
+            buckets(&instances, o.bucket)?
+        } else {
+            Vec::new()
+        };
         let measurer = Measurer {
             builder: builder.clone(),
             runner: runner(TuneOptions::default().measure)?,
         };
         eprintln!(
-            "tuning the baselines: per-shape ({} trials on each of {} samples) and Nimble-style ...",
+            "tuning the baselines: per-shape ({} trials on each of {} samples), Nimble-style{} ...",
             o.per_shape_trials,
-            samples.len()
+            samples.len(),
+            if o.bucket > 0 {
+                format!(
+                    " and bucketing (buckets of {}: the largest instance of each tuned per shape)",
+                    o.bucket
+                )
+            } else {
+                String::new()
+            }
         );
         let records = o.out_dir.join("records");
-        let (baselines, times) = tuned_baselines(
+        let mut tuner = PerShapeTuner {
             w,
-            &samples,
-            o.per_shape_trials,
-            &target,
-            &measurer,
-            &records,
-            o.quiet,
-        )?;
+            trials: o.per_shape_trials,
+            target: &target,
+            measurer: &measurer,
+            records_dir: &records,
+            quiet: o.quiet,
+            done: HashMap::new(),
+        };
+        let (baselines, times) = tuned_baselines(&samples, &buckets, &mut tuner)?;
         systems.extend(baselines);
         tuning.extend(times);
         for b in samples {
@@ -234,7 +376,8 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
         .last()
         .map_or(f64::NAN, |p| p.1);
     let options = MeasureOptions {
-        min_repeats: 3,
+        // At least 5 calls: a minimum over fewer can be all stalled by a neighbour.
+        min_repeats: 5,
         max_repeats: 1000,
         min_seconds: o.seconds,
         timeout_seconds: 120.0,
@@ -327,6 +470,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
             )
         }),
         unavailable: &unavailable,
+        methods: &methods,
         failures: &failures,
     };
     std::fs::create_dir_all(o.out_dir)
@@ -335,8 +479,15 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
     std::fs::write(&csv, report.csv()).with_context(|| format!("writing {}", csv.display()))?;
     let md = o.out_dir.join("report.md");
     std::fs::write(&md, report.markdown()).with_context(|| format!("writing {}", md.display()))?;
+    let mut written = vec![csv.display().to_string(), md.display().to_string()];
+    for plot in report.plots(o.out_dir) {
+        match plot {
+            Ok(p) => written.push(p.display().to_string()),
+            Err(e) => eprintln!("warning: no plot: {e}"),
+        }
+    }
     print!("{}", report.summary());
-    println!("written: {}, {}", csv.display(), md.display());
+    println!("written: {}", written.join(", "));
     Ok(())
 }
 
@@ -353,12 +504,23 @@ struct Report<'a> {
     instances: &'a [Bindings],
     flops: Vec<f64>,
     table: &'a [Vec<Option<Cell>>],
-    tuning: &'a [(String, f64)],
+    tuning: &'a [TuningTime],
     tuning_note: Option<String>,
     /// Whether anyshape's tuning time leaves out trials resumed from records.
     tuning_resumed: bool,
     unavailable: &'a [String],
+    /// How the tuned baselines were made (budgets, bucket width).
+    methods: &'a [String],
     failures: &'a [String],
+}
+
+/// `x` with four significant digits (latencies span microseconds to seconds).
+fn significant(x: f64) -> String {
+    if !(x.is_finite() && x > 0.0) {
+        return format!("{x}");
+    }
+    let digits = (3 - (x.log10().floor() as i32).clamp(-9, 9)).clamp(0, 9) as usize;
+    format!("{x:.digits$}")
 }
 
 fn geomean(x: &[f64]) -> f64 {
@@ -427,20 +589,47 @@ impl Report<'_> {
                 }
             );
         }
-        // A ratio only against a complete anyshape time (no trials resumed from records).
+        // A ratio only against a complete anyshape time (every record timed).
         let ours = self
             .tuning
             .iter()
-            .find(|t| t.0 == "anyshape")
-            .map(|t| t.1)
+            .find(|t| t.name == "anyshape")
+            .map(|t| t.seconds)
             .filter(|_| !self.tuning_resumed);
-        for (name, secs) in self.tuning {
+        for t in self.tuning {
             let _ = writeln!(
                 s,
-                "tuning time {name:<10} {secs:>8.1} s{}",
+                "tuning time {:<10} {:>8.1} s, {:>5} trials{}",
+                t.name,
+                t.seconds,
+                t.trials,
                 match ours {
-                    Some(a) if name != "anyshape" && a > 0.0 =>
-                        format!("  ({:.2}x anyshape's)", secs / a),
+                    Some(a) if t.name != "anyshape" && a > 0.0 =>
+                        format!("  ({:.2}x anyshape's)", t.seconds / a),
+                    _ => String::new(),
+                }
+            );
+        }
+        if let Some(p) = self
+            .tuning
+            .iter()
+            .find(|t| t.name == "per-shape" && t.trials > 0)
+        {
+            let samples = (0..self.instances.len())
+                .filter(|&i| {
+                    self.table[i]
+                        .iter()
+                        .zip(&self.systems)
+                        .any(|(c, n)| n == "per-shape" && c.is_some())
+                })
+                .count();
+            let paper = p.seconds / p.trials as f64 * 1000.0 * samples as f64;
+            let _ = writeln!(
+                s,
+                "  per-shape at DietCode's budget for Ansor (1000 trials on each of {samples} samples): ~{paper:.0} s, extrapolated at this run's {:.2} s per trial{}",
+                p.seconds / p.trials as f64,
+                match ours {
+                    Some(a) if a > 0.0 => format!(" ({:.1}x anyshape's)", paper / a),
                     _ => String::new(),
                 }
             );
@@ -460,6 +649,74 @@ impl Report<'_> {
             );
         }
         s
+    }
+
+    /// The plots: latency and GFLOP/s against the shape var per system, tuning time per
+    /// tuned system.
+    fn plots(&self, dir: &Path) -> Vec<Result<PathBuf, PlotError>> {
+        let x = |b: &Bindings| match b.iter().collect::<Vec<_>>().as_slice() {
+            [(_, v)] => Some(*v as f64),
+            _ => None,
+        };
+        let var = self
+            .instances
+            .first()
+            .and_then(|b| b.iter().next())
+            .map_or("T".into(), |v| v.0.to_string());
+        let series = |f: &dyn Fn(usize, &Cell) -> f64| -> Vec<Series> {
+            self.systems
+                .iter()
+                .enumerate()
+                .map(|(k, name)| Series {
+                    name: name.clone(),
+                    points: (0..self.instances.len())
+                        .filter_map(|i| {
+                            Some((x(&self.instances[i])?, f(i, self.table[i][k].as_ref()?)))
+                        })
+                        .collect(),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect()
+        };
+        let mut out = Vec::new();
+        let mut plot = |name: &str, draw: &dyn Fn(&Path) -> Result<(), PlotError>| {
+            let path = dir.join(name);
+            out.push(draw(&path).map(|_| path));
+        };
+        plot("latency.svg", &|p| {
+            lines_svg(
+                p,
+                &format!("{}: latency (min) per system", self.workload),
+                (&var, "latency, ms (log)"),
+                true,
+                &series(&|_, c| c.min * 1e3),
+            )
+        });
+        plot("throughput.svg", &|p| {
+            lines_svg(
+                p,
+                &format!(
+                    "{}: GFLOP/s per system (peak {:.0})",
+                    self.workload, self.peak
+                ),
+                (&var, "GFLOP/s"),
+                false,
+                &series(&|i, c| self.flops[i] / c.min / 1e9),
+            )
+        });
+        plot("tuning.svg", &|p| {
+            bars_svg(
+                p,
+                &format!("{}: tuning time", self.workload),
+                "seconds",
+                &self
+                    .tuning
+                    .iter()
+                    .map(|t| (t.name.clone(), t.seconds))
+                    .collect::<Vec<_>>(),
+            )
+        });
+        out
     }
 
     fn csv(&self) -> String {
@@ -495,7 +752,10 @@ impl Report<'_> {
             "- latency: minimum over >= {} s of timed calls per system and instance (medians in `results.csv`); systems measured interleaved, instance by instance, in isolated worker processes; instances up to {CHECK_FLOPS:.0e} FLOPs checked against the reference",
             self.seconds
         );
-        let _ = writeln!(s, "- oneDNN: the matmul primitive is created in the runner's untimed warm-up call (creation is outside the timed region); OpenBLAS: `openblas` = one multi-threaded `cblas_sgemm` per batch item, `openblas-omp` = an OpenMP loop over the batch with one-threaded calls");
+        let _ = writeln!(s, "- oneDNN: the matmul primitive is created in the runner's untimed warm-up call (creation is outside the timed region); OpenBLAS: `openblas` = one multi-threaded `cblas_sgemm` per batch item, `openblas-omp` = an OpenMP loop over the batch with one-threaded calls; the `gemm` crate: `gemm` = one call per batch item, parallel inside (rayon), `gemm-par` = a rayon loop over the batch with one-threaded calls");
+        for m in self.methods {
+            let _ = writeln!(s, "- {m}");
+        }
         for u in self.unavailable {
             let _ = writeln!(s, "- unavailable: {u}");
         }
@@ -503,7 +763,8 @@ impl Report<'_> {
             let _ = writeln!(s, "- failed: {f}");
         }
         let _ = writeln!(s, "\n## Summary\n\n```\n{}```\n", self.summary());
-        let _ = write!(s, "## Per instance (ms; speedup = best vendor / anyshape)\n\n| instance | anyshape | GFLOP/s | % peak |");
+        let _ = writeln!(s, "![latency per system](latency.svg)\n\n![GFLOP/s per system](throughput.svg)\n\n![tuning time per system](tuning.svg)\n");
+        let _ = write!(s, "## Per instance (minimum latency in ms; speedup = best vendor / anyshape)\n\n| instance | anyshape | GFLOP/s | % peak |");
         for name in self.systems.iter().skip(1) {
             let _ = write!(s, " {name} |");
         }
@@ -512,10 +773,7 @@ impl Report<'_> {
             s.push_str("---|");
         }
         s.push_str("---|---|\n");
-        let ms = |c: &Option<Cell>| {
-            c.as_ref()
-                .map_or("—".into(), |c| format!("{:.3}", c.min * 1e3))
-        };
+        let ms = |c: &Option<Cell>| c.as_ref().map_or("—".into(), |c| significant(c.min * 1e3));
         for (i, b) in self.instances.iter().enumerate() {
             let ours = self.table[i][0].as_ref();
             let gf = ours.map(|c| self.flops[i] / c.min / 1e9);

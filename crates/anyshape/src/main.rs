@@ -239,8 +239,8 @@ fn main() -> Result<()> {
         Command::Peak { seconds, common } => {
             peak::report(&common.target()?, &common.builder(), seconds)
         }
-        Command::Worker => {
-            std::process::exit(anyshape_measure::worker::serve_with(anyshape_bench::BUILTINS))
-        }
+        Command::Worker => std::process::exit(anyshape_measure::worker::serve_with(
+            anyshape_bench::BUILTINS,
+        )),
     }
 }

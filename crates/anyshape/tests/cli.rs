@@ -347,6 +347,8 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
             "T=5,12",
             "--per-shape-trials",
             "3",
+            "--bucket",
+            "8",
             "--seconds",
             "0.01",
             "--quiet",
@@ -357,9 +359,20 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
     );
     let out = text(&o);
     assert!(
-        o.status.success() && out.contains("vs per-shape") && out.contains("vs nimble"),
+        o.status.success()
+            && out.contains("vs per-shape")
+            && out.contains("vs nimble")
+            && out.contains("vs bucketing")
+            && out.contains("vs gemm"),
         "{out}"
     );
+    // Plots where a font is installed (scripts/setup.sh installs one), else a warning.
+    for plot in ["latency.svg", "throughput.svg", "tuning.svg"] {
+        assert!(
+            out_dir.join(plot).exists() || out.contains("no TrueType font"),
+            "{plot}: {out}"
+        );
+    }
     let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
     assert!(
         report.contains("| T=12 |") && !out.contains("wrong result"),
