@@ -131,8 +131,9 @@ fn copy_rows(rank: usize, t: usize, fill: bool) -> String {
     let (dims, pre) = if fill { ("b", "      ") } else { ("s", "    ") };
     let rows: String = (0..last).map(|d| format!(" * {dims}{d}")).collect();
     let inside = if fill { ", as_inside = 1" } else { "" };
+    // The buffer table is thread-local: OpenMP's threads read the pointer from here.
     let mut s = format!(
-        "{pre}const int64_t as_rows = 1{rows};\n{pre}#pragma omp parallel for schedule(static) if (as_rows * {dims}{last} > 65536)\n{pre}for (int64_t as_r = 0; as_r < as_rows; as_r++) {{\n{pre}  int64_t as_rest = as_r, as_src = 0, as_dst = 0{inside};\n"
+        "{pre}float *const as_buf = as_pad[{t}];\n{pre}const int64_t as_rows = 1{rows};\n{pre}#pragma omp parallel for schedule(static) if (as_rows * {dims}{last} > 65536)\n{pre}for (int64_t as_r = 0; as_r < as_rows; as_r++) {{\n{pre}  int64_t as_rest = as_r, as_src = 0, as_dst = 0{inside};\n"
     );
     // The row's index along each outer dimension, innermost first, and its row-major
     // offset in both layouts.
@@ -154,12 +155,12 @@ fn copy_rows(rank: usize, t: usize, fill: bool) -> String {
     if fill {
         let _ = writeln!(
             s,
-            "{pre}  float *as_d = as_pad[{t}] + as_dst;\n{pre}  int64_t as_k = as_inside ? s{last} : 0;\n{pre}  if (as_k) memcpy(as_d, ins[{t}] + as_src, (size_t)as_k * sizeof(float));\n{pre}  memset(as_d + as_k, 0, (size_t)(b{last} - as_k) * sizeof(float));"
+            "{pre}  float *as_d = as_buf + as_dst;\n{pre}  int64_t as_k = as_inside ? s{last} : 0;\n{pre}  if (as_k) memcpy(as_d, ins[{t}] + as_src, (size_t)as_k * sizeof(float));\n{pre}  memset(as_d + as_k, 0, (size_t)(b{last} - as_k) * sizeof(float));"
         );
     } else {
         let _ = writeln!(
             s,
-            "{pre}  memcpy(outs[0] + as_src, as_pad[{t}] + as_dst, (size_t)s{last} * sizeof(float));"
+            "{pre}  memcpy(outs[0] + as_src, as_buf + as_dst, (size_t)s{last} * sizeof(float));"
         );
     }
     s.push_str(&format!("{pre}}}\n"));
