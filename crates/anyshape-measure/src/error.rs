@@ -38,4 +38,10 @@ pub enum MeasureError {
         /// Why.
         source: std::io::Error,
     },
+    /// No GPU to run on here (missing driver, NVRTC or device): GPU work is skipped.
+    #[error("no GPU: {0}")]
+    NoGpu(String),
+    /// A CUDA driver call failed.
+    #[error("GPU: {0}")]
+    Gpu(String),
 }

@@ -1,19 +1,22 @@
 //! Measuring programs: the builder (C sources to one shared library, in parallel, cached
 //! by source hash), the reference implementation every result is checked against, and
 //! the runner (times programs in a separate worker process with a time limit, so that a
-//! crashing or hanging candidate fails alone).
+//! crashing or hanging candidate fails alone), and the GPU device (NVRTC, launches,
+//! CUDA events; loaded at run time, absent without CUDA).
 //!
 //! It knows programs as C source and symbols; it knows nothing of search or dispatch.
 #![deny(missing_docs)]
 
 mod builder;
 mod error;
+mod gpu;
 mod reference;
 mod runner;
 pub mod worker;
 
 pub use builder::{Builder, BuiltLibrary, KernelSource};
 pub use error::{MeasureError, Result};
+pub use gpu::{GpuDevice, GpuLibrary};
 pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
 pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
 pub use worker::{Builtin, PreparedKernel, BUILTIN_LIBRARY};
