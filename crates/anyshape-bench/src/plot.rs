@@ -172,7 +172,9 @@ pub fn bars_svg(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((0..n).into_segmented(), 0.0..top * 1.15)
+        // A discrete range includes its end: `0..n - 1` holds the n bars (one bar gets
+        // an empty slot beside it, or it would have no width).
+        .build_cartesian_2d((0..n.max(2) - 1).into_segmented(), 0.0..top * 1.15)
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
@@ -243,6 +245,7 @@ mod tests {
             &[("x".into(), 3.0), ("y".into(), 9.0)],
         )
         .unwrap();
+        bars_svg(&bars, "one", "s", &[("x".into(), 3.0)]).unwrap();
         for p in [&lines, &bars] {
             let svg = std::fs::read_to_string(p).unwrap();
             assert!(svg.starts_with("<svg") && svg.contains("<text"), "{svg}");

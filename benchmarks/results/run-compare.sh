@@ -1,0 +1,18 @@
+#!/bin/bash
+# Final issue-5 figures. Fresh kernel cache so tuning times include every compile.
+A=/tmp/final/anyshape
+cd /tmp/final
+export ANYSHAPE_CACHE=/tmp/final/cache
+S="--samples T=5,24,43,62,81,100,119,128 --per-shape-trials 64 --bucket 16 --seconds 0.1"
+W_dense="dense(M=16*T,N=2304,K=768)"
+W_bmm_nt="batch_matmul_nt(B=192,M=T,N=T,K=64)"
+W_bmm_nn="batch_matmul_nn(B=192,M=T,N=64,K=T)"
+for n in dense bmm_nt bmm_nn; do
+  v=W_$n; w=${!v}
+  echo "=== $n tune $(date +%T)"
+  $A tune -w "$w" --range T=1..128 --trials 512 --records $n.jsonl --resume --out $n.module --quiet > $n-tune.log 2>&1
+  echo "=== $n compare $(date +%T)"
+  $A bench --module $n.module --compare $S --out-dir results/compare-$n --quiet > $n-compare.log 2>&1
+done
+echo "=== finished $(date +%T)"
+touch finished
