@@ -11,10 +11,11 @@
 //! unchecked (only write-back is checked); `boundary-check` checks in the compute
 //! stage; `loop-partition` runs full tiles unchecked and only edge tiles checked.
 //! `global-pad` (padded copies made by the launcher) is not built on GPU yet.
-use crate::program::{KernelMode, PaddingStrategy, CODEGEN_VERSION};
+use crate::program::{
+    hashed_symbol, specialized_key, KernelMode, PaddingStrategy, CODEGEN_VERSION,
+};
 use crate::{c, CodegenError, GemmView, GpuMicroKernel, GpuTarget, Result};
 use anyshape_ir::{Bindings, Epilogue, Expr, Workload};
-use sha2::{Digest, Sha256};
 use std::fmt::Write;
 
 /// A GPU program: what the CUDA printer turns into one kernel.
@@ -57,17 +58,16 @@ impl GpuProgram {
 
     /// The kernel's name: a hash of everything that shapes the generated code.
     pub fn symbol(&self, target: &GpuTarget) -> String {
-        let specialized = match self.mode {
-            KernelMode::Specialized => self.bindings.to_string(),
-            KernelMode::Symbolic => String::new(),
-        };
         let key = format!(
-            "{CODEGEN_VERSION}|cuda|{}|{}|{}|{}|{specialized}|{:?}",
-            self.workload, self.micro_kernel, self.strategy, self.mode, target
+            "{CODEGEN_VERSION}|cuda|{}|{}|{}|{}|{}|{:?}",
+            self.workload,
+            self.micro_kernel,
+            self.strategy,
+            self.mode,
+            specialized_key(self.mode, &self.bindings),
+            target
         );
-        let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        format!("asg_{hex}")
+        hashed_symbol("asg", &key)
     }
 
     /// The kernel as CUDA C, to follow [`CUDA_PRELUDE`] in a translation unit.

@@ -128,19 +128,16 @@ impl Program {
 
     /// The exported symbol: a hash of everything that shapes the generated code.
     pub fn symbol(&self, target: &CpuTarget) -> String {
-        let mut h = Sha256::new();
-        let specialized = match self.mode {
-            KernelMode::Specialized => self.bindings.to_string(),
-            KernelMode::Symbolic => String::new(),
-        };
         let key = format!(
-            "{CODEGEN_VERSION}|{}|{}|{}|{}|{specialized}|{:?}",
-            self.workload, self.micro_kernel, self.strategy, self.mode, target
+            "{CODEGEN_VERSION}|{}|{}|{}|{}|{}|{:?}",
+            self.workload,
+            self.micro_kernel,
+            self.strategy,
+            self.mode,
+            specialized_key(self.mode, &self.bindings),
+            target
         );
-        h.update(key.as_bytes());
-        let digest = h.finalize();
-        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        format!("as_{hex}")
+        hashed_symbol("as", &key)
     }
 
     /// Lower to loop IR and print as C (one function; see [`c::header`] for the shared prelude).
@@ -148,4 +145,21 @@ impl Program {
         let func = lower::lower(self, target)?;
         Ok(c::print_func(&func, target))
     }
+}
+
+/// The instance a kernel is specialized for, as it enters a symbol's key (empty for a
+/// symbolic kernel).
+pub(crate) fn specialized_key(mode: KernelMode, bindings: &Bindings) -> String {
+    match mode {
+        KernelMode::Specialized => bindings.to_string(),
+        KernelMode::Symbolic => String::new(),
+    }
+}
+
+/// A kernel name: `prefix` and the first 8 bytes of the SHA-256 of `key` (everything
+/// that shapes the kernel's code), in hex.
+pub(crate) fn hashed_symbol(prefix: &str, key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}_{hex}")
 }

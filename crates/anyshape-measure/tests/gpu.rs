@@ -1,21 +1,28 @@
 //! On a machine with an NVIDIA GPU: the generated CUDA kernels compiled by NVRTC and run
 //! on the device, checked against the reference for every T in 1..=128 and past it.
-//! Without one: opening the device is a clear error (no panic) and the test says it
-//! skips. `scripts/gpu.sh` runs this on a GPU machine.
+//! That test is `ignored` in `cargo test` (the listing shows why); `scripts/gpu.sh` runs
+//! it. Without a GPU, opening the device is a clear error, never a panic.
 use anyshape_codegen::{GpuMicroKernel, GpuProgram, PaddingStrategy};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{GpuDevice, MeasureError, MeasureOptions};
 
 #[test]
+fn opening_a_missing_gpu_is_an_error_not_a_panic() {
+    match GpuDevice::open(0) {
+        Ok(dev) => eprintln!("GPU present: {}", dev.target.name),
+        Err(MeasureError::NoGpu(why)) => assert!(!why.is_empty()),
+        Err(e) => panic!("a missing GPU must be NoGpu, got: {e}"),
+    }
+    assert!(matches!(
+        GpuDevice::open(usize::MAX >> 1),
+        Err(MeasureError::NoGpu(_))
+    ));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU with CUDA 12: run scripts/gpu.sh"]
 fn generated_cuda_kernels_are_correct_on_the_gpu() {
-    let dev = match GpuDevice::open(0) {
-        Ok(d) => d,
-        Err(MeasureError::NoGpu(why)) => {
-            eprintln!("SKIPPED: GPU tests need an NVIDIA GPU ({why})");
-            return;
-        }
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    };
+    let dev = GpuDevice::open(0).expect("this test needs a GPU");
     eprintln!("GPU: {:?}", dev.target);
     let mk = GpuMicroKernel {
         bm: 64,

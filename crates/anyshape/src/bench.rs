@@ -1,5 +1,6 @@
 //! `anyshape bench`: how well a module dispatches (loss against every micro-kernel it
-//! holds, on every tuned instance) and what dispatching costs per call.
+//! holds, on every tuned instance) and what dispatching costs per call; `--compare` is
+//! in `compare.rs`.
 use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::ENTRY_SYMBOL;
@@ -23,7 +24,7 @@ pub struct BenchArgs {
     /// (oneDNN, OpenBLAS: whichever are installed, a missing one is skipped with a
     /// warning; the `gemm` crate) and, with --per-shape-trials, per-shape (Ansor-style),
     /// Nimble-style and bucketing; writes `results.csv`, `report.md` and the plots
-    /// `latency.svg` and `tuning.svg` to --out-dir.
+    /// `latency.svg`, `throughput.svg` and `tuning.svg` to --out-dir.
     #[arg(long)]
     compare: bool,
     /// Instances for --compare, e.g. `T=1..128` [default: the module's domain].
@@ -44,7 +45,8 @@ pub struct BenchArgs {
     /// call). 0: no bucketing.
     #[arg(long, default_value_t = 16, value_name = "WIDTH")]
     bucket: i64,
-    /// Where --compare writes `results.csv`, `report.md` and the baselines' records.
+    /// Where --compare writes `results.csv`, `report.md`, the plots and the baselines'
+    /// records.
     #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
     out_dir: PathBuf,
     /// Measure, on every tuned instance, the dispatched kernel against every

@@ -1,5 +1,6 @@
-//! `anyshape bench --vendor`: the module against the vendor libraries, instance by
-//! instance, in one run, with a CSV and a Markdown report.
+//! `anyshape bench --compare`: the module against the vendor libraries and the tuned
+//! baselines (per-shape, Nimble-style, bucketing), instance by instance, in one run,
+//! with a CSV, a Markdown report and plots.
 use crate::{peak, runner, Common};
 use anyhow::{Context, Result};
 use anyshape_bench::build_vendors;

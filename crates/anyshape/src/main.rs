@@ -33,7 +33,8 @@ enum Command {
         /// The module directory (from `anyshape tune --out`).
         module: PathBuf,
     },
-    /// Benchmark a module: dispatch loss over its instances, dispatch overhead per call.
+    /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
+    /// dispatch loss over its instances, dispatch overhead per call.
     Bench(bench::BenchArgs),
     /// Print the detected CPU target as JSON (edit it and pass it back with --target).
     Target,
