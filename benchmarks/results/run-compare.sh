@@ -1,8 +1,14 @@
 #!/bin/bash
-# Final issue-5 figures. Fresh kernel cache so tuning times include every compile.
-A=/tmp/final/anyshape
-cd /tmp/final
-export ANYSHAPE_CACHE=/tmp/final/cache
+# The issue-5 comparison, from scratch, as run for benchmarks/results/compare-*:
+# joint tuning of each workload (512 trials, measured votes), then `bench --compare`
+# against the vendor libraries, per-shape, Nimble-style and bucketing. A fresh kernel
+# cache, so every tuning time includes every compile. ~90 minutes on 2 cores.
+# Usage: benchmarks/results/run-compare.sh [WORK_DIR]   (from the repository root)
+set -u
+A=${ANYSHAPE:-$PWD/target/release/anyshape}
+W=${1:-/tmp/anyshape-compare}
+mkdir -p "$W" && cd "$W" || exit 1
+export ANYSHAPE_CACHE=$W/cache
 S="--samples T=5,24,43,62,81,100,119,128 --per-shape-trials 64 --bucket 16 --seconds 0.1"
 W_dense="dense(M=16*T,N=2304,K=768)"
 W_bmm_nt="batch_matmul_nt(B=192,M=T,N=T,K=64)"
@@ -15,4 +21,3 @@ for n in dense bmm_nt bmm_nn; do
   $A bench --module $n.module --compare $S --out-dir results/compare-$n --quiet > $n-compare.log 2>&1
 done
 echo "=== finished $(date +%T)"
-touch finished
