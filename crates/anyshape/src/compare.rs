@@ -305,17 +305,20 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
     let mut methods = Vec::new();
     if o.per_shape_trials > 0 {
         methods.push(format!("per-shape (Ansor-style): anyshape's search on one instance at a time, factor-only tiles, specialized kernels, {} trials per sample (DietCode gave Ansor >= 1000 per shape); Nimble-style: the largest sample's micro-kernel, symbolic with loop partitioning, on every instance; its tuning time is that sample's", o.per_shape_trials));
-        if o.bucket > 0 {
+        let buckets = if o.bucket > 0 {
+            buckets(&instances, o.bucket).unwrap_or_else(|e| {
+                eprintln!("warning: no bucketing baseline: {e}");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        if !buckets.is_empty() {
             methods.push(format!("bucketing: buckets of {} values from the smallest instance; the largest instance of each bucket tuned per shape ({} trials); the others padded up to it (global padding: inputs copied into zero-filled buffers of the bucket's shape and the output copied back, inside the timed call)", o.bucket, o.per_shape_trials));
         }
         let samples = domain(&[ShapeVar::parse(o.samples.context(
             "--per-shape-trials needs --samples, e.g. T=5,24,43,62,81,100,119,128",
         )?)?])?;
-        let buckets = if o.bucket > 0 {
-            buckets(&instances, o.bucket)?
-        } else {
-            Vec::new()
-        };
         let measurer = Measurer {
             builder: builder.clone(),
             runner: runner(TuneOptions::default().measure)?,
@@ -324,7 +327,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
             "tuning the baselines: per-shape ({} trials on each of {} samples), Nimble-style{} ...",
             o.per_shape_trials,
             samples.len(),
-            if o.bucket > 0 {
+            if !buckets.is_empty() {
                 format!(
                     " and bucketing (buckets of {}: the largest instance of each tuned per shape)",
                     o.bucket
@@ -800,5 +803,47 @@ impl Report<'_> {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(values: &[i64]) -> Vec<Bindings> {
+        values
+            .iter()
+            .map(|&t| Bindings::from_pairs([("T", t)]))
+            .collect()
+    }
+
+    #[test]
+    fn buckets_pad_up_to_their_largest_instance() {
+        let maxima = |values: &[i64], width| -> Vec<i64> {
+            buckets(&ts(values), width)
+                .unwrap()
+                .iter()
+                .map(|(_, m)| m.get("T").unwrap())
+                .collect()
+        };
+        let all: Vec<i64> = (1..=40).collect();
+        let got = maxima(&all, 16);
+        assert_eq!(&got[..16], &[16; 16]);
+        assert_eq!(&got[16..32], &[32; 16]);
+        assert_eq!(&got[32..], &[40; 8], "the last bucket ends at the range");
+        assert_eq!(maxima(&[1, 5, 12], 8), vec![8, 8, 12]);
+        assert_eq!(maxima(&[3], 1), vec![3]);
+        let two = vec![Bindings::from_pairs([("T", 1), ("B", 2)])];
+        assert!(buckets(&two, 4).is_err());
+        assert!(buckets(&[], 4).is_err());
+    }
+
+    #[test]
+    fn significant_digits() {
+        assert_eq!(significant(0.0007240), "0.0007240");
+        assert_eq!(significant(27.06), "27.06");
+        assert_eq!(significant(1234.5), "1234");
+        assert_eq!(significant(0.0), "0");
+        assert_eq!(significant(f64::NAN), "NaN");
     }
 }
