@@ -20,6 +20,8 @@ use std::time::Instant;
 pub struct GpuDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// NVRTC's target architecture, `sm_XY` (NVRTC takes a static string).
+    arch: &'static str,
     /// Its limits, read from the device.
     pub target: GpuTarget,
 }
@@ -75,10 +77,14 @@ impl GpuDevice {
             shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
             shared_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
             registers_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+            // The per-thread register limit of every compute capability since 3.5.
             registers_per_thread: 255,
         };
+        // Leaked once per opened device.
+        let arch = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         Ok(GpuDevice {
             stream: ctx.default_stream(),
+            arch,
             ctx,
             target,
         })
@@ -93,13 +99,10 @@ impl GpuDevice {
                     .map_err(|e| MeasureError::Gpu(e.to_string()))?,
             );
         }
-        let (major, minor) = self.target.compute_capability;
-        // NVRTC wants a static string; one per compute capability, leaked once.
-        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(
             &src,
             cudarc::nvrtc::CompileOptions {
-                arch: Some(arch),
+                arch: Some(self.arch),
                 ..Default::default()
             },
         )
@@ -146,9 +149,9 @@ impl GpuDevice {
         let inputs = random_inputs(&bound, w.inputs.len(), 42);
         let s = &self.stream;
         // At least one element each: a zero-sized allocation is not a device pointer.
-        let upload = |v: &Vec<f32>| {
-            let data = if v.is_empty() { vec![0.0] } else { v.clone() };
-            s.clone_htod(&data).map_err(gpu_err("copying an input"))
+        let upload = |v: &[f32]| {
+            let data = if v.is_empty() { &[0.0f32][..] } else { v };
+            s.clone_htod(data).map_err(gpu_err("copying an input"))
         };
         let a = upload(&inputs[0])?;
         let b = upload(&inputs[1])?;

@@ -466,7 +466,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
             .collect::<Result<_, _>>()?,
         table: &table,
         tuning: &tuning,
-        tuning_resumed: m.tuning.as_ref().is_some_and(|t| t.untimed_trials > 0),
+        tuning_untimed: m.tuning.as_ref().is_some_and(|t| t.untimed_trials > 0),
         tuning_note: m.tuning.as_ref().filter(|t| t.untimed_trials > 0).map(|t| {
             format!(
                 "anyshape: {} trials, {} of them from records without times (an older version's; their time is not included)",
@@ -510,8 +510,8 @@ struct Report<'a> {
     table: &'a [Vec<Option<Cell>>],
     tuning: &'a [TuningTime],
     tuning_note: Option<String>,
-    /// Whether anyshape's tuning time leaves out trials resumed from records.
-    tuning_resumed: bool,
+    /// Whether anyshape's tuning time leaves out records without times (older versions').
+    tuning_untimed: bool,
     unavailable: &'a [String],
     /// How the tuned baselines were made (budgets, bucket width).
     methods: &'a [String],
@@ -599,7 +599,7 @@ impl Report<'_> {
             .iter()
             .find(|t| t.name == "anyshape")
             .map(|t| t.seconds)
-            .filter(|_| !self.tuning_resumed);
+            .filter(|_| !self.tuning_untimed);
         for t in self.tuning {
             let _ = writeln!(
                 s,
