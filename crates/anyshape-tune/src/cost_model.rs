@@ -4,11 +4,14 @@
 //! - `f_MK`: gradient-boosted trees (`forust-ml`) on the micro-kernel's features, trained
 //!   on `ln(measured throughput / (f_occ · f_pad))` so that a measurement on any instance
 //!   teaches the shape-generic part; samples are weighted by their instance's shape weight.
-//! - `f_occ = k · x / ceil_by(x, cores) + (1 − k)` with `x` the number of micro-kernel
-//!   instances (tasks) the program runs; `k` is fitted to the measurements.
+//! - `f_occ = k · x / ceil_by(x, slots) + (1 − k)` with `x` the number of micro-kernel
+//!   instances (tasks) the program runs and `slots` how many run at once (the cores on
+//!   CPU; SMs × resident blocks per SM on GPU, TSCompiler's waves); `k` is fitted to the
+//!   measurements.
 //! - `f_pad` = useful work / padded work over every padded axis (spatial and reduction).
-use anyshape_codegen::{GemmView, MicroKernel};
-use anyshape_ir::BoundWorkload;
+//!
+//! What tasks, slots and padding are for a micro-kernel on an instance is the backend's
+//! to say ([`crate::Backend::adaptation`]); the model is the same on every backend.
 use forust_ml::objective::ObjectiveType;
 use forust_ml::{GradientBooster, Matrix};
 
@@ -20,45 +23,24 @@ const MIN_TRAINING_SAMPLES: usize = 12;
 pub struct Sample {
     /// Features of the micro-kernel.
     pub features: Vec<f64>,
-    /// Micro-kernel instances (tasks) of the program.
-    pub tasks: f64,
-    /// `f_pad` of the program.
-    pub pad: f64,
+    /// How the instance maps onto the micro-kernel.
+    pub adaptation: Adaptation,
     /// Measured useful throughput, FLOP/s.
     pub throughput: f64,
     /// The instance's shape weight.
     pub weight: f64,
 }
 
-/// How the program's instance maps onto the micro-kernel: tasks and padding.
+/// How an instance maps onto a micro-kernel: tasks, parallel slots and padding.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adaptation {
-    /// Micro-kernel instances (batch × cache tiles of M × cache tiles of N).
+    /// Micro-kernel instances the program runs (CPU: batch × cache tiles of M and N;
+    /// GPU: blocks).
     pub tasks: f64,
+    /// How many tasks run at once (CPU: cores; GPU: SMs × resident blocks per SM).
+    pub slots: f64,
     /// Useful / padded work.
     pub pad: f64,
-}
-
-impl Adaptation {
-    /// Tasks and padding of `mk` on a bound instance of the workload whose GEMM view is
-    /// `g` (local padding pads each axis to its register-tile granularity: `mr`, `nr`, `uk`).
-    pub fn of(g: &GemmView, mk: &MicroKernel, bound: &BoundWorkload) -> Adaptation {
-        let e = |a: usize| bound.extents[a].max(0) as f64;
-        let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
-        let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
-        let (m, n, k) = (e(g.m), e(g.n), e(g.k));
-        let tasks = batch * (m / mk.mc as f64).ceil() * (n / mk.nc as f64).ceil();
-        let padded = up(m, mk.mr) * up(n, mk.nr) * up(k, mk.uk);
-        let pad = if padded > 0.0 {
-            (m * n * k) / padded
-        } else {
-            1.0
-        };
-        Adaptation {
-            tasks: tasks.max(1.0),
-            pad,
-        }
-    }
 }
 
 /// The trained cost model.
@@ -68,26 +50,24 @@ pub struct CostModel {
     base: f64,
     /// The fitted occupancy slope.
     pub k: f64,
-    cores: f64,
     /// Training samples used.
     pub samples: usize,
 }
 
 impl CostModel {
     /// A model with no data: `f_MK` constant, `k = 1`.
-    pub fn untrained(cores: usize) -> CostModel {
+    pub fn untrained() -> CostModel {
         CostModel {
             booster: None,
             base: 0.0,
             k: 1.0,
-            cores: cores as f64,
             samples: 0,
         }
     }
 
-    /// `f_occ` for a program with `tasks` micro-kernel instances.
-    pub fn f_occ(&self, tasks: f64) -> f64 {
-        occupancy(self.k, tasks, self.cores)
+    /// `f_occ` of an adaptation.
+    pub fn f_occ(&self, a: Adaptation) -> f64 {
+        occupancy(self.k, a)
     }
 
     /// `ln f_MK` for each feature vector.
@@ -101,12 +81,12 @@ impl CostModel {
 
     /// Predicted throughput (FLOP/s) from `ln f_MK` and the adaptation.
     pub fn throughput(&self, ln_f_mk: f64, a: Adaptation) -> f64 {
-        ln_f_mk.exp() * self.f_occ(a.tasks) * a.pad
+        ln_f_mk.exp() * self.f_occ(a) * a.pad
     }
 
     /// Fit `f_MK` and `k` to measured samples.
-    pub fn fit(samples: &[Sample], cores: usize, seed: u64) -> CostModel {
-        let mut model = CostModel::untrained(cores);
+    pub fn fit(samples: &[Sample], seed: u64) -> CostModel {
+        let mut model = CostModel::untrained();
         model.samples = samples.len();
         if samples.is_empty() {
             return model;
@@ -119,7 +99,7 @@ impl CostModel {
         let labels = |k: f64| -> Vec<f64> {
             samples
                 .iter()
-                .map(|s| (s.throughput / (occupancy(k, s.tasks, model.cores) * s.pad)).ln())
+                .map(|s| (s.throughput / (occupancy(k, s.adaptation) * s.adaptation.pad)).ln())
                 .collect()
         };
         let feats: Vec<Vec<f64>> = samples.iter().map(|s| s.features.clone()).collect();
@@ -151,7 +131,10 @@ impl CostModel {
                     .iter()
                     .zip(&pred)
                     .map(|(s, p)| {
-                        s.throughput.ln() - p - occupancy(k, s.tasks, model.cores).ln() - s.pad.ln()
+                        s.throughput.ln()
+                            - p
+                            - occupancy(k, s.adaptation).ln()
+                            - s.adaptation.pad.ln()
                     })
                     .collect();
                 let mean = weighted_mean(&r, &weights);
@@ -161,7 +144,7 @@ impl CostModel {
                     .sum()
             };
             // From k = 1 down, a smaller k must explain clearly more: where occupancy
-            // never varies (many more tasks than cores) k stays 1.
+            // never varies (many more tasks than slots) k stays 1.
             let mut best = (1.0, err(1.0));
             for k in (0..20).rev().map(|i| i as f64 / 20.0) {
                 let e = err(k);
@@ -178,9 +161,10 @@ impl CostModel {
     }
 }
 
-fn occupancy(k: f64, tasks: f64, cores: f64) -> f64 {
-    let x = tasks.max(1.0);
-    let ceil_by = (x / cores).ceil() * cores;
+fn occupancy(k: f64, a: Adaptation) -> f64 {
+    let x = a.tasks.max(1.0);
+    let slots = a.slots.max(1.0);
+    let ceil_by = (x / slots).ceil() * slots;
     k * x / ceil_by + (1.0 - k)
 }
 
@@ -239,32 +223,32 @@ mod tests {
     #[test]
     fn fits_k_and_learns_a_feature() {
         // Throughput = 10 * feature * f_occ(k = 0.6) * pad: the model must recover both.
-        let cores = 4.0;
         let mut samples = Vec::new();
         for i in 0..200 {
             let f = 1.0 + (i % 7) as f64;
             let tasks = 1.0 + (i % 13) as f64;
             let pad = 0.5 + (i % 5) as f64 / 10.0;
-            let throughput = 10.0 * f * occupancy(0.6, tasks, cores) * pad;
+            let adaptation = Adaptation {
+                tasks,
+                slots: 4.0,
+                pad,
+            };
+            let throughput = 10.0 * f * occupancy(0.6, adaptation) * pad;
             samples.push(Sample {
                 features: vec![f, (i % 3) as f64],
-                tasks,
-                pad,
+                adaptation,
                 throughput,
                 weight: 1.0,
             });
         }
-        let m = CostModel::fit(&samples, 4, 1);
+        let m = CostModel::fit(&samples, 1);
         assert!((m.k - 0.6).abs() <= 0.1, "k = {}", m.k);
         let pred: Vec<f64> = samples
             .iter()
             .map(|s| {
                 m.throughput(
                     m.ln_f_mk(std::slice::from_ref(&s.features))[0],
-                    Adaptation {
-                        tasks: s.tasks,
-                        pad: s.pad,
-                    },
+                    s.adaptation,
                 )
             })
             .collect();

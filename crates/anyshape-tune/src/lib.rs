@@ -8,6 +8,7 @@
 //! format.
 #![deny(missing_docs)]
 
+mod backend;
 mod cost_model;
 mod error;
 mod features;
@@ -18,6 +19,7 @@ mod space;
 mod verify;
 mod votes;
 
+pub use backend::{Backend, CpuBackend, Trial, TrialBatch};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use error::{Result, TuneError};
 pub use features::{extract, feature_names};

@@ -4,6 +4,7 @@
 use crate::{Result, TuneError};
 use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
 use anyshape_ir::Bindings;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -31,19 +32,20 @@ pub enum TrialResult {
     },
 }
 
-/// One trial: a program measured on an instance.
+/// One trial: a program measured on an instance (on the CPU unless `K`, the
+/// micro-kernel, and `T`, the target, say otherwise).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record {
+pub struct Record<K = MicroKernel, T = CpuTarget> {
     /// The anyshape version that measured it.
     pub anyshape: String,
     /// The workload, in its textual form.
     pub workload: String,
     /// The target it ran on.
-    pub target: CpuTarget,
+    pub target: T,
     /// The padding strategy.
     pub strategy: PaddingStrategy,
     /// The micro-kernel.
-    pub micro_kernel: MicroKernel,
+    pub micro_kernel: K,
     /// The instance.
     pub bindings: Bindings,
     /// The outcome.
@@ -57,7 +59,7 @@ pub struct Record {
     pub seconds: f64,
 }
 
-impl Record {
+impl<K, T> Record<K, T> {
     /// The minimum latency, for a successful trial.
     pub fn latency(&self) -> Option<f64> {
         match self.result {
@@ -77,7 +79,10 @@ impl RecordLog {
     /// Open `path` for appending and return the records it already holds. An existing,
     /// non-empty file is only continued with `resume` (so runs are never mixed by
     /// accident); a torn last line (from a killed run) is cut off.
-    pub fn open(path: &Path, resume: bool) -> Result<(RecordLog, Vec<Record>)> {
+    pub fn open<K: DeserializeOwned, T: DeserializeOwned>(
+        path: &Path,
+        resume: bool,
+    ) -> Result<(RecordLog, Vec<Record<K, T>>)> {
         let err = |message: String| TuneError::Records {
             path: path.display().to_string(),
             message,
@@ -96,8 +101,13 @@ impl RecordLog {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let rec: Record = serde_json::from_slice(line)
-                .map_err(|e| err(format!("line {} is not a record: {e}", n + 1)))?;
+            let rec: Record<K, T> = serde_json::from_slice(line).map_err(|e| {
+                err(format!(
+                    "line {} is not a record of this backend ({}): {e}",
+                    n + 1,
+                    std::any::type_name::<K>().rsplit("::").next().unwrap_or("")
+                ))
+            })?;
             records.push(rec);
         }
         let file = OpenOptions::new()
@@ -119,7 +129,7 @@ impl RecordLog {
     }
 
     /// Append one record (one `write`, then flushed to the OS).
-    pub fn append(&mut self, record: &Record) -> Result<()> {
+    pub fn append<K: Serialize, T: Serialize>(&mut self, record: &Record<K, T>) -> Result<()> {
         let mut line = serde_json::to_string(record).expect("records serialize");
         line.push('\n');
         self.file
@@ -162,32 +172,34 @@ mod tests {
         }
     }
 
+    /// The CPU records of a file.
+    fn open(path: &Path, resume: bool) -> Result<(RecordLog, Vec<Record>)> {
+        RecordLog::open(path, resume)
+    }
+
     #[test]
     fn appends_resumes_and_cuts_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.jsonl");
-        let (mut log, old) = RecordLog::open(&path, false).unwrap();
+        let (mut log, old) = open(&path, false).unwrap();
         assert!(old.is_empty());
         log.append(&record(0)).unwrap();
         log.append(&record(1)).unwrap();
         drop(log);
         assert!(
-            RecordLog::open(&path, false).is_err(),
+            open(&path, false).is_err(),
             "an existing run needs --resume"
         );
         // A killed writer leaves half a line.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"anyshape\":\"te").unwrap();
         drop(f);
-        let (mut log, old) = RecordLog::open(&path, true).unwrap();
+        let (mut log, old) = open(&path, true).unwrap();
         assert_eq!(old, vec![record(0), record(1)]);
         log.append(&record(2)).unwrap();
-        let (_, all) = RecordLog::open(&path, true).unwrap();
+        let (_, all) = open(&path, true).unwrap();
         assert_eq!(all, vec![record(0), record(1), record(2)]);
         std::fs::write(&path, "not json\n").unwrap();
-        assert!(matches!(
-            RecordLog::open(&path, true),
-            Err(TuneError::Records { .. })
-        ));
+        assert!(matches!(open(&path, true), Err(TuneError::Records { .. })));
     }
 }

@@ -8,12 +8,12 @@
 //! the records; retrain the model. The objective is `Σ_i w_i · latency_i` of the best
 //! micro-kernel known for each instance.
 use crate::{
-    extract, spearman, Adaptation, CostModel, Factors, Record, RecordLog, Result, Sample,
-    SearchSpace, TrialResult, TuneError,
+    spearman, Backend, CostModel, CpuBackend, Factors, Record, RecordLog, Result, Sample, Trial,
+    TrialBatch, TrialResult, TuneError,
 };
-use anyshape_codegen::{CpuTarget, GemmView, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{CpuTarget, GemmView, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
-use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
+use anyshape_measure::{MeasureOptions, Measurer};
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -95,9 +95,9 @@ pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
 
 /// Latency of micro-kernels on every instance, measured or predicted.
 #[derive(Clone, Debug)]
-pub struct ScoreTable {
+pub struct ScoreTable<K = MicroKernel> {
     /// The micro-kernels (rows).
-    pub kernels: Vec<MicroKernel>,
+    pub kernels: Vec<K>,
     /// Seconds, `[kernel][instance]`; infinite where the program failed.
     pub latency: Vec<Vec<f64>>,
     /// Whether each entry was measured (else predicted by the cost model).
@@ -189,13 +189,13 @@ pub struct RoundSummary {
 
 /// The best micro-kernel found for one instance.
 #[derive(Clone, Debug, Serialize)]
-pub struct InstanceBest {
+pub struct InstanceBest<K = MicroKernel> {
     /// The instance.
     pub bindings: Bindings,
     /// Its weight.
     pub weight: f64,
     /// The chosen micro-kernel.
-    pub micro_kernel: MicroKernel,
+    pub micro_kernel: K,
     /// Its latency, seconds (measured if `measured`, else predicted).
     pub latency_seconds: f64,
     /// Whether that latency was measured.
@@ -206,11 +206,11 @@ pub struct InstanceBest {
 
 /// The result of a tuning run.
 #[derive(Clone, Debug, Serialize)]
-pub struct TuneReport {
+pub struct TuneReport<K = MicroKernel> {
     /// The workload.
     pub workload: String,
     /// Best micro-kernel per instance.
-    pub best: Vec<InstanceBest>,
+    pub best: Vec<InstanceBest<K>>,
     /// Trials in the records (including resumed ones).
     pub trials: usize,
     /// Failed trials.
@@ -232,28 +232,52 @@ pub struct TuneReport {
     pub model_samples: usize,
 }
 
-/// A joint tuning run.
-pub struct Tuner<'a> {
+/// The records of a backend.
+type BackendRecord<B> = Record<<B as Backend>::MicroKernel, <B as Backend>::Target>;
+
+/// A joint tuning run on a backend (the CPU one unless named).
+pub struct Tuner<B: Backend> {
     workload: Workload,
     gemm: GemmView,
-    target: CpuTarget,
+    backend: B,
     instances: Vec<Instance>,
     options: TuneOptions,
-    measurer: &'a Measurer,
-    log: RecordLog,
-    records: Vec<Record>,
+    journal: Journal<B>,
     resumed: usize,
-    space: SearchSpace,
-    features: HashMap<MicroKernel, Vec<f64>>,
+    features: HashMap<B::MicroKernel, Vec<f64>>,
     index: HashMap<Bindings, usize>,
     time: TimeBreakdown,
+}
+
+/// The records of a run: the file and what it holds.
+struct Journal<B: Backend> {
+    log: RecordLog,
+    records: Vec<BackendRecord<B>>,
     /// When the last record was written (or the tuner was made).
     clock: Instant,
 }
 
-impl<'a> Tuner<'a> {
-    /// Prepare a run; `log` and `previous` come from [`RecordLog::open`]. Previous records
-    /// of this workload, target and strategy are reused; nothing measured is measured again.
+impl<B: Backend> Journal<B> {
+    /// Append one trial to the records file and the in-memory records, timed since the
+    /// previous one; `on_trial` hears the new count.
+    fn append(
+        &mut self,
+        mut record: BackendRecord<B>,
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<()> {
+        record.seconds = self.clock.elapsed().as_secs_f64();
+        self.clock = Instant::now();
+        self.log.append(&record)?;
+        self.records.push(record);
+        on_trial(self.records.len());
+        Ok(())
+    }
+}
+
+impl<'a> Tuner<CpuBackend<'a>> {
+    /// Prepare a run on the CPU; `log` and `previous` come from [`RecordLog::open`].
+    /// Previous records of this workload, target and strategy are reused; nothing
+    /// measured is measured again.
     pub fn new(
         workload: &Workload,
         target: &CpuTarget,
@@ -262,7 +286,29 @@ impl<'a> Tuner<'a> {
         measurer: &'a Measurer,
         log: RecordLog,
         previous: Vec<Record>,
-    ) -> Result<Tuner<'a>> {
+    ) -> Result<Tuner<CpuBackend<'a>>> {
+        let backend = CpuBackend::new(target, measurer);
+        Tuner::with_backend(backend, workload, instances, options, log, previous)
+    }
+
+    /// The tuned program of a micro-kernel: symbolic, so one build serves every
+    /// instance; specialized for the instance when tuning per shape.
+    pub fn program(&self, mk: MicroKernel) -> Program {
+        let batch = self.batch(&[]);
+        CpuBackend::program(&batch, mk)
+    }
+}
+
+impl<B: Backend> Tuner<B> {
+    /// Prepare a run on `backend` (see [`Tuner::new`]).
+    pub fn with_backend(
+        mut backend: B,
+        workload: &Workload,
+        instances: Vec<Instance>,
+        options: TuneOptions,
+        log: RecordLog,
+        previous: Vec<BackendRecord<B>>,
+    ) -> Result<Tuner<B>> {
         if instances.is_empty() {
             return Err(TuneError::Options("the domain has no instances".into()));
         }
@@ -284,44 +330,43 @@ impl<'a> Tuner<'a> {
             )));
         }
         let gemm = GemmView::of(workload)?;
-        let space = if options.per_shape {
+        if options.per_shape {
             let e = &instances[0].bound.extents;
             let extent = |a: usize| usize::try_from(e[a]).unwrap_or(1);
-            SearchSpace::factor_only(
-                target,
-                Factors {
-                    m: extent(gemm.m),
-                    n: extent(gemm.n),
-                    k: extent(gemm.k),
-                },
-            )
-        } else {
-            SearchSpace::new(target)
-        };
-        let records: Vec<Record> = previous
+            backend.restrict_to_factors(Factors {
+                m: extent(gemm.m),
+                n: extent(gemm.n),
+                k: extent(gemm.k),
+            });
+        }
+        let records: Vec<BackendRecord<B>> = previous
             .into_iter()
-            .filter(|r| r.workload == name && &r.target == target && r.strategy == options.strategy)
+            .filter(|r| {
+                r.workload == name
+                    && &r.target == backend.target()
+                    && r.strategy == options.strategy
+            })
             .collect();
         Ok(Tuner {
             gemm,
             workload: workload.clone(),
-            target: target.clone(),
-            space,
+            backend,
             resumed: records.len(),
             instances,
             options,
-            measurer,
-            log,
-            records,
+            journal: Journal {
+                log,
+                records,
+                clock: Instant::now(),
+            },
             features: HashMap::new(),
             index,
             time: TimeBreakdown::default(),
-            clock: Instant::now(),
         })
     }
 
     /// Features of each micro-kernel (cached; extraction counts as search time).
-    fn features_of(&mut self, mks: &[MicroKernel]) -> Vec<Vec<f64>> {
+    fn features_of(&mut self, mks: &[B::MicroKernel]) -> Vec<Vec<f64>> {
         let t0 = Instant::now();
         let rep = self.instances[self.instances.len() / 2].bindings.clone();
         let out = mks
@@ -330,13 +375,8 @@ impl<'a> Tuner<'a> {
                 self.features
                     .entry(*mk)
                     .or_insert_with(|| {
-                        extract(
-                            &self.workload,
-                            mk,
-                            self.options.strategy,
-                            &self.target,
-                            &rep,
-                        )
+                        self.backend
+                            .features(&self.workload, mk, self.options.strategy, &rep)
                     })
                     .clone()
             })
@@ -346,9 +386,9 @@ impl<'a> Tuner<'a> {
     }
 
     /// Best measured latency per instance, and the micro-kernel that gave it.
-    fn measured_best(&self) -> Vec<Option<(f64, MicroKernel)>> {
-        let mut best: Vec<Option<(f64, MicroKernel)>> = vec![None; self.instances.len()];
-        for r in &self.records {
+    fn measured_best(&self) -> Vec<Option<(f64, B::MicroKernel)>> {
+        let mut best: Vec<Option<(f64, B::MicroKernel)>> = vec![None; self.instances.len()];
+        for r in &self.journal.records {
             if let (Some(lat), Some(&i)) = (r.latency(), self.index.get(&r.bindings)) {
                 if best[i].is_none_or(|(b, _)| lat < b) {
                     best[i] = Some((lat, r.micro_kernel));
@@ -358,8 +398,8 @@ impl<'a> Tuner<'a> {
         best
     }
 
-    fn samples(&mut self, records: &[Record]) -> Vec<Sample> {
-        let ok: Vec<(MicroKernel, usize, f64)> = records
+    fn samples(&mut self, records: &[BackendRecord<B>]) -> Vec<Sample> {
+        let ok: Vec<(B::MicroKernel, usize, f64)> = records
             .iter()
             .filter_map(|r| Some((r.micro_kernel, *self.index.get(&r.bindings)?, r.latency()?)))
             .collect();
@@ -368,11 +408,9 @@ impl<'a> Tuner<'a> {
             .zip(feats)
             .map(|(&(mk, i, lat), features)| {
                 let inst = &self.instances[i];
-                let a = Adaptation::of(&self.gemm, &mk, &inst.bound);
                 Sample {
                     features,
-                    tasks: a.tasks,
-                    pad: a.pad,
+                    adaptation: self.backend.adaptation(&self.gemm, &mk, &inst.bound),
                     throughput: inst.flops / lat,
                     weight: inst.weight,
                 }
@@ -380,16 +418,16 @@ impl<'a> Tuner<'a> {
             .collect()
     }
 
-    fn train(&mut self, records: &[Record], seed: u64) -> CostModel {
+    fn train(&mut self, records: &[BackendRecord<B>], seed: u64) -> CostModel {
         let samples = self.samples(records);
         let t0 = Instant::now();
-        let model = CostModel::fit(&samples, self.target.cores, seed);
+        let model = CostModel::fit(&samples, seed);
         self.time.model += t0.elapsed().as_secs_f64();
         model
     }
 
     /// Predicted latency of every micro-kernel on every instance: `[kernel][instance]`.
-    fn predict(&mut self, model: &CostModel, mks: &[MicroKernel]) -> Vec<Vec<f64>> {
+    fn predict(&mut self, model: &CostModel, mks: &[B::MicroKernel]) -> Vec<Vec<f64>> {
         let feats = self.features_of(mks);
         let t0 = Instant::now();
         let ln = model.ln_f_mk(&feats);
@@ -402,7 +440,7 @@ impl<'a> Tuner<'a> {
                     .map(|x| {
                         x.flops
                             / model
-                                .throughput(l, Adaptation::of(&self.gemm, mk, &x.bound))
+                                .throughput(l, self.backend.adaptation(&self.gemm, mk, &x.bound))
                                 .max(1e-30)
                     })
                     .collect()
@@ -413,8 +451,9 @@ impl<'a> Tuner<'a> {
     }
 
     /// Micro-kernels measured successfully at least once.
-    fn known(&self) -> Vec<MicroKernel> {
-        self.records
+    fn known(&self) -> Vec<B::MicroKernel> {
+        self.journal
+            .records
             .iter()
             .filter(|r| r.latency().is_some())
             .map(|r| r.micro_kernel)
@@ -429,15 +468,16 @@ impl<'a> Tuner<'a> {
     pub(crate) fn scores_with(
         &mut self,
         model: &CostModel,
-        kernels: Option<&[MicroKernel]>,
+        kernels: Option<&[B::MicroKernel]>,
         round: Option<usize>,
-    ) -> ScoreTable {
-        let kernels = kernels.map_or_else(|| self.known(), <[MicroKernel]>::to_vec);
+    ) -> ScoreTable<B::MicroKernel> {
+        let kernels = kernels.map_or_else(|| self.known(), <[B::MicroKernel]>::to_vec);
         let mut latency = self.predict(model, &kernels);
         let mut measured = vec![vec![false; self.instances.len()]; kernels.len()];
-        let row: HashMap<MicroKernel, usize> =
+        let row: HashMap<B::MicroKernel, usize> =
             kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
         for r in self
+            .journal
             .records
             .iter()
             .filter(|r| round.is_none_or(|n| r.round == n))
@@ -460,23 +500,23 @@ impl<'a> Tuner<'a> {
     }
 
     /// The latency table of [`Tuner::scores_with`] under a model trained on every record.
-    pub fn scores(&mut self, kernels: Option<&[MicroKernel]>) -> ScoreTable {
-        let records = self.records.clone();
+    pub fn scores(&mut self, kernels: Option<&[B::MicroKernel]>) -> ScoreTable<B::MicroKernel> {
+        let records = self.journal.records.clone();
         let model = self.train(&records, self.options.seed);
         self.scores_with(&model, kernels, None)
     }
 
     /// The latest round that measured some micro-kernels on every instance (a vote
     /// round, see [`Tuner::measure_everywhere`]), with those micro-kernels.
-    pub fn vote_round(&self) -> Option<(usize, Vec<MicroKernel>)> {
-        let last = self.records.iter().map(|r| r.round).max()?;
-        let mut seen: BTreeMap<MicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
-        for r in self.records.iter().filter(|r| r.round == last) {
+    pub fn vote_round(&self) -> Option<(usize, Vec<B::MicroKernel>)> {
+        let last = self.journal.records.iter().map(|r| r.round).max()?;
+        let mut seen: BTreeMap<B::MicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+        for r in self.journal.records.iter().filter(|r| r.round == last) {
             seen.entry(r.micro_kernel).or_default().insert(&r.bindings);
         }
         let everywhere =
             |s: &BTreeSet<&Bindings>| self.instances.iter().all(|x| s.contains(&x.bindings));
-        let kernels: Vec<MicroKernel> = seen
+        let kernels: Vec<B::MicroKernel> = seen
             .iter()
             .filter(|(_, s)| everywhere(s))
             .map(|(mk, _)| *mk)
@@ -488,14 +528,20 @@ impl<'a> Tuner<'a> {
     /// (all of them timed side by side, at the same time); returns the round.
     pub fn measure_everywhere(
         &mut self,
-        kernels: &[MicroKernel],
+        kernels: &[B::MicroKernel],
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<usize> {
-        let trials: Vec<(MicroKernel, usize)> = kernels
+        let trials: Vec<(B::MicroKernel, usize)> = kernels
             .iter()
             .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
             .collect();
-        let round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
+        let round = self
+            .journal
+            .records
+            .iter()
+            .map(|r| r.round + 1)
+            .max()
+            .unwrap_or(0);
         self.measure(&trials, round, on_trial)?;
         Ok(round)
     }
@@ -503,23 +549,35 @@ impl<'a> Tuner<'a> {
     /// The latency table of `kernels` from the trials of one `round` only: measurements
     /// taken side by side, not the minimum over every time a program ran, which favours
     /// programs measured more often.
-    pub fn scores_in_round(&mut self, kernels: &[MicroKernel], round: usize) -> ScoreTable {
-        let records = self.records.clone();
+    pub fn scores_in_round(
+        &mut self,
+        kernels: &[B::MicroKernel],
+        round: usize,
+    ) -> ScoreTable<B::MicroKernel> {
+        let records = self.journal.records.clone();
         let model = self.train(&records, self.options.seed);
         self.scores_with(&model, Some(kernels), Some(round))
     }
 
     /// Trials in the records so far (resumed ones included).
     pub fn trials(&self) -> usize {
-        self.records.len()
+        self.journal.records.len()
     }
 
     /// Tuning wall time of the records, this run's and resumed ones': the sum of their
     /// [`Record::seconds`]; and how many records carry no time (written by an older
     /// version), which the sum then leaves out.
     pub fn tuning_seconds(&self) -> (f64, usize) {
-        let untimed = self.records.iter().filter(|r| r.seconds == 0.0).count();
-        (self.records.iter().map(|r| r.seconds).sum(), untimed)
+        let untimed = self
+            .journal
+            .records
+            .iter()
+            .filter(|r| r.seconds == 0.0)
+            .count();
+        (
+            self.journal.records.iter().map(|r| r.seconds).sum(),
+            untimed,
+        )
     }
 
     /// The instances being tuned.
@@ -529,17 +587,16 @@ impl<'a> Tuner<'a> {
 
     /// Best latency per instance over the known kernels (see [`Tuner::scores_with`]),
     /// with the micro-kernel and whether it was measured.
-    fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, MicroKernel, bool)> {
+    fn best_per_instance(&mut self, model: &CostModel) -> Vec<(f64, B::MicroKernel, bool)> {
         let t = self.scores_with(model, None, None);
         (0..self.instances.len())
             .map(|i| {
                 (0..t.kernels.len())
                     .filter(|&k| t.latency[k][i].is_finite())
                     .min_by(|&a, &b| t.latency[a][i].total_cmp(&t.latency[b][i]))
-                    .map_or(
-                        (f64::INFINITY, MicroKernel::default_for(&self.target), false),
-                        |k| (t.latency[k][i], t.kernels[k], t.measured[k][i]),
-                    )
+                    .map_or((f64::INFINITY, self.backend.default_kernel(), false), |k| {
+                        (t.latency[k][i], t.kernels[k], t.measured[k][i])
+                    })
             })
             .collect()
     }
@@ -561,6 +618,7 @@ impl<'a> Tuner<'a> {
             }
         }
         let best_gflops = self
+            .journal
             .records
             .iter()
             .filter_map(|r| {
@@ -569,7 +627,7 @@ impl<'a> Tuner<'a> {
             .fold(0.0, f64::max);
         RoundSummary {
             round,
-            trials: self.records.len(),
+            trials: self.journal.records.len(),
             budget: self.options.trials,
             failed,
             predicted_weighted_latency: predicted,
@@ -581,20 +639,20 @@ impl<'a> Tuner<'a> {
     }
 
     /// Evolve candidates from the best known micro-kernels.
-    fn evolve(&self, elites: &[MicroKernel], rng: &mut ChaCha8Rng) -> Vec<MicroKernel> {
-        let mut out: BTreeSet<MicroKernel> = elites.iter().copied().collect();
+    fn evolve(&self, elites: &[B::MicroKernel], rng: &mut ChaCha8Rng) -> Vec<B::MicroKernel> {
+        let mut out: BTreeSet<B::MicroKernel> = elites.iter().copied().collect();
         for _ in 0..64 {
-            out.insert(self.space.sample(rng));
+            out.insert(self.backend.sample(rng));
         }
         if !elites.is_empty() {
             for _ in 0..192 {
                 let a = elites[rng.random_range(0..elites.len())];
-                out.insert(self.space.mutate(&a, rng));
+                out.insert(self.backend.mutate(&a, rng));
             }
             for _ in 0..64 {
                 let a = elites[rng.random_range(0..elites.len())];
                 let b = elites[rng.random_range(0..elites.len())];
-                out.insert(self.space.crossover(&a, &b, rng));
+                out.insert(self.backend.crossover(&a, &b, rng));
             }
         }
         out.into_iter().collect()
@@ -606,21 +664,22 @@ impl<'a> Tuner<'a> {
         model: &CostModel,
         rng: &mut ChaCha8Rng,
         budget: usize,
-    ) -> Vec<(MicroKernel, usize)> {
+    ) -> Vec<(B::MicroKernel, usize)> {
         let t0 = Instant::now();
         let best = self.best_per_instance(model);
-        let mut elites: BTreeSet<MicroKernel> = BTreeSet::new();
+        let mut elites: BTreeSet<B::MicroKernel> = BTreeSet::new();
         for b in &best {
             if b.0.is_finite() {
                 elites.insert(b.1);
             }
         }
-        let elites: Vec<MicroKernel> = elites.into_iter().collect();
+        let elites: Vec<B::MicroKernel> = elites.into_iter().collect();
         let candidates = self.evolve(&elites, rng);
         self.time.search += t0.elapsed().as_secs_f64();
         let pred = self.predict(model, &candidates);
         let t0 = Instant::now();
-        let done: BTreeSet<(MicroKernel, Bindings)> = self
+        let done: BTreeSet<(B::MicroKernel, Bindings)> = self
+            .journal
             .records
             .iter()
             .map(|r| (r.micro_kernel, r.bindings.clone()))
@@ -652,7 +711,7 @@ impl<'a> Tuner<'a> {
         };
         let n_random = ((n_kernels as f64 * epsilon).round() as usize).min(n_kernels);
         let mut picked: Vec<usize> = Vec::new();
-        let mut trials: Vec<(MicroKernel, usize)> = Vec::new();
+        let mut trials: Vec<(B::MicroKernel, usize)> = Vec::new();
         while picked.len() < n_kernels - n_random {
             let score = |c: usize| (0..w.len()).map(|i| gain(c, i, &cur)).sum::<f64>();
             let Some(c) = (0..candidates.len())
@@ -676,7 +735,7 @@ impl<'a> Tuner<'a> {
         }
         // Exploration: random micro-kernels on instances drawn by weight.
         for _ in 0..n_random {
-            let mk = self.space.sample(rng);
+            let mk = self.backend.sample(rng);
             for _ in 0..self.options.instances_per_kernel {
                 trials.push((mk, weighted_pick(&w, rng)));
             }
@@ -690,131 +749,68 @@ impl<'a> Tuner<'a> {
         trials
     }
 
+    /// The round's batch of `trials` (shared program settings).
+    fn batch<'t>(&'t self, trials: &'t [Trial<B::MicroKernel>]) -> TrialBatch<'t, B::MicroKernel> {
+        TrialBatch {
+            workload: &self.workload,
+            strategy: self.options.strategy,
+            specialize: self.options.per_shape.then(|| &self.instances[0].bindings),
+            trials,
+        }
+    }
+
     /// Build and measure the trials, append their records; returns how many failed.
+    /// Each trial is recorded as soon as it is measured, so a killed run loses none.
     fn measure(
         &mut self,
-        trials: &[(MicroKernel, usize)],
+        trials: &[(B::MicroKernel, usize)],
         round: usize,
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<usize> {
         let t0 = Instant::now();
-        let mks: BTreeSet<MicroKernel> = trials.iter().map(|t| t.0).collect();
-        let mut sources = Vec::new();
-        let mut lower_errors: BTreeMap<String, String> = BTreeMap::new();
-        let mut symbols = BTreeMap::new();
-        for &mk in &mks {
-            let p = self.program(mk);
-            symbols.insert(mk, p.symbol(&self.target));
-            match p.c_source(&self.target) {
-                Ok(code) => sources.push(KernelSource {
-                    symbol: p.symbol(&self.target),
-                    code,
-                }),
-                Err(e) => {
-                    lower_errors.insert(p.symbol(&self.target), e.to_string());
-                }
-            }
-        }
-        let lib = self.measurer.builder.build(&self.target, &sources)?;
-        self.time.build += t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        // Group by instance so the worker reuses inputs and reference between candidates.
-        let mut order: Vec<&(MicroKernel, usize)> = trials.iter().collect();
-        order.sort_by_key(|t| (t.1, t.0));
-        let mut runnable = Vec::new();
+        let list: Vec<Trial<B::MicroKernel>> = trials
+            .iter()
+            .map(|&(mk, i)| Trial {
+                micro_kernel: mk,
+                bindings: self.instances[i].bindings.clone(),
+                check: self.instances[i].flops <= self.options.check_flops,
+            })
+            .collect();
         let mut failed = 0;
-        for &&(mk, i) in &order {
-            let sym = symbols[&mk].clone();
-            if let Some(e) = lib.failed.get(&sym).or(lower_errors.get(&sym)) {
-                let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
-                failed += 1;
-                self.record(mk, i, TrialResult::Failed { error }, round, on_trial)?;
-                continue;
-            }
-            let check = self.instances[i].flops <= self.options.check_flops;
-            let bindings = self.instances[i].bindings.clone();
-            runnable.push((
-                (mk, i),
-                Candidate {
-                    symbol: sym,
-                    workload: self.workload.clone(),
-                    bindings,
-                    check,
-                },
-            ));
-        }
-        let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
-        // Each trial is recorded as soon as it is measured, so a killed run loses none.
-        let measurer = self.measurer;
         let mut append_error = None;
-        measurer
-            .runner
-            .measure_with(&lib.path, &cands, &mut |n, outcome| {
-                let ((mk, i), cand) = &runnable[n];
-                let result = match outcome {
-                    Outcome::Failed(error) => TrialResult::Failed {
-                        error: error.clone(),
-                    },
-                    Outcome::Measured(m) => match &m.check {
-                        Some(c) if !c.passed => TrialResult::Failed {
-                            error: format!("wrong result: {} elements differ", c.mismatches),
-                        },
-                        _ => TrialResult::Measured {
-                            min_seconds: m.min_seconds,
-                            median_seconds: m.median_seconds,
-                            repeats: m.repeats,
-                            checked: cand.check,
-                        },
-                    },
-                };
-                failed += usize::from(matches!(result, TrialResult::Failed { .. }));
-                if let Err(e) = self.record(*mk, *i, result, round, on_trial) {
-                    append_error.get_or_insert(e);
-                }
-            })?;
-        self.time.measure += t0.elapsed().as_secs_f64();
+        let batch = TrialBatch {
+            workload: &self.workload,
+            strategy: self.options.strategy,
+            specialize: self.options.per_shape.then(|| &self.instances[0].bindings),
+            trials: &list,
+        };
+        let target = self.backend.target();
+        let journal = &mut self.journal;
+        let mut on_result = |n: usize, result: TrialResult| {
+            failed += usize::from(matches!(result, TrialResult::Failed { .. }));
+            let t = &list[n];
+            let record = Record {
+                anyshape: env!("CARGO_PKG_VERSION").to_string(),
+                workload: batch.workload.to_string(),
+                target: target.clone(),
+                strategy: batch.strategy,
+                micro_kernel: t.micro_kernel,
+                bindings: t.bindings.clone(),
+                result,
+                round,
+                seconds: 0.0,
+            };
+            if let Err(e) = journal.append(record, on_trial) {
+                append_error.get_or_insert(e);
+            }
+        };
+        let build = self.backend.measure(&batch, &mut on_result)?;
+        self.time.build += build;
+        self.time.measure += t0.elapsed().as_secs_f64() - build;
         if let Some(e) = append_error {
             return Err(e);
         }
         Ok(failed)
-    }
-
-    /// The tuned program of a micro-kernel: symbolic, so one build serves every
-    /// instance; specialized for the instance when tuning per shape.
-    pub fn program(&self, mk: MicroKernel) -> Program {
-        let mut p = Program::symbolic(&self.workload, mk, self.options.strategy);
-        if self.options.per_shape {
-            p.mode = KernelMode::Specialized;
-            p.bindings = self.instances[0].bindings.clone();
-        }
-        p
-    }
-
-    /// Append one trial to the records file and the in-memory records.
-    fn record(
-        &mut self,
-        mk: MicroKernel,
-        i: usize,
-        result: TrialResult,
-        round: usize,
-        on_trial: &mut dyn FnMut(usize),
-    ) -> Result<()> {
-        let record = Record {
-            anyshape: env!("CARGO_PKG_VERSION").to_string(),
-            workload: self.workload.to_string(),
-            target: self.target.clone(),
-            strategy: self.options.strategy,
-            micro_kernel: mk,
-            bindings: self.instances[i].bindings.clone(),
-            result,
-            round,
-            seconds: self.clock.elapsed().as_secs_f64(),
-        };
-        self.clock = Instant::now();
-        self.log.append(&record)?;
-        self.records.push(record);
-        on_trial(self.records.len());
-        Ok(())
     }
 
     /// Run rounds until the trial budget is spent; `on_round` hears each round's summary
@@ -823,18 +819,24 @@ impl<'a> Tuner<'a> {
         &mut self,
         on_round: &mut dyn FnMut(&RoundSummary),
         on_trial: &mut dyn FnMut(usize),
-    ) -> Result<TuneReport> {
-        let first_round = self.records.iter().map(|r| r.round + 1).max().unwrap_or(0);
+    ) -> Result<TuneReport<B::MicroKernel>> {
+        let first_round = self
+            .journal
+            .records
+            .iter()
+            .map(|r| r.round + 1)
+            .max()
+            .unwrap_or(0);
         let mut round = first_round;
-        let records = self.records.clone();
+        let records = self.journal.records.clone();
         let mut model = self.train(&records, self.options.seed);
         let mut history = Vec::new();
         let mut stalled = 0;
-        while self.records.len() < self.options.trials && stalled < 3 {
+        while self.journal.records.len() < self.options.trials && stalled < 3 {
             let mut rng = ChaCha8Rng::seed_from_u64(
                 self.options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round as u64,
             );
-            let budget = self.options.trials - self.records.len();
+            let budget = self.options.trials - self.journal.records.len();
             let trials = self.choose(&model, &mut rng, budget);
             if trials.is_empty() {
                 stalled += 1;
@@ -843,7 +845,7 @@ impl<'a> Tuner<'a> {
             }
             stalled = 0;
             let failed = self.measure(&trials, round, on_trial)?;
-            let records = self.records.clone();
+            let records = self.journal.records.clone();
             model = self.train(&records, self.options.seed ^ round as u64);
             let summary = self.summary(round, failed, &model);
             on_round(&summary);
@@ -858,7 +860,7 @@ impl<'a> Tuner<'a> {
         model: &CostModel,
         rounds: usize,
         history: Vec<RoundSummary>,
-    ) -> TuneReport {
+    ) -> TuneReport<B::MicroKernel> {
         let best = self.best_per_instance(model);
         let best = best
             .into_iter()
@@ -872,7 +874,8 @@ impl<'a> Tuner<'a> {
                 gflops: x.flops / lat / 1e9,
             })
             .collect();
-        let ok: Vec<Record> = self
+        let ok: Vec<BackendRecord<B>> = self
+            .journal
             .records
             .iter()
             .filter(|r| r.latency().is_some())
@@ -887,15 +890,7 @@ impl<'a> Tuner<'a> {
             let pred: Vec<f64> = held
                 .iter()
                 .zip(ln)
-                .map(|(s, l)| {
-                    m.throughput(
-                        l,
-                        Adaptation {
-                            tasks: s.tasks,
-                            pad: s.pad,
-                        },
-                    )
-                })
+                .map(|(s, l)| m.throughput(l, s.adaptation))
                 .collect();
             let truth: Vec<f64> = held.iter().map(|s| s.throughput).collect();
             spearman(&pred, &truth)
@@ -903,8 +898,9 @@ impl<'a> Tuner<'a> {
         TuneReport {
             workload: self.workload.to_string(),
             best,
-            trials: self.records.len(),
+            trials: self.journal.records.len(),
             failed_trials: self
+                .journal
                 .records
                 .iter()
                 .filter(|r| r.latency().is_none())

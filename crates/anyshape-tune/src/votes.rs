@@ -1,7 +1,7 @@
 //! Votes and the dispatch tree (DietCode §4.3): every instance votes for a micro-kernel,
 //! a micro-kernel within a tolerance of an instance's best may take its vote so that few
 //! are chosen, and a decision tree learns shape-var values → vote.
-use crate::{Result, ScoreTable, TuneError, Tuner};
+use crate::{Backend, Result, ScoreTable, TuneError, Tuner};
 use anyshape_codegen::{DispatchTree, MicroKernel};
 use anyshape_ir::Bindings;
 use anyshape_runtime::Vote;
@@ -12,9 +12,9 @@ use smartcore::tree::decision_tree_classifier::{
 
 /// The outcome of voting.
 #[derive(Clone, Debug)]
-pub struct Votes {
+pub struct Votes<K = MicroKernel> {
     /// The chosen micro-kernels, most votes first.
-    pub micro_kernels: Vec<MicroKernel>,
+    pub micro_kernels: Vec<K>,
     /// One vote per instance (indices into `micro_kernels`).
     pub votes: Vec<Vote>,
 }
@@ -44,11 +44,11 @@ impl Default for VoteOptions {
 /// Take the votes of a tuning run: candidates by a cover of the measured-or-predicted
 /// table, measured on every instance (with `measure`), then the final cover and votes
 /// over the measured table. `on_trial` hears the record count after each new trial.
-pub fn elect(
-    tuner: &mut Tuner,
+pub fn elect<B: Backend>(
+    tuner: &mut Tuner<B>,
     options: &VoteOptions,
     on_trial: &mut dyn FnMut(usize),
-) -> Result<Votes> {
+) -> Result<Votes<B::MicroKernel>> {
     let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
     let bindings: Vec<Bindings> = tuner
         .instances()
@@ -62,7 +62,8 @@ pub fn elect(
         None => {
             let table = tuner.scores(None);
             let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
-            let candidates: Vec<MicroKernel> = picked.iter().map(|&k| table.kernels[k]).collect();
+            let candidates: Vec<B::MicroKernel> =
+                picked.iter().map(|&k| table.kernels[k]).collect();
             if options.measure {
                 let round = tuner.measure_everywhere(&candidates, on_trial)?;
                 tuner.scores_in_round(&candidates, round)
@@ -78,8 +79,8 @@ pub fn elect(
 /// Greedy cover: pick micro-kernels (rows of `table`) until every instance has one within
 /// `tolerance` of its best, each time the one that covers the most weight still uncovered;
 /// at most `max_kernels`. Returns row indices in the order picked.
-pub fn cover(
-    table: &ScoreTable,
+pub fn cover<K>(
+    table: &ScoreTable<K>,
     weights: &[f64],
     tolerance: f64,
     max_kernels: usize,
@@ -135,12 +136,12 @@ pub fn cover(
 /// micro-kernel within `tolerance` of its best among the chosen ones (so that large
 /// regions of the domain agree), the fastest chosen one if none is. Unused kernels are
 /// dropped.
-pub fn vote(
-    table: &ScoreTable,
+pub fn vote<K: Copy>(
+    table: &ScoreTable<K>,
     chosen: &[usize],
     instances: &[Bindings],
     tolerance: f64,
-) -> Result<Votes> {
+) -> Result<Votes<K>> {
     if chosen.is_empty() {
         return Err(TuneError::Options(
             "no micro-kernel ran successfully on any instance: nothing to dispatch to".into(),

@@ -4,7 +4,7 @@
 use anyshape_codegen::{CpuTarget, PaddingStrategy};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
-use anyshape_tune::{instances, verify, RecordLog, TuneOptions, Tuner};
+use anyshape_tune::{instances, verify, Record, RecordLog, TuneOptions, Tuner};
 use std::collections::BTreeSet;
 
 fn runner() -> Runner {
@@ -75,7 +75,7 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     .unwrap();
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!((report.trials, report.resumed_trials), (27, 18));
-    let (_, all) = RecordLog::open(&records, true).unwrap();
+    let (_, all): (_, Vec<Record>) = RecordLog::open(&records, true).unwrap();
     assert_eq!(all.len(), 27);
     let pairs: BTreeSet<_> = all
         .iter()

@@ -4,8 +4,8 @@ use anyhow::{bail, Context, Result};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use anyshape_tune::{
-    elect, instances, train_tree, verify, write_module, ModuleSpec, RecordLog, RoundSummary,
-    Specialize, TuneOptions, TuneReport, Tuner, VoteOptions,
+    elect, instances, train_tree, verify, write_module, CpuBackend, ModuleSpec, RecordLog,
+    RoundSummary, Specialize, TuneOptions, TuneReport, Tuner, VoteOptions,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -213,7 +213,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
 fn build_module(
     args: &TuneArgs,
     out: &std::path::Path,
-    tuner: &mut Tuner,
+    tuner: &mut Tuner<CpuBackend>,
     report: &TuneReport,
     workload: &Workload,
     vars: &[ShapeVar],
