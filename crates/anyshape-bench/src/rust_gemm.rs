@@ -2,7 +2,7 @@
 //! `anyshape` executable, run by its worker like any kernel (same isolation, checks and
 //! timing). `gemm`: one call per batch item, parallel inside (rayon, all cores);
 //! `gemm-par`: a rayon loop over the batch with one-threaded calls.
-use anyshape_codegen::GemmView;
+use anyshape_codegen::{GemmOperand, StridedGemm};
 use anyshape_ir::{BoundWorkload, Workload};
 use anyshape_measure::{Builtin, PreparedKernel};
 use gemm::Parallelism;
@@ -20,58 +20,26 @@ pub static BUILTINS: &[Builtin] = &[
     },
 ];
 
-/// One matrix of the GEMM: offset, batch stride, row and column strides (elements).
-#[derive(Clone, Copy)]
-struct Operand {
-    offset: isize,
-    batch: isize,
-    row: isize,
-    col: isize,
-}
-
-/// The instance as a strided batched GEMM.
-#[derive(Clone, Copy)]
-struct Shape {
-    nb: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Operand,
-    b: Operand,
-    c: Operand,
-}
-
-fn shape(w: &Workload, bound: &BoundWorkload) -> Result<Shape, String> {
-    let g = GemmView::of(w).map_err(|e| e.to_string())?;
-    if g.batch.len() > 1 || w.epilogue != anyshape_ir::Epilogue::None {
-        return Err(format!(
-            "{w}: the gemm baseline needs at most one batch axis and no epilogue"
-        ));
+fn shape(w: &Workload, bound: &BoundWorkload) -> Result<StridedGemm, String> {
+    if w.epilogue != anyshape_ir::Epilogue::None {
+        return Err(format!("{w}: the gemm baseline takes no epilogue"));
     }
-    let operand = |t: usize, [r, c]: [usize; 2]| Operand {
-        offset: bound.offsets[t] as isize,
-        batch: g.batch.first().map_or(0, |&x| bound.axis_strides[t][x]) as isize,
-        row: bound.axis_strides[t][r] as isize,
-        col: bound.axis_strides[t][c] as isize,
-    };
-    let out = w.inputs.len();
-    Ok(Shape {
-        nb: g.batch.first().map_or(1, |&x| bound.extents[x]) as usize,
-        m: bound.extents[g.m] as usize,
-        n: bound.extents[g.n] as usize,
-        k: bound.extents[g.k] as usize,
-        a: operand(0, [g.m, g.k]),
-        b: operand(1, [g.k, g.n]),
-        c: operand(out, [g.m, g.n]),
-    })
+    StridedGemm::of(w, bound).map_err(|e| e.to_string())
 }
 
 /// `c[item] = a[item] · b[item]` for one batch item.
 ///
 /// # Safety
 /// The pointers hold the tensors of the bound workload `s` was made from.
-unsafe fn item(s: &Shape, a: *const f32, b: *const f32, c: *mut f32, i: usize, par: Parallelism) {
-    let at = |o: &Operand| o.offset + i as isize * o.batch;
+unsafe fn item(
+    s: &StridedGemm,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    i: usize,
+    par: Parallelism,
+) {
+    let at = |o: &GemmOperand| (o.offset + i as i64 * o.batch) as isize;
     // SAFETY: offsets and strides come from the bound workload, within its buffers.
     // `gemm` computes dst = alpha·dst + beta·lhs·rhs (alpha and beta swapped vs BLAS).
     unsafe {
@@ -80,15 +48,15 @@ unsafe fn item(s: &Shape, a: *const f32, b: *const f32, c: *mut f32, i: usize, p
             s.n,
             s.k,
             c.offset(at(&s.c)),
-            s.c.col,
-            s.c.row,
+            s.c.col as isize,
+            s.c.row as isize,
             false,
             a.offset(at(&s.a)),
-            s.a.col,
-            s.a.row,
+            s.a.col as isize,
+            s.a.row as isize,
             b.offset(at(&s.b)),
-            s.b.col,
-            s.b.row,
+            s.b.col as isize,
+            s.b.row as isize,
             0.0f32,
             1.0f32,
             false,
@@ -116,7 +84,7 @@ fn prepare(
         if batch_parallel {
             // Raw pointers are not `Send`; the items write disjoint parts of the output.
             let (a, b, c) = (*a as usize, *b as usize, out as usize);
-            (0..s.nb).into_par_iter().for_each(|i| {
+            (0..s.batch).into_par_iter().for_each(|i| {
                 // SAFETY: as in `item`; batch items do not overlap in the output.
                 unsafe {
                     item(
@@ -130,7 +98,7 @@ fn prepare(
                 }
             });
         } else {
-            for i in 0..s.nb {
+            for i in 0..s.batch {
                 // SAFETY: the worker passes the bound workload's buffers.
                 unsafe { item(&s, *a, *b, out, i, Parallelism::Rayon(threads)) }
             }

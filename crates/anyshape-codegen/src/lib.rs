@@ -29,5 +29,5 @@ pub use lower::lower;
 pub use program::{
     KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES,
 };
-pub use sketch::{GemmView, MicroKernel};
+pub use sketch::{GemmOperand, GemmView, MicroKernel, StridedGemm};
 pub use target::{host_cpu_features, CpuTarget, Simd};

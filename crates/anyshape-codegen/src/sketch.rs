@@ -10,7 +10,7 @@
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not.
 use crate::{CodegenError, CpuTarget, Result};
-use anyshape_ir::{AxisKind, Workload};
+use anyshape_ir::{AxisKind, BoundWorkload, Workload};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -61,6 +61,70 @@ impl GemmView {
             }),
             _ => Err(fail("it needs exactly one M, one N and one reduction axis")),
         }
+    }
+}
+
+/// One matrix of a strided batched GEMM: offset, batch, row and column strides, in
+/// elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmOperand {
+    /// Element offset of the first batch item's origin.
+    pub offset: i64,
+    /// Stride between batch items.
+    pub batch: i64,
+    /// Stride between rows.
+    pub row: i64,
+    /// Stride between columns.
+    pub col: i64,
+}
+
+/// An instance of a contraction as a strided batched GEMM `c[i] = a[i] · b[i]` (what
+/// BLAS-style libraries take): A is `m × k`, B `k × n`, C `m × n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StridedGemm {
+    /// Batch items.
+    pub batch: usize,
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// The reduction.
+    pub k: usize,
+    /// Input 0.
+    pub a: GemmOperand,
+    /// Input 1.
+    pub b: GemmOperand,
+    /// The output.
+    pub c: GemmOperand,
+}
+
+impl StridedGemm {
+    /// The bound instance of `w` as a strided batched GEMM; an error for more than one
+    /// batch axis (the epilogue is the caller's to refuse or apply).
+    pub fn of(w: &Workload, bound: &BoundWorkload) -> Result<StridedGemm> {
+        let g = GemmView::of(w)?;
+        if g.batch.len() > 1 {
+            return Err(CodegenError::SketchNotApplicable {
+                workload: w.to_string(),
+                reason: "a strided batched GEMM has at most one batch axis".into(),
+            });
+        }
+        let operand = |t: usize, [r, c]: [usize; 2]| GemmOperand {
+            offset: bound.offsets[t],
+            batch: g.batch.first().map_or(0, |&x| bound.axis_strides[t][x]),
+            row: bound.axis_strides[t][r],
+            col: bound.axis_strides[t][c],
+        };
+        let extent = |a: usize| bound.extents[a].max(0) as usize;
+        Ok(StridedGemm {
+            batch: g.batch.first().map_or(1, |&x| extent(x)),
+            m: extent(g.m),
+            n: extent(g.n),
+            k: extent(g.k),
+            a: operand(0, [g.m, g.k]),
+            b: operand(1, [g.k, g.n]),
+            c: operand(w.inputs.len(), [g.m, g.n]),
+        })
     }
 }
 

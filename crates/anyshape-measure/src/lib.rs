@@ -16,7 +16,7 @@ pub mod worker;
 
 pub use builder::{Builder, BuiltLibrary, KernelSource};
 pub use error::{MeasureError, Result};
-pub use gpu::{GpuDevice, GpuLibrary};
+pub use gpu::{GpuDevice, CUBLAS_LIBRARY, CUBLAS_SYMBOL};
 pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
 pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
 pub use worker::{Builtin, PreparedKernel, BUILTIN_LIBRARY};

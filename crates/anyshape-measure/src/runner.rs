@@ -2,6 +2,7 @@
 //! candidate. A candidate that crashes the worker or runs past its limit is reported as
 //! failed; the worker is restarted for the candidates after it.
 use crate::{CheckReport, MeasureError, Result};
+use anyshape_codegen::GpuMicroKernel;
 use anyshape_ir::{Bindings, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -21,6 +22,10 @@ pub struct Candidate {
     pub bindings: Bindings,
     /// Compare the output with the reference implementation.
     pub check: bool,
+    /// A generated GPU kernel's micro-kernel, which its launch needs (`None` on CPU and
+    /// for baselines).
+    #[serde(default)]
+    pub gpu: Option<GpuMicroKernel>,
 }
 
 /// How candidates are timed.

@@ -4,16 +4,21 @@
 //!
 //! Kernels come from the job's shared library, or, when the job names
 //! [`BUILTIN_LIBRARY`], from [`Builtin`]s compiled into the worker executable (baselines
-//! written in Rust, such as the `gemm` crate's).
+//! written in Rust, such as the `gemm` crate's). A job whose library is a `.ptx` file
+//! (or [`CUBLAS_LIBRARY`]) runs on the GPU: inputs are uploaded once per candidate and
+//! each call is timed with CUDA events.
+use crate::gpu::GpuKernel;
 use crate::runner::{Event, Job};
 use crate::{
-    check_output, random_inputs, reference_output, Candidate, CheckReport, Measurement, Outcome,
-    Reference,
+    check_output, random_inputs, reference_output, Candidate, CheckReport, GpuDevice, Measurement,
+    Outcome, Reference, CUBLAS_LIBRARY,
 };
 use anyshape_codegen::c;
 use anyshape_ir::BoundWorkload;
 use anyshape_runtime::{load_library, status_message, KernelFn};
+use cudarc::driver::CudaModule;
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The library name that asks the worker for its [`Builtin`] kernels.
@@ -36,6 +41,26 @@ pub struct Builtin {
 enum Source {
     Library(libloading::Library),
     Builtins(&'static [Builtin]),
+    /// The first GPU, with the job's PTX (none for the cuBLAS baseline).
+    Gpu(GpuDevice, Option<Arc<CudaModule>>),
+}
+
+/// Open what the job's library names.
+fn open_source(library: &std::path::Path, builtins: &'static [Builtin]) -> Result<Source, String> {
+    if library.as_os_str() == BUILTIN_LIBRARY {
+        return Ok(Source::Builtins(builtins));
+    }
+    let gpu = library.as_os_str() == CUBLAS_LIBRARY;
+    if gpu || library.extension().is_some_and(|e| e == "ptx") {
+        let dev = GpuDevice::open(0).map_err(|e| e.to_string())?;
+        let module = if gpu { None } else { Some(dev.load(library)?) };
+        return Ok(Source::Gpu(dev, module));
+    }
+    // SAFETY: the library is one the builder produced from generated C; loading runs
+    // no constructors of ours beyond the C runtime's.
+    unsafe { load_library(library) }
+        .map(Source::Library)
+        .map_err(|e| e.to_string())
 }
 
 /// Serve one job from standard input with no builtin kernels.
@@ -57,13 +82,7 @@ pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
             return 2;
         }
     };
-    let library = if job.library.as_os_str() == BUILTIN_LIBRARY {
-        Ok(Source::Builtins(builtins))
-    } else {
-        // SAFETY: the library is one the builder produced from generated C; loading runs
-        // no constructors of ours beyond the C runtime's.
-        unsafe { load_library(&job.library) }.map(Source::Library)
-    };
+    let library = open_source(&job.library, builtins);
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
         let line = serde_json::to_string(&ev).expect("events serialize");
@@ -102,7 +121,7 @@ pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
         let mut ready: Vec<(usize, Timed)> = Vec::new();
         for (k, cand) in cands.iter().enumerate().take(j).skip(i) {
             let warmed = prepared.clone().and_then(|(inputs, reference, bound)| {
-                let f = kernel(lib, cand, bound)?;
+                let f = kernel(lib, cand, inputs, bound)?;
                 emit(Event::Start(k));
                 Timed::warm(f, cand, inputs, reference, bound)
             });
@@ -142,9 +161,20 @@ pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
     0
 }
 
-/// The candidate's kernel, from the library or the builtins.
-fn kernel(source: &Source, cand: &Candidate, bound: &BoundWorkload) -> Result<Kernel, String> {
+/// The candidate's kernel, from the library, the builtins or the GPU.
+fn kernel(
+    source: &Source,
+    cand: &Candidate,
+    inputs: &[Vec<f32>],
+    bound: &BoundWorkload,
+) -> Result<Kernel, String> {
     match source {
+        Source::Gpu(dev, module) => Ok(Kernel::Gpu(Box::new(dev.kernel(
+            module.as_ref(),
+            cand,
+            inputs,
+            bound,
+        )?))),
         Source::Library(lib) => {
             // SAFETY: every generated kernel has the `KernelFn` signature.
             let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }
@@ -167,10 +197,12 @@ fn kernel(source: &Source, cand: &Candidate, bound: &BoundWorkload) -> Result<Ke
     }
 }
 
-/// A callable kernel: generated C with its shape-var values, or a prepared builtin.
+/// A callable kernel: generated C with its shape-var values, a prepared builtin, or a
+/// GPU kernel with its device buffers.
 enum Kernel {
     C(KernelFn, Vec<i64>),
     Builtin(PreparedKernel),
+    Gpu(Box<GpuKernel>),
 }
 
 type Prepared<'a> = (&'a [Vec<f32>], Option<&'a Reference>, &'a BoundWorkload);
@@ -258,16 +290,24 @@ impl Timed {
             check: None,
         };
         t.call()?;
+        if let Kernel::Gpu(k) = &t.f {
+            t.output = k.output()?;
+        }
         t.times.clear();
         t.check = reference.map(|r| check_output(&t.output, r));
         Ok(t)
     }
 
-    /// One timed call.
+    /// One timed call (GPU kernels time themselves with CUDA events).
     fn call(&mut self) -> Result<(), String> {
         let outs = [self.output.as_mut_ptr()];
         let t0 = Instant::now();
         match &mut self.f {
+            Kernel::Gpu(k) => {
+                let seconds = k.call()?;
+                self.times.push(seconds);
+                return Ok(());
+            }
             Kernel::C(f, vars) => {
                 // SAFETY: buffers have the lengths the bound workload gives for these
                 // shape vars; the inputs outlive the group of candidates being timed.

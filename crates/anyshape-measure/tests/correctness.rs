@@ -69,6 +69,7 @@ fn check_programs(target: &CpuTarget, runs: Vec<(Program, Vec<Bindings>)>) {
                 workload: p.workload.clone(),
                 bindings: b.clone(),
                 check: true,
+                gpu: None,
             });
             labels.push(format!(
                 "{} {} {} {} [{b}]",
@@ -233,6 +234,7 @@ fn specialized_kernel_rejects_other_shapes() {
         workload: w.clone(),
         bindings: Bindings::from_pairs([("T", t)]),
         check: true,
+        gpu: None,
     };
     let out = runner().measure(&lib.path, &[cand(5), cand(6)]).unwrap();
     assert!(matches!(&out[0], Outcome::Measured(m) if m.check.as_ref().unwrap().passed));

@@ -1,67 +1,159 @@
 //! On a machine with an NVIDIA GPU: the generated CUDA kernels compiled by NVRTC and run
-//! on the device, checked against the reference for every T in 1..=128 and past it.
-//! That test is `ignored` in `cargo test` (the listing shows why); `scripts/gpu.sh` runs
-//! it. Without a GPU, opening the device is a clear error, never a panic.
-use anyshape_codegen::{GpuMicroKernel, GpuProgram, PaddingStrategy};
+//! on the device in isolated workers, checked against the reference for every T in
+//! 1..=128 and past it, and the cuBLAS baseline likewise. That test is `ignored` in
+//! `cargo test` (the listing shows why); `scripts/gpu.sh` runs it. Without a GPU,
+//! opening the device and GPU jobs are clear errors, never a panic.
+use anyshape_codegen::{GpuMicroKernel, GpuProgram, GpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, Workload};
-use anyshape_measure::{GpuDevice, MeasureError, MeasureOptions};
+use anyshape_measure::{
+    Builder, Candidate, GpuDevice, MeasureError, MeasureOptions, Outcome, Runner, WorkerCommand,
+    CUBLAS_LIBRARY, CUBLAS_SYMBOL,
+};
+
+fn runner() -> Runner {
+    Runner {
+        worker: WorkerCommand {
+            program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
+            args: vec![],
+        },
+        options: MeasureOptions {
+            min_repeats: 1,
+            max_repeats: 1,
+            min_seconds: 0.0,
+            timeout_seconds: 60.0,
+            interleave: false,
+        },
+    }
+}
+
+const WORKLOADS: [&str; 3] = [
+    "dense(M=16*T,N=768,K=2304)",
+    "batch_matmul_nt(B=192,M=T,N=T,K=64)",
+    "batch_matmul_nn(B=192,M=T,N=64,K=T)",
+];
+
+fn candidate(w: &Workload, symbol: String, t: i64, gpu: Option<GpuMicroKernel>) -> Candidate {
+    Candidate {
+        symbol,
+        workload: w.clone(),
+        bindings: Bindings::from_pairs([("T", t)]),
+        check: true,
+        gpu,
+    }
+}
 
 #[test]
-fn opening_a_missing_gpu_is_an_error_not_a_panic() {
-    match GpuDevice::open(0) {
-        Ok(dev) => eprintln!("GPU present: {}", dev.target.name),
-        Err(MeasureError::NoGpu(why)) => assert!(!why.is_empty()),
+fn a_missing_gpu_is_an_error_not_a_panic() {
+    let present = match GpuDevice::open(0) {
+        Ok(dev) => {
+            eprintln!("GPU present: {}", dev.target.name);
+            true
+        }
+        Err(MeasureError::NoGpu(why)) => {
+            assert!(!why.is_empty());
+            false
+        }
         Err(e) => panic!("a missing GPU must be NoGpu, got: {e}"),
-    }
+    };
     assert!(matches!(
         GpuDevice::open(usize::MAX >> 1),
         Err(MeasureError::NoGpu(_))
     ));
+    if present {
+        return;
+    }
+    // GPU jobs fail each candidate with the reason; the worker does not crash.
+    let w = Workload::parse(WORKLOADS[1]).unwrap();
+    let cands = [
+        candidate(&w, CUBLAS_SYMBOL.into(), 3, None),
+        candidate(&w, CUBLAS_SYMBOL.into(), 4, None),
+    ];
+    for out in runner().measure(CUBLAS_LIBRARY.as_ref(), &cands).unwrap() {
+        match out {
+            Outcome::Failed(why) => assert!(why.contains("CUDA"), "{why}"),
+            Outcome::Measured(_) => panic!("measured on no GPU"),
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = GpuProgram::symbolic(&w, small(), PaddingStrategy::LocalPad);
+    match Builder::new(dir.path()).build_gpu(&GpuTarget::h100_sxm(), &[p]) {
+        // NVRTC may be installed without a GPU: then the PTX builds.
+        Ok(lib) => assert!(lib.failed.is_empty() && lib.path.exists()),
+        Err(e) => assert!(matches!(e, MeasureError::NoGpu(_)), "{e}"),
+    }
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU with CUDA 12: run scripts/gpu.sh"]
-fn generated_cuda_kernels_are_correct_on_the_gpu() {
-    let dev = GpuDevice::open(0).expect("this test needs a GPU");
-    eprintln!("GPU: {:?}", dev.target);
-    let mk = GpuMicroKernel {
+fn small() -> GpuMicroKernel {
+    GpuMicroKernel {
         bm: 64,
         bn: 64,
         bk: 8,
         tm: 4,
         tn: 4,
-    };
-    let once = MeasureOptions {
-        min_repeats: 1,
-        max_repeats: 1,
-        min_seconds: 0.0,
-        timeout_seconds: 60.0,
-        interleave: false,
-    };
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU with CUDA 12: run scripts/gpu.sh"]
+fn generated_cuda_kernels_and_cublas_are_correct_on_the_gpu() {
+    let dev = GpuDevice::open(0).expect("this test needs a GPU");
+    eprintln!("GPU: {:?}", dev.target);
+    let dir = tempfile::tempdir().unwrap();
+    let builder = Builder::new(dir.path());
+    let shapes: Vec<i64> = (1..=128).chain([129, 200]).collect();
     let mut failures = Vec::new();
-    for w in [
-        "dense(M=16*T,N=768,K=2304)",
-        "batch_matmul_nt(B=192,M=T,N=T,K=64)",
-        "batch_matmul_nn(B=192,M=T,N=64,K=T)",
-    ] {
-        let w = Workload::parse(w).unwrap();
-        let programs: Vec<GpuProgram> = [
-            PaddingStrategy::LocalPad,
-            PaddingStrategy::BoundaryCheck,
-            PaddingStrategy::LoopPartition,
-        ]
-        .map(|s| GpuProgram::symbolic(&w, mk, s))
-        .to_vec();
-        let lib = dev.compile(&programs).unwrap();
+    let mut checked = 0;
+    for text in WORKLOADS {
+        let w = Workload::parse(text).unwrap();
+        let mut programs = Vec::new();
+        for mk in [
+            small(),
+            GpuMicroKernel {
+                bm: 128,
+                bn: 128,
+                bk: 8,
+                tm: 8,
+                tn: 8,
+            },
+        ] {
+            for s in [
+                PaddingStrategy::LocalPad,
+                PaddingStrategy::BoundaryCheck,
+                PaddingStrategy::LoopPartition,
+            ] {
+                programs.push(GpuProgram::symbolic(&w, mk, s));
+            }
+        }
+        let lib = builder.build_gpu(&dev.target, &programs).unwrap();
+        assert!(lib.failed.is_empty(), "{:#?}", lib.failed);
+        let mut cands = Vec::new();
+        let mut labels = Vec::new();
         for p in &programs {
-            for t in (1..=128).chain([129, 200]) {
-                let b = Bindings::from_pairs([("T", t)]);
-                let m = dev.measure(&lib, p, &b, &once, true).unwrap();
-                if !m.check.as_ref().is_some_and(|c| c.passed) {
-                    failures.push(format!("{w} {} T={t}: {:?}", p.strategy, m.check));
-                }
+            for &t in &shapes {
+                cands.push(candidate(
+                    &w,
+                    p.symbol(&dev.target),
+                    t,
+                    Some(p.micro_kernel),
+                ));
+                labels.push(format!("{text} {} {} T={t}", p.micro_kernel, p.strategy));
+            }
+        }
+        let outs = runner().measure(&lib.path, &cands).unwrap();
+        let blas: Vec<Candidate> = shapes
+            .iter()
+            .map(|&t| candidate(&w, CUBLAS_SYMBOL.into(), t, None))
+            .collect();
+        let blas_outs = runner().measure(CUBLAS_LIBRARY.as_ref(), &blas).unwrap();
+        labels.extend(shapes.iter().map(|t| format!("{text} cuBLAS T={t}")));
+        for (label, out) in labels.iter().zip(outs.iter().chain(&blas_outs)) {
+            checked += 1;
+            match out {
+                Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed) => {}
+                other => failures.push(format!("{label}: {other:?}")),
             }
         }
     }
+    eprintln!("{checked} GPU runs checked against the reference");
     assert!(failures.is_empty(), "{failures:#?}");
 }

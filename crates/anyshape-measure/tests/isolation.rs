@@ -47,6 +47,7 @@ fn crashing_and_hanging_candidates_fail_alone() {
         workload: w.clone(),
         bindings: Bindings::from_pairs([("T", t)]),
         check: true,
+        gpu: None,
     };
     let good_sym = good.symbol(&target);
     let batch = [

@@ -223,6 +223,7 @@ impl Backend for CpuBackend<'_> {
                     workload: batch.workload.clone(),
                     bindings: t.bindings.clone(),
                     check: t.check,
+                    gpu: None,
                 },
             ));
         }

@@ -51,6 +51,7 @@ pub fn verify(
             workload: workload.clone(),
             bindings: b.bindings.clone(),
             check: true,
+            gpu: None,
         });
     }
     let outcomes = measurer.runner.measure(&lib.path, &cands)?;

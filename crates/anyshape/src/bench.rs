@@ -129,6 +129,7 @@ fn dispatch_loss(args: &BenchArgs, module: &Module) -> Result<()> {
                 workload: module.workload().clone(),
                 bindings: v.bindings.clone(),
                 check: false,
+                gpu: None,
             });
         }
     }

@@ -422,6 +422,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
                 workload: w.clone(),
                 bindings: b.clone(),
                 check,
+                gpu: None,
             };
             let cell = match run.measure(&sys.library, &[cand])?.remove(0) {
                 Outcome::Measured(r) if r.check.as_ref().is_none_or(|c| c.passed) => Some(Cell {

@@ -103,6 +103,7 @@ pub fn run_module(
         workload: module.workload().clone(),
         bindings: bindings.clone(),
         check,
+        gpu: None,
     };
     let library = module.dir().join(&m.library);
     let outcome = runner(options)?.measure(&library, &[candidate])?.remove(0);

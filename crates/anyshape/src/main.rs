@@ -184,6 +184,7 @@ fn run(args: RunArgs) -> Result<()> {
         workload: workload.clone(),
         bindings: bindings.clone(),
         check: args.check,
+        gpu: None,
     };
     let outcome = runner(options)?.measure(&lib.path, &[candidate])?.remove(0);
     let m = match outcome {
