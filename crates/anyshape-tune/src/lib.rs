@@ -12,6 +12,7 @@ mod backend;
 mod cost_model;
 mod error;
 mod features;
+mod gpu;
 mod module;
 mod records;
 mod search;
@@ -23,6 +24,7 @@ pub use backend::{Backend, CpuBackend, Trial, TrialBatch};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use error::{Result, TuneError};
 pub use features::{extract, feature_names};
+pub use gpu::GpuBackend;
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use records::{Record, RecordLog, TrialResult};
 pub use search::{

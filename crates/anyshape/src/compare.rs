@@ -520,7 +520,7 @@ struct Report<'a> {
 }
 
 /// `x` with four significant digits (latencies span microseconds to seconds).
-fn significant(x: f64) -> String {
+pub(crate) fn significant(x: f64) -> String {
     if !(x.is_finite() && x > 0.0) {
         return format!("{x}");
     }
@@ -528,7 +528,8 @@ fn significant(x: f64) -> String {
     format!("{x:.digits$}")
 }
 
-fn geomean(x: &[f64]) -> f64 {
+/// Geometric mean.
+pub(crate) fn geomean(x: &[f64]) -> f64 {
     (x.iter().map(|v| v.ln()).sum::<f64>() / x.len().max(1) as f64).exp()
 }
 

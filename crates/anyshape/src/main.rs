@@ -1,6 +1,7 @@
 //! The `anyshape` command-line tool.
 mod bench;
 mod compare;
+mod gpu;
 mod inspect;
 mod peak;
 mod tune;
@@ -36,6 +37,9 @@ enum Command {
     /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
     /// dispatch loss over its instances, dispatch overhead per call.
     Bench(bench::BenchArgs),
+    /// Tune a workload jointly on the GPU and compare every instance with cuBLAS (and
+    /// the padding strategies on the paper's Fig. 5 case); needs an NVIDIA GPU.
+    Gpu(gpu::GpuArgs),
     /// Print the detected CPU target as JSON (edit it and pass it back with --target).
     Target,
     /// Measure this machine's peak FP32 throughput with an FMA microbenchmark.
@@ -234,6 +238,7 @@ fn main() -> Result<()> {
         Command::Tune(args) => tune::tune(args),
         Command::Inspect { module } => inspect::inspect(&module),
         Command::Bench(args) => bench::bench(args),
+        Command::Gpu(args) => gpu::gpu(args),
         Command::Target => {
             println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
             Ok(())

@@ -9,7 +9,7 @@ use anyshape_tune::{
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Options of `anyshape tune`.
@@ -76,13 +76,13 @@ pub struct TuneArgs {
     common: Common,
 }
 
-fn shape_vars(args: &TuneArgs) -> Result<Vec<ShapeVar>> {
-    let mut vars: Vec<ShapeVar> = args
-        .ranges
+/// The shape vars of `--range` options, weighted by the `--weights` file.
+pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<ShapeVar>> {
+    let mut vars: Vec<ShapeVar> = ranges
         .iter()
         .map(|r| ShapeVar::parse(r))
         .collect::<Result<_, _>>()?;
-    if let Some(path) = &args.weights {
+    if let Some(path) = weights {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading weights {}", path.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
@@ -122,7 +122,8 @@ fn shape_vars(args: &TuneArgs) -> Result<Vec<ShapeVar>> {
     Ok(vars)
 }
 
-fn round_line(s: &RoundSummary) -> String {
+/// One line per tuning round.
+pub fn round_line(s: &RoundSummary) -> String {
     format!(
         "round {:>3}  trials {:>4}/{}  failed {:>2}  weighted latency: predicted {:>9.3} ms, measured {:>9.3} ms ({} instances)  best {:>6.1} GFLOP/s",
         s.round, s.trials, s.budget, s.failed, s.predicted_weighted_latency * 1e3, s.measured_weighted_latency * 1e3, s.measured_instances, s.best_gflops
@@ -132,7 +133,7 @@ fn round_line(s: &RoundSummary) -> String {
 /// Run `anyshape tune`.
 pub fn tune(args: TuneArgs) -> Result<()> {
     let workload = Workload::parse(&args.workload)?;
-    let vars = shape_vars(&args)?;
+    let vars = shape_vars(&args.ranges, args.weights.as_deref())?;
     let domain = instances(&workload, &vars)?;
     let target = args.common.target()?;
 

@@ -70,6 +70,30 @@ fn bad_input_is_a_clear_error() {
     let w = "dense(M=16*T,N=64,K=64)";
     let cases: &[(&[&str], &str)] = &[
         (&["run", "-w", w], "shape var `T` is not bound"),
+        (
+            &[
+                "gpu",
+                "-w",
+                w,
+                "--range",
+                "Q=1..4",
+                "--out-dir",
+                "/nonexistent",
+            ],
+            "shape var `T` needs a domain",
+        ),
+        (
+            &[
+                "gpu",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--strategy",
+                "global-pad",
+            ],
+            "invalid value 'global-pad'",
+        ),
         (&["run", "-w", w, "--set", "T=-4"], "negative"),
         (
             &["run", "-w", w, "--set", "Q=4"],

@@ -1,0 +1,217 @@
+//! The joint search, votes and dispatch tree on a backend other than the CPU, with no
+//! GPU needed: the GPU backend's space, features and wave model, with measurements
+//! replaced by a synthetic GPU (a known latency per micro-kernel and instance; some
+//! micro-kernels "crash"). The search must find near-optimal kernels for every instance,
+//! go on past failing candidates, and resume without measuring anything twice.
+use anyshape_codegen::{GemmView, GpuMicroKernel, GpuTarget, PaddingStrategy};
+use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
+use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
+use anyshape_tune::{
+    elect, instances, train_tree, Adaptation, Backend, Factors, GpuBackend, RecordLog, Result,
+    TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
+};
+use rand::Rng;
+use std::cell::Cell;
+use std::rc::Rc;
+
+/// The GPU backend with a synthetic device.
+struct Synthetic<'a> {
+    gpu: GpuBackend<'a>,
+    measured: Rc<Cell<usize>>,
+}
+
+/// Peak FLOP/s of the synthetic device.
+const PEAK: f64 = 50e12;
+
+/// Micro-kernel quality: register reuse saturating at 8×8 thread tiles, a penalty for
+/// shallow reduction tiles.
+fn quality(mk: &GpuMicroKernel) -> f64 {
+    let reuse = (f64::from(mk.tm * mk.tn) / 64.0).min(1.0).sqrt();
+    let depth = if mk.bk >= 8 { 1.0 } else { 0.7 };
+    reuse * depth
+}
+
+/// Micro-kernels that kill the synthetic worker (a fifth of the space).
+fn crashes(mk: &GpuMicroKernel) -> bool {
+    mk.bk == 32
+}
+
+impl Synthetic<'_> {
+    fn latency(&self, w: &Workload, mk: &GpuMicroKernel, bound: &BoundWorkload) -> f64 {
+        let g = GemmView::of(w).unwrap();
+        let a = self.gpu.adaptation(&g, mk, bound);
+        let x = a.tasks;
+        let waves = (x / a.slots).ceil() * a.slots;
+        w.flops(bound) / (PEAK * quality(mk) * (x / waves) * a.pad) + 3e-6
+    }
+}
+
+impl Backend for Synthetic<'_> {
+    type MicroKernel = GpuMicroKernel;
+    type Target = GpuTarget;
+    fn target(&self) -> &GpuTarget {
+        self.gpu.target()
+    }
+    fn default_kernel(&self) -> GpuMicroKernel {
+        self.gpu.default_kernel()
+    }
+    fn restrict_to_factors(&mut self, f: Factors) {
+        self.gpu.restrict_to_factors(f)
+    }
+    fn sample(&self, rng: &mut impl Rng) -> GpuMicroKernel {
+        self.gpu.sample(rng)
+    }
+    fn mutate(&self, mk: &GpuMicroKernel, rng: &mut impl Rng) -> GpuMicroKernel {
+        self.gpu.mutate(mk, rng)
+    }
+    fn crossover(
+        &self,
+        a: &GpuMicroKernel,
+        b: &GpuMicroKernel,
+        rng: &mut impl Rng,
+    ) -> GpuMicroKernel {
+        self.gpu.crossover(a, b, rng)
+    }
+    fn features(
+        &self,
+        w: &Workload,
+        mk: &GpuMicroKernel,
+        s: PaddingStrategy,
+        r: &Bindings,
+    ) -> Vec<f64> {
+        self.gpu.features(w, mk, s, r)
+    }
+    fn adaptation(&self, g: &GemmView, mk: &GpuMicroKernel, b: &BoundWorkload) -> Adaptation {
+        self.gpu.adaptation(g, mk, b)
+    }
+    fn measure(
+        &self,
+        batch: &TrialBatch<GpuMicroKernel>,
+        on_result: &mut dyn FnMut(usize, TrialResult),
+    ) -> Result<f64> {
+        for (n, t) in batch.trials.iter().enumerate() {
+            self.measured.set(self.measured.get() + 1);
+            let result = if crashes(&t.micro_kernel) {
+                TrialResult::Failed {
+                    error: "the worker died (SIGSEGV (11))".into(),
+                }
+            } else {
+                let bound = batch.workload.bind(&t.bindings).unwrap();
+                let l = self.latency(batch.workload, &t.micro_kernel, &bound);
+                TrialResult::Measured {
+                    min_seconds: l,
+                    median_seconds: l,
+                    repeats: 1,
+                    checked: false,
+                }
+            };
+            on_result(n, result);
+        }
+        Ok(0.0)
+    }
+}
+
+#[test]
+fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
+    let measurer = Measurer {
+        builder: Builder::new(std::env::temp_dir()),
+        runner: Runner {
+            worker: WorkerCommand {
+                program: "false".into(),
+                args: vec![],
+            },
+            options: MeasureOptions::default(),
+        },
+    };
+    let target = GpuTarget::h100_sxm();
+    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
+    let vars = [ShapeVar::parse("T=1..64").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let options = TuneOptions {
+        trials: 240,
+        ..TuneOptions::default()
+    };
+    let measured = Rc::new(Cell::new(0));
+    let backend = || Synthetic {
+        gpu: GpuBackend::new(&target, &measurer),
+        measured: measured.clone(),
+    };
+    let (log, previous) = RecordLog::open(&records, false).unwrap();
+    let domain = instances(&w, &vars).unwrap();
+    let mut tuner = Tuner::with_backend(
+        backend(),
+        &w,
+        domain.clone(),
+        options.clone(),
+        log,
+        previous,
+    )
+    .unwrap();
+    let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    assert_eq!(report.trials, 240);
+    assert_eq!(measured.get(), 240);
+
+    // The optimum of every instance over the whole space, by enumeration.
+    let truth = backend();
+    let mut space = Vec::new();
+    for bm in [8, 16, 32, 64, 128, 256] {
+        for bn in [8, 16, 32, 64, 128, 256] {
+            for bk in [2, 4, 8, 16, 32] {
+                for tm in [1, 2, 4, 8, 16] {
+                    for tn in [1, 2, 4, 8, 16] {
+                        let mk = GpuMicroKernel { bm, bn, bk, tm, tn };
+                        if mk.validate(&target).is_ok() && !crashes(&mk) {
+                            space.push(mk);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut ratios = Vec::new();
+    for (x, best) in domain.iter().zip(&report.best) {
+        let opt = space
+            .iter()
+            .map(|mk| truth.latency(&w, mk, &x.bound))
+            .fold(f64::INFINITY, f64::min);
+        let got = truth.latency(&w, &best.micro_kernel, &x.bound);
+        assert!(!crashes(&best.micro_kernel));
+        ratios.push(got / opt);
+    }
+    let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "{} trials ({} failed) over {} valid micro-kernels × 64 instances: best found / optimum geomean {geo:.3}, worst {worst:.3}",
+        report.trials,
+        report.failed_trials,
+        space.len()
+    );
+    assert!(report.failed_trials > 0, "crashing candidates were tried");
+    assert!(geo < 1.15, "geomean {geo}");
+
+    // Votes and the tree.
+    let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
+    let (tree, accuracy) = train_tree(&w.shape_vars(), &votes.votes).unwrap();
+    assert!(accuracy >= 0.9, "tree accuracy {accuracy}");
+    for v in &votes.votes {
+        let mk = votes.micro_kernels[tree.select(&v.bindings)];
+        assert!(!crashes(&mk));
+    }
+
+    // Resume: the records hold everything; nothing is measured again.
+    let (log, previous) = RecordLog::open(&records, true).unwrap();
+    let before = measured.get();
+    assert!(
+        before > 240,
+        "the votes measured their candidates everywhere"
+    );
+    let mut tuner = Tuner::with_backend(backend(), &w, domain, options, log, previous).unwrap();
+    assert_eq!(tuner.trials(), before);
+    tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    assert_eq!(
+        measured.get(),
+        before,
+        "a resumed run measures nothing twice"
+    );
+}
