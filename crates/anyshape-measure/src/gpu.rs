@@ -139,12 +139,7 @@ impl GpuDevice {
                 let f = m
                     .load_function(&cand.symbol)
                     .map_err(|e| format!("kernel {} not found: {e:?}", cand.symbol))?;
-                let vars = cand
-                    .workload
-                    .shape_vars()
-                    .iter()
-                    .map(|v| cand.bindings.get(v).unwrap_or(0))
-                    .collect();
+                let vars = cand.var_values();
                 Call::Generated {
                     f,
                     blocks: launch.blocks(),

@@ -28,6 +28,17 @@ pub struct Candidate {
     pub gpu: Option<GpuMicroKernel>,
 }
 
+impl Candidate {
+    /// The values of the workload's shape vars, sorted by name (as kernels take them).
+    pub fn var_values(&self) -> Vec<i64> {
+        self.workload
+            .shape_vars()
+            .iter()
+            .map(|v| self.bindings.get(v).unwrap_or(0))
+            .collect()
+    }
+}
+
 /// How candidates are timed.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MeasureOptions {

@@ -179,12 +179,7 @@ fn kernel(
             // SAFETY: every generated kernel has the `KernelFn` signature.
             let f = unsafe { lib.get::<KernelFn>(cand.symbol.as_bytes()) }
                 .map_err(|e| format!("symbol {} not found: {e}", cand.symbol))?;
-            let vars = cand
-                .workload
-                .shape_vars()
-                .iter()
-                .map(|v| cand.bindings.get(v).unwrap_or(0))
-                .collect();
+            let vars = cand.var_values();
             Ok(Kernel::C(*f, vars))
         }
         Source::Builtins(all) => {

@@ -5,9 +5,11 @@
 //! space, predicts `f_MK · f_occ · f_pad` from the backend's features and adaptation,
 //! and has the backend build and measure each round's trials.
 use crate::{Adaptation, Factors, Result, SearchSpace, TrialResult};
-use anyshape_codegen::{CpuTarget, GemmView, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{
+    CpuTarget, GemmView, GpuMicroKernel, KernelMode, MicroKernel, PaddingStrategy, Program,
+};
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
-use anyshape_measure::{Candidate, KernelSource, Measurer, Outcome};
+use anyshape_measure::{BuiltLibrary, Candidate, KernelSource, Measurer, Outcome};
 use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -199,43 +201,64 @@ impl Backend for CpuBackend<'_> {
                 }
             }
         }
-        let lib = self.measurer.builder.build(&self.target, &sources)?;
+        let mut lib = self.measurer.builder.build(&self.target, &sources)?;
         let build_seconds = t0.elapsed().as_secs_f64();
-        // Group by instance so the worker reuses inputs and reference between candidates.
-        let mut order: Vec<usize> = (0..batch.trials.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (ta, tb) = (&batch.trials[a], &batch.trials[b]);
-            (&ta.bindings, ta.micro_kernel).cmp(&(&tb.bindings, tb.micro_kernel))
-        });
-        let mut runnable = Vec::new();
-        for n in order {
-            let t = &batch.trials[n];
-            let symbol = symbols[&t.micro_kernel].clone();
-            if let Some(e) = lib.failed.get(&symbol).or(lower_errors.get(&symbol)) {
-                let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
-                on_result(n, TrialResult::Failed { error });
-                continue;
-            }
-            runnable.push((
-                n,
-                Candidate {
-                    symbol,
-                    workload: batch.workload.clone(),
-                    bindings: t.bindings.clone(),
-                    check: t.check,
-                    gpu: None,
-                },
-            ));
-        }
-        let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
-        self.measurer
-            .runner
-            .measure_with(&lib.path, &cands, &mut |i, outcome| {
-                let (n, cand) = &runnable[i];
-                on_result(*n, TrialResult::of(outcome, cand.check));
-            })?;
+        lib.failed.extend(lower_errors);
+        run_built(
+            self.measurer,
+            &lib,
+            batch,
+            &|mk| (symbols[mk].clone(), None),
+            on_result,
+        )?;
         Ok(build_seconds)
     }
+}
+
+/// Measure a batch's trials in a built library: trials whose program did not build fail
+/// with the compiler's first line, the rest run in the measurer's workers, grouped by
+/// instance so a worker reuses inputs and reference between candidates. `kernel` gives a
+/// micro-kernel's symbol and, on GPU, what its launch needs.
+pub(crate) fn run_built<K: Copy + Ord>(
+    measurer: &Measurer,
+    lib: &BuiltLibrary,
+    batch: &TrialBatch<K>,
+    kernel: &dyn Fn(&K) -> (String, Option<GpuMicroKernel>),
+    on_result: &mut dyn FnMut(usize, TrialResult),
+) -> Result<()> {
+    let mut order: Vec<usize> = (0..batch.trials.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ta, tb) = (&batch.trials[a], &batch.trials[b]);
+        (&ta.bindings, ta.micro_kernel).cmp(&(&tb.bindings, tb.micro_kernel))
+    });
+    let mut runnable = Vec::new();
+    for n in order {
+        let t = &batch.trials[n];
+        let (symbol, gpu) = kernel(&t.micro_kernel);
+        if let Some(e) = lib.failed.get(&symbol) {
+            let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
+            on_result(n, TrialResult::Failed { error });
+            continue;
+        }
+        runnable.push((
+            n,
+            Candidate {
+                symbol,
+                workload: batch.workload.clone(),
+                bindings: t.bindings.clone(),
+                check: t.check,
+                gpu,
+            },
+        ));
+    }
+    let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
+    measurer
+        .runner
+        .measure_with(&lib.path, &cands, &mut |i, outcome| {
+            let (n, cand) = &runnable[i];
+            on_result(*n, TrialResult::of(outcome, cand.check));
+        })?;
+    Ok(())
 }
 
 impl TrialResult {

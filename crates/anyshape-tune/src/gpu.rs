@@ -2,12 +2,13 @@
 //! target's threads, shared memory and registers (never by a shape), features computed
 //! from the tiles, the wave model as `f_occ` (slots = SMs × resident blocks per SM, as
 //! TSCompiler's), and measurement through NVRTC and the isolated GPU worker.
+use crate::backend::run_built;
 use crate::{Adaptation, Backend, Factors, Result, TrialBatch, TrialResult};
 use anyshape_codegen::{
     GemmView, GpuMicroKernel, GpuProgram, GpuTarget, KernelMode, PaddingStrategy,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
-use anyshape_measure::{Candidate, Measurer};
+use anyshape_measure::Measurer;
 use rand::{Rng, RngExt};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -223,38 +224,13 @@ impl Backend for GpuBackend<'_> {
         let list: Vec<GpuProgram> = programs.values().cloned().collect();
         let lib = self.measurer.builder.build_gpu(&self.target, &list)?;
         let build_seconds = t0.elapsed().as_secs_f64();
-        let mut order: Vec<usize> = (0..batch.trials.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (ta, tb) = (&batch.trials[a], &batch.trials[b]);
-            (&ta.bindings, ta.micro_kernel).cmp(&(&tb.bindings, tb.micro_kernel))
-        });
-        let mut runnable = Vec::new();
-        for n in order {
-            let t = &batch.trials[n];
-            let symbol = programs[&t.micro_kernel].symbol(&self.target);
-            if let Some(e) = lib.failed.get(&symbol) {
-                let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
-                on_result(n, TrialResult::Failed { error });
-                continue;
-            }
-            runnable.push((
-                n,
-                Candidate {
-                    symbol,
-                    workload: batch.workload.clone(),
-                    bindings: t.bindings.clone(),
-                    check: t.check,
-                    gpu: Some(t.micro_kernel),
-                },
-            ));
-        }
-        let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
-        self.measurer
-            .runner
-            .measure_with(&lib.path, &cands, &mut |i, outcome| {
-                let (n, cand) = &runnable[i];
-                on_result(*n, TrialResult::of(outcome, cand.check));
-            })?;
+        run_built(
+            self.measurer,
+            &lib,
+            batch,
+            &|mk| (programs[mk].symbol(&self.target), Some(*mk)),
+            on_result,
+        )?;
         Ok(build_seconds)
     }
 }

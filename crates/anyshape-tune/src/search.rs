@@ -258,6 +258,11 @@ struct Journal<B: Backend> {
 }
 
 impl<B: Backend> Journal<B> {
+    /// The round after the last recorded one.
+    fn next_round(&self) -> usize {
+        self.records.iter().map(|r| r.round + 1).max().unwrap_or(0)
+    }
+
     /// Append one trial to the records file and the in-memory records, timed since the
     /// previous one; `on_trial` hears the new count.
     fn append(
@@ -535,13 +540,7 @@ impl<B: Backend> Tuner<B> {
             .iter()
             .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
             .collect();
-        let round = self
-            .journal
-            .records
-            .iter()
-            .map(|r| r.round + 1)
-            .max()
-            .unwrap_or(0);
+        let round = self.journal.next_round();
         self.measure(&trials, round, on_trial)?;
         Ok(round)
     }
@@ -820,13 +819,7 @@ impl<B: Backend> Tuner<B> {
         on_round: &mut dyn FnMut(&RoundSummary),
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<TuneReport<B::MicroKernel>> {
-        let first_round = self
-            .journal
-            .records
-            .iter()
-            .map(|r| r.round + 1)
-            .max()
-            .unwrap_or(0);
+        let first_round = self.journal.next_round();
         let mut round = first_round;
         let records = self.journal.records.clone();
         let mut model = self.train(&records, self.options.seed);

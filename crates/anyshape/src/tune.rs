@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use anyshape_tune::{
-    elect, instances, train_tree, verify, write_module, CpuBackend, ModuleSpec, RecordLog,
+    elect, instances, train_tree, verify, write_module, Backend, CpuBackend, ModuleSpec, RecordLog,
     RoundSummary, Specialize, TuneOptions, TuneReport, Tuner, VoteOptions,
 };
 use clap::Args;
@@ -122,8 +122,37 @@ pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<Shape
     Ok(vars)
 }
 
+/// Run the tuner with a progress bar of trials (or, with `quiet`, only a line per round).
+pub fn run_with_progress<B: Backend>(
+    tuner: &mut Tuner<B>,
+    trials: usize,
+    quiet: bool,
+) -> Result<TuneReport<B::MicroKernel>> {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(trials as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} trials  {elapsed_precise}  eta {eta}")
+            .expect("valid template"),
+    );
+    let report = tuner.run(
+        &mut |s| {
+            if quiet {
+                eprintln!("{}", round_line(s));
+            } else {
+                bar.println(round_line(s));
+            }
+        },
+        &mut |n| bar.set_position(n as u64),
+    )?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
 /// One line per tuning round.
-pub fn round_line(s: &RoundSummary) -> String {
+fn round_line(s: &RoundSummary) -> String {
     format!(
         "round {:>3}  trials {:>4}/{}  failed {:>2}  weighted latency: predicted {:>9.3} ms, measured {:>9.3} ms ({} instances)  best {:>6.1} GFLOP/s",
         s.round, s.trials, s.budget, s.failed, s.predicted_weighted_latency * 1e3, s.measured_weighted_latency * 1e3, s.measured_instances, s.best_gflops
@@ -160,27 +189,8 @@ pub fn tune(args: TuneArgs) -> Result<()> {
         target.simd,
         args.records.display()
     );
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(args.trials as u64)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} trials  {elapsed_precise}  eta {eta}")
-            .expect("valid template"),
-    );
     let start = Instant::now();
-    let report = tuner.run(
-        &mut |s| {
-            if args.quiet {
-                eprintln!("{}", round_line(s));
-            } else {
-                bar.println(round_line(s));
-            }
-        },
-        &mut |n| bar.set_position(n as u64),
-    )?;
-    bar.finish_and_clear();
+    let report = run_with_progress(&mut tuner, args.trials, args.quiet)?;
     print_report(&report, start.elapsed().as_secs_f64());
     if let Some(out) = &args.out {
         build_module(
