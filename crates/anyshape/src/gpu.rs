@@ -50,9 +50,6 @@ pub struct GpuArgs {
     /// Where the report (report.md, results.csv) goes.
     #[arg(long, value_name = "DIR", default_value = "gpu-results")]
     out_dir: PathBuf,
-    /// GPU ordinal.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -87,7 +84,8 @@ pub fn gpu(args: GpuArgs) -> Result<()> {
     let workload = Workload::parse(&args.workload)?;
     let vars = shape_vars(&args.ranges, None)?;
     let domain = instances(&workload, &vars)?;
-    let dev = GpuDevice::open(args.device).context(
+    // GPU 0 (as the workers use it); CUDA_VISIBLE_DEVICES picks another.
+    let dev = GpuDevice::open(0).context(
         "`anyshape gpu` needs an NVIDIA GPU with CUDA 12 (tuning on the CPU is `anyshape tune`)",
     )?;
     let target = dev.target.clone();
