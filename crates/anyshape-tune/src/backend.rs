@@ -9,7 +9,7 @@ use anyshape_codegen::{
     CpuTarget, GemmView, GpuMicroKernel, KernelMode, MicroKernel, PaddingStrategy, Program,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
-use anyshape_measure::{BuiltLibrary, Candidate, KernelSource, Measurer, Outcome};
+use anyshape_measure::{BuiltLibrary, Candidate, KernelSource, Measurer};
 use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -259,26 +259,4 @@ pub(crate) fn run_built<K: Copy + Ord>(
             on_result(*n, TrialResult::of(outcome, cand.check));
         })?;
     Ok(())
-}
-
-impl TrialResult {
-    /// The record of a measurement outcome (a wrong result is a failure).
-    pub fn of(outcome: &Outcome, checked: bool) -> TrialResult {
-        match outcome {
-            Outcome::Failed(error) => TrialResult::Failed {
-                error: error.clone(),
-            },
-            Outcome::Measured(m) => match &m.check {
-                Some(c) if !c.passed => TrialResult::Failed {
-                    error: format!("wrong result: {} elements differ", c.mismatches),
-                },
-                _ => TrialResult::Measured {
-                    min_seconds: m.min_seconds,
-                    median_seconds: m.median_seconds,
-                    repeats: m.repeats,
-                    checked,
-                },
-            },
-        }
-    }
 }

@@ -4,8 +4,9 @@
 //! the votes and the dispatch tree, and writing the module (kernels + dispatcher +
 //! manifest) that the runtime loads.
 //!
-//! It builds on codegen (programs), measure (builder, runner) and the runtime's module
-//! format.
+//! The search is generic over a [`Backend`] (the CPU's C kernels, or the GPU's CUDA
+//! kernels): its space, features, adaptation to instances and measurement. It builds on
+//! codegen (programs), measure (builders, runner) and the runtime's module format.
 #![deny(missing_docs)]
 
 mod backend;

@@ -4,6 +4,7 @@
 use crate::{Result, TuneError};
 use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
 use anyshape_ir::Bindings;
+use anyshape_measure::Outcome;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -30,6 +31,28 @@ pub enum TrialResult {
         /// The reason.
         error: String,
     },
+}
+
+impl TrialResult {
+    /// The record of a measurement outcome (a wrong result is a failure).
+    pub fn of(outcome: &Outcome, checked: bool) -> TrialResult {
+        match outcome {
+            Outcome::Failed(error) => TrialResult::Failed {
+                error: error.clone(),
+            },
+            Outcome::Measured(m) => match &m.check {
+                Some(c) if !c.passed => TrialResult::Failed {
+                    error: format!("wrong result: {} elements differ", c.mismatches),
+                },
+                _ => TrialResult::Measured {
+                    min_seconds: m.min_seconds,
+                    median_seconds: m.median_seconds,
+                    repeats: m.repeats,
+                    checked,
+                },
+            },
+        }
+    }
 }
 
 /// One trial: a program measured on an instance (on the CPU unless `K`, the

@@ -299,7 +299,7 @@ impl<'a> Tuner<CpuBackend<'a>> {
     /// The tuned program of a micro-kernel: symbolic, so one build serves every
     /// instance; specialized for the instance when tuning per shape.
     pub fn program(&self, mk: MicroKernel) -> Program {
-        let batch = self.batch(&[]);
+        let batch = trial_batch(&self.workload, &self.options, &self.instances, &[]);
         CpuBackend::program(&batch, mk)
     }
 }
@@ -748,16 +748,6 @@ impl<B: Backend> Tuner<B> {
         trials
     }
 
-    /// The round's batch of `trials` (shared program settings).
-    fn batch<'t>(&'t self, trials: &'t [Trial<B::MicroKernel>]) -> TrialBatch<'t, B::MicroKernel> {
-        TrialBatch {
-            workload: &self.workload,
-            strategy: self.options.strategy,
-            specialize: self.options.per_shape.then(|| &self.instances[0].bindings),
-            trials,
-        }
-    }
-
     /// Build and measure the trials, append their records; returns how many failed.
     /// Each trial is recorded as soon as it is measured, so a killed run loses none.
     fn measure(
@@ -777,12 +767,7 @@ impl<B: Backend> Tuner<B> {
             .collect();
         let mut failed = 0;
         let mut append_error = None;
-        let batch = TrialBatch {
-            workload: &self.workload,
-            strategy: self.options.strategy,
-            specialize: self.options.per_shape.then(|| &self.instances[0].bindings),
-            trials: &list,
-        };
+        let batch = trial_batch(&self.workload, &self.options, &self.instances, &list);
         let target = self.backend.target();
         let journal = &mut self.journal;
         let mut on_result = |n: usize, result: TrialResult| {
@@ -906,6 +891,23 @@ impl<B: Backend> Tuner<B> {
             holdout_spearman,
             model_samples: model.samples,
         }
+    }
+}
+
+/// A round's batch of `trials`: the programs' shared settings come from the options
+/// (per-shape tuning specializes for its one instance). A free function so the tuner
+/// can lend its fields while it appends records.
+fn trial_batch<'t, K>(
+    workload: &'t Workload,
+    options: &TuneOptions,
+    instances: &'t [Instance],
+    trials: &'t [Trial<K>],
+) -> TrialBatch<'t, K> {
+    TrialBatch {
+        workload,
+        strategy: options.strategy,
+        specialize: options.per_shape.then(|| &instances[0].bindings),
+        trials,
     }
 }
 
