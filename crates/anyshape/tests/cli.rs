@@ -139,7 +139,7 @@ fn bad_input_is_a_clear_error() {
                 "--set",
                 "T=4",
                 "--micro-kernel",
-                "mr=4,nr=32,mc=8,nc=64,kc=100000,uk=4",
+                "mr=4,nr=16,mc=8,nc=64,kc=100000,uk=4",
             ],
             "L1d",
         ),
