@@ -36,6 +36,11 @@ pub enum DispatchTree {
 }
 
 impl DispatchTree {
+    /// The deepest tree a module may hold: the tree is trained with this limit and the
+    /// loader refuses deeper ones, so whatever a module's writer writes, its reader
+    /// reads (a deeper tree would also exceed the JSON parser's nesting limit).
+    pub const MAX_DEPTH: usize = 24;
+
     /// The micro-kernel index for `bindings` (an unbound var counts as 0).
     pub fn select(&self, bindings: &Bindings) -> usize {
         let mut node = self;

@@ -10,6 +10,7 @@ use std::fmt;
 /// What bounds a GPU micro-kernel: read from the device at run time, or from JSON for
 /// offline work.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuTarget {
     /// Device name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
@@ -88,6 +89,7 @@ impl GpuTarget {
 /// registers (its rows and columns strided across the block, so that a warp's shared
 /// reads and global writes are contiguous).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuMicroKernel {
     /// Block tile rows (M).
     pub bm: u32,

@@ -130,6 +130,7 @@ impl StridedGemm {
 
 /// Every parameter of the contraction sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MicroKernel {
     /// Register tile rows (along M).
     pub mr: usize,
@@ -195,6 +196,9 @@ impl MicroKernel {
                 .trim()
                 .parse()
                 .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
+            if v[slot].is_some() {
+                return Err(bad(format!("`{}` is given twice", FIELDS[slot])));
+            }
             v[slot] = Some(val);
         }
         let missing: Vec<_> = FIELDS
@@ -356,6 +360,9 @@ mod tests {
             "mr=x,nr=1,mc=1,nc=1,kc=1,uk=1",
             "zz=1",
             "{\"mr\":1}",
+            "mr=1,mr=2,nr=16,mc=1,nc=16,kc=4,uk=4",
+            "{\"mr\":1,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4,\"zz\":1}",
+            "{\"mr\":1,\"mr\":2,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4}",
         ] {
             assert!(MicroKernel::parse(text).is_err(), "{text}");
         }

@@ -33,6 +33,7 @@ impl Simd {
 
 /// A CPU target description.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CpuTarget {
     /// Human-readable model name.
     pub name: String,
@@ -207,6 +208,7 @@ mod tests {
         let json = serde_json::to_string(&t).unwrap();
         assert_eq!(CpuTarget::from_json(&json).unwrap(), t);
         assert!(CpuTarget::from_json("{}").is_err());
+        assert!(CpuTarget::from_json(&json.replace("{", "{\"turbo\":true,")).is_err());
         assert!(CpuTarget::from_json(
             &json.replace(&format!("\"cores\":{}", t.cores), "\"cores\":0")
         )

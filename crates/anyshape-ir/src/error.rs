@@ -47,6 +47,16 @@ pub enum IrError {
         /// Its value.
         value: i64,
     },
+    /// A shape var given two values.
+    #[error("shape var `{name}` is given twice ({first} and {second}); give it once")]
+    DuplicateVar {
+        /// The shape var.
+        name: String,
+        /// The first value.
+        first: i64,
+        /// The second value.
+        second: i64,
+    },
     /// An extent evaluated to a negative number.
     #[error("{what} evaluates to {value}, which is negative")]
     NegativeExtent {

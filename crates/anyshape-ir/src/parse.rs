@@ -3,11 +3,33 @@
 //! Grammar: `expr := term (("+"|"-") term)*`, `term := unary (("*"|"/"|"%") unary)*`,
 //! `unary := "-" unary | atom`, `atom := INT | NAME | NAME "(" expr ("," expr)* ")" | "(" expr ")"`.
 //! Functions: `min`, `max`, `ceildiv`, `floordiv`. `/` is floor division.
+//!
+//! Input is bounded so that no text can exhaust the stack: at most [`MAX_EXPR_LEN`]
+//! bytes, at most [`MAX_NESTING`] levels of parentheses, calls and unary minus.
 use crate::{Expr, ParseError};
+
+/// The longest expression text accepted, in bytes (shapes need a few dozen).
+pub const MAX_EXPR_LEN: usize = 1024;
+/// The deepest nesting of parentheses, function calls and unary minus accepted.
+pub const MAX_NESTING: usize = 32;
 
 /// Parse an integer expression; errors point at the offending character.
 pub fn parse_expr(text: &str) -> Result<Expr, ParseError> {
-    let mut p = Parser { text, pos: 0 };
+    if text.len() > MAX_EXPR_LEN {
+        return Err(ParseError {
+            text: text.chars().take(80).collect::<String>() + "...",
+            pos: 0,
+            message: format!(
+                "expression of {} bytes; at most {MAX_EXPR_LEN} are accepted",
+                text.len()
+            ),
+        });
+    }
+    let mut p = Parser {
+        text,
+        pos: 0,
+        depth: 0,
+    };
     let e = p.expr()?;
     p.skip_ws();
     if p.pos < text.len() {
@@ -39,6 +61,8 @@ pub fn split_top_level(text: &str, sep: char) -> Vec<(usize, &str)> {
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// Current nesting of parentheses, calls and unary minus.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -103,9 +127,23 @@ impl Parser<'_> {
         }
     }
 
+    /// Run `f` one nesting level deeper, refusing to go past [`MAX_NESTING`].
+    fn nested<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, ParseError>,
+    ) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return Err(self.error(&format!("nested more than {MAX_NESTING} levels deep")));
+        }
+        self.depth += 1;
+        let out = f(self);
+        self.depth -= 1;
+        out
+    }
+
     fn unary(&mut self) -> Result<Expr, ParseError> {
         if self.eat('-') {
-            return Ok(Expr::Const(0) - self.unary()?);
+            return self.nested(|p| Ok(Expr::Const(0) - p.unary()?));
         }
         self.atom()
     }
@@ -137,13 +175,16 @@ impl Parser<'_> {
                 if !self.eat('(') {
                     return Ok(Expr::var(name));
                 }
-                let mut args = vec![self.expr()?];
-                while self.eat(',') {
-                    args.push(self.expr()?);
-                }
-                if !self.eat(')') {
-                    return Err(self.error("expected `,` or `)`"));
-                }
+                let args = self.nested(|p| {
+                    let mut args = vec![p.expr()?];
+                    while p.eat(',') {
+                        args.push(p.expr()?);
+                    }
+                    if !p.eat(')') {
+                        return Err(p.error("expected `,` or `)`"));
+                    }
+                    Ok(args)
+                })?;
                 let [a, b]: [Expr; 2] = args.try_into().map_err(|_| ParseError {
                     text: self.text.to_string(),
                     pos: start,
@@ -165,11 +206,13 @@ impl Parser<'_> {
             }
             Some('(') => {
                 self.pos += 1;
-                let e = self.expr()?;
-                if !self.eat(')') {
-                    return Err(self.error("expected `)`"));
-                }
-                Ok(e)
+                self.nested(|p| {
+                    let e = p.expr()?;
+                    if !p.eat(')') {
+                        return Err(p.error("expected `)`"));
+                    }
+                    Ok(e)
+                })
             }
             Some(_) => Err(self.error("expected a number, a name or `(`")),
             None => Err(self.error("expected a number, a name or `(` but the text ends")),
@@ -215,6 +258,24 @@ mod tests {
             assert_eq!(e.pos, pos, "{s}: {e}");
             assert!(e.to_string().contains('^'));
         }
+    }
+
+    #[test]
+    fn deep_or_long_text_is_refused_not_a_stack_overflow() {
+        let deep = format!("{}T{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(parse_expr(&deep).unwrap_err().message.contains("bytes"));
+        let nested = format!("{}T{}", "(".repeat(40), ")".repeat(40));
+        assert!(parse_expr(&nested).unwrap_err().message.contains("nested"));
+        let calls = format!("{}T{}", "min(".repeat(40), ",1)".repeat(40));
+        assert!(parse_expr(&calls).unwrap_err().message.contains("nested"));
+        assert!(parse_expr(&"-".repeat(40)).is_err());
+        let ok = format!("{}T{}", "(".repeat(MAX_NESTING), ")".repeat(MAX_NESTING));
+        assert!(parse_expr(&ok).is_ok());
+        // The longest chain the length allows still evaluates.
+        let chain = vec!["T"; MAX_EXPR_LEN / 2].join("+");
+        let e = parse_expr(&chain).unwrap();
+        let b = crate::Bindings::from_pairs([("T", 1)]);
+        assert_eq!(e.eval(&b).unwrap(), (MAX_EXPR_LEN / 2) as i64);
     }
 
     #[test]

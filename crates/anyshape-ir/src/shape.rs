@@ -18,11 +18,37 @@ pub enum Domain {
 }
 
 impl Domain {
-    /// All values of the domain, ascending.
-    pub fn values(&self) -> Vec<i64> {
+    /// How many values the domain holds (saturating; a range may be far too large to
+    /// list, so check this before collecting [`Domain::iter`]).
+    pub fn len(&self) -> u64 {
         match self {
-            Domain::Range { lo, hi } => (*lo..=*hi).collect(),
-            Domain::List(v) => v.clone(),
+            Domain::Range { lo, hi } if hi >= lo => {
+                u64::try_from(*hi as i128 - *lo as i128 + 1).unwrap_or(u64::MAX)
+            }
+            Domain::Range { .. } => 0,
+            Domain::List(v) => v.len() as u64,
+        }
+    }
+
+    /// Whether the domain holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values of the domain, ascending, without collecting them.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = i64> + '_> {
+        match self {
+            Domain::Range { lo, hi } => Box::new(*lo..=*hi),
+            Domain::List(v) => Box::new(v.iter().copied()),
+        }
+    }
+
+    /// The smallest and largest value (`None` for an empty domain).
+    pub fn bounds(&self) -> Option<(i64, i64)> {
+        match self {
+            Domain::Range { lo, hi } if lo <= hi => Some((*lo, *hi)),
+            Domain::Range { .. } => None,
+            Domain::List(v) => Some((*v.iter().min()?, *v.iter().max()?)),
         }
     }
 }
@@ -109,14 +135,15 @@ impl Bindings {
         Bindings(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
-    /// Parse `T=37` or `T=37,B=2`; values must be >= 0.
+    /// Parse `T=37` or `T=37,B=2`; values must be >= 0 and each name given once.
     pub fn parse(text: &str) -> Result<Bindings> {
         let mut b = Bindings::default();
         b.extend_from_text(text)?;
         Ok(b)
     }
 
-    /// Add the bindings in `text` (`T=37,B=2`), replacing earlier values.
+    /// Add the bindings in `text` (`T=37,B=2`); a name bound already (here or in
+    /// `text` itself) is an error, not silently replaced.
     pub fn extend_from_text(&mut self, text: &str) -> Result<()> {
         let mut at = 0;
         for part in text.split(',') {
@@ -142,6 +169,13 @@ impl Bindings {
                 return Err(IrError::NegativeVar {
                     name: name.to_string(),
                     value,
+                });
+            }
+            if let Some(old) = self.0.get(name) {
+                return Err(IrError::DuplicateVar {
+                    name: name.to_string(),
+                    first: *old,
+                    second: value,
                 });
             }
             self.0.insert(name.to_string(), value);
@@ -183,14 +217,19 @@ mod tests {
             ShapeVar::parse("T=1..128").unwrap().domain,
             Domain::Range { lo: 1, hi: 128 }
         );
-        assert_eq!(
-            ShapeVar::parse("T=16,1,8").unwrap().domain.values(),
-            vec![1, 8, 16]
-        );
-        assert_eq!(
-            ShapeVar::parse("T=1..=4").unwrap().domain.values(),
-            vec![1, 2, 3, 4]
-        );
+        let values = |text: &str| {
+            ShapeVar::parse(text)
+                .unwrap()
+                .domain
+                .iter()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(values("T=16,1,8"), vec![1, 8, 16]);
+        assert_eq!(values("T=1..=4"), vec![1, 2, 3, 4]);
+        // A huge range is counted, never listed.
+        let huge = ShapeVar::parse("T=0..9223372036854775807").unwrap().domain;
+        assert_eq!(huge.len(), 1 << 63);
+        assert_eq!(huge.bounds(), Some((0, i64::MAX)));
         for bad in [
             "T", "=1..2", "T=5..1", "T=a..3", "T=-1..3", "1T=1..2", "T=1,,2",
         ] {
@@ -207,6 +246,13 @@ mod tests {
             Err(IrError::NegativeVar { .. })
         ));
         assert!(Bindings::parse("T").is_err());
+        assert!(matches!(
+            Bindings::parse("T=5,T=7"),
+            Err(IrError::DuplicateVar { .. })
+        ));
+        let mut b = Bindings::parse("T=5").unwrap();
+        assert!(b.extend_from_text("T=7").is_err());
+        assert_eq!(b.get("T"), Some(5));
         assert!(Bindings::parse("T=x").is_err());
     }
 }

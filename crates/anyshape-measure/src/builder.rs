@@ -1,6 +1,13 @@
 //! The builder: compiles a batch of kernels into one shared library with the system C
 //! compiler, splitting the batch into one translation unit per job so they compile in
 //! parallel, and caching the library by the hash of everything that goes into it.
+//!
+//! A kernel the compiler rejects is the code generator's fault and fails alone
+//! ([`BuiltLibrary::failed`], cached with the library). A compile the environment stops
+//! (the compiler killed by a signal, out of memory, no disk space) is nobody's fault in
+//! the candidate: it is reported apart ([`BuiltLibrary::unavailable`]) and such a
+//! partial library is never cached, so the kernel is built again next time.
+use crate::cache;
 use crate::{MeasureError, Result};
 use anyshape_codegen::{c, CpuTarget};
 use sha2::{Digest, Sha256};
@@ -22,10 +29,75 @@ pub struct KernelSource {
 pub struct BuiltLibrary {
     /// The shared library.
     pub path: PathBuf,
-    /// Symbol -> compiler messages, for kernels that did not compile.
+    /// Symbol -> compiler messages, for kernels the compiler rejected.
     pub failed: BTreeMap<String, String>,
+    /// Symbol -> what happened, for kernels the environment kept from compiling (the
+    /// compiler killed, out of memory, no disk space): worth building again.
+    pub unavailable: BTreeMap<String, String>,
     /// Whether it came from the cache.
     pub cached: bool,
+}
+
+impl BuiltLibrary {
+    /// Fail unless every kernel was built: an environment error for a kernel the
+    /// environment kept from compiling, a compile error (a code generation bug) for one
+    /// the compiler rejected.
+    pub fn require_all(&self) -> Result<()> {
+        if let Some((symbol, why)) = self.unavailable.iter().next() {
+            return Err(MeasureError::Environment(format!(
+                "compiling {symbol}: {why}"
+            )));
+        }
+        if let Some((symbol, stderr)) = self.failed.iter().next() {
+            return Err(MeasureError::Compile {
+                what: symbol.clone(),
+                stderr: stderr.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why a compile failed, if the environment rather than the source is to blame: the
+/// compiler killed by a signal, or its messages telling of memory or disk exhaustion.
+fn environment_failure(status: std::process::ExitStatus, stderr: &str) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal().is_some() {
+            return Some(format!(
+                "the compiler was killed ({}); out of memory?",
+                crate::runner::describe_exit(status)
+            ));
+        }
+    }
+    const SIGNS: [&str; 6] = [
+        "out of memory",
+        "Cannot allocate memory",
+        "virtual memory exhausted",
+        "No space left on device",
+        "Killed signal terminated program",
+        "Disk quota exceeded",
+    ];
+    let _ = status;
+    SIGNS
+        .iter()
+        .find(|s| stderr.contains(*s))
+        .map(|_| first_line(stderr).to_string())
+}
+
+/// The first line of a compiler's messages (all of them if there is none).
+fn first_line(text: &str) -> &str {
+    text.lines().find(|l| !l.trim().is_empty()).unwrap_or(text)
+}
+
+/// The outcome of one compiler process.
+enum Compiled {
+    Ok,
+    /// The compiler rejected the source: its messages.
+    Rejected(String),
+    /// The environment stopped it: why.
+    Unavailable(String),
 }
 
 /// Compiles kernels with the system C compiler.
@@ -44,8 +116,11 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// A builder caching in `cache_dir`, with `-O3 -march=native -fopenmp`.
+    /// A builder caching in `cache_dir` (made absolute, so libraries are never looked up
+    /// on the system's library path), with `-O3 -march=native -fopenmp`.
     pub fn new(cache_dir: impl Into<PathBuf>) -> Builder {
+        let cache_dir: PathBuf = cache_dir.into();
+        let cache_dir = std::path::absolute(&cache_dir).unwrap_or(cache_dir);
         let flags = [
             "-O3",
             "-march=native",
@@ -55,8 +130,11 @@ impl Builder {
             "-w",
         ];
         Builder {
-            cache_dir: cache_dir.into(),
-            cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+            cache_dir,
+            cc: std::env::var("CC")
+                .ok()
+                .filter(|cc| !cc.trim().is_empty())
+                .unwrap_or_else(|| "cc".into()),
             flags: flags.map(String::from).to_vec(),
             link_flags: Vec::new(),
             jobs: std::thread::available_parallelism()
@@ -66,14 +144,16 @@ impl Builder {
     }
 
     /// The default cache directory: `$ANYSHAPE_CACHE`, else `$XDG_CACHE_HOME/anyshape`,
-    /// else `~/.cache/anyshape`, else the system temp dir.
+    /// else `~/.cache/anyshape`, else the system temp dir (empty variables count as
+    /// unset).
     pub fn default_cache_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os("ANYSHAPE_CACHE") {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(dir) = var("ANYSHAPE_CACHE") {
             return PathBuf::from(dir);
         }
-        let base = std::env::var_os("XDG_CACHE_HOME")
+        let base = var("XDG_CACHE_HOME")
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")));
         base.unwrap_or_else(std::env::temp_dir).join("anyshape")
     }
 
@@ -102,44 +182,67 @@ impl Builder {
             .collect();
         let path = self.cache_dir.join(format!("lib{hash}.so"));
         let failed_path = path.with_extension("failed.json");
-        if path.exists() {
-            let failed = std::fs::read_to_string(&failed_path)
-                .ok()
-                .and_then(|s| serde_json::from_str(&s).ok())
-                .unwrap_or_default();
-            return Ok(BuiltLibrary {
-                path,
-                failed,
-                cached: true,
-            });
+        match cache::lookup(&path) {
+            Ok(true) => {
+                let failed = std::fs::read_to_string(&failed_path)
+                    .ok()
+                    .and_then(|s| serde_json::from_str(&s).ok())
+                    .unwrap_or_default();
+                return Ok(BuiltLibrary {
+                    path,
+                    failed,
+                    unavailable: BTreeMap::new(),
+                    cached: true,
+                });
+            }
+            Ok(false) => {}
+            Err(why) => tracing::warn!(
+                "kernel cache entry {} is damaged ({why}); rebuilding it",
+                path.display()
+            ),
         }
         let work = self
             .cache_dir
             .join(format!("build-{hash}-{}", std::process::id()));
         std::fs::create_dir_all(&work).map_err(io(&work))?;
-        let result = self.build_in(&work, &header, kernels, &path);
+        let result = self.build_in(&work, &header, kernels);
+        let result = result.and_then(|(built, failed, unavailable)| {
+            // A library missing kernels for the environment's sake is not cached: those
+            // kernels are built again next time.
+            let dest = if unavailable.is_empty() {
+                if !failed.is_empty() {
+                    let json = serde_json::to_string(&failed).unwrap_or_default();
+                    cache::write_atomic(&failed_path, json.as_bytes()).map_err(io(&failed_path))?;
+                }
+                cache::store(&built, &path).map_err(io(&path))?;
+                path
+            } else {
+                let partial = self
+                    .cache_dir
+                    .join(format!("partial-{hash}-{}.so", std::process::id()));
+                std::fs::rename(&built, &partial).map_err(io(&partial))?;
+                partial
+            };
+            Ok(BuiltLibrary {
+                path: dest,
+                failed,
+                unavailable,
+                cached: false,
+            })
+        });
         let _ = std::fs::remove_dir_all(&work);
-        let failed = result?;
-        if !failed.is_empty() {
-            let _ = std::fs::write(
-                &failed_path,
-                serde_json::to_string(&failed).unwrap_or_default(),
-            );
-        }
-        Ok(BuiltLibrary {
-            path,
-            failed,
-            cached: false,
-        })
+        result
     }
 
+    /// Compile `kernels` in `work` and link them into `work/out.so`; returns its path,
+    /// the kernels the compiler rejected and those the environment kept from compiling.
+    #[allow(clippy::type_complexity)]
     fn build_in(
         &self,
         work: &Path,
         header: &str,
         kernels: &[KernelSource],
-        out: &Path,
-    ) -> Result<BTreeMap<String, String>> {
+    ) -> Result<(PathBuf, BTreeMap<String, String>, BTreeMap<String, String>)> {
         let chunks: Vec<&[KernelSource]> = if kernels.is_empty() {
             vec![&[]]
         } else {
@@ -149,6 +252,7 @@ impl Builder {
         };
         let mut objects = Vec::new();
         let mut failed = BTreeMap::new();
+        let mut unavailable = BTreeMap::new();
         let results = self.compile_all(
             work,
             header,
@@ -158,42 +262,51 @@ impl Builder {
                 .map(|(i, c)| (format!("chunk{i}"), *c))
                 .collect::<Vec<_>>(),
         )?;
-        for ((obj, err), chunk) in results.into_iter().zip(&chunks) {
-            match err {
-                None => objects.push(obj),
-                // Find the culprits: compile each kernel of the failed chunk on its own.
-                Some(_) => {
-                    let singles: Vec<_> = chunk
-                        .iter()
-                        .map(|k| (k.symbol.clone(), std::slice::from_ref(k)))
-                        .collect();
-                    for ((obj, err), k) in self
-                        .compile_all(work, header, &singles)?
-                        .into_iter()
-                        .zip(chunk.iter())
-                    {
-                        match err {
-                            None => objects.push(obj),
-                            Some(e) => {
-                                failed.insert(k.symbol.clone(), e);
-                            }
-                        }
+        for ((obj, outcome), chunk) in results.into_iter().zip(&chunks) {
+            if let Compiled::Ok = outcome {
+                objects.push(obj);
+                continue;
+            }
+            // Find the culprits: compile each kernel of the failed chunk on its own.
+            let singles: Vec<_> = chunk
+                .iter()
+                .map(|k| (k.symbol.clone(), std::slice::from_ref(k)))
+                .collect();
+            for ((obj, outcome), k) in self
+                .compile_all(work, header, &singles)?
+                .into_iter()
+                .zip(chunk.iter())
+            {
+                match outcome {
+                    Compiled::Ok => objects.push(obj),
+                    Compiled::Rejected(e) => {
+                        failed.insert(k.symbol.clone(), e);
+                    }
+                    Compiled::Unavailable(e) => {
+                        unavailable.insert(k.symbol.clone(), e);
                     }
                 }
             }
         }
         if objects.is_empty() {
             // Every kernel failed: build an empty library so callers still get one.
-            let (obj, err) = self
+            let (obj, outcome) = self
                 .compile_all(work, header, &[("empty".to_string(), &[])])?
                 .remove(0);
-            if let Some(stderr) = err {
-                return Err(MeasureError::Compile {
-                    what: "the shared prelude".into(),
-                    stderr,
-                });
+            match outcome {
+                Compiled::Ok => objects.push(obj),
+                Compiled::Rejected(stderr) => {
+                    return Err(MeasureError::Compile {
+                        what: "the shared prelude".into(),
+                        stderr,
+                    })
+                }
+                Compiled::Unavailable(why) => {
+                    return Err(MeasureError::Environment(format!(
+                        "compiling the shared prelude: {why}"
+                    )))
+                }
             }
-            objects.push(obj);
         }
         let tmp = work.join("out.so");
         let mut cmd = Command::new(&self.cc);
@@ -202,19 +315,23 @@ impl Builder {
             .arg("-o")
             .arg(&tmp)
             .args(&objects)
-            .args(&self.link_flags);
-        let (ok, stderr) = run(&self.cc, &mut cmd)?;
-        if !ok {
+            .args(&self.link_flags)
+            .stdout(Stdio::null());
+        let output = cmd.output().map_err(|source| MeasureError::NoCompiler {
+            cc: self.cc.clone(),
+            source,
+        })?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if let Some(why) = environment_failure(output.status, &stderr) {
+            return Err(MeasureError::Environment(format!("linking: {why}")));
+        }
+        if !output.status.success() {
             return Err(MeasureError::Compile {
                 what: "the link step".into(),
                 stderr,
             });
         }
-        std::fs::rename(&tmp, out).map_err(|source| MeasureError::Io {
-            path: out.display().to_string(),
-            source,
-        })?;
-        Ok(failed)
+        Ok((tmp, failed, unavailable))
     }
 
     /// Compile each `(name, kernels)` unit to an object file, `jobs` at a time.
@@ -223,7 +340,7 @@ impl Builder {
         work: &Path,
         header: &str,
         units: &[(String, &[KernelSource])],
-    ) -> Result<Vec<(PathBuf, Option<String>)>> {
+    ) -> Result<Vec<(PathBuf, Compiled)>> {
         let mut out = Vec::new();
         for group in units.chunks(self.jobs.max(1)) {
             let mut running = Vec::new();
@@ -262,25 +379,19 @@ impl Builder {
                             cc: self.cc.clone(),
                             source,
                         })?;
-                let err = (!output.status.success())
-                    .then(|| String::from_utf8_lossy(&output.stderr).into_owned());
-                out.push((obj, err));
+                let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+                let outcome = match environment_failure(output.status, &stderr) {
+                    Some(why) => Compiled::Unavailable(why),
+                    None if output.status.success() => Compiled::Ok,
+                    None if stderr.trim().is_empty() => Compiled::Rejected(format!(
+                        "the compiler failed without a message ({})",
+                        crate::runner::describe_exit(output.status)
+                    )),
+                    None => Compiled::Rejected(stderr),
+                };
+                out.push((obj, outcome));
             }
         }
         Ok(out)
     }
-}
-
-fn run(cc: &str, cmd: &mut Command) -> Result<(bool, String)> {
-    let output = cmd
-        .stdout(Stdio::null())
-        .output()
-        .map_err(|source| MeasureError::NoCompiler {
-            cc: cc.into(),
-            source,
-        })?;
-    Ok((
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
 }

@@ -22,6 +22,14 @@ pub enum MeasureError {
         /// The compiler's messages.
         stderr: String,
     },
+    /// The environment stopped a build (the compiler killed, out of memory, no disk
+    /// space): nobody's fault in the code; try again once the machine has room.
+    #[error("the machine could not finish a build: {0}")]
+    Environment(String),
+    /// Measuring options that make no sense (user input): a time limit that is not a
+    /// positive number, say.
+    #[error("bad measuring options: {0}")]
+    Options(String),
     /// The worker process could not be started (environment problem).
     #[error("cannot start the measuring worker `{cmd}`: {source}")]
     Worker {

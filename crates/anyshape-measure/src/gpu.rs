@@ -346,12 +346,20 @@ impl Builder {
             .map(|b| format!("{b:02x}"))
             .collect();
         let path = self.cache_dir.join(format!("gpu-{hash}.ptx"));
-        if path.exists() {
-            return Ok(BuiltLibrary {
-                path,
-                failed,
-                cached: true,
-            });
+        match crate::cache::lookup(&path) {
+            Ok(true) => {
+                return Ok(BuiltLibrary {
+                    path,
+                    failed,
+                    unavailable: BTreeMap::new(),
+                    cached: true,
+                })
+            }
+            Ok(false) => {}
+            Err(why) => tracing::warn!(
+                "kernel cache entry {} is damaged ({why}); rebuilding it",
+                path.display()
+            ),
         }
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -395,13 +403,11 @@ impl Builder {
             source,
         };
         std::fs::create_dir_all(&self.cache_dir).map_err(io)?;
-        // Written aside and renamed, so a killed build never leaves half a file.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, ptx).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
+        crate::cache::store_bytes(&path, ptx.as_bytes()).map_err(io)?;
         Ok(BuiltLibrary {
             path,
             failed,
+            unavailable: BTreeMap::new(),
             cached: false,
         })
     }

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+pub mod cache;
 mod error;
 mod gpu;
 mod reference;
@@ -17,8 +18,12 @@ pub mod worker;
 pub use builder::{Builder, BuiltLibrary, KernelSource};
 pub use error::{MeasureError, Result};
 pub use gpu::{GpuDevice, CUBLAS_LIBRARY, CUBLAS_SYMBOL};
-pub use reference::{check_output, random_inputs, reference_output, CheckReport, Reference};
-pub use runner::{Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand};
+pub use reference::{
+    buffer_bytes, check_fits, check_output, random_inputs, reference_output, CheckReport, Reference,
+};
+pub use runner::{
+    Candidate, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand, MAX_TIMEOUT_SECONDS,
+};
 pub use worker::{Builtin, PreparedKernel, BUILTIN_LIBRARY};
 
 /// The measurer: a builder that compiles programs and a runner that times them.

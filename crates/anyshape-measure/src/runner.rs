@@ -69,6 +69,36 @@ impl Default for MeasureOptions {
     }
 }
 
+/// The longest time limit accepted, seconds (a week).
+pub const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+impl MeasureOptions {
+    /// Check that the options make sense: timing seconds finite and not negative, a
+    /// time limit above 0 and at most [`MAX_TIMEOUT_SECONDS`], at least one timed call.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(MeasureError::Options(m));
+        if !(self.min_seconds.is_finite() && self.min_seconds >= 0.0) {
+            return bad(format!(
+                "timing for {} s: need a number of seconds >= 0",
+                self.min_seconds
+            ));
+        }
+        if !(self.timeout_seconds > 0.0 && self.timeout_seconds <= MAX_TIMEOUT_SECONDS) {
+            return bad(format!(
+                "a time limit of {} s: need a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS}",
+                self.timeout_seconds
+            ));
+        }
+        if self.max_repeats == 0 || self.min_repeats > self.max_repeats {
+            return bad(format!(
+                "{}..{} timed calls: need at least one, the minimum not above the maximum",
+                self.min_repeats, self.max_repeats
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Timing statistics of one successful candidate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
@@ -89,6 +119,9 @@ pub enum Outcome {
     Measured(Measurement),
     /// It could not be measured: the reason (crash, timeout, error status, missing symbol).
     Failed(String),
+    /// The environment stopped it, not the candidate: its worker was killed from outside
+    /// (by the out-of-memory killer, say). Worth measuring again later.
+    Interrupted(String),
 }
 
 /// How to start a worker process: a program and its arguments.
@@ -143,6 +176,7 @@ impl Runner {
         candidates: &[Candidate],
         on_outcome: &mut dyn FnMut(usize, &Outcome),
     ) -> Result<Vec<Outcome>> {
+        self.options.check()?;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
         // Each worker gets the candidates still without an outcome; a crash or hang
         // settles its culprit and the rest go to a new worker (with interleaving, those
@@ -188,21 +222,30 @@ impl Runner {
                             .filter(|&k| outcomes[k].is_none())
                             .or_else(|| open.iter().copied().find(|&k| outcomes[k].is_none()))
                             .expect("a candidate without an outcome");
-                        let why = match (e, status) {
-                            (RecvTimeoutError::Timeout, _) => format!(
+                        let failed = match (e, status) {
+                            (RecvTimeoutError::Timeout, _) => Outcome::Failed(format!(
                                 "timed out after {:.1} s",
                                 if started.is_some() {
                                     self.options.timeout_seconds
                                 } else {
                                     PREPARE_SECONDS
                                 }
-                            ),
-                            (RecvTimeoutError::Disconnected, Some(st)) => {
-                                format!("the worker died ({})", describe_exit(st))
+                            )),
+                            // SIGKILL that was not ours (we kill on timeouts only): the
+                            // out-of-memory killer or a person, not the candidate.
+                            (RecvTimeoutError::Disconnected, Some(st)) if killed(st) => {
+                                Outcome::Interrupted(format!(
+                                    "the worker was killed from outside ({}; out of memory?)",
+                                    describe_exit(st)
+                                ))
                             }
-                            (RecvTimeoutError::Disconnected, None) => "the worker died".into(),
+                            (RecvTimeoutError::Disconnected, Some(st)) => {
+                                Outcome::Failed(format!("the worker died ({})", describe_exit(st)))
+                            }
+                            (RecvTimeoutError::Disconnected, None) => {
+                                Outcome::Failed("the worker died".into())
+                            }
                         };
-                        let failed = Outcome::Failed(why);
                         on_outcome(culprit, &failed);
                         outcomes[culprit] = Some(failed);
                         break;
@@ -256,7 +299,22 @@ impl Runner {
     }
 }
 
-fn describe_exit(status: std::process::ExitStatus) -> String {
+/// Whether the process was ended by SIGKILL.
+fn killed(status: std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal() == Some(9)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+/// A process's end in words: the signal's name or the exit status.
+pub(crate) fn describe_exit(status: std::process::ExitStatus) -> String {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;

@@ -10,8 +10,8 @@
 use crate::gpu::GpuKernel;
 use crate::runner::{Event, Job};
 use crate::{
-    check_output, random_inputs, reference_output, Candidate, CheckReport, GpuDevice, Measurement,
-    Outcome, Reference, CUBLAS_LIBRARY,
+    buffer_bytes, check_fits, check_output, random_inputs, reference_output, Candidate,
+    CheckReport, GpuDevice, Measurement, Outcome, Reference, CUBLAS_LIBRARY,
 };
 use anyshape_codegen::c;
 use anyshape_ir::BoundWorkload;
@@ -224,16 +224,8 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
         *cache = None;
         // Inputs and output in f32, the reference and its magnitudes in f64.
         let out_len = bound.lens[cand.workload.inputs.len()];
-        let bytes = bound.lens.iter().map(|&n| n as u128 * 4).sum::<u128>()
-            + if cand.check { out_len as u128 * 16 } else { 0 };
-        let mut probe: Vec<u8> = Vec::new();
-        if usize::try_from(bytes).map_or(true, |b| probe.try_reserve_exact(b).is_err()) {
-            return Err(format!(
-                "cannot allocate {:.1} GiB for the instance's buffers",
-                bytes as f64 / (1u64 << 30) as f64
-            ));
-        }
-        drop(probe);
+        let bytes = buffer_bytes(&bound) + if cand.check { out_len as u128 * 16 } else { 0 };
+        check_fits(bytes)?;
         let inputs = random_inputs(&bound, cand.workload.inputs.len(), 42);
         let reference = cand.check.then(|| {
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
@@ -319,9 +311,12 @@ impl Timed {
 
     fn outcome(mut self) -> Outcome {
         self.times.sort_by(f64::total_cmp);
+        // A timer can read 0 for a call shorter than its resolution; a latency is
+        // positive (records refuse others).
+        let at_least = |t: f64| t.max(1e-9);
         Outcome::Measured(Measurement {
-            min_seconds: self.times[0],
-            median_seconds: self.times[self.times.len() / 2],
+            min_seconds: at_least(self.times[0]),
+            median_seconds: at_least(self.times[self.times.len() / 2]),
             repeats: self.times.len(),
             check: self.check,
         })

@@ -125,3 +125,46 @@ fn a_kernel_that_does_not_compile_fails_alone() {
     let again = Builder::new(dir.path()).build(&target, &kernels).unwrap();
     assert!(again.cached && again.failed.contains_key("as_test_bad"));
 }
+
+/// A compiler killed by a signal, or out of memory, is the environment's fault: the
+/// kernel is `unavailable` (not `failed`), its neighbours build, and the partial library
+/// is not cached, so the next build compiles the kernel again.
+#[test]
+fn a_compile_the_environment_stops_is_not_a_failed_kernel() {
+    use std::os::unix::fs::PermissionsExt;
+    let target = CpuTarget::detect();
+    let dir = tempfile::tempdir().unwrap();
+    let cc = dir.path().join("cc");
+    std::fs::write(
+        &cc,
+        "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *.c)\n  grep -q as_test_killed \"$a\" && kill -9 $$\n  grep -q as_test_oom \"$a\" && { echo 'cc1: out of memory allocating 65536 bytes' >&2; exit 1; }\n;; esac; done\nexec cc \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&cc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kernel = |name: &str| KernelSource {
+        symbol: name.into(),
+        code: format!("int32_t {name}{SIG} {{ return 0; }}"),
+    };
+    let kernels = vec![
+        kernel("as_test_ok"),
+        kernel("as_test_killed"),
+        kernel("as_test_oom"),
+    ];
+    let mut builder = Builder::new(dir.path().join("cache"));
+    builder.cc = cc.display().to_string();
+    let lib = builder.build(&target, &kernels).unwrap();
+    assert!(lib.failed.is_empty(), "{:?}", lib.failed);
+    assert_eq!(
+        lib.unavailable.keys().collect::<Vec<_>>(),
+        ["as_test_killed", "as_test_oom"]
+    );
+    assert!(lib.unavailable["as_test_killed"].contains("killed"));
+    assert!(lib.unavailable["as_test_oom"].contains("out of memory"));
+    assert!(lib.require_all().is_err());
+    assert!(!lib.cached && lib.path.exists());
+    // With a working compiler the same batch builds whole (nothing stale was cached).
+    builder.cc = "cc".into();
+    let again = builder.build(&target, &kernels).unwrap();
+    assert!(!again.cached && again.unavailable.is_empty() && again.failed.is_empty());
+    assert!(again.require_all().is_ok());
+}

@@ -175,6 +175,34 @@ impl Manifest {
         Ok(m)
     }
 
+    /// The files of the module in `dir` by its manifest, `manifest.json` included,
+    /// whatever anyshape version wrote it; an error if `dir/manifest.json` is not an
+    /// anyshape manifest. (What a module writer may replace: see `anyshape-tune`.)
+    pub fn listed_files(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        /// The part of the format every version keeps.
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Listing {
+            format: u32,
+            anyshape: String,
+            files: BTreeMap<String, serde_json::Value>,
+            checksum: String,
+        }
+        let listing: Listing =
+            serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
+                path: path.display().to_string(),
+                reason: format!("not an anyshape manifest: {e}"),
+            })?;
+        let mut names: std::collections::BTreeSet<String> = listing.files.into_keys().collect();
+        names.insert(MANIFEST_FILE.to_string());
+        Ok(names)
+    }
+
     /// Check every file against its checksum.
     pub fn check_files(&self, dir: &Path) -> Result<()> {
         for (name, entry) in &self.files {

@@ -1,7 +1,7 @@
 //! A loaded module: checked on load, callable for any instance of its workload.
 use crate::kernel::{load_library, status_message, KernelFn, SelectFn};
 use crate::{Manifest, Result, RuntimeError};
-use anyshape_codegen::{c, host_cpu_features, ENTRY_SYMBOL, SELECT_SYMBOL};
+use anyshape_codegen::{c, host_cpu_features, DispatchTree, ENTRY_SYMBOL, SELECT_SYMBOL};
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,13 @@ impl Module {
         let workload = Workload::parse(&manifest.workload).map_err(|e| bad(e.to_string()))?;
         let vars = workload.shape_vars();
         let n = manifest.micro_kernels.len();
+        if manifest.dispatch.depth() > DispatchTree::MAX_DEPTH {
+            return Err(bad(format!(
+                "the dispatch tree is {} levels deep; at most {} are allowed",
+                manifest.dispatch.depth(),
+                DispatchTree::MAX_DEPTH
+            )));
+        }
         if manifest.symbolic.len() != n
             || manifest.dispatch.max_kernel() >= n
             || manifest.specialized.iter().any(|s| s.micro_kernel >= n)

@@ -236,8 +236,14 @@ pub(crate) fn run_built<K: Copy + Ord>(
         let t = &batch.trials[n];
         let (symbol, gpu) = kernel(&t.micro_kernel);
         if let Some(e) = lib.failed.get(&symbol) {
-            let error = format!("did not compile: {}", e.lines().next().unwrap_or(""));
+            let first = e.lines().find(|l| !l.trim().is_empty()).unwrap_or(e);
+            let error = format!("did not compile: {first}");
             on_result(n, TrialResult::Failed { error });
+            continue;
+        }
+        if let Some(e) = lib.unavailable.get(&symbol) {
+            let error = format!("not built: {e}");
+            on_result(n, TrialResult::Transient { error });
             continue;
         }
         runnable.push((

@@ -23,6 +23,25 @@ pub enum TuneError {
         /// What went wrong.
         message: String,
     },
+    /// The machine failed the run, not its input (the compiler killed, out of memory):
+    /// the records are kept and the run can resume.
+    #[error("{0}")]
+    Environment(String),
+    /// An output that would destroy what the user owns, or outputs that collide (user
+    /// input): refused before any work.
+    #[error("{0}")]
+    Output(String),
+    /// A file could not be read or written (environment: permissions, disk space).
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A module could not be written or read back.
+    #[error(transparent)]
+    Runtime(#[from] anyshape_runtime::RuntimeError),
     /// Bad tuning options or domains (user input).
     #[error("{0}")]
     Options(String),

@@ -15,6 +15,7 @@ mod error;
 mod features;
 mod gpu;
 mod module;
+mod output;
 mod records;
 mod search;
 mod space;
@@ -27,10 +28,11 @@ pub use error::{Result, TuneError};
 pub use features::{extract, feature_names};
 pub use gpu::GpuBackend;
 pub use module::{write_module, ModuleSpec, Specialize};
+pub use output::{check_distinct, check_out_dir, check_outputs, normalized};
 pub use records::{Record, RecordLog, TrialResult};
 pub use search::{
-    instances, Instance, InstanceBest, RoundSummary, ScoreTable, TimeBreakdown, TuneOptions,
-    TuneReport, Tuner,
+    instances, Instance, InstanceBest, ResumeSummary, RoundSummary, ScoreTable, TimeBreakdown,
+    TuneOptions, TuneReport, Tuner, MAX_INSTANCES,
 };
 pub use space::{Factors, SearchSpace};
 pub use verify::{verify, Verification};

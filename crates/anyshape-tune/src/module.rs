@@ -1,6 +1,6 @@
 //! Writing a module: symbolic kernels for the chosen micro-kernels, specialized kernels
 //! for some instances, the dispatcher, one shared library, a C header and the manifest.
-use crate::{Result, TuneError, Votes};
+use crate::{output, Result, TuneError, Votes};
 use anyshape_codegen::{
     c, dispatcher_c, host_cpu_features, CpuTarget, DispatchTree, DispatcherSpec, KernelMode,
     PaddingStrategy, Program, ENTRY_SYMBOL, SELECT_SYMBOL,
@@ -103,22 +103,16 @@ pub struct ModuleSpec<'a> {
     pub tuning: Option<TuningInfo>,
 }
 
-/// Build the module into directory `dir` (replaced if it holds a module already) and
-/// return its manifest.
+/// Build the module into directory `dir` and return its manifest. `dir` may be absent,
+/// empty or an anyshape module (see `output.rs` for what is refused); the new module is
+/// swapped in whole, so `dir` holds the old module or the new one at every moment.
 pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<Manifest> {
     let io = |path: &Path| {
         let path = path.display().to_string();
-        move |e: std::io::Error| TuneError::Options(format!("{path}: {e}"))
+        move |source: std::io::Error| TuneError::Io { path, source }
     };
-    if dir.exists() && !dir.join(MANIFEST_FILE).exists() {
-        let empty = std::fs::read_dir(dir).map_err(io(dir))?.next().is_none();
-        if !empty {
-            return Err(TuneError::Options(format!(
-                "{} exists and is not an anyshape module: not overwriting it",
-                dir.display()
-            )));
-        }
-    }
+    output::clean_leftovers(dir);
+    output::check_out_dir(dir, &[])?;
     let vars = spec.workload.shape_vars();
     let mks = &spec.votes.micro_kernels;
     let mut sources = Vec::new();
@@ -175,17 +169,9 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
         }),
     });
     let lib = builder.build(spec.target, &sources)?;
-    if let Some((sym, err)) = lib.failed.iter().next() {
-        return Err(TuneError::Options(format!(
-            "kernel {sym} of the module did not compile (a code generation bug):\n{err}"
-        )));
-    }
+    lib.require_all()?;
 
-    let tmp = dir.with_file_name(format!(
-        ".{}.tmp-{}",
-        dir.file_name().and_then(|n| n.to_str()).unwrap_or("module"),
-        std::process::id()
-    ));
+    let tmp = output::temp_dir_for(dir);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     let so = std::fs::read(&lib.path).map_err(io(&lib.path))?;
@@ -226,13 +212,14 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
         checksum: String::new(),
     };
     manifest.seal();
-    manifest
-        .write(&tmp.join(MANIFEST_FILE))
-        .map_err(|e| TuneError::Options(e.to_string()))?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+    manifest.write(&tmp.join(MANIFEST_FILE))?;
+    // Whatever appeared at `dir` while the kernels were built is checked once more.
+    let swapped = output::check_out_dir(dir, &[])
+        .and_then(|()| output::swap_into_place(&tmp, dir).map_err(io(dir)));
+    if swapped.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
     }
-    std::fs::rename(&tmp, dir).map_err(io(dir))?;
+    swapped?;
     Ok(manifest)
 }
 

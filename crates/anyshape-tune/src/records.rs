@@ -1,6 +1,18 @@
-//! Records: the append-only JSONL log of every trial. Each record is written with one
-//! `write` to a file opened for appending, so a killed run leaves at most a torn last
-//! line, which [`RecordLog::open`] removes on resume.
+//! Records: the append-only JSONL log of every trial, the source of truth of a tuning
+//! run.
+//!
+//! - Each record is written with one `write` to a file opened for appending, so a killed
+//!   run leaves at most a torn last line; [`RecordLog::open`] cuts it off (and says how
+//!   many bytes), and keeps a last record that is complete but lacks its newline.
+//! - A records file has one writer at a time: [`RecordLog`] holds an exclusive lock on
+//!   it (released by the OS when the process dies), so a second run on the same file is
+//!   refused with a clear error instead of measuring the same trials twice.
+//! - A record whose values are impossible (a latency that is not a positive number) is
+//!   skipped and reported, never used; the file is left as it is.
+//! - A trial that failed because of the environment rather than the candidate
+//!   ([`TrialResult::Transient`]: the compiler killed, out of memory, the worker killed
+//!   from outside) is recorded as such, does not count as a trial, and is measured again
+//!   when the run resumes.
 use crate::{Result, TuneError};
 use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
 use anyshape_ir::Bindings;
@@ -8,7 +20,7 @@ use anyshape_measure::Outcome;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// What a trial produced.
@@ -26,8 +38,15 @@ pub enum TrialResult {
         /// Whether the output was compared with the reference (and matched).
         checked: bool,
     },
-    /// Why the trial failed (compile error, crash, timeout, wrong result).
+    /// Why the trial failed (compile error, crash, timeout, wrong result): the
+    /// candidate's fault.
     Failed {
+        /// The reason.
+        error: String,
+    },
+    /// The environment failed, not the candidate (the compiler killed or out of memory,
+    /// the worker killed from outside): not a trial; measured again on resume.
+    Transient {
         /// The reason.
         error: String,
     },
@@ -38,6 +57,9 @@ impl TrialResult {
     pub fn of(outcome: &Outcome, checked: bool) -> TrialResult {
         match outcome {
             Outcome::Failed(error) => TrialResult::Failed {
+                error: error.clone(),
+            },
+            Outcome::Interrupted(error) => TrialResult::Transient {
                 error: error.clone(),
             },
             Outcome::Measured(m) => match &m.check {
@@ -87,21 +109,60 @@ impl<K, T> Record<K, T> {
     pub fn latency(&self) -> Option<f64> {
         match self.result {
             TrialResult::Measured { min_seconds, .. } => Some(min_seconds),
-            TrialResult::Failed { .. } => None,
+            TrialResult::Failed { .. } | TrialResult::Transient { .. } => None,
+        }
+    }
+
+    /// Whether the environment, not the candidate, failed this trial.
+    pub fn is_transient(&self) -> bool {
+        matches!(self.result, TrialResult::Transient { .. })
+    }
+
+    /// Why the record's values are impossible, if they are: a measured latency that is
+    /// not a positive finite number, a median below the minimum, no timed call.
+    pub fn invalid(&self) -> Option<String> {
+        match self.result {
+            TrialResult::Measured {
+                min_seconds,
+                median_seconds,
+                repeats,
+                ..
+            } => {
+                if !(min_seconds.is_finite() && min_seconds > 0.0) {
+                    Some(format!("latency {min_seconds} s is not a positive number"))
+                } else if !(median_seconds.is_finite() && median_seconds >= min_seconds) {
+                    Some(format!(
+                        "median {median_seconds} s is below the minimum {min_seconds} s"
+                    ))
+                } else if repeats == 0 {
+                    Some("no timed call".into())
+                } else {
+                    None
+                }
+            }
+            _ if !(self.seconds.is_finite() && self.seconds >= 0.0) => {
+                Some(format!("{} s of tuning time", self.seconds))
+            }
+            _ => None,
         }
     }
 }
 
-/// An open records file.
+/// An open records file, locked for this process alone.
 pub struct RecordLog {
     path: PathBuf,
     file: File,
+    torn_bytes: usize,
+    invalid: Vec<(usize, String)>,
 }
 
 impl RecordLog {
     /// Open `path` for appending and return the records it already holds. An existing,
     /// non-empty file is only continued with `resume` (so runs are never mixed by
-    /// accident); a torn last line (from a killed run) is cut off.
+    /// accident). The file is locked until the log is dropped: a second writer gets an
+    /// error. A torn last line (from a killed run) is cut off
+    /// ([`RecordLog::torn_bytes`]); a complete last record without its newline is kept;
+    /// records with impossible values are skipped ([`RecordLog::invalid`]).
     pub fn open<K: DeserializeOwned, T: DeserializeOwned>(
         path: &Path,
         resume: bool,
@@ -110,45 +171,87 @@ impl RecordLog {
             path: path.display().to_string(),
             message,
         };
-        let text = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(err(e.to_string())),
-        };
+        if path.is_dir() {
+            return Err(err("is a directory; name a file, e.g. records.jsonl".into()));
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| err(e.to_string()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(err("is in use by another anyshape run (a records file takes one writer at a time); wait for that run to finish, or give this one its own file".into()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(err(format!("cannot lock it: {e}")))
+            }
+        }
+        let mut text = Vec::new();
+        file.read_to_end(&mut text)
+            .map_err(|e| err(e.to_string()))?;
         if !text.is_empty() && !resume {
             return Err(err("the file already holds records; pass --resume to continue that run, or name a new file".into()));
         }
-        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let parse = |line: &[u8]| serde_json::from_slice::<Record<K, T>>(line);
+        let mut complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let tail = &text[complete..];
+        // A last line without its newline: a complete record is kept (and terminated),
+        // anything else is what a killed writer left and is cut off.
+        let keep_tail = !tail.iter().all(u8::is_ascii_whitespace) && parse(tail).is_ok();
+        let mut torn_bytes = 0;
+        if keep_tail {
+            file.write_all(b"\n").map_err(|e| err(e.to_string()))?;
+            complete = text.len();
+        } else if complete < text.len() {
+            torn_bytes = text.len() - complete;
+            file.set_len(complete as u64)
+                .map_err(|e| err(format!("cannot cut the torn last line: {e}")))?;
+        }
         let mut records = Vec::new();
+        let mut invalid = Vec::new();
         for (n, line) in text[..complete].split(|&b| b == b'\n').enumerate() {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let rec: Record<K, T> = serde_json::from_slice(line).map_err(|e| {
+            let rec = parse(line).map_err(|e| {
                 err(format!(
                     "line {} is not a record of this backend ({}): {e}",
                     n + 1,
                     std::any::type_name::<K>().rsplit("::").next().unwrap_or("")
                 ))
             })?;
-            records.push(rec);
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| err(e.to_string()))?;
-        if complete < text.len() {
-            file.set_len(complete as u64)
-                .map_err(|e| err(format!("cannot cut the torn last line: {e}")))?;
+            match rec.invalid() {
+                Some(why) => invalid.push((n + 1, why)),
+                None => records.push(rec),
+            }
         }
         Ok((
             RecordLog {
                 path: path.to_path_buf(),
                 file,
+                torn_bytes,
+                invalid,
             },
             records,
         ))
+    }
+
+    /// Bytes of a torn last line that [`RecordLog::open`] cut off (0 if none).
+    pub fn torn_bytes(&self) -> usize {
+        self.torn_bytes
+    }
+
+    /// Lines holding records with impossible values, skipped (line number, why).
+    pub fn invalid(&self) -> &[(usize, String)] {
+        &self.invalid
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Append one record (one `write`, then flushed to the OS).
@@ -219,10 +322,68 @@ mod tests {
         drop(f);
         let (mut log, old) = open(&path, true).unwrap();
         assert_eq!(old, vec![record(0), record(1)]);
+        assert_eq!(log.torn_bytes(), 15);
         log.append(&record(2)).unwrap();
+        drop(log);
         let (_, all) = open(&path, true).unwrap();
         assert_eq!(all, vec![record(0), record(1), record(2)]);
         std::fs::write(&path, "not json\n").unwrap();
         assert!(matches!(open(&path, true), Err(TuneError::Records { .. })));
+    }
+
+    #[test]
+    fn a_complete_last_record_without_newline_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let line = |i| serde_json::to_string(&record(i)).unwrap();
+        std::fs::write(&path, format!("{}\n{}", line(0), line(1))).unwrap();
+        let (mut log, old) = open(&path, true).unwrap();
+        assert_eq!((old.len(), log.torn_bytes()), (2, 0));
+        log.append(&record(2)).unwrap();
+        drop(log);
+        let (_, all) = open(&path, true).unwrap();
+        assert_eq!(all, vec![record(0), record(1), record(2)]);
+    }
+
+    #[test]
+    fn one_writer_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let (log, _) = open(&path, true).unwrap();
+        let Err(TuneError::Records { message, .. }) = open(&path, true) else {
+            panic!("a second writer was let in");
+        };
+        assert!(message.contains("in use"), "{message}");
+        drop(log);
+        assert!(open(&path, true).is_ok(), "the lock goes with the log");
+    }
+
+    #[test]
+    fn impossible_records_are_skipped_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let mut lines = Vec::new();
+        for (i, min) in [1.0, 0.0, -2.0, 1.0].into_iter().enumerate() {
+            let mut r = record(i);
+            r.result = TrialResult::Measured {
+                min_seconds: min,
+                median_seconds: 1.0,
+                repeats: 1,
+                checked: false,
+            };
+            lines.push(serde_json::to_string(&r).unwrap());
+        }
+        let mut transient = record(9);
+        transient.result = TrialResult::Transient {
+            error: "the compiler was killed".into(),
+        };
+        lines.push(serde_json::to_string(&transient).unwrap());
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let (log, old) = open(&path, true).unwrap();
+        assert_eq!(old.len(), 3);
+        assert!(old[2].is_transient() && old[2].latency().is_none());
+        let bad: Vec<usize> = log.invalid().iter().map(|x| x.0).collect();
+        assert_eq!(bad, vec![2, 3]);
+        assert!(log.invalid()[0].1.contains("not a positive number"));
     }
 }

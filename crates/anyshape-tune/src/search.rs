@@ -33,11 +33,26 @@ pub struct Instance {
     pub flops: f64,
 }
 
+/// The most instances one joint search takes (the cartesian product of the domains).
+/// Every instance is bound, scored and voted on, so this bounds memory and time; a
+/// larger range is better served by a list of representative values (`T=1,2,4,8,...`),
+/// since the dispatcher covers the values between them.
+pub const MAX_INSTANCES: u64 = 65_536;
+
 /// Every instance of the domains of `vars` (their cartesian product), weighted by the
 /// product of the vars' weights and normalized. Every shape var of the workload needs a
-/// domain, and every domain must name a shape var of the workload.
+/// domain, every domain must name a shape var of the workload (once), and there may be
+/// at most [`MAX_INSTANCES`].
 pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
     let needed = w.shape_vars();
+    for (i, v) in vars.iter().enumerate() {
+        if vars[..i].iter().any(|u| u.name == v.name) {
+            return Err(TuneError::Options(format!(
+                "shape var `{}` has two domains; give it one",
+                v.name
+            )));
+        }
+    }
     for v in &needed {
         if !vars.iter().any(|s| &s.name == v) {
             return Err(TuneError::Options(format!(
@@ -52,30 +67,54 @@ pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
             needed.join(", ")
         )));
     }
+    let count = vars
+        .iter()
+        .try_fold(1u64, |acc, v| acc.checked_mul(v.domain.len()))
+        .unwrap_or(u64::MAX);
+    if count > MAX_INSTANCES {
+        return Err(TuneError::Options(format!(
+            "the domains hold {} instances; one joint search takes at most {MAX_INSTANCES} \
+             (list representative values instead, e.g. `T=1,2,4,8,16,...`)",
+            if count == u64::MAX {
+                "more than 2^64".to_string()
+            } else {
+                count.to_string()
+            }
+        )));
+    }
     let mut points: Vec<(Bindings, f64)> = vec![(Bindings::default(), 1.0)];
     for v in vars {
-        let values = v.domain.values();
-        if let Some(ws) = &v.weights {
-            if ws.len() != values.len() || ws.iter().any(|x| !x.is_finite() || *x < 0.0) {
-                return Err(TuneError::Options(format!(
-                    "weights of `{}`: need {} non-negative numbers",
-                    v.name,
-                    values.len()
-                )));
+        let values: Vec<i64> = v.domain.iter().collect();
+        // Each var's weights relative to its largest, so products cannot overflow.
+        let scale = match &v.weights {
+            Some(ws) => {
+                if ws.len() != values.len() || ws.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                    return Err(TuneError::Options(format!(
+                        "weights of `{}`: need {} finite non-negative numbers",
+                        v.name,
+                        values.len()
+                    )));
+                }
+                ws.iter().copied().fold(0.0, f64::max)
             }
-        }
+            None => 1.0,
+        };
         let mut next = Vec::new();
         for (b, w0) in &points {
             for (i, &x) in values.iter().enumerate() {
                 let mut b = b.clone();
                 b.set(v.name.clone(), x);
-                next.push((b, w0 * v.weights.as_ref().map_or(1.0, |ws| ws[i])));
+                let wi =
+                    v.weights
+                        .as_ref()
+                        .map_or(1.0, |ws| if scale > 0.0 { ws[i] / scale } else { 0.0 });
+                next.push((b, w0 * wi));
             }
         }
         points = next;
     }
     let total: f64 = points.iter().map(|p| p.1).sum();
-    if total <= 0.0 {
+    if total.is_nan() || total <= 0.0 {
         return Err(TuneError::Options("the weights are all zero".into()));
     }
     points
@@ -232,8 +271,32 @@ pub struct TuneReport<K = MicroKernel> {
     pub model_samples: usize,
 }
 
+/// How a round's trials failed.
+#[derive(Default)]
+struct RoundFailures {
+    /// The candidates' fault.
+    failed: usize,
+    /// The environment's fault.
+    transient: usize,
+    /// The first environment failure's reason.
+    first_transient: Option<String>,
+}
+
 /// The records of a backend.
 type BackendRecord<B> = Record<<B as Backend>::MicroKernel, <B as Backend>::Target>;
+
+/// What a run took from its records file, and what it left aside.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ResumeSummary {
+    /// Trials of this workload, target and strategy on the run's instances: reused.
+    pub trials: usize,
+    /// Records of another workload, target or padding strategy: ignored.
+    pub other_runs: usize,
+    /// Records of instances outside the domain: ignored.
+    pub outside_domain: usize,
+    /// Trials the environment failed (not the candidate's fault): measured again.
+    pub transient: usize,
+}
 
 /// A joint tuning run on a backend (the CPU one unless named).
 pub struct Tuner<B: Backend> {
@@ -243,7 +306,7 @@ pub struct Tuner<B: Backend> {
     instances: Vec<Instance>,
     options: TuneOptions,
     journal: Journal<B>,
-    resumed: usize,
+    resumed: ResumeSummary,
     features: HashMap<B::MicroKernel, Vec<f64>>,
     index: HashMap<Bindings, usize>,
     time: TimeBreakdown,
@@ -252,7 +315,16 @@ pub struct Tuner<B: Backend> {
 /// The records of a run: the file and what it holds.
 struct Journal<B: Backend> {
     log: RecordLog,
+    /// The run's trials (transient failures excluded).
     records: Vec<BackendRecord<B>>,
+    /// Pairs the environment failed in this process: recorded, not chosen again until
+    /// the run resumes.
+    transient: BTreeSet<(B::MicroKernel, Bindings)>,
+    /// Tuning seconds of transient records (spent, though not trials).
+    transient_seconds: f64,
+    /// The round after the last one in the file, ignored records' included (rounds are
+    /// never reused).
+    round_floor: usize,
     /// When the last record was written (or the tuner was made).
     clock: Instant,
 }
@@ -260,11 +332,16 @@ struct Journal<B: Backend> {
 impl<B: Backend> Journal<B> {
     /// The round after the last recorded one.
     fn next_round(&self) -> usize {
-        self.records.iter().map(|r| r.round + 1).max().unwrap_or(0)
+        self.records
+            .iter()
+            .map(|r| r.round + 1)
+            .max()
+            .unwrap_or(0)
+            .max(self.round_floor)
     }
 
     /// Append one trial to the records file and the in-memory records, timed since the
-    /// previous one; `on_trial` hears the new count.
+    /// previous one; `on_trial` hears the new count of trials.
     fn append(
         &mut self,
         mut record: BackendRecord<B>,
@@ -273,7 +350,14 @@ impl<B: Backend> Journal<B> {
         record.seconds = self.clock.elapsed().as_secs_f64();
         self.clock = Instant::now();
         self.log.append(&record)?;
-        self.records.push(record);
+        self.round_floor = self.round_floor.max(record.round + 1);
+        if record.is_transient() {
+            self.transient_seconds += record.seconds;
+            self.transient
+                .insert((record.micro_kernel, record.bindings.clone()));
+        } else {
+            self.records.push(record);
+        }
         on_trial(self.records.len());
         Ok(())
     }
@@ -344,24 +428,37 @@ impl<B: Backend> Tuner<B> {
                 k: extent(gemm.k),
             });
         }
-        let records: Vec<BackendRecord<B>> = previous
-            .into_iter()
-            .filter(|r| {
-                r.workload == name
-                    && &r.target == backend.target()
-                    && r.strategy == options.strategy
-            })
-            .collect();
+        let round_floor = previous.iter().map(|r| r.round + 1).max().unwrap_or(0);
+        let mut resumed = ResumeSummary::default();
+        let mut transient_seconds = 0.0;
+        let mut records: Vec<BackendRecord<B>> = Vec::new();
+        for r in previous {
+            if r.workload != name || &r.target != backend.target() || r.strategy != options.strategy
+            {
+                resumed.other_runs += 1;
+            } else if !index.contains_key(&r.bindings) {
+                resumed.outside_domain += 1;
+            } else if r.is_transient() {
+                resumed.transient += 1;
+                transient_seconds += r.seconds;
+            } else {
+                records.push(r);
+            }
+        }
+        resumed.trials = records.len();
         Ok(Tuner {
             gemm,
             workload: workload.clone(),
             backend,
-            resumed: records.len(),
+            resumed,
             instances,
             options,
             journal: Journal {
                 log,
                 records,
+                transient: BTreeSet::new(),
+                transient_seconds,
+                round_floor,
                 clock: Instant::now(),
             },
             features: HashMap::new(),
@@ -563,6 +660,11 @@ impl<B: Backend> Tuner<B> {
         self.journal.records.len()
     }
 
+    /// What the run took from its records file and what it left aside.
+    pub fn resumed(&self) -> ResumeSummary {
+        self.resumed
+    }
+
     /// Tuning wall time of the records, this run's and resumed ones': the sum of their
     /// [`Record::seconds`]; and how many records carry no time (written by an older
     /// version), which the sum then leaves out.
@@ -574,7 +676,8 @@ impl<B: Backend> Tuner<B> {
             .filter(|r| r.seconds == 0.0)
             .count();
         (
-            self.journal.records.iter().map(|r| r.seconds).sum(),
+            self.journal.records.iter().map(|r| r.seconds).sum::<f64>()
+                + self.journal.transient_seconds,
             untimed,
         )
     }
@@ -682,6 +785,7 @@ impl<B: Backend> Tuner<B> {
             .records
             .iter()
             .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .chain(self.journal.transient.iter().cloned())
             .collect();
         let w: Vec<f64> = self.instances.iter().map(|x| x.weight).collect();
         // Current objective terms; unknown instances count as twice the best prediction.
@@ -748,14 +852,15 @@ impl<B: Backend> Tuner<B> {
         trials
     }
 
-    /// Build and measure the trials, append their records; returns how many failed.
-    /// Each trial is recorded as soon as it is measured, so a killed run loses none.
+    /// Build and measure the trials, append their records; returns how many failed,
+    /// and how many the environment failed with the first reason. Each trial is recorded
+    /// as soon as it is measured, so a killed run loses none.
     fn measure(
         &mut self,
         trials: &[(B::MicroKernel, usize)],
         round: usize,
         on_trial: &mut dyn FnMut(usize),
-    ) -> Result<usize> {
+    ) -> Result<RoundFailures> {
         let t0 = Instant::now();
         let list: Vec<Trial<B::MicroKernel>> = trials
             .iter()
@@ -765,13 +870,22 @@ impl<B: Backend> Tuner<B> {
                 check: self.instances[i].flops <= self.options.check_flops,
             })
             .collect();
-        let mut failed = 0;
+        let mut failures = RoundFailures::default();
         let mut append_error = None;
         let batch = trial_batch(&self.workload, &self.options, &self.instances, &list);
         let target = self.backend.target();
         let journal = &mut self.journal;
         let mut on_result = |n: usize, result: TrialResult| {
-            failed += usize::from(matches!(result, TrialResult::Failed { .. }));
+            match &result {
+                TrialResult::Failed { .. } => failures.failed += 1,
+                TrialResult::Transient { error } => {
+                    failures.transient += 1;
+                    failures
+                        .first_transient
+                        .get_or_insert_with(|| error.clone());
+                }
+                TrialResult::Measured { .. } => {}
+            }
             let t = &list[n];
             let record = Record {
                 anyshape: env!("CARGO_PKG_VERSION").to_string(),
@@ -794,7 +908,7 @@ impl<B: Backend> Tuner<B> {
         if let Some(e) = append_error {
             return Err(e);
         }
-        Ok(failed)
+        Ok(failures)
     }
 
     /// Run rounds until the trial budget is spent; `on_round` hears each round's summary
@@ -822,7 +936,14 @@ impl<B: Backend> Tuner<B> {
                 continue;
             }
             stalled = 0;
-            let failed = self.measure(&trials, round, on_trial)?;
+            let failures = self.measure(&trials, round, on_trial)?;
+            if failures.transient == trials.len() {
+                return Err(TuneError::Environment(format!(
+                    "every trial of round {round} failed for a reason outside the candidates ({}); the records are kept: free the machine and run again with --resume",
+                    failures.first_transient.unwrap_or_default()
+                )));
+            }
+            let failed = failures.failed;
             let records = self.journal.records.clone();
             model = self.train(&records, self.options.seed ^ round as u64);
             let summary = self.summary(round, failed, &model);
@@ -884,7 +1005,7 @@ impl<B: Backend> Tuner<B> {
                 .filter(|r| r.latency().is_none())
                 .count(),
             rounds,
-            resumed_trials: self.resumed,
+            resumed_trials: self.resumed.trials,
             time: self.time,
             history,
             k: model.k,

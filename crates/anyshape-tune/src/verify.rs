@@ -62,7 +62,9 @@ pub fn verify(
             Outcome::Measured(m) => v
                 .failures
                 .push(format!("{}: wrong result ({:?})", c.bindings, m.check)),
-            Outcome::Failed(why) => v.failures.push(format!("{}: {why}", c.bindings)),
+            Outcome::Failed(why) | Outcome::Interrupted(why) => {
+                v.failures.push(format!("{}: {why}", c.bindings))
+            }
         }
     }
     Ok(v)

@@ -188,8 +188,9 @@ pub fn vote<K: Copy>(
     })
 }
 
-/// Train a decision tree (smartcore's CART classifier) on shape-var values → vote and
-/// export it as a [`DispatchTree`]; returns it with its training accuracy.
+/// Train a decision tree (smartcore's CART classifier, at most
+/// [`DispatchTree::MAX_DEPTH`] deep) on shape-var values → vote and export it as a
+/// [`DispatchTree`]; returns it with its training accuracy.
 pub fn train_tree(vars: &[String], votes: &[Vote]) -> Result<(DispatchTree, f64)> {
     let labels: Vec<i32> = votes.iter().map(|v| v.micro_kernel as i32).collect();
     let tree = if labels.iter().all(|&l| Some(l) == labels.first().copied()) {
@@ -208,8 +209,13 @@ pub fn train_tree(vars: &[String], votes: &[Vote]) -> Result<(DispatchTree, f64)
         let fail = |e: smartcore::error::Failed| TuneError::Options(format!("decision tree: {e}"));
         let x = DenseMatrix::from_2d_vec(&rows).map_err(fail)?;
         let model: DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>> =
-            DecisionTreeClassifier::fit(&x, &labels, DecisionTreeClassifierParameters::default())
-                .map_err(fail)?;
+            DecisionTreeClassifier::fit(
+                &x,
+                &labels,
+                DecisionTreeClassifierParameters::default()
+                    .with_max_depth(DispatchTree::MAX_DEPTH as u16),
+            )
+            .map_err(fail)?;
         export(&model, vars)?
     };
     let hits = votes
@@ -242,7 +248,7 @@ fn export(
         depth: usize,
     ) -> Option<DispatchTree> {
         let n = nodes.get(at)?;
-        if depth > 10_000 {
+        if depth > DispatchTree::MAX_DEPTH {
             return None;
         }
         match (n["true_child"].as_u64(), n["false_child"].as_u64()) {
@@ -313,6 +319,26 @@ mod tests {
         let one = vote(&t, &[1], &inst, 0.02).unwrap();
         let (leaf, acc) = train_tree(&["T".into()], &one.votes).unwrap();
         assert_eq!((leaf, acc), (DispatchTree::Leaf { kernel: 0 }, 1.0));
+    }
+
+    /// Votes that alternate from one value to the next need a split between every pair:
+    /// the tree is cut at its depth limit (so the module's loader reads it) and still
+    /// dispatches every instance to one of the voted kernels.
+    #[test]
+    fn alternating_votes_give_a_bounded_tree() {
+        let votes: Vec<Vote> = (1..=1000)
+            .map(|t| Vote {
+                bindings: Bindings::from_pairs([("T", t)]),
+                micro_kernel: (t % 2) as usize,
+                latency_seconds: 1.0,
+                measured: true,
+            })
+            .collect();
+        let (tree, accuracy) = train_tree(&["T".into()], &votes).unwrap();
+        assert!(tree.depth() <= DispatchTree::MAX_DEPTH, "{}", tree.depth());
+        assert!(tree.max_kernel() <= 1 && accuracy > 0.5, "{accuracy}");
+        let json = serde_json::to_string(&tree).unwrap();
+        assert_eq!(serde_json::from_str::<DispatchTree>(&json).unwrap(), tree);
     }
 
     #[test]

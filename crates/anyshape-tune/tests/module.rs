@@ -10,6 +10,24 @@ use std::path::{Path, PathBuf};
 
 /// Three micro-kernels voted in bands of T, so the tree has splits; `specialize` instances.
 fn build(w: &Workload, dir: &Path, specialize: Specialize) -> Manifest {
+    build_voted(w, dir, specialize, &|t| {
+        if t < 40 {
+            0
+        } else if t < 90 {
+            1
+        } else {
+            2
+        }
+    })
+}
+
+/// A module whose instance `T` votes for micro-kernel `vote(T)` (of three).
+fn build_voted(
+    w: &Workload,
+    dir: &Path,
+    specialize: Specialize,
+    vote: &dyn Fn(i64) -> usize,
+) -> Manifest {
     let target = CpuTarget::detect();
     let lanes = target.lanes_f32();
     let mk = |mr, nr: usize, kc| MicroKernel {
@@ -29,26 +47,15 @@ fn build(w: &Workload, dir: &Path, specialize: Specialize) -> Manifest {
         micro_kernels,
         votes: bindings
             .iter()
-            .map(|b| {
-                let t = b.get("T").unwrap();
-                Vote {
-                    bindings: b.clone(),
-                    micro_kernel: if t < 40 {
-                        0
-                    } else if t < 90 {
-                        1
-                    } else {
-                        2
-                    },
-                    latency_seconds: 1.0,
-                    measured: true,
-                }
+            .map(|b| Vote {
+                bindings: b.clone(),
+                micro_kernel: vote(b.get("T").unwrap()),
+                latency_seconds: 1.0,
+                measured: true,
             })
             .collect(),
     };
     let (tree, accuracy) = train_tree(&["T".into()], &votes.votes).unwrap();
-    assert_eq!(accuracy, 1.0);
-    assert_eq!(tree.leaves(), 3);
     let weights = vec![1.0; bindings.len()];
     let chosen = specialize.pick(&bindings, &weights);
     write_module(
@@ -101,6 +108,7 @@ fn modules_are_correct_in_and_past_the_tuned_range() {
         let dir = tmp.path().join(format!("m{i}.module"));
         let m = build(&w, &dir, Specialize::Count(5));
         assert_eq!(m.specialized.len(), 5);
+        assert_eq!((m.tree_accuracy, m.dispatch.leaves()), (1.0, 3));
         let module = Module::load(&dir).unwrap();
         check_everywhere(&w, &module);
         // Specialized instances go to their own kernel; the ends are among them.
@@ -242,4 +250,17 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
     let e = std::panic::catch_unwind(|| build(&w, &other, Specialize::None));
     assert!(e.is_err());
     assert!(other.join("notes.txt").exists());
+}
+
+/// Votes that change from one T to the next need the deepest tree: the module's writer
+/// bounds it, so its loader reads it back (it used to write trees its loader refused).
+#[test]
+fn a_module_with_the_deepest_tree_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Workload::parse("dense(M=T,N=16,K=8)").unwrap();
+    let dir = tmp.path().join("deep.module");
+    let m = build_voted(&w, &dir, Specialize::None, &|t| (t % 3) as usize);
+    assert!(m.dispatch.depth() >= 20, "{}", m.dispatch.depth());
+    let module = Module::load(&dir).unwrap();
+    check_everywhere(&w, &module);
 }

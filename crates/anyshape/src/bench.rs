@@ -5,7 +5,9 @@ use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::ENTRY_SYMBOL;
 use anyshape_ir::Bindings;
-use anyshape_measure::{random_inputs, Candidate, MeasureOptions, Outcome};
+use anyshape_measure::{
+    buffer_bytes, check_fits, random_inputs, Candidate, MeasureOptions, Outcome,
+};
 use anyshape_runtime::Module;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,7 +45,7 @@ pub struct BenchArgs {
     /// is tuned per shape and the others are padded up to it (global padding: inputs
     /// copied into zero-filled buffers, the output copied back, all inside the timed
     /// call). 0: no bucketing.
-    #[arg(long, default_value_t = 16, value_name = "WIDTH")]
+    #[arg(long, default_value_t = 16, value_name = "WIDTH", value_parser = clap::value_parser!(i64).range(0..))]
     bucket: i64,
     /// Where --compare writes `results.csv`, `report.md`, the plots and the baselines'
     /// records.
@@ -61,7 +63,7 @@ pub struct BenchArgs {
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Option<String>,
     /// Seconds of timed calls per kernel and instance (the minimum latency is used).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = crate::seconds, allow_negative_numbers = true)]
     seconds: f64,
     /// Write the per-instance dispatch-loss table as CSV.
     #[arg(long, value_name = "FILE")]
@@ -156,7 +158,7 @@ fn dispatch_loss(args: &BenchArgs, module: &Module) -> Result<()> {
     bar.finish_and_clear();
     let lat = |o: &Outcome| match o {
         Outcome::Measured(x) => Ok(x.min_seconds),
-        Outcome::Failed(why) => Err(why.clone()),
+        Outcome::Failed(why) | Outcome::Interrupted(why) => Err(why.clone()),
     };
     let mut rows = Vec::new();
     let mut at = 0;
@@ -290,7 +292,7 @@ fn per_call(batch: usize, f: &mut dyn FnMut()) -> f64 {
 fn overhead(args: &BenchArgs, module: &Module) -> Result<()> {
     let m = module.manifest();
     let bindings = match &args.set {
-        Some(s) => Bindings::parse(s)?,
+        Some(s) => crate::bindings(std::slice::from_ref(s), Some(module.workload()))?,
         None => m
             .votes
             .iter()
@@ -307,7 +309,9 @@ fn overhead(args: &BenchArgs, module: &Module) -> Result<()> {
             .context("the module has no instances")?,
     };
     let bound = module.bind(&bindings)?;
+    // Two outputs besides the inputs: bare calls and checked calls write their own.
     let n_in = module.workload().inputs.len();
+    check_fits(buffer_bytes(&bound) + bound.lens[n_in] as u128 * 4).map_err(anyhow::Error::msg)?;
     let inputs = random_inputs(&bound, n_in, 7);
     let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
     let mut out = vec![0.0f32; bound.lens[n_in]];

@@ -433,7 +433,7 @@ pub fn compare(module: &Module, o: &CompareOptions, common: &Common) -> Result<(
                     failures.push(format!("{} at {b}: wrong result", sys.name));
                     None
                 }
-                Outcome::Failed(why) => {
+                Outcome::Failed(why) | Outcome::Interrupted(why) => {
                     failures.push(format!("{} at {b}: {why}", sys.name));
                     None
                 }

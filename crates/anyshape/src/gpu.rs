@@ -29,8 +29,8 @@ pub struct GpuArgs {
     #[arg(long = "range", value_name = "VAR=DOMAIN", required = true)]
     ranges: Vec<String>,
     /// Trial budget of the joint search (programs measured on an instance).
-    #[arg(long, default_value_t = 256)]
-    trials: usize,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    trials: u64,
     /// Records file (JSONL) [default: OUT_DIR/records.jsonl].
     #[arg(long, value_name = "FILE")]
     records: Option<PathBuf>,
@@ -45,7 +45,7 @@ pub struct GpuArgs {
     #[arg(long, default_value_t = 60)]
     fig5: i64,
     /// Keep timing each kernel on each instance for at least this many seconds.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = crate::seconds, allow_negative_numbers = true)]
     seconds: f64,
     /// Where the report (report.md, results.csv) goes.
     #[arg(long, value_name = "DIR", default_value = "gpu-results")]
@@ -75,7 +75,7 @@ fn latency(o: &Outcome) -> Result<f64, String> {
     match o {
         Outcome::Measured(m) if m.check.as_ref().is_none_or(|c| c.passed) => Ok(m.min_seconds),
         Outcome::Measured(m) => Err(format!("wrong result: {:?}", m.check)),
-        Outcome::Failed(why) => Err(why.clone()),
+        Outcome::Failed(why) | Outcome::Interrupted(why) => Err(why.clone()),
     }
 }
 
@@ -93,7 +93,7 @@ pub fn gpu(args: GpuArgs) -> Result<()> {
     drop(dev);
     let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
     let mut options = TuneOptions {
-        trials: args.trials,
+        trials: args.trials as usize,
         strategy,
         ..TuneOptions::default()
     };
@@ -113,6 +113,7 @@ pub fn gpu(args: GpuArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| args.out_dir.join("records.jsonl"));
     let (log, previous) = RecordLog::open(&records, args.resume)?;
+    crate::tune::report_log(&log);
     let n = domain.len();
     let backend = GpuBackend::new(&target, &measurer);
     let mut tuner = Tuner::with_backend(backend, &workload, domain, options, log, previous)?;
@@ -125,7 +126,8 @@ pub fn gpu(args: GpuArgs) -> Result<()> {
         records.display()
     );
     let start = Instant::now();
-    let report = run_with_progress(&mut tuner, args.trials, args.quiet)?;
+    crate::tune::report_resumed(&tuner.resumed());
+    let report = run_with_progress(&mut tuner, args.trials as usize, args.quiet)?;
     eprintln!(
         "search: {} trials ({} failed) in {:.1} s; voting on every instance…",
         report.trials,

@@ -14,13 +14,11 @@ pub fn inspect(path: &Path) -> Result<()> {
     println!("module       {}", path.display());
     println!("workload     {}", m.workload);
     for v in &m.shape_vars {
-        let values = v.domain.values();
+        let (lo, hi) = v.domain.bounds().unwrap_or((0, 0));
         println!(
-            "shape var    {} tuned on {} values ({}..{})",
+            "shape var    {} tuned on {} values ({lo}..{hi})",
             v.name,
-            values.len(),
-            values.first().unwrap_or(&0),
-            values.last().unwrap_or(&0)
+            v.domain.len()
         );
     }
     println!(
@@ -109,7 +107,7 @@ pub fn run_module(
     let outcome = runner(options)?.measure(&library, &[candidate])?.remove(0);
     let r = match outcome {
         Outcome::Measured(r) => r,
-        Outcome::Failed(why) => bail!("the module failed: {why}"),
+        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the module failed: {why}"),
     };
     let flops = module.workload().flops(&bound);
     let tuned = m.votes.iter().any(|v| &v.bindings == bindings);

@@ -95,10 +95,10 @@ struct RunArgs {
     #[arg(long)]
     print_c: bool,
     /// Keep timing for at least this many seconds.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = seconds, allow_negative_numbers = true)]
     seconds: f64,
     /// Kill the program if it runs longer than this many seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = time_limit, allow_negative_numbers = true)]
     timeout: f64,
     #[command(flatten)]
     common: Common,
@@ -125,6 +125,63 @@ impl Common {
     }
 }
 
+/// A duration option: a finite number of seconds, at least 0.
+pub(crate) fn seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("`{text}` is not a number of seconds >= 0")),
+    }
+}
+
+/// A time limit: seconds above 0, at most a week.
+fn time_limit(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= anyshape_measure::MAX_TIMEOUT_SECONDS => Ok(x),
+        _ => Err(format!(
+            "`{text}` is not a time limit: need seconds above 0, at most {}",
+            anyshape_measure::MAX_TIMEOUT_SECONDS
+        )),
+    }
+}
+
+/// A fraction in [0, 1).
+pub(crate) fn fraction(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{text}` is not a fraction in [0, 1), e.g. 0.02")),
+    }
+}
+
+/// A positive finite number.
+pub(crate) fn positive(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{text}` is not a positive number")),
+    }
+}
+
+/// `--set` options as bindings: each shape var once; with `workload`, only its own.
+pub(crate) fn bindings(sets: &[String], workload: Option<&Workload>) -> Result<Bindings> {
+    let mut b = Bindings::default();
+    for s in sets {
+        b.extend_from_text(s)?;
+    }
+    if let Some(w) = workload {
+        let vars = w.shape_vars();
+        if let Some((name, _)) = b.iter().find(|(n, _)| !vars.iter().any(|v| v == n)) {
+            bail!(
+                "`{name}` is not a shape var of {w} (its shape vars: {})",
+                if vars.is_empty() {
+                    "none".to_string()
+                } else {
+                    vars.join(", ")
+                }
+            );
+        }
+    }
+    Ok(b)
+}
+
 fn runner(options: MeasureOptions) -> Result<Runner> {
     let program =
         std::env::current_exe().context("locating the anyshape executable for the worker")?;
@@ -138,19 +195,17 @@ fn runner(options: MeasureOptions) -> Result<Runner> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let mut bindings = Bindings::default();
-    for s in &args.set {
-        bindings.extend_from_text(s)?;
-    }
     let options = MeasureOptions {
         min_seconds: args.seconds,
         timeout_seconds: args.timeout,
         ..Default::default()
     };
     if let Some(module) = &args.module {
+        let bindings = bindings(&args.set, None)?;
         return inspect::run_module(module, &bindings, args.check, options);
     }
     let workload = Workload::parse(args.workload.as_deref().unwrap_or_default())?;
+    let bindings = bindings(&args.set, Some(&workload))?;
     let bound = workload.bind(&bindings)?;
     let target = args.common.target()?;
     let micro_kernel = match &args.micro_kernel {
@@ -193,7 +248,7 @@ fn run(args: RunArgs) -> Result<()> {
     let outcome = runner(options)?.measure(&lib.path, &[candidate])?.remove(0);
     let m = match outcome {
         Outcome::Measured(m) => m,
-        Outcome::Failed(why) => bail!("the program failed: {why}"),
+        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the program failed: {why}"),
     };
     let flops = workload.flops(&bound);
     println!("workload     {workload}  [{bindings}]");
@@ -232,6 +287,14 @@ fn print_measurement(m: &Measurement, flops: f64) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // Libraries report what they repair or skip as warnings (a damaged cache entry
+    // rebuilt, say); they go to standard error.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_max_level(tracing::Level::WARN)
+        .init();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args),

@@ -4,8 +4,9 @@ use anyhow::{bail, Context, Result};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use anyshape_tune::{
-    elect, instances, train_tree, verify, write_module, Backend, CpuBackend, ModuleSpec, RecordLog,
-    RoundSummary, Specialize, TuneOptions, TuneReport, Tuner, VoteOptions,
+    check_outputs, elect, instances, train_tree, verify, write_module, Backend, CpuBackend,
+    ModuleSpec, RecordLog, ResumeSummary, RoundSummary, Specialize, TuneOptions, TuneReport, Tuner,
+    VoteOptions, MAX_INSTANCES,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -26,8 +27,8 @@ pub struct TuneArgs {
     #[arg(long, value_name = "FILE")]
     weights: Option<PathBuf>,
     /// Trial budget (programs measured on an instance), counting resumed trials.
-    #[arg(long, default_value_t = 256)]
-    trials: usize,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    trials: u64,
     /// Records file (JSONL), appended to after every trial.
     #[arg(long, value_name = "FILE")]
     records: PathBuf,
@@ -35,8 +36,8 @@ pub struct TuneArgs {
     #[arg(long)]
     resume: bool,
     /// Micro-kernels built and measured per round.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    batch: u64,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -48,7 +49,7 @@ pub struct TuneArgs {
     #[arg(long)]
     verify: bool,
     /// FLOP cap for --verify.
-    #[arg(long, default_value_t = 2e9)]
+    #[arg(long, default_value_t = 2e9, value_parser = crate::positive)]
     verify_flops: f64,
     /// Write the module (kernels for every shape + dispatcher + manifest) to this directory.
     #[arg(long, value_name = "DIR")]
@@ -59,12 +60,12 @@ pub struct TuneArgs {
     #[arg(long, default_value = "none", value_name = "none|all|N")]
     specialize: Specialize,
     /// A micro-kernel within this fraction of an instance's best may take its vote
-    /// (fewer micro-kernels, smaller module).
-    #[arg(long, default_value_t = 0.02)]
+    /// (fewer micro-kernels, smaller module); in [0, 1).
+    #[arg(long, default_value_t = 0.02, value_parser = crate::fraction)]
     tolerance: f64,
     /// At most this many micro-kernels in the module.
-    #[arg(long, default_value_t = 8)]
-    max_kernels: usize,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_kernels: u64,
     /// Vote on the cost model's predictions instead of measuring the candidate
     /// micro-kernels on every instance (faster, less exact).
     #[arg(long)]
@@ -82,6 +83,16 @@ pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<Shape
         .iter()
         .map(|r| ShapeVar::parse(r))
         .collect::<Result<_, _>>()?;
+    for v in &vars {
+        if v.domain.len() > MAX_INSTANCES {
+            bail!(
+                "--range {}: {} values; one joint search takes at most {MAX_INSTANCES} instances (list representative values instead, e.g. `{}=1,2,4,8,16,...`)",
+                v.name,
+                v.domain.len(),
+                v.name
+            );
+        }
+    }
     if let Some(path) = weights {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading weights {}", path.display()))?;
@@ -100,7 +111,7 @@ pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<Shape
             let Some(table) = table.as_object() else {
                 bail!("weights of `{name}`: expected an object of value -> weight")
             };
-            let values = var.domain.values();
+            let values: Vec<i64> = var.domain.iter().collect();
             let mut w = vec![1.0; values.len()];
             for (value, weight) in table {
                 let v: i64 = value.parse().with_context(|| {
@@ -120,6 +131,50 @@ pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<Shape
         }
     }
     Ok(vars)
+}
+
+/// Say what opening the records file repaired or skipped.
+pub fn report_log(log: &RecordLog) {
+    if log.torn_bytes() > 0 {
+        eprintln!(
+            "warning: {}: cut off a torn last record of {} bytes (a run killed while writing it); that trial is measured again",
+            log.path().display(),
+            log.torn_bytes()
+        );
+    }
+    for (line, why) in log.invalid() {
+        eprintln!(
+            "warning: {}: line {line} skipped: {why}",
+            log.path().display()
+        );
+    }
+}
+
+/// Say which records a resumed run reuses and which it leaves aside.
+pub fn report_resumed(r: &ResumeSummary) {
+    if r.trials + r.other_runs + r.outside_domain + r.transient == 0 {
+        return;
+    }
+    let mut parts = vec![format!("{} trials reused", r.trials)];
+    if r.other_runs > 0 {
+        parts.push(format!(
+            "{} records of another workload, target or strategy ignored",
+            r.other_runs
+        ));
+    }
+    if r.outside_domain > 0 {
+        parts.push(format!(
+            "{} records outside the domain ignored",
+            r.outside_domain
+        ));
+    }
+    if r.transient > 0 {
+        parts.push(format!(
+            "{} trials the environment failed are measured again",
+            r.transient
+        ));
+    }
+    eprintln!("resuming: {}", parts.join("; "));
 }
 
 /// Run the tuner with a progress bar of trials (or, with `quiet`, only a line per round).
@@ -165,10 +220,12 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     let vars = shape_vars(&args.ranges, args.weights.as_deref())?;
     let domain = instances(&workload, &vars)?;
     let target = args.common.target()?;
+    // Everything that could only fail at the end is checked before any work.
+    check_outputs(&args.records, args.report.as_deref(), args.out.as_deref())?;
 
     let options = TuneOptions {
-        trials: args.trials,
-        batch: args.batch,
+        trials: args.trials as usize,
+        batch: args.batch as usize,
         seed: args.seed,
         ..TuneOptions::default()
     };
@@ -178,6 +235,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
         runner: runner(options.measure.clone())?,
     };
     let (log, previous) = RecordLog::open(&args.records, args.resume)?;
+    report_log(&log);
     let n_instances = domain.len();
     let mut tuner = Tuner::new(
         &workload, &target, domain, options, &measurer, log, previous,
@@ -189,8 +247,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
         target.simd,
         args.records.display()
     );
+    report_resumed(&tuner.resumed());
     let start = Instant::now();
-    let report = run_with_progress(&mut tuner, args.trials, args.quiet)?;
+    let report = run_with_progress(&mut tuner, args.trials as usize, args.quiet)?;
     print_report(&report, start.elapsed().as_secs_f64());
     if let Some(out) = &args.out {
         build_module(
@@ -232,12 +291,9 @@ fn build_module(
     strategy: anyshape_codegen::PaddingStrategy,
     measurer: &Measurer,
 ) -> Result<()> {
-    if !(0.0..1.0).contains(&args.tolerance) {
-        bail!("--tolerance must be in [0, 1), e.g. 0.02");
-    }
     let options = VoteOptions {
         tolerance: args.tolerance,
-        max_kernels: args.max_kernels,
+        max_kernels: args.max_kernels as usize,
         measure: !args.predicted_votes,
     };
     let start = Instant::now();

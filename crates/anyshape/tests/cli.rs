@@ -68,6 +68,8 @@ fn run_checks_and_reports() {
 fn bad_input_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let w = "dense(M=16*T,N=64,K=64)";
+    let deep = format!("dense(M={}T{},N=64,K=64)", "(".repeat(40), ")".repeat(40));
+    let long = format!("dense(M={},N=64,K=64)", vec!["T"; 3000].join("+"));
     let cases: &[(&[&str], &str)] = &[
         (&["run", "-w", w], "shape var `T` is not bound"),
         (
@@ -95,10 +97,7 @@ fn bad_input_is_a_clear_error() {
             "invalid value 'global-pad'",
         ),
         (&["run", "-w", w, "--set", "T=-4"], "negative"),
-        (
-            &["run", "-w", w, "--set", "Q=4"],
-            "shape var `T` is not bound",
-        ),
+        (&["run", "-w", w, "--set", "Q=4"], "not a shape var"),
         (
             &["run", "-w", "dense(M=16*T,N=64", "--set", "T=4"],
             "missing `)`",
@@ -173,13 +172,83 @@ fn bad_input_is_a_clear_error() {
         ),
         (
             &["run", "-w", w, "--set", "T=99999999999"],
-            "cannot allocate",
+            "more than this machine can hold",
+        ),
+        // Durations that cannot be durations.
+        (&["run", "-w", w, "--set", "T=4", "--timeout", "-1"], "time limit"),
+        (&["run", "-w", w, "--set", "T=4", "--timeout", "1e308"], "time limit"),
+        (&["run", "-w", w, "--set", "T=4", "--timeout", "NaN"], "time limit"),
+        (&["run", "-w", w, "--set", "T=4", "--seconds", "inf"], "seconds"),
+        (&["run", "-w", w, "--set", "T=4", "--seconds", "-1"], "seconds"),
+        // Domains too large to enumerate.
+        (
+            &["tune", "-w", w, "--range", "T=1..9223372036854775807", "--records", "r"],
+            "at most 65536",
+        ),
+        (
+            &["tune", "-w", w, "--range", "T=1..10000000", "--records", "r"],
+            "at most 65536",
+        ),
+        // Text that would exhaust the stack.
+        (
+            &["run", "-w", &deep, "--set", "T=4"],
+            "nested more than",
+        ),
+        (&["run", "-w", &long, "--set", "T=4"], "bytes"),
+        // What used to be accepted silently.
+        (&["run", "-w", w, "--set", "T=5", "--set", "T=7"], "given twice"),
+        (&["run", "-w", w, "--set", "T=5,T=7"], "given twice"),
+        (&["run", "-w", w, "--set", "T=3,U=3"], "not a shape var"),
+        (
+            &["tune", "-w", w, "--range", "T=1..4", "--range", "T=1..8", "--records", "r"],
+            "two domains",
+        ),
+        (
+            &[
+                "run",
+                "-w",
+                w,
+                "--set",
+                "T=4",
+                "--micro-kernel",
+                r#"{"mr":1,"nr":16,"mc":1,"nc":16,"kc":4,"uk":4,"turbo":1}"#,
+            ],
+            "unknown field",
+        ),
+        (
+            &[
+                "run",
+                "-w",
+                w,
+                "--set",
+                "T=4",
+                "--micro-kernel",
+                "mr=1,mr=2,nr=16,mc=1,nc=16,kc=4,uk=4",
+            ],
+            "given twice",
+        ),
+        (
+            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--max-kernels", "0"],
+            "--max-kernels",
+        ),
+        (
+            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--tolerance", "1.5"],
+            "fraction",
+        ),
+        (
+            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--trials", "0"],
+            "--trials",
+        ),
+        (
+            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--out", "/etc/hostname"],
+            "is a file",
         ),
     ];
     for (args, needle) in cases {
         let o = anyshape(args, dir.path());
         let out = text(&o);
         assert!(!o.status.success(), "{args:?} succeeded: {out}");
+        assert!(!dir.path().join("r").exists(), "{args:?}: refused after work began");
         assert!(!out.contains("panicked"), "{args:?} panicked: {out}");
         assert!(
             out.contains(needle),

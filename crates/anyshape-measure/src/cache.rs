@@ -1,0 +1,119 @@
+//! The kernel cache's integrity, and writing files so that a killed process never
+//! leaves half of one.
+//!
+//! Every cached build (a kernel library, a PTX file) is moved into place by `rename`
+//! and carries a sidecar `<entry>.sha256` holding its size and SHA-256. An entry is
+//! used only when both match; a damaged one (truncated by a full disk, changed by hand)
+//! is rebuilt with a warning instead of crashing every worker that loads it.
+use sha2::{Digest, Sha256};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The sidecar of a cache entry.
+fn sidecar(entry: &Path) -> PathBuf {
+    let mut name = entry.file_name().unwrap_or_default().to_os_string();
+    name.push(".sha256");
+    entry.with_file_name(name)
+}
+
+fn digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Write `bytes` to `path` through a temporary file in the same directory and a rename:
+/// readers see the old content or the new, never part of it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Move the finished file `built` to the cache entry `entry`, with its sidecar.
+pub(crate) fn store(built: &Path, entry: &Path) -> io::Result<()> {
+    let bytes = std::fs::read(built)?;
+    // The sidecar first: an entry without a matching sidecar is rebuilt, so a kill
+    // between the two renames costs a rebuild, never a damaged entry in use.
+    write_atomic(
+        &sidecar(entry),
+        format!("{} {}\n", digest(&bytes), bytes.len()).as_bytes(),
+    )?;
+    std::fs::rename(built, entry)
+}
+
+/// Write `bytes` as the cache entry `entry`, with its sidecar.
+pub(crate) fn store_bytes(entry: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic(
+        &sidecar(entry),
+        format!("{} {}\n", digest(bytes), bytes.len()).as_bytes(),
+    )?;
+    write_atomic(entry, bytes)
+}
+
+/// Whether `entry` is in the cache: `Ok(true)` if present and intact, `Ok(false)` if
+/// absent, `Err(why)` if present but damaged (the caller rebuilds it).
+pub(crate) fn lookup(entry: &Path) -> Result<bool, String> {
+    let bytes = match std::fs::read(entry) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e.to_string()),
+    };
+    let Ok(expected) = std::fs::read_to_string(sidecar(entry)) else {
+        return Err("its checksum file is missing".into());
+    };
+    let mut parts = expected.split_whitespace();
+    let (Some(sha), Some(len)) = (parts.next(), parts.next()) else {
+        return Err("its checksum file is unreadable".into());
+    };
+    if len != bytes.len().to_string() {
+        return Err(format!("{} bytes, {len} expected", bytes.len()));
+    }
+    if sha != digest(&bytes) {
+        return Err("its SHA-256 differs from the one recorded".into());
+    }
+    Ok(true)
+}
+
+/// Whether the process `pid` is alive (on systems without `/proc`, assumed alive, so
+/// nothing of a running process is ever removed).
+pub fn process_alive(pid: u32) -> bool {
+    if !Path::new("/proc/self").exists() {
+        return true;
+    }
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The process id in a temporary name `<anything>-<pid>` (as [`write_atomic`] and the
+/// module writer make them), if it ends in one.
+pub fn temp_owner(name: &str) -> Option<u32> {
+    name.rsplit_once('-')?.1.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damaged_entries_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = dir.path().join("lib0.so");
+        assert_eq!(lookup(&entry), Ok(false));
+        store_bytes(&entry, b"kernel code").unwrap();
+        assert_eq!(lookup(&entry), Ok(true));
+        std::fs::write(&entry, b"kernel").unwrap();
+        assert!(lookup(&entry).unwrap_err().contains("bytes"));
+        std::fs::write(&entry, b"kernel cod3").unwrap();
+        assert!(lookup(&entry).unwrap_err().contains("SHA-256"));
+        std::fs::remove_file(sidecar(&entry)).unwrap();
+        assert!(lookup(&entry).unwrap_err().contains("missing"));
+        assert!(process_alive(std::process::id()));
+        assert_eq!(temp_owner(".m.tmp-123"), Some(123));
+        assert_eq!(temp_owner("m"), None);
+    }
+}
