@@ -361,8 +361,9 @@ impl fmt::Display for Expr {
         match self {
             Const(c) => write!(f, "{c}"),
             Var(v) => write!(f, "{v}"),
-            // Scaled terms read as written by people: `16 * T`.
-            Mul(a, c) if c.as_const().is_some_and(|c| c >= 0) => {
+            // Scaled terms read as written by people: `16 * T` (a product of two
+            // constants, left unfolded where it overflows, keeps its order).
+            Mul(a, c) if c.as_const().is_some_and(|c| c >= 0) && a.as_const().is_none() => {
                 write!(f, "{c} * ")?;
                 wrap(f, a, 3)
             }
@@ -478,6 +479,8 @@ mod tests {
             "ceildiv(T, 8) * 8",
             "T / 2 % 3",
             "min(T, 4) + -1",
+            // Found by the fuzzer: an overflowing product stays unfolded, in order.
+            "68719476736 * 6917529027641081856 * T",
         ] {
             let e = parse_expr(s).unwrap();
             assert_eq!(parse_expr(&e.to_string()).unwrap(), e, "{s} -> {e}");

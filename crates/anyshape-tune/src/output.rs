@@ -269,6 +269,36 @@ mod tests {
         assert!(check_distinct(&[("x", &d.join("a/r")), ("y", &d.join("a/s"))]).is_ok());
     }
 
+    /// What a run killed between the steps of a swap leaves is put right by the next:
+    /// a half-written new module removed; an old module renamed aside (where the file
+    /// system lacks the atomic exchange) put back if nothing took its place.
+    #[test]
+    fn leftovers_of_killed_runs_are_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().join("m");
+        let dead = 999_999_999; // no such process
+        let leftover = |kind: &str| {
+            let p = sibling(&m, kind, dead);
+            std::fs::create_dir(&p).unwrap();
+            std::fs::write(p.join("f"), kind).unwrap();
+            p
+        };
+        let (tmp, old) = (leftover("tmp"), leftover("old"));
+        clean_leftovers(&m);
+        assert!(!tmp.exists() && !old.exists());
+        assert_eq!(std::fs::read_to_string(m.join("f")).unwrap(), "old");
+        // With a module in place the old copy is stale: removed.
+        let old = leftover("old");
+        clean_leftovers(&m);
+        assert!(!old.exists());
+        assert_eq!(std::fs::read_to_string(m.join("f")).unwrap(), "old");
+        // A live process's temporaries are left alone.
+        let mine = sibling(&m, "tmp", std::process::id());
+        std::fs::create_dir(&mine).unwrap();
+        clean_leftovers(&m);
+        assert!(mine.exists());
+    }
+
     #[test]
     fn swaps_directories_whole() {
         let dir = tempfile::tempdir().unwrap();

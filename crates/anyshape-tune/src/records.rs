@@ -180,13 +180,21 @@ impl RecordLog {
             .append(true)
             .open(path)
             .map_err(|e| err(e.to_string()))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(err("is in use by another anyshape run (a records file takes one writer at a time); wait for that run to finish, or give this one its own file".into()))
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(err(format!("cannot lock it: {e}")))
+        // A run killed a moment ago may still share the lock through a child it was
+        // starting (until the child's `exec` closes the file): wait a moment for it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(err("is in use by another anyshape run (a records file takes one writer at a time); wait for that run to finish, or give this one its own file".into()))
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(err(format!("cannot lock it: {e}")))
+                }
             }
         }
         let mut text = Vec::new();

@@ -199,7 +199,9 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         assert!(!crashes(&mk));
     }
 
-    // Resume: the records hold everything; nothing is measured again.
+    // Resume: the records hold everything; nothing is measured again. (The first run
+    // holds the file's lock until it is dropped.)
+    drop(tuner);
     let (log, previous) = RecordLog::open(&records, true).unwrap();
     let before = measured.get();
     assert!(

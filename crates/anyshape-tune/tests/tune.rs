@@ -60,7 +60,9 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     assert!(rounds >= 2);
     assert_eq!(report.best.len(), 24);
 
-    // Resume with a larger budget: the old trials count, none is repeated.
+    // Resume with a larger budget: the old trials count, none is repeated. (A run holds
+    // its records file until it is dropped.)
+    drop(tuner);
     let (log, previous) = RecordLog::open(&records, true).unwrap();
     assert_eq!(previous.len(), 18);
     let mut tuner = Tuner::new(
@@ -75,6 +77,7 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     .unwrap();
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!((report.trials, report.resumed_trials), (27, 18));
+    drop(tuner);
     let (_, all): (_, Vec<Record>) = RecordLog::open(&records, true).unwrap();
     assert_eq!(all.len(), 27);
     let pairs: BTreeSet<_> = all

@@ -175,32 +175,73 @@ fn bad_input_is_a_clear_error() {
             "more than this machine can hold",
         ),
         // Durations that cannot be durations.
-        (&["run", "-w", w, "--set", "T=4", "--timeout", "-1"], "time limit"),
-        (&["run", "-w", w, "--set", "T=4", "--timeout", "1e308"], "time limit"),
-        (&["run", "-w", w, "--set", "T=4", "--timeout", "NaN"], "time limit"),
-        (&["run", "-w", w, "--set", "T=4", "--seconds", "inf"], "seconds"),
-        (&["run", "-w", w, "--set", "T=4", "--seconds", "-1"], "seconds"),
+        (
+            &["run", "-w", w, "--set", "T=4", "--timeout", "-1"],
+            "time limit",
+        ),
+        (
+            &["run", "-w", w, "--set", "T=4", "--timeout", "1e308"],
+            "time limit",
+        ),
+        (
+            &["run", "-w", w, "--set", "T=4", "--timeout", "NaN"],
+            "time limit",
+        ),
+        (
+            &["run", "-w", w, "--set", "T=4", "--seconds", "inf"],
+            "seconds",
+        ),
+        (
+            &["run", "-w", w, "--set", "T=4", "--seconds", "-1"],
+            "seconds",
+        ),
         // Domains too large to enumerate.
         (
-            &["tune", "-w", w, "--range", "T=1..9223372036854775807", "--records", "r"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..9223372036854775807",
+                "--records",
+                "r",
+            ],
             "at most 65536",
         ),
         (
-            &["tune", "-w", w, "--range", "T=1..10000000", "--records", "r"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..10000000",
+                "--records",
+                "r",
+            ],
             "at most 65536",
         ),
         // Text that would exhaust the stack.
-        (
-            &["run", "-w", &deep, "--set", "T=4"],
-            "nested more than",
-        ),
+        (&["run", "-w", &deep, "--set", "T=4"], "nested more than"),
         (&["run", "-w", &long, "--set", "T=4"], "bytes"),
         // What used to be accepted silently.
-        (&["run", "-w", w, "--set", "T=5", "--set", "T=7"], "given twice"),
+        (
+            &["run", "-w", w, "--set", "T=5", "--set", "T=7"],
+            "given twice",
+        ),
         (&["run", "-w", w, "--set", "T=5,T=7"], "given twice"),
         (&["run", "-w", w, "--set", "T=3,U=3"], "not a shape var"),
         (
-            &["tune", "-w", w, "--range", "T=1..4", "--range", "T=1..8", "--records", "r"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--range",
+                "T=1..8",
+                "--records",
+                "r",
+            ],
             "two domains",
         ),
         (
@@ -228,19 +269,59 @@ fn bad_input_is_a_clear_error() {
             "given twice",
         ),
         (
-            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--max-kernels", "0"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--records",
+                "r",
+                "--max-kernels",
+                "0",
+            ],
             "--max-kernels",
         ),
         (
-            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--tolerance", "1.5"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--records",
+                "r",
+                "--tolerance",
+                "1.5",
+            ],
             "fraction",
         ),
         (
-            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--trials", "0"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--records",
+                "r",
+                "--trials",
+                "0",
+            ],
             "--trials",
         ),
         (
-            &["tune", "-w", w, "--range", "T=1..4", "--records", "r", "--out", "/etc/hostname"],
+            &[
+                "tune",
+                "-w",
+                w,
+                "--range",
+                "T=1..4",
+                "--records",
+                "r",
+                "--out",
+                "/etc/hostname",
+            ],
             "is a file",
         ),
     ];
@@ -248,7 +329,10 @@ fn bad_input_is_a_clear_error() {
         let o = anyshape(args, dir.path());
         let out = text(&o);
         assert!(!o.status.success(), "{args:?} succeeded: {out}");
-        assert!(!dir.path().join("r").exists(), "{args:?}: refused after work began");
+        assert!(
+            !dir.path().join("r").exists(),
+            "{args:?}: refused after work began"
+        );
         assert!(!out.contains("panicked"), "{args:?} panicked: {out}");
         assert!(
             out.contains(needle),

@@ -52,7 +52,10 @@ fn out_never_replaces_a_directory_anyshape_did_not_write() {
     std::fs::write(ext.join("manifest.json"), r#"{"name":"ext"}"#).unwrap();
     std::fs::write(ext.join("README.md"), "hi").unwrap();
     std::fs::write(ext.join("src/important.txt"), "x").unwrap();
-    let o = tune(dir.path(), &["--trials", "4", "--records", "R", "--out", "ext"]);
+    let o = tune(
+        dir.path(),
+        &["--trials", "4", "--records", "R", "--out", "ext"],
+    );
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("did not write"), "{}", text(&o));
     assert_eq!(listing(&ext), ["README.md", "manifest.json", "src"]);
@@ -60,7 +63,10 @@ fn out_never_replaces_a_directory_anyshape_did_not_write() {
 
     // A real module with a file of the user's added is not replaced either; the module
     // alone is.
-    let o = tune(dir.path(), &["--trials", "4", "--records", "R", "--out", "m"]);
+    let o = tune(
+        dir.path(),
+        &["--trials", "4", "--records", "R", "--out", "m"],
+    );
     assert!(o.status.success(), "{}", text(&o));
     std::fs::write(dir.path().join("m/notes.txt"), "mine").unwrap();
     let o = tune(
@@ -99,7 +105,10 @@ fn out_never_replaces_the_current_directory() {
     assert_eq!(listing(&cwd), ["manifest.json", "notes.txt"]);
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let o = tune(&empty, &["--trials", "4", "--records", "../R", "--out", "."]);
+    let o = tune(
+        &empty,
+        &["--trials", "4", "--records", "../R", "--out", "."],
+    );
     assert!(!o.status.success() && text(&o).contains("current directory"));
 }
 
@@ -130,7 +139,15 @@ fn records_inside_out_are_refused() {
     std::fs::write(dir.path().join("inmod/records.jsonl"), "").unwrap();
     let o = tune(
         dir.path(),
-        &["--trials", "4", "--resume", "--records", "R", "--out", "inmod"],
+        &[
+            "--trials",
+            "4",
+            "--resume",
+            "--records",
+            "R",
+            "--out",
+            "inmod",
+        ],
     );
     assert!(!o.status.success(), "{}", text(&o));
     assert!(dir.path().join("inmod/records.jsonl").exists());
@@ -143,7 +160,14 @@ fn report_and_records_never_alias() {
     for report in ["same.jsonl", "./same.jsonl", "sub/../same.jsonl"] {
         let o = tune(
             dir.path(),
-            &["--trials", "4", "--records", "same.jsonl", "--report", report],
+            &[
+                "--trials",
+                "4",
+                "--records",
+                "same.jsonl",
+                "--report",
+                report,
+            ],
         );
         assert!(
             !o.status.success() && text(&o).contains("name the same file"),
@@ -246,8 +270,19 @@ fn a_killed_compiler_is_not_the_candidates_fault() {
         std::fs::set_permissions(&cc, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let args = [
-        "tune", "-w", W, "--range", "T=1..8", "--batch", "2", "--quiet", "--trials", "6",
-        "--records", "R", "--resume",
+        "tune",
+        "-w",
+        W,
+        "--range",
+        "T=1..8",
+        "--batch",
+        "2",
+        "--quiet",
+        "--trials",
+        "6",
+        "--records",
+        "R",
+        "--resume",
     ];
     let o = anyshape_in(dir.path(), &args, &[("CC", cc.to_str().unwrap())]);
     let out = text(&o);
@@ -322,7 +357,14 @@ fn odd_module_records_and_weights_are_handled() {
     assert!(o.status.success(), "{}", text(&o));
     let o = anyshape_in(
         d,
-        &["bench", "--module", "m", "--overhead", "--set", "T=100000000000"],
+        &[
+            "bench",
+            "--module",
+            "m",
+            "--overhead",
+            "--set",
+            "T=100000000000",
+        ],
         &[],
     );
     assert!(
@@ -347,7 +389,11 @@ fn odd_module_records_and_weights_are_handled() {
         text(&o)
     );
     // Weights of 1e308 on every value: normalized, no NaN anywhere.
-    std::fs::write(d.join("w.json"), r#"{"T": {"1": 1e308, "2": 1e308, "8": 1e308}}"#).unwrap();
+    std::fs::write(
+        d.join("w.json"),
+        r#"{"T": {"1": 1e308, "2": 1e308, "8": 1e308}}"#,
+    )
+    .unwrap();
     let o = tune(
         d,
         &["--trials", "4", "--records", "R2", "--weights", "w.json"],
@@ -374,7 +420,10 @@ fn odd_module_records_and_weights_are_handled() {
     for needle in [
         "1 records of another workload".to_string(),
         "1 records outside the domain".to_string(),
-        format!("line {} skipped: latency 0 s is not a positive number", n + 3),
+        format!(
+            "line {} skipped: latency 0 s is not a positive number",
+            n + 3
+        ),
         format!("{n} resumed"),
     ] {
         assert!(out.contains(&needle), "`{needle}` in {out}");

@@ -1,0 +1,245 @@
+//! Crash consistency: a real `anyshape tune … --records R --resume --out M` killed with
+//! SIGKILL at random moments, many times. After every kill the records are whole
+//! records (a valid prefix of the run), hold every trial the run had reported and no
+//! trial twice; `M` holds the old module or the new one, complete (it loads, its
+//! checksums match); and resuming finishes the budget, measuring nothing twice.
+//!
+//! `ANYSHAPE_CRASH_RUNS` sets the number of killed runs (default 20).
+use anyshape_codegen::{CpuTarget, MicroKernel};
+use anyshape_runtime::Module;
+use anyshape_tune::{Record, RecordLog};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const W: &str = "dense(M=T,N=16,K=16)";
+
+fn tune(dir: &Path, cache: &Path, trials: &str, seed: u64) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_anyshape"));
+    cmd.args([
+        "tune",
+        "-w",
+        W,
+        "--range",
+        "T=1..4",
+        "--batch",
+        "2",
+        "--quiet",
+        "--trials",
+        trials,
+        "--records",
+        "R",
+        "--resume",
+        "--out",
+        "M",
+        "--seed",
+    ])
+    .arg(seed.to_string())
+    .current_dir(dir)
+    .env("ANYSHAPE_CACHE", cache)
+    .env("RUST_BACKTRACE", "0");
+    cmd
+}
+
+fn records(dir: &Path) -> Vec<Record<MicroKernel, CpuTarget>> {
+    let (log, records) =
+        RecordLog::open(&dir.join("R"), true).expect("the records are whole records");
+    assert!(log.invalid().is_empty(), "{:?}", log.invalid());
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &records {
+        // A vote round may measure a pair the search measured: distinct rounds.
+        assert!(
+            seen.insert((r.micro_kernel, r.bindings.clone(), r.round)),
+            "a trial recorded twice: {r:?}"
+        );
+    }
+    records
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// A run in progress, its standard error read as it comes.
+struct Run {
+    child: std::process::Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    building: std::sync::mpsc::Receiver<()>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Run {
+    fn start(mut cmd: Command) -> Run {
+        use std::io::{BufRead, BufReader};
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pipe = child.stderr.take().unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, building) = std::sync::mpsc::channel();
+        let text = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.contains("building the module") {
+                    let _ = tx.send(());
+                }
+                let mut t = text.lock().unwrap();
+                t.push_str(&line);
+                t.push('\n');
+            }
+        });
+        Run {
+            child,
+            stderr,
+            building,
+            reader,
+        }
+    }
+
+    /// Wait until the run builds its module; false if it ended first.
+    fn until_building(&self) -> bool {
+        self.building
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .is_ok()
+    }
+
+    /// Whether it is still running.
+    fn child_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Kill it (SIGKILL) unless it ended: whether it had ended, and its standard error.
+    fn kill(mut self) -> (bool, String) {
+        let done = self.child.try_wait().unwrap().is_some();
+        self.child.kill().ok();
+        self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        let text = self.stderr.lock().unwrap().clone();
+        (done, text)
+    }
+}
+
+/// The trial count of the last progress line a run printed.
+fn last_reported(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once("trials ")?.1;
+            rest.split('/').next()?.trim().parse().ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn killed_at_random_moments_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let runs: u64 = std::env::var("ANYSHAPE_CRASH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    // The old module and its records: what every killed run starts from.
+    let base = tmp.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    let o = tune(&base, &cache, "6", 0).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let old_checksum = Module::load(base.join("M"))
+        .unwrap()
+        .manifest()
+        .checksum
+        .clone();
+    let base_records = records(&base).len();
+    // How long an unkilled run takes (search, votes, module build and swap).
+    let probe = tmp.path().join("probe");
+    std::fs::create_dir(&probe).unwrap();
+    std::fs::copy(base.join("R"), probe.join("R")).unwrap();
+    copy_dir(&base.join("M"), &probe.join("M"));
+    let t0 = Instant::now();
+    let mut probe_run = Run::start(tune(&probe, &cache, "24", 1000));
+    assert!(probe_run.until_building());
+    let build_started = t0.elapsed();
+    while probe_run.child_running() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let full = t0.elapsed();
+    let build = full - build_started;
+    let (ended, probe_err) = probe_run.kill();
+    assert!(ended, "{probe_err}");
+    assert_ne!(
+        Module::load(probe.join("M")).unwrap().manifest().checksum,
+        old_checksum,
+        "the run writes a new module"
+    );
+
+    let (mut old_kept, mut new_in_place, mut finished, mut lost) = (0, 0, 0, 0);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for run in 0..runs {
+        let dir = tmp.path().join(format!("run{run}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::copy(base.join("R"), dir.join("R")).unwrap();
+        copy_dir(&base.join("M"), &dir.join("M"));
+        // A kill moment spread over the whole run (even runs), or over the module's
+        // build (odd runs): its kernels compiled, its files written beside the old
+        // module, swapped in, and the end of the run.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let u = (state % 1000) as f64 / 1000.0;
+        let child = Run::start(tune(&dir, &cache, "24", run + 1));
+        let t0 = Instant::now();
+        if run % 2 == 0 {
+            std::thread::sleep(full.mul_f64(1.1 * u));
+        } else {
+            child.until_building();
+            std::thread::sleep(build.mul_f64(1.1 * u));
+        }
+        let at = t0.elapsed();
+        let (done, stderr) = child.kill();
+        let have = records(&dir);
+        let reported = last_reported(&stderr);
+        if have.len() < base_records.max(reported) {
+            lost += 1;
+        }
+        assert!(
+            have.len() >= base_records.max(reported),
+            "run {run} killed at {at:?}: {} records, {reported} reported, {base_records} before",
+            have.len()
+        );
+        let module = Module::load(dir.join("M")).unwrap_or_else(|e| {
+            panic!("run {run} killed at {at:?}: the module at M is broken: {e}")
+        });
+        if done {
+            finished += 1;
+        } else if module.manifest().checksum == old_checksum {
+            old_kept += 1;
+        } else {
+            new_in_place += 1;
+        }
+        // Every third run is resumed to the end: the budget completes, nothing twice,
+        // and what the killed run left beside M is cleaned up.
+        if run % 3 == 0 {
+            let o = tune(&dir, &cache, "24", run + 1).output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let n = records(&dir).len();
+            assert!(n >= 24, "the budget completes: {n} records");
+            Module::load(dir.join("M")).unwrap();
+            let leftovers: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".M."))
+                .collect();
+            assert!(leftovers.is_empty(), "{leftovers:?}");
+        }
+    }
+    eprintln!(
+        "crash consistency: {runs} runs killed at random moments over {:.1} s: module kept old {old_kept}, new in place {new_in_place}, finished before the kill {finished}; lost records {lost}, broken modules 0",
+        full.as_secs_f64()
+    );
+}
