@@ -1,0 +1,147 @@
+//! Golden sources: the code generated for a few fixed programs, compared with committed
+//! files, so that a change of the code generator shows exactly which kernels changed.
+//! After an intended change, regenerate with `ANYSHAPE_BLESS=1 cargo test -p
+//! anyshape-codegen --test golden` and review the diff of `tests/golden/`.
+use anyshape_codegen::{
+    c, CpuTarget, GpuMicroKernel, GpuProgram, GpuTarget, KernelMode, MicroKernel, PaddingStrategy,
+    Program, Simd, CUDA_PRELUDE, PADDING_STRATEGIES,
+};
+use anyshape_ir::{Bindings, Workload};
+use std::path::PathBuf;
+
+fn target(simd: Simd) -> CpuTarget {
+    CpuTarget {
+        name: "golden".into(),
+        cores: 2,
+        simd,
+        vector_registers: if simd == Simd::Avx512 { 32 } else { 16 },
+        l1d_bytes: 32 << 10,
+        l2_bytes: 1 << 20,
+        l3_bytes: 32 << 20,
+    }
+}
+
+fn check(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("ANYSHAPE_BLESS").is_some() {
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (bless with ANYSHAPE_BLESS=1)", path.display()));
+    if want != text {
+        let line = want
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(text.lines().count()));
+        panic!(
+            "{name} changed (first difference at line {}):\n  was: {:?}\n  now: {:?}\nreview, then bless with ANYSHAPE_BLESS=1",
+            line + 1,
+            want.lines().nth(line).unwrap_or(""),
+            text.lines().nth(line).unwrap_or("")
+        );
+    }
+}
+
+fn cpu(w: &str, mk: MicroKernel, strategy: PaddingStrategy, t: Option<i64>, simd: Simd) -> String {
+    let target = target(simd);
+    let p = Program {
+        workload: Workload::parse(w).unwrap(),
+        micro_kernel: mk,
+        strategy,
+        mode: if t.is_some() {
+            KernelMode::Specialized
+        } else {
+            KernelMode::Symbolic
+        },
+        bindings: t.map_or_else(Bindings::default, |t| Bindings::from_pairs([("T", t)])),
+    };
+    format!("{}\n{}", c::header(&target), p.c_source(&target).unwrap())
+}
+
+#[test]
+fn cpu_kernels_are_unchanged() {
+    let wide = MicroKernel::parse("mr=12,nr=32,mc=96,nc=384,kc=256,uk=4").unwrap();
+    let narrow = MicroKernel::parse("mr=5,nr=16,mc=20,nc=64,kc=24,uk=2").unwrap();
+    check(
+        "dense-local-pad-symbolic-avx512.c",
+        &cpu(
+            "dense(M=16*T,N=2304,K=768)",
+            wide,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx512,
+        ),
+    );
+    check(
+        "dense-local-pad-specialized-avx2.c",
+        &cpu(
+            "dense(M=16*T,N=2304,K=768)",
+            narrow,
+            PaddingStrategy::LocalPad,
+            Some(37),
+            Simd::Avx2,
+        ),
+    );
+    for s in PADDING_STRATEGIES {
+        check(
+            &format!("bmm_nt-{s}-symbolic-avx2.c"),
+            &cpu(
+                "batch_matmul_nt(B=192,M=T,N=T,K=64)",
+                narrow,
+                s,
+                None,
+                Simd::Avx2,
+            ),
+        );
+    }
+    check(
+        "bmm_nn-relu-local-pad-symbolic-avx2.c",
+        &cpu(
+            "batch_matmul_nn(B=192,M=T,N=64,K=T)+relu",
+            narrow,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx2,
+        ),
+    );
+    check(
+        "dense-relu-global-pad-specialized-sse.c",
+        &cpu(
+            "dense(M=T,N=20,K=T)+relu",
+            MicroKernel::parse("mr=3,nr=8,mc=6,nc=16,kc=8,uk=4").unwrap(),
+            PaddingStrategy::GlobalPad,
+            Some(5),
+            Simd::Sse,
+        ),
+    );
+}
+
+#[test]
+fn cuda_kernels_are_unchanged() {
+    let t = GpuTarget::h100_sxm();
+    let mk = GpuMicroKernel {
+        bm: 64,
+        bn: 64,
+        bk: 8,
+        tm: 4,
+        tn: 4,
+    };
+    let w = Workload::parse("batch_matmul_nn(B=192,M=T,N=64,K=T)+relu").unwrap();
+    let mut text = String::from(CUDA_PRELUDE);
+    for s in [
+        PaddingStrategy::LocalPad,
+        PaddingStrategy::BoundaryCheck,
+        PaddingStrategy::LoopPartition,
+    ] {
+        let mut p = GpuProgram::symbolic(&w, mk, s);
+        text.push_str(&p.cuda_source(&t).unwrap());
+        p.mode = KernelMode::Specialized;
+        p.bindings = Bindings::from_pairs([("T", 60)]);
+        text.push_str(&p.cuda_source(&t).unwrap());
+    }
+    check("bmm_nn-relu-all-strategies.cu", &text);
+}
