@@ -2,13 +2,13 @@
 //! `gemm` crate builtins, the vendor shims (where the library is installed), and the
 //! bucketing wrapper (global padding) around a specialized kernel, over T = 0, 1,
 //! primes, the range ends and past them.
+use anyshape_abi::{load_library, KernelFn, STATUS_OK, STATUS_WRONG_SHAPE};
 use anyshape_bench::{build_vendors, BUILTINS};
-use anyshape_codegen::{bucket_c, c, CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{bucket_c, CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
     check_output, random_inputs, reference_output, Builder, KernelSource, BUILTIN_LIBRARY,
 };
-use anyshape_runtime::{load_library, KernelFn};
 
 const WORKLOADS: [&str; 3] = [
     "dense(M=16*T,N=40,K=24)",
@@ -31,7 +31,7 @@ fn check(w: &Workload, t: i64, what: &str, call: Call) -> i32 {
     let mut out = vec![f32::NAN; bound.lens[w.inputs.len()]];
     let ins: Vec<*const f32> = inputs.iter().map(|v| v.as_ptr()).collect();
     let status = call(&[t], &ins, out.as_mut_ptr());
-    if status == c::STATUS_OK {
+    if status == STATUS_OK {
         let r = check_output(&out, &reference);
         assert!(r.passed, "{what} on {w} at T={t}: {r:?}");
     }
@@ -143,7 +143,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
             // Past the bucket: refused, not computed wrongly.
             assert_eq!(
                 check(&w, bucket + 1, "bucket", &mut c_kernel(f)),
-                c::STATUS_WRONG_SHAPE
+                STATUS_WRONG_SHAPE
             );
         }
     }

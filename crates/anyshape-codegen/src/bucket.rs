@@ -5,6 +5,7 @@
 //! axis add nothing and padded output rows or columns are dropped, so the result is
 //! exact for any contraction whose tensors are indexed by plain axes.
 use crate::{c, CodegenError, Result};
+use anyshape_abi::{STATUS_NO_MEMORY, STATUS_WRONG_SHAPE};
 use anyshape_ir::{Bindings, Workload};
 use std::fmt::Write;
 
@@ -36,7 +37,7 @@ pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> R
         let _ = writeln!(
             s,
             "  const int64_t {v} = vars[{i}];\n  if ({v} < 0 || {v} > {b}) return {};",
-            c::STATUS_WRONG_SHAPE
+            STATUS_WRONG_SHAPE
         );
     }
     let n = w.inputs.len() + 1;
@@ -88,7 +89,7 @@ pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> R
         let _ = writeln!(
             s,
             "      const int64_t as_n = 1{total};\n      if (as_n > as_cap[{t}]) {{ free(as_pad[{t}]); as_pad[{t}] = malloc((size_t)(as_n > 0 ? as_n : 1) * sizeof(float)); as_cap[{t}] = as_pad[{t}] ? as_n : 0; if (!as_pad[{t}]) return {}; }}\n      {padded}",
-            c::STATUS_NO_MEMORY
+            STATUS_NO_MEMORY
         );
         if !is_out {
             s.push_str(&copy_rows(rank, t, true));

@@ -1,23 +1,12 @@
 //! The C printer: loop IR to C with GCC/Clang vector extensions and OpenMP.
 //!
-//! Every kernel has the C ABI
-//! `int32_t NAME(const int64_t *vars, const float *const *ins, float *const *outs)`
-//! and returns 0 on success, 1 when a specialized kernel is called with other shape-var
-//! values than it was built for, 2 when scratch memory cannot be allocated (and a
-//! module's dispatcher 3 when it finds no kernel).
+//! Every kernel has the ABI of `anyshape_abi` (`KERNEL_SIGNATURE`) and returns its
+//! status codes.
 use crate::loop_ir::{shape_var_name, Cond, Func, LoopKind, Scope, Stmt, Value};
 use crate::CpuTarget;
+use anyshape_abi::{KERNEL_SIGNATURE, STATUS_NO_MEMORY, STATUS_WRONG_SHAPE};
 use anyshape_ir::Expr;
 use std::fmt::Write;
-
-/// Kernel return code: success.
-pub const STATUS_OK: i32 = 0;
-/// Kernel return code: a specialized kernel got other shape-var values.
-pub const STATUS_WRONG_SHAPE: i32 = 1;
-/// Kernel return code: scratch memory could not be allocated.
-pub const STATUS_NO_MEMORY: i32 = 2;
-/// Module entry return code: the dispatcher chose no kernel (a corrupted module).
-pub const STATUS_NO_KERNEL: i32 = 3;
 
 /// The prelude every generated C file starts with: types and helpers for `target`.
 pub fn header(target: &CpuTarget) -> String {
@@ -245,7 +234,7 @@ pub fn print_func(f: &Func, target: &CpuTarget) -> String {
         target,
         in_parallel: false,
     };
-    let _ = writeln!(p.out, "int32_t {}(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {{", f.name);
+    let _ = writeln!(p.out, "int32_t {}{KERNEL_SIGNATURE} {{", f.name);
     p.line("int32_t as_status = 0;");
     p.line("const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);");
     p.line("(void)as_call;");

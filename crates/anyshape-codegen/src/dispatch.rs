@@ -1,147 +1,30 @@
-//! The dispatcher: a decision tree over shape-var values whose leaves name micro-kernels,
-//! and its C form (the module's entry point), which sends exact matches to specialized
-//! kernels and everything else through the tree to a symbolic kernel.
-use crate::c::STATUS_NO_KERNEL;
-use anyshape_ir::Bindings;
-use serde::{Deserialize, Serialize};
+//! The dispatcher's C form (a module's entry point): the dispatch tree as nested
+//! comparisons, sending exact matches to specialized kernels and everything else
+//! through the tree to a symbolic kernel.
+use anyshape_abi::{DispatchTree, ENTRY_SYMBOL, KERNEL_SIGNATURE, SELECT_SYMBOL, STATUS_NO_KERNEL};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// Name of the module's entry point (the kernel ABI of [`crate::c`]).
-pub const ENTRY_SYMBOL: &str = "anyshape_module_run";
-/// Name of the tree walk alone: `int32_t anyshape_module_select(const int64_t *vars)`
-/// returns the index of the micro-kernel the tree picks.
-pub const SELECT_SYMBOL: &str = "anyshape_module_select";
-
-/// A decision tree over shape-var values; leaves hold micro-kernel indices.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DispatchTree {
-    /// Use micro-kernel `kernel`.
-    Leaf {
-        /// Index into the module's micro-kernels.
-        kernel: usize,
-    },
-    /// `var <= at` goes to `le`, the rest to `gt`.
-    Split {
-        /// The shape var compared.
-        var: String,
-        /// The threshold (inclusive on the `le` side).
-        at: i64,
-        /// Subtree for `var <= at`.
-        le: Box<DispatchTree>,
-        /// Subtree for `var > at`.
-        gt: Box<DispatchTree>,
-    },
-}
-
-impl DispatchTree {
-    /// The deepest tree a module may hold: the tree is trained with this limit and the
-    /// loader refuses deeper ones, so whatever a module's writer writes, its reader
-    /// reads (a deeper tree would also exceed the JSON parser's nesting limit).
-    pub const MAX_DEPTH: usize = 24;
-
-    /// The micro-kernel index for `bindings` (an unbound var counts as 0).
-    pub fn select(&self, bindings: &Bindings) -> usize {
-        let mut node = self;
-        loop {
-            match node {
-                DispatchTree::Leaf { kernel } => return *kernel,
-                DispatchTree::Split { var, at, le, gt } => {
-                    node = if bindings.get(var).unwrap_or(0) <= *at {
-                        le
-                    } else {
-                        gt
-                    };
-                }
-            }
+/// The tree as C statements returning `ret(kernel)`; `vars` gives each var's index.
+fn tree_c(
+    tree: &DispatchTree,
+    out: &mut String,
+    depth: usize,
+    vars: &[String],
+    ret: &dyn Fn(usize) -> String,
+) {
+    let pad = "  ".repeat(depth);
+    match tree {
+        DispatchTree::Leaf { kernel } => {
+            let _ = writeln!(out, "{pad}return {};", ret(*kernel));
         }
-    }
-
-    /// Levels of comparisons on the longest path.
-    pub fn depth(&self) -> usize {
-        match self {
-            DispatchTree::Leaf { .. } => 0,
-            DispatchTree::Split { le, gt, .. } => 1 + le.depth().max(gt.depth()),
-        }
-    }
-
-    /// Number of leaves.
-    pub fn leaves(&self) -> usize {
-        match self {
-            DispatchTree::Leaf { .. } => 1,
-            DispatchTree::Split { le, gt, .. } => le.leaves() + gt.leaves(),
-        }
-    }
-
-    /// Largest micro-kernel index in a leaf.
-    pub fn max_kernel(&self) -> usize {
-        match self {
-            DispatchTree::Leaf { kernel } => *kernel,
-            DispatchTree::Split { le, gt, .. } => le.max_kernel().max(gt.max_kernel()),
-        }
-    }
-
-    /// Shape vars the tree compares.
-    pub fn vars(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        self.collect_vars(&mut out);
-        out.sort();
-        out.dedup();
-        out
-    }
-
-    fn collect_vars(&self, out: &mut Vec<String>) {
-        if let DispatchTree::Split { var, le, gt, .. } = self {
-            out.push(var.clone());
-            le.collect_vars(out);
-            gt.collect_vars(out);
-        }
-    }
-
-    /// The tree as indented text, `name(kernel)` naming each leaf.
-    pub fn render(&self, name: &dyn Fn(usize) -> String) -> String {
-        let mut out = String::new();
-        self.render_into(&mut out, 0, name);
-        out
-    }
-
-    fn render_into(&self, out: &mut String, depth: usize, name: &dyn Fn(usize) -> String) {
-        let pad = "  ".repeat(depth);
-        match self {
-            DispatchTree::Leaf { kernel } => {
-                let _ = writeln!(out, "{pad}-> {}", name(*kernel));
-            }
-            DispatchTree::Split { var, at, le, gt } => {
-                let _ = writeln!(out, "{pad}if {var} <= {at}:");
-                le.render_into(out, depth + 1, name);
-                let _ = writeln!(out, "{pad}else ({var} > {at}):");
-                gt.render_into(out, depth + 1, name);
-            }
-        }
-    }
-
-    /// The tree as C statements returning `ret(kernel)`; `vars` gives each var's index.
-    fn c_into(
-        &self,
-        out: &mut String,
-        depth: usize,
-        vars: &[String],
-        ret: &dyn Fn(usize) -> String,
-    ) {
-        let pad = "  ".repeat(depth);
-        match self {
-            DispatchTree::Leaf { kernel } => {
-                let _ = writeln!(out, "{pad}return {};", ret(*kernel));
-            }
-            DispatchTree::Split { var, at, le, gt } => {
-                let i = vars.iter().position(|v| v == var).unwrap_or(0);
-                let _ = writeln!(out, "{pad}if (vars[{i}] <= {at}LL) {{");
-                le.c_into(out, depth + 1, vars, ret);
-                let _ = writeln!(out, "{pad}}} else {{");
-                gt.c_into(out, depth + 1, vars, ret);
-                let _ = writeln!(out, "{pad}}}");
-            }
+        DispatchTree::Split { var, at, le, gt } => {
+            let i = vars.iter().position(|v| v == var).unwrap_or(0);
+            let _ = writeln!(out, "{pad}if (vars[{i}] <= {at}LL) {{");
+            tree_c(le, out, depth + 1, vars, ret);
+            let _ = writeln!(out, "{pad}}} else {{");
+            tree_c(gt, out, depth + 1, vars, ret);
+            let _ = writeln!(out, "{pad}}}");
         }
     }
 }
@@ -162,7 +45,7 @@ pub struct DispatcherSpec<'a> {
 /// the kernels it calls, [`SELECT_SYMBOL`] and [`ENTRY_SYMBOL`].
 pub fn dispatcher_c(spec: &DispatcherSpec) -> String {
     let mut out = String::new();
-    let sig = "(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs)";
+    let sig = KERNEL_SIGNATURE;
     let mut declared: Vec<&String> = spec
         .symbolic
         .iter()
@@ -178,7 +61,7 @@ pub fn dispatcher_c(spec: &DispatcherSpec) -> String {
         "int32_t {SELECT_SYMBOL}(const int64_t *restrict vars) {{"
     );
     let _ = writeln!(out, "  (void)vars;");
-    spec.tree.c_into(&mut out, 1, spec.vars, &|k| k.to_string());
+    tree_c(spec.tree, &mut out, 1, spec.vars, &|k| k.to_string());
     out.push_str("}\n");
     let _ = writeln!(out, "int32_t {ENTRY_SYMBOL}{sig} {{");
     let mut by_value: BTreeMap<&[i64], &String> = BTreeMap::new();
@@ -225,6 +108,7 @@ fn specialized_switch(out: &mut String, depth: usize, level: usize, entries: &[(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyshape_abi::DispatchTree;
 
     fn tree() -> DispatchTree {
         DispatchTree::Split {
@@ -241,15 +125,8 @@ mod tests {
     }
 
     #[test]
-    fn selects_renders_and_prints() {
+    fn prints_the_tree_and_the_specialized_switch() {
         let t = tree();
-        let at = |v| t.select(&Bindings::from_pairs([("T", v)]));
-        assert_eq!(
-            (at(1), at(40), at(41), at(90), at(91), at(5000)),
-            (0, 0, 1, 1, 2, 2)
-        );
-        assert_eq!((t.depth(), t.leaves(), t.max_kernel()), (2, 3, 2));
-        assert!(t.render(&|k| format!("mk{k}")).contains("if T <= 90:"));
         let c = dispatcher_c(&DispatcherSpec {
             vars: &["T".to_string()],
             tree: &t,
@@ -258,7 +135,5 @@ mod tests {
         });
         assert!(c.contains("case 3LL: {") && c.contains("return s7(vars, ins, outs);"));
         assert!(c.contains("if (vars[0] <= 40LL)") && c.contains("case 2: return c("));
-        let json = serde_json::to_string(&t).unwrap();
-        assert_eq!(serde_json::from_str::<DispatchTree>(&json).unwrap(), t);
     }
 }

@@ -22,7 +22,7 @@ mod target;
 
 pub use bucket::bucket_c;
 pub use cuda::{GpuProgram, CUDA_PRELUDE};
-pub use dispatch::{dispatcher_c, DispatchTree, DispatcherSpec, ENTRY_SYMBOL, SELECT_SYMBOL};
+pub use dispatch::{dispatcher_c, DispatcherSpec};
 pub use error::{CodegenError, Result};
 pub use gpu::{launch_config, GpuMicroKernel, GpuTarget, LaunchConfig, SHARED_PAD};
 pub use lower::lower;
@@ -30,4 +30,4 @@ pub use program::{
     KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES,
 };
 pub use sketch::{GemmOperand, GemmView, MicroKernel, StridedGemm};
-pub use target::{host_cpu_features, CpuTarget, Simd};
+pub use target::{CpuTarget, Simd};

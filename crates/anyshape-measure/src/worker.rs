@@ -13,9 +13,8 @@ use crate::{
     buffer_bytes, check_fits, check_output, random_inputs, reference_output, Candidate,
     CheckReport, GpuDevice, Measurement, Outcome, Reference, CUBLAS_LIBRARY,
 };
-use anyshape_codegen::c;
+use anyshape_abi::{load_library, status_message, KernelFn, STATUS_OK};
 use anyshape_ir::BoundWorkload;
-use anyshape_runtime::{load_library, status_message, KernelFn};
 use cudarc::driver::CudaModule;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -299,7 +298,7 @@ impl Timed {
                 // SAFETY: buffers have the lengths the bound workload gives for these
                 // shape vars; the inputs outlive the group of candidates being timed.
                 let status = unsafe { f(vars.as_ptr(), self.ins.as_ptr(), outs.as_ptr()) };
-                if status != c::STATUS_OK {
+                if status != STATUS_OK {
                     return Err(format!("kernel returned {}", status_message(status)));
                 }
             }

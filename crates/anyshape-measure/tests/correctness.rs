@@ -249,8 +249,8 @@ fn specialized_kernel_rejects_other_shapes() {
 /// same shape with new data must not reuse them.
 #[test]
 fn repeated_calls_with_new_data_are_correct() {
+    use anyshape_abi::{load_library, KernelFn};
     use anyshape_measure::{check_output, random_inputs, reference_output};
-    use anyshape_runtime::{load_library, KernelFn};
     let target = CpuTarget::detect();
     let w = Workload::parse("batch_matmul_nt(B=2,M=T,N=40,K=24)").unwrap();
     let b = Bindings::from_pairs([("T", 30)]);

@@ -1,7 +1,9 @@
 //! A loaded module: checked on load, callable for any instance of its workload.
-use crate::kernel::{load_library, status_message, KernelFn, SelectFn};
-use crate::{Manifest, Result, RuntimeError};
-use anyshape_codegen::{c, host_cpu_features, DispatchTree, ENTRY_SYMBOL, SELECT_SYMBOL};
+use crate::{check_cpu, check_files, read_manifest, Result, RuntimeError};
+use anyshape_abi::{
+    host_cpu_features, load_library, status_message, DispatchTree, KernelFn, Manifest, SelectFn,
+    ENTRY_SYMBOL, MANIFEST_FILE, SELECT_SYMBOL, STATUS_OK,
+};
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -49,11 +51,11 @@ impl Module {
     /// instruction-set extensions the kernels were compiled for.
     pub fn load(path: impl AsRef<Path>) -> Result<Module> {
         let dir = path.as_ref().to_path_buf();
-        let manifest = Manifest::read(&dir)?;
-        manifest.check_files(&dir)?;
-        manifest.check_cpu(&host_cpu_features())?;
+        let manifest = read_manifest(&dir)?;
+        check_files(&manifest, &dir)?;
+        check_cpu(&manifest, &host_cpu_features())?;
         let bad = |reason: String| RuntimeError::BadManifest {
-            path: dir.join(crate::MANIFEST_FILE).display().to_string(),
+            path: dir.join(MANIFEST_FILE).display().to_string(),
             reason,
         };
         let workload = Workload::parse(&manifest.workload).map_err(|e| bad(e.to_string()))?;
@@ -259,7 +261,7 @@ impl Module {
         let outs = [outputs[0].as_mut_ptr()];
         // SAFETY: the buffers have the lengths the bound workload gives for these values.
         let status = unsafe { kernel(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
-        if status == c::STATUS_OK {
+        if status == STATUS_OK {
             Ok(())
         } else {
             Err(RuntimeError::Kernel(status_message(status)))

@@ -1,16 +1,17 @@
 //! Writing a module: symbolic kernels for the chosen micro-kernels, specialized kernels
 //! for some instances, the dispatcher, one shared library, a C header and the manifest.
 use crate::{output, Result, TuneError, Votes};
+use anyshape_abi::{
+    host_cpu_features, sha256_hex, DispatchTree, FileEntry, Manifest, SpecializedKernel,
+    TuningInfo, ENTRY_SYMBOL, FORMAT_VERSION, HEADER_FILE, SELECT_SYMBOL, STATUS_NO_KERNEL,
+    STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
+};
 use anyshape_codegen::{
-    c, dispatcher_c, host_cpu_features, CpuTarget, DispatchTree, DispatcherSpec, KernelMode,
-    PaddingStrategy, Program, ENTRY_SYMBOL, SELECT_SYMBOL,
+    dispatcher_c, CpuTarget, DispatcherSpec, KernelMode, PaddingStrategy, Program,
 };
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Builder, KernelSource};
-use anyshape_runtime::{
-    sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, FORMAT_VERSION, HEADER_FILE,
-    MANIFEST_FILE,
-};
+use anyshape_runtime::write_manifest;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
@@ -197,10 +198,10 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
         anyshape: env!("CARGO_PKG_VERSION").into(),
         workload: spec.workload.to_string(),
         shape_vars: spec.shape_vars.to_vec(),
-        target: spec.target.clone(),
+        target: serde_json::to_value(spec.target).expect("targets serialize"),
         cpu_features: host_cpu_features(),
-        strategy: spec.strategy,
-        micro_kernels: mks.clone(),
+        strategy: spec.strategy.to_string(),
+        micro_kernels: mks.iter().map(|mk| mk.to_string()).collect(),
         symbolic,
         specialized,
         dispatch: spec.tree.clone(),
@@ -212,7 +213,7 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
         checksum: String::new(),
     };
     manifest.seal();
-    manifest.write(&tmp.join(MANIFEST_FILE))?;
+    write_manifest(&manifest, &tmp)?;
     // Whatever appeared at `dir` while the kernels were built is checked once more.
     let swapped = output::check_out_dir(dir, &[])
         .and_then(|()| output::swap_into_place(&tmp, dir).map_err(io(dir)));
@@ -256,10 +257,10 @@ fn header_text(
     );
     h.push_str("#ifndef ANYSHAPE_MODULE_H\n#define ANYSHAPE_MODULE_H\n#include <stdint.h>\n");
     for (name, value) in [
-        ("ANYSHAPE_OK", c::STATUS_OK),
-        ("ANYSHAPE_WRONG_SHAPE", c::STATUS_WRONG_SHAPE),
-        ("ANYSHAPE_NO_MEMORY", c::STATUS_NO_MEMORY),
-        ("ANYSHAPE_NO_KERNEL", c::STATUS_NO_KERNEL),
+        ("ANYSHAPE_OK", STATUS_OK),
+        ("ANYSHAPE_WRONG_SHAPE", STATUS_WRONG_SHAPE),
+        ("ANYSHAPE_NO_MEMORY", STATUS_NO_MEMORY),
+        ("ANYSHAPE_NO_KERNEL", STATUS_NO_KERNEL),
     ] {
         h.push_str(&format!("#define {name} {value}\n"));
     }

@@ -17,7 +17,7 @@
 //! killed run are cleaned up by the next one.
 use crate::{Result, TuneError};
 use anyshape_measure::cache::{process_alive, temp_owner};
-use anyshape_runtime::Manifest;
+use anyshape_runtime::listed_files;
 use std::path::{Component, Path, PathBuf};
 
 fn refuse(message: String) -> TuneError {
@@ -99,7 +99,7 @@ pub fn check_out_dir(dir: &Path, keep: &[&Path]) -> Result<()> {
     if names.is_empty() {
         return Ok(());
     }
-    let listed = Manifest::listed_files(&target).map_err(|e| {
+    let listed = listed_files(&target).map_err(|e| {
         refuse(format!(
             "--out {shown} holds files anyshape did not write ({e}): not replacing it; choose another --out"
         ))

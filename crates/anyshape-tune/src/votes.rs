@@ -2,9 +2,9 @@
 //! a micro-kernel within a tolerance of an instance's best may take its vote so that few
 //! are chosen, and a decision tree learns shape-var values → vote.
 use crate::{Backend, Result, ScoreTable, TuneError, Tuner};
-use anyshape_codegen::{DispatchTree, MicroKernel};
+use anyshape_abi::{DispatchTree, Vote};
+use anyshape_codegen::MicroKernel;
 use anyshape_ir::Bindings;
-use anyshape_runtime::Vote;
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_classifier::{
     DecisionTreeClassifier, DecisionTreeClassifierParameters,

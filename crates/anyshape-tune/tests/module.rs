@@ -1,10 +1,11 @@
 //! Modules: written from votes, loaded by the runtime, correct for every instance in the
 //! tuned range and past it; damaged, tampered or foreign modules fail cleanly; bad
 //! buffers and shapes are errors.
+use anyshape_abi::{Manifest, Vote, MANIFEST_FILE};
 use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{check_output, random_inputs, reference_output, Builder};
-use anyshape_runtime::{Manifest, Module, RuntimeError, Vote, MANIFEST_FILE};
+use anyshape_runtime::{read_manifest, write_manifest, Module, RuntimeError};
 use anyshape_tune::{train_tree, write_module, ModuleSpec, Specialize, Votes};
 use std::path::{Path, PathBuf};
 
@@ -182,10 +183,10 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
     });
     assert!(matches!(e, RuntimeError::Tampered { .. }), "{e}");
     fn resealed(d: &Path, edit: &dyn Fn(&mut Manifest)) {
-        let mut m = Manifest::read(d).unwrap();
+        let mut m = read_manifest(d).unwrap();
         edit(&mut m);
         m.seal();
-        m.write(&d.join(MANIFEST_FILE)).unwrap();
+        write_manifest(&m, d).unwrap();
     }
     let e = variant("old-version", &|d| {
         resealed(d, &|m| m.anyshape = "0.0.1".into())

@@ -3,7 +3,7 @@
 //! in `compare.rs`.
 use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
-use anyshape_codegen::ENTRY_SYMBOL;
+use anyshape_abi::ENTRY_SYMBOL;
 use anyshape_ir::Bindings;
 use anyshape_measure::{
     buffer_bytes, check_fits, random_inputs, Candidate, MeasureOptions, Outcome,

@@ -3,9 +3,10 @@
 //! with a CSV, a Markdown report and plots.
 use crate::{peak, runner, Common};
 use anyhow::{Context, Result};
+use anyshape_abi::ENTRY_SYMBOL;
 use anyshape_bench::build_vendors;
 use anyshape_bench::plot::{bars_svg, lines_svg, PlotError, Series};
-use anyshape_codegen::{bucket_c, CpuTarget, PaddingStrategy, Program, ENTRY_SYMBOL};
+use anyshape_codegen::{bucket_c, CpuTarget, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Candidate, KernelSource, MeasureOptions, Measurer, Outcome};
 use anyshape_runtime::Module;

@@ -294,7 +294,7 @@ fn render(
     rows: &[Row],
     fig5: &[(PaddingStrategy, Result<f64, String>)],
     tuning_seconds: f64,
-    tree: &anyshape_codegen::DispatchTree,
+    tree: &anyshape_abi::DispatchTree,
     accuracy: f64,
 ) -> String {
     let mut s = String::new();

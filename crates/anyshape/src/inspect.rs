@@ -1,7 +1,8 @@
 //! `anyshape inspect` and `anyshape run --module`: looking into a module and running it.
 use crate::runner;
 use anyhow::{bail, Result};
-use anyshape_codegen::ENTRY_SYMBOL;
+use anyshape_abi::ENTRY_SYMBOL;
+use anyshape_codegen::CpuTarget;
 use anyshape_ir::Bindings;
 use anyshape_measure::{Candidate, MeasureOptions, Outcome};
 use anyshape_runtime::Module;
@@ -21,9 +22,13 @@ pub fn inspect(path: &Path) -> Result<()> {
             v.domain.len()
         );
     }
+    let target = serde_json::from_value::<CpuTarget>(m.target.clone()).map_or_else(
+        |_| m.target_name().to_string(),
+        |t| format!("{} ({} cores, {:?})", t.name, t.cores, t.simd),
+    );
     println!(
-        "built by     anyshape {} (format {}) for {} ({} cores, {:?}), strategy {}",
-        m.anyshape, m.format, m.target.name, m.target.cores, m.target.simd, m.strategy
+        "built by     anyshape {} (format {}) for {target}, strategy {}",
+        m.anyshape, m.format, m.strategy
     );
     let bytes: u64 = m.files.values().map(|f| f.bytes).sum();
     println!(

@@ -4,9 +4,9 @@
 //! times the number of FMA ports) for `iters` iterations on every core with OpenMP;
 //! GFLOP/s = 2 * lanes * chains * iters * threads / seconds, best of several runs.
 use anyhow::{bail, Context, Result};
+use anyshape_abi::KernelFn;
 use anyshape_codegen::CpuTarget;
 use anyshape_measure::{Builder, KernelSource};
-use anyshape_runtime::KernelFn;
 use std::time::Instant;
 
 const CHAINS: usize = 12;
@@ -56,7 +56,7 @@ pub fn measure(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<Ve
     }
     // SAFETY: our own library, built just now from the source above.
     let library =
-        unsafe { anyshape_runtime::load_library(&lib.path) }.context("loading the peak kernel")?;
+        unsafe { anyshape_abi::load_library(&lib.path) }.context("loading the peak kernel")?;
     let lanes = target.lanes_f32();
     let mut peaks = Vec::new();
     for &t in &threads {

@@ -332,7 +332,7 @@ fn build_module(
             tree: &tree,
             tree_accuracy: accuracy,
             specialize: &specialize,
-            tuning: Some(anyshape_runtime::TuningInfo {
+            tuning: Some(anyshape_abi::TuningInfo {
                 seconds: tuning_seconds,
                 trials: tuner.trials(),
                 resumed_trials: report.resumed_trials,

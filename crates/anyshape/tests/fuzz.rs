@@ -10,9 +10,10 @@
 //!
 //! Every file under `tests/fuzz-regressions/<target>/` is run first: an input that once
 //! crashed a reader goes there, so it is checked forever.
+use anyshape_abi::{Manifest, MANIFEST_FILE};
 use anyshape_codegen::{CpuTarget, MicroKernel};
 use anyshape_ir::{parse_expr, Bindings, ShapeVar, Workload};
-use anyshape_runtime::{Manifest, Module, MANIFEST_FILE};
+use anyshape_runtime::{write_manifest, Module};
 use anyshape_tune::{Record, RecordLog};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -308,7 +309,7 @@ fn fuzz_manifests() {
         let _ = Module::load(&copy);
         if let Ok(mut m) = serde_json::from_slice::<Manifest>(b) {
             m.seal();
-            m.write(&copy.join(MANIFEST_FILE)).unwrap();
+            write_manifest(&m, &copy).unwrap();
             if let Ok(module) = Module::load(&copy) {
                 let _ = module.dispatch(&Bindings::from_pairs([("T", 3)]));
             }

@@ -1,0 +1,24 @@
+//! The contract between generated kernels and whatever calls them: the kernel ABI (the
+//! C signature every kernel and a module's entry point share, its status codes, how a
+//! kernel library is opened), the dispatch tree, and the module manifest's types.
+//!
+//! The code generator writes to this contract and the runtime reads by it; neither
+//! needs the other. This crate knows shape vars and workloads as text (`anyshape-ir`);
+//! it knows nothing of sketches, targets, compiling, measuring or searching.
+#![deny(missing_docs)]
+
+mod cpu;
+mod dispatch;
+mod kernel;
+mod manifest;
+
+pub use cpu::host_cpu_features;
+pub use dispatch::DispatchTree;
+pub use kernel::{
+    load_library, status_message, KernelFn, SelectFn, ENTRY_SYMBOL, KERNEL_SIGNATURE,
+    SELECT_SYMBOL, STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
+};
+pub use manifest::{
+    sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, Vote, FORMAT_VERSION,
+    HEADER_FILE, MANIFEST_FILE,
+};
