@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo test --release -p anyshape-measure --test gpu --test cuda_emulated -- --include-ignored --nocapture
+cargo test --release -p anyshape --test gpu -- --include-ignored --nocapture
+cargo test --release -p anyshape-measure --test cuda_emulated -- --nocapture
 [ "${1:-}" = test ] && exit 0
 cargo build --release -p anyshape
 trials=${ANYSHAPE_GPU_TRIALS:-256}
@@ -21,5 +22,5 @@ for spec in "dense:dense(M=16*T,N=2304,K=768)" \
   out=benchmarks/results/gpu-$name
   mkdir -p "$out"
   target/release/anyshape gpu -w "${spec#*:}" --range T=1..128 --trials "$trials" \
-    --out-dir "$out" --resume --quiet 2>&1 | tee "$out/run.log"
+    --records "$out/records.jsonl" --out-dir "$out" --resume --quiet 2>&1 | tee "$out/run.log"
 done

@@ -40,14 +40,15 @@ pub fn status_message(status: i32) -> String {
     }
 }
 
+/// Why a kernel library or one of its symbols could not be loaded.
+pub type LoadError = libloading::Error;
+
 /// Open a kernel library. It is never unloaded (`RTLD_NODELETE`): its OpenMP runtime
 /// keeps worker threads alive, and unloading their code under them would crash.
 ///
 /// # Safety
 /// The library must be one anyshape built (its initializers are the C runtime's).
-pub unsafe fn load_library(
-    path: &std::path::Path,
-) -> Result<libloading::Library, libloading::Error> {
+pub unsafe fn load_library(path: &std::path::Path) -> Result<libloading::Library, LoadError> {
     #[cfg(unix)]
     {
         use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};

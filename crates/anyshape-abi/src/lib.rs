@@ -15,7 +15,7 @@ mod manifest;
 pub use cpu::host_cpu_features;
 pub use dispatch::DispatchTree;
 pub use kernel::{
-    load_library, status_message, KernelFn, SelectFn, ENTRY_SYMBOL, KERNEL_SIGNATURE,
+    load_library, status_message, KernelFn, LoadError, SelectFn, ENTRY_SYMBOL, KERNEL_SIGNATURE,
     SELECT_SYMBOL, STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 pub use manifest::{

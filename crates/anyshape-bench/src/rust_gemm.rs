@@ -21,7 +21,7 @@ pub static BUILTINS: &[Builtin] = &[
 ];
 
 fn shape(w: &Workload, bound: &BoundWorkload) -> Result<StridedGemm, String> {
-    if w.epilogue != anyshape_ir::Epilogue::None {
+    if !w.epilogue.is_empty() {
         return Err(format!("{w}: the gemm baseline takes no epilogue"));
     }
     StridedGemm::of(w, bound).map_err(|e| e.to_string())

@@ -8,11 +8,12 @@
 //! Layouts come from the workload: the strides of each tensor along the GEMM axes
 //! decide transposition (BLAS) or the memory descriptors (oneDNN), so any contraction
 //! the sketch accepts with a unit stride along N or K works.
-use anyshape_codegen::{c, CpuTarget, GemmView};
+use anyshape_codegen::render::expr;
+use anyshape_codegen::{CpuTarget, DeviceKind, GemmView};
 use anyshape_ir::{Expr, Workload};
-use anyshape_measure::{Builder, KernelSource, BUILTIN_LIBRARY};
+use anyshape_measure::{Builder, KernelSource, Kernels};
 use std::fmt::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One vendor variant: its label in reports and its symbol.
 #[derive(Clone, Debug)]
@@ -28,8 +29,8 @@ pub struct VendorKernel {
 pub struct VendorLibrary {
     /// `gemm crate`, `OpenBLAS` or `oneDNN`.
     pub vendor: &'static str,
-    /// The shared library holding the variants, or the reason there is none.
-    pub built: Result<(PathBuf, Vec<VendorKernel>), String>,
+    /// Where the variants are, or the reason there are none.
+    pub built: Result<(Kernels, Vec<VendorKernel>), String>,
 }
 
 /// Every vendor, as named in [`VendorLibrary::vendor`].
@@ -41,7 +42,7 @@ fn prelude(w: &Workload, g: &GemmView) -> String {
     for (i, v) in w.shape_vars().iter().enumerate() {
         let _ = writeln!(s, "  const int64_t {v} = vars[{i}]; (void){v};");
     }
-    let e = |x: &Expr| c::expr(x);
+    let e = |x: &Expr| expr(x);
     let batch = g.batch.first().map(|&b| e(&w.axes[b].extent));
     let _ = writeln!(
         s,
@@ -169,7 +170,7 @@ static int64_t as_key[13];
 /// system library. A vendor whose headers or library are missing is reported, not fatal.
 pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec<VendorLibrary> {
     let g = match GemmView::of(w) {
-        Ok(g) if g.batch.len() <= 1 && w.epilogue == anyshape_ir::Epilogue::None => g,
+        Ok(g) if g.batch.len() <= 1 && w.epilogue.is_empty() => g,
         Ok(_) => {
             let why = format!("{w}: vendor baselines need at most one batch axis and no epilogue");
             return VENDORS
@@ -200,7 +201,7 @@ pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec
     }
     let mut out = vec![VendorLibrary {
         vendor: "gemm crate",
-        built: Ok((PathBuf::from(BUILTIN_LIBRARY), gemm)),
+        built: Ok((Kernels::Builtin(DeviceKind::Cpu), gemm)),
     }];
     let mut blas = vec![(
         "openblas",
@@ -254,7 +255,7 @@ pub fn build_vendors(w: &Workload, target: &CpuTarget, builder: &Builder) -> Vec
                     .map_or("", |e| e.lines().next().unwrap_or(""))
             )),
             Ok(l) => Ok((
-                l.path,
+                l.kernels(),
                 kernels
                     .iter()
                     .zip(&sources)

@@ -3,11 +3,11 @@
 //! bucketing wrapper (global padding) around a specialized kernel, over T = 0, 1,
 //! primes, the range ends and past them.
 use anyshape_abi::{load_library, KernelFn, STATUS_OK, STATUS_WRONG_SHAPE};
-use anyshape_bench::{build_vendors, BUILTINS};
-use anyshape_codegen::{bucket_c, CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_bench::{bucket_c, build_vendors, BUILTINS};
+use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
-    check_output, random_inputs, reference_output, Builder, KernelSource, BUILTIN_LIBRARY,
+    check_output, random_inputs, reference_output, Builder, KernelSource, Kernels,
 };
 
 const WORKLOADS: [&str; 3] = [
@@ -76,15 +76,14 @@ fn vendor_shims_are_correct_where_installed() {
         let w = Workload::parse(w).unwrap();
         for lib in build_vendors(&w, &target, &builder) {
             let (path, kernels) = match lib.built {
-                Ok(x) => x,
+                Ok((Kernels::Library(path), kernels)) => (path, kernels),
+                // The builtins are checked above, in process.
+                Ok(_) => continue,
                 Err(why) => {
                     eprintln!("skipping {} (unavailable: {why})", lib.vendor);
                     continue;
                 }
             };
-            if path.as_os_str() == BUILTIN_LIBRARY {
-                continue; // checked above, in process
-            }
             // SAFETY: a library the builder just produced from the shims.
             let so = unsafe { load_library(&path) }.unwrap();
             for k in kernels {
@@ -123,7 +122,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
             let sources = vec![
                 KernelSource {
                     symbol: inner.symbol(&target),
-                    code: inner.c_source(&target).unwrap(),
+                    code: inner.source(&target).unwrap(),
                 },
                 KernelSource {
                     symbol: symbol.clone(),

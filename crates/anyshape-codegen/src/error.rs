@@ -36,6 +36,9 @@ pub enum CodegenError {
     /// A specialized program without a value for some shape var (user input).
     #[error("a specialized kernel needs every shape var bound: {0}")]
     Unspecialized(String),
+    /// A bug in the code generator: lowered code breaks an invariant of the loop IR.
+    #[error("internal error in the code generator (please report it): {0}")]
+    Internal(String),
     /// A target description that cannot be read (user input).
     #[error("bad target description: {0}")]
     BadTarget(String),

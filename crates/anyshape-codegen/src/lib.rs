@@ -1,33 +1,31 @@
-//! Code generation for anyshape: CPU targets, the contraction sketch and its
-//! micro-kernels, lowering of programs to a small loop IR with a padding strategy, and
-//! the C printer, the dispatcher's C form, and the global-padding wrapper of the
-//! bucketing baseline; and for GPUs the target, micro-kernel, launch configuration and
-//! the CUDA C printer.
+//! Code generation for anyshape: targets (CPU, CUDA GPU), the sketch of each class of
+//! operators on each device and its micro-kernels, lowering of programs to a small loop
+//! IR with a padding strategy (decided once per strategy, for every device), the
+//! loop-IR verifier, one C-style renderer with a C and a CUDA dialect, and the
+//! dispatcher's C form.
 //!
-//! It knows workloads (from `anyshape-ir`) but nothing of measuring, searching or
-//! loading: those crates build on this one.
+//! It knows workloads (from `anyshape-ir`) and the kernel ABI (`anyshape-abi`), but
+//! nothing of compiling, measuring, searching or loading: those crates build on this one.
 #![deny(missing_docs)]
 
-mod bucket;
-pub mod c;
-mod cuda;
 mod dispatch;
 mod error;
-mod gpu;
 pub mod loop_ir;
 mod lower;
+mod padding;
 mod program;
+pub mod render;
 mod sketch;
 mod target;
+pub mod verify;
 
-pub use bucket::bucket_c;
-pub use cuda::{GpuProgram, CUDA_PRELUDE};
 pub use dispatch::{dispatcher_c, DispatcherSpec};
 pub use error::{CodegenError, Result};
-pub use gpu::{launch_config, GpuMicroKernel, GpuTarget, LaunchConfig, SHARED_PAD};
 pub use lower::lower;
-pub use program::{
-    KernelMode, PaddingStrategy, Program, CODEGEN_VERSION, KERNEL_MODES, PADDING_STRATEGIES,
+pub use padding::{Compute, Fetch, PaddingStrategy, Policy, PADDING_STRATEGIES};
+pub use program::{KernelMode, Program, CODEGEN_VERSION, KERNEL_MODES};
+pub use sketch::{
+    launch_config, Adaptation, Factors, GemmOperand, GemmView, GpuMicroKernel, LaunchConfig,
+    MicroKernel, RowKernel, Sketch, StridedGemm, SHARED_PAD,
 };
-pub use sketch::{GemmOperand, GemmView, MicroKernel, StridedGemm};
-pub use target::{CpuTarget, Simd};
+pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};

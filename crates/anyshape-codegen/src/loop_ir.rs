@@ -1,12 +1,14 @@
-//! The loop IR that programs are lowered to and that printers (C) and, later, feature
-//! extraction read.
+//! The loop IR that every sketch lowers to, on every device, and that the renderer
+//! (C and CUDA) and the cost model's feature extraction read.
 //!
-//! Invariants:
+//! Invariants (checked by `verify.rs`, which lists them in full):
 //! - loops run their variable from 0 to `extent - 1`; index and extent expressions are
 //!   [`Expr`]s over shape vars (named `sv_<name>`), loop vars and `Let` names;
 //! - every buffer is either a kernel argument (`in0`, `in1`, ... and `out0`) or introduced
 //!   by an [`Stmt::Alloc`] before use; a `Reg` is declared before it is assigned;
-//! - a [`Value`] with `lanes > 1` reads or writes `lanes` contiguous elements.
+//! - a [`Value`] with `lanes > 1` reads or writes `lanes` contiguous elements;
+//! - GPU constructs (thread and block indices, barriers, shared memory) appear only in
+//!   functions for a GPU ([`Func::threads`] set), parallel loops only in CPU ones.
 use anyshape_ir::Expr;
 
 /// How a loop is executed.
@@ -23,10 +25,21 @@ pub enum LoopKind {
 /// Where an allocated buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// A per-thread scratch buffer that persists across calls (slot number).
+    /// A per-thread scratch buffer that persists across calls (slot number; CPU).
     Scratch(u8),
-    /// A fixed-size array on the stack.
+    /// A fixed-size array of the thread (the stack on CPU, registers on GPU).
     Stack,
+    /// A fixed-size array shared by a block's threads (GPU shared memory).
+    Shared,
+}
+
+/// A GPU thread's coordinates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuIndex {
+    /// The thread's index in its block (x only).
+    Thread,
+    /// The block's index in the grid along dimension 0 (x), 1 (y) or 2 (z).
+    Block(u8),
 }
 
 /// A boolean condition on integers.
@@ -58,11 +71,68 @@ impl Cond {
     }
 }
 
+/// An elementwise function of one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    /// `max(x, 0)`.
+    Relu,
+    /// `tanh(x)`.
+    Tanh,
+    /// GELU, erf form.
+    Gelu,
+    /// GELU, tanh form.
+    GeluTanh,
+    /// `exp(x)`.
+    Exp,
+}
+
+impl From<anyshape_ir::Unary> for UnaryOp {
+    fn from(u: anyshape_ir::Unary) -> UnaryOp {
+        match u {
+            anyshape_ir::Unary::Relu => UnaryOp::Relu,
+            anyshape_ir::Unary::Tanh => UnaryOp::Tanh,
+            anyshape_ir::Unary::Gelu => UnaryOp::Gelu,
+            anyshape_ir::Unary::GeluTanh => UnaryOp::GeluTanh,
+        }
+    }
+}
+
+/// An elementwise function of two values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b`.
+    Div,
+    /// `max(a, b)`.
+    Max,
+}
+
+impl From<anyshape_ir::Binary> for BinaryOp {
+    fn from(b: anyshape_ir::Binary) -> BinaryOp {
+        match b {
+            anyshape_ir::Binary::Add => BinaryOp::Add,
+            anyshape_ir::Binary::Mul => BinaryOp::Mul,
+        }
+    }
+}
+
 /// A floating-point value (scalar or vector of `lanes`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// Zero in every lane.
     Zero {
+        /// Lanes.
+        lanes: usize,
+    },
+    /// A constant in every lane.
+    Const {
+        /// The value.
+        value: f64,
         /// Lanes.
         lanes: usize,
     },
@@ -84,12 +154,14 @@ pub enum Value {
     },
     /// One lane of a vector register.
     Lane(String, Expr),
-    /// Sum.
-    Add(Box<Value>, Box<Value>),
+    /// A function of one value, lane by lane.
+    Unary(UnaryOp, Box<Value>),
+    /// A function of two values, lane by lane (a scalar operand is broadcast).
+    Binary(BinaryOp, Box<Value>, Box<Value>),
     /// `a * b + c`, with a scalar `b` broadcast over the lanes of `a`.
     Fma(Box<Value>, Box<Value>, Box<Value>),
-    /// `max(x, 0)`.
-    Relu(Box<Value>),
+    /// The sum (`Add`) or maximum (`Max`) of a vector's lanes, a scalar.
+    Horizontal(BinaryOp, Box<Value>),
     /// `cond ? a : b`, evaluating only the chosen side.
     Select(Cond, Box<Value>, Box<Value>),
 }
@@ -115,7 +187,17 @@ impl Value {
 
     /// `a + b`.
     pub fn sum(a: Value, b: Value) -> Value {
-        Value::Add(Box::new(a), Box::new(b))
+        Value::binary(BinaryOp::Add, a, b)
+    }
+
+    /// `op(a, b)`.
+    pub fn binary(op: BinaryOp, a: Value, b: Value) -> Value {
+        Value::Binary(op, Box::new(a), Box::new(b))
+    }
+
+    /// `op(x)`.
+    pub fn unary(op: UnaryOp, x: Value) -> Value {
+        Value::Unary(op, Box::new(x))
     }
 
     /// A register of `lanes`.
@@ -129,12 +211,15 @@ impl Value {
     /// How many lanes the value has.
     pub fn lanes(&self) -> usize {
         match self {
-            Value::Zero { lanes } | Value::Load { lanes, .. } | Value::Reg { lanes, .. } => *lanes,
-            Value::Lane(..) => 1,
-            Value::Add(a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => {
+            Value::Zero { lanes }
+            | Value::Const { lanes, .. }
+            | Value::Load { lanes, .. }
+            | Value::Reg { lanes, .. } => *lanes,
+            Value::Lane(..) | Value::Horizontal(..) => 1,
+            Value::Binary(_, a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => {
                 a.lanes().max(b.lanes())
             }
-            Value::Relu(x) => x.lanes(),
+            Value::Unary(_, x) => x.lanes(),
         }
     }
 }
@@ -203,6 +288,15 @@ pub enum Stmt {
         /// Value.
         value: Value,
     },
+    /// An immutable integer name for a GPU thread coordinate.
+    GpuIndex {
+        /// Name.
+        var: String,
+        /// Which coordinate.
+        index: GpuIndex,
+    },
+    /// Wait until every thread of the block reaches this point (GPU).
+    Barrier,
 }
 
 /// A lowered kernel: one C-ABI function.
@@ -216,6 +310,8 @@ pub struct Func {
     pub specialized: Option<Vec<i64>>,
     /// Number of input buffers.
     pub inputs: usize,
+    /// For a GPU kernel, the threads of a block (`None` for a CPU function).
+    pub threads: Option<u32>,
     /// Body.
     pub body: Vec<Stmt>,
 }

@@ -3,8 +3,8 @@
 //! After an intended change, regenerate with `ANYSHAPE_BLESS=1 cargo test -p
 //! anyshape-codegen --test golden` and review the diff of `tests/golden/`.
 use anyshape_codegen::{
-    c, CpuTarget, GpuMicroKernel, GpuProgram, GpuTarget, KernelMode, MicroKernel, PaddingStrategy,
-    Program, Simd, CUDA_PRELUDE, PADDING_STRATEGIES,
+    CpuTarget, GpuMicroKernel, GpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program,
+    RowKernel, Simd, Target, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
 use std::path::PathBuf;
@@ -21,7 +21,35 @@ fn target(simd: Simd) -> CpuTarget {
     }
 }
 
+/// C sources must also compile: a golden file can only bless what the C compiler takes.
+fn compiles(name: &str, text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut child = Command::new(&cc)
+        .args(["-fsyntax-only", "-fopenmp", "-x", "c", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {cc} (the README's setup installs gcc): {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{name} does not compile:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn check(name: &str, text: &str) {
+    if name.ends_with(".c") {
+        compiles(name, text);
+    }
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
@@ -59,7 +87,7 @@ fn cpu(w: &str, mk: MicroKernel, strategy: PaddingStrategy, t: Option<i64>, simd
         },
         bindings: t.map_or_else(Bindings::default, |t| Bindings::from_pairs([("T", t)])),
     };
-    format!("{}\n{}", c::header(&target), p.c_source(&target).unwrap())
+    format!("{}\n{}", target.prelude(), p.source(&target).unwrap())
 }
 
 #[test]
@@ -131,17 +159,37 @@ fn cuda_kernels_are_unchanged() {
         tn: 4,
     };
     let w = Workload::parse("batch_matmul_nn(B=192,M=T,N=64,K=T)+relu").unwrap();
-    let mut text = String::from(CUDA_PRELUDE);
+    let mut text = t.prelude();
     for s in [
         PaddingStrategy::LocalPad,
         PaddingStrategy::BoundaryCheck,
         PaddingStrategy::LoopPartition,
     ] {
-        let mut p = GpuProgram::symbolic(&w, mk, s);
-        text.push_str(&p.cuda_source(&t).unwrap());
+        let mut p = Program::symbolic(&w, mk, s);
+        text.push_str(&p.source(&t).unwrap());
         p.mode = KernelMode::Specialized;
         p.bindings = Bindings::from_pairs([("T", 60)]);
-        text.push_str(&p.cuda_source(&t).unwrap());
+        text.push_str(&p.source(&t).unwrap());
     }
     check("bmm_nn-relu-all-strategies.cu", &text);
+}
+
+/// The row-wise sketch (softmax), every strategy.
+#[test]
+fn row_kernels_are_unchanged() {
+    let target = target(Simd::Avx2);
+    let w = Workload::parse("softmax(M=12*T,N=T)").unwrap();
+    let mut text = target.prelude();
+    for s in PADDING_STRATEGIES {
+        let p = Program::symbolic(
+            &w,
+            RowKernel {
+                rows: 4,
+                vectors: 2,
+            },
+            s,
+        );
+        text.push_str(&p.source(&target).unwrap());
+    }
+    check("softmax-all-strategies-avx2.c", &text);
 }

@@ -34,7 +34,7 @@ impl std::error::Error for ParseError {}
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum IrError {
     /// Malformed text (expression, shape var, workload).
-    #[error("{0}")]
+    #[error(transparent)]
     Parse(#[from] ParseError),
     /// A shape var that an expression needs has no value.
     #[error("shape var `{0}` is not bound (give it a value, e.g. `--set {0}=16`)")]

@@ -2,24 +2,30 @@
 //!
 //! This crate owns integer expressions over shape vars ([`Expr`]), their textual
 //! form and parser ([`parse_expr`]), shape vars with domains ([`ShapeVar`]),
-//! bindings of shape vars to values ([`Bindings`]), and workloads: contractions
-//! with affine index maps and an optional elementwise epilogue ([`Workload`]).
+//! bindings of shape vars to values ([`Bindings`]), the operator registry
+//! ([`OPERATORS`]: each operator defined once, with its class and shape rule), and
+//! workloads: an operator's axes and tensors with affine index maps, its class
+//! ([`OpClass`]) and a fused elementwise epilogue ([`Epilogue`]), with their text form.
 //!
 //! It knows nothing of schedules, targets or code generation: those live in
 //! `anyshape-codegen`, which depends on this crate and never the other way round.
 #![deny(missing_docs)]
 
+mod epilogue;
 mod error;
 mod expr;
+mod ops;
 mod parse;
 mod shape;
+mod text;
 mod workload;
 
+pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::Expr;
-pub use parse::{parse_expr, split_top_level};
+pub use ops::{operator, OpDef, OPERATORS};
+pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
 pub use workload::{
-    AffineIndex, Axis, AxisKind, BoundWorkload, DType, Epilogue, TensorRef, Workload,
-    BUILTIN_WORKLOADS,
+    AffineIndex, Axis, AxisKind, BoundWorkload, DType, Normalization, OpClass, TensorRef, Workload,
 };

@@ -1,6 +1,7 @@
-//! The builder: compiles a batch of kernels into one shared library with the system C
-//! compiler, splitting the batch into one translation unit per job so they compile in
-//! parallel, and caching the library by the hash of everything that goes into it.
+//! The builder: compiles a batch of kernels for a device — C into one shared library
+//! with the system C compiler (the batch split into one translation unit per job, so
+//! they compile in parallel), CUDA into one PTX file with NVRTC (`nvrtc.rs`) — caching
+//! the result by the hash of everything that goes into it.
 //!
 //! A kernel the compiler rejects is the code generator's fault and fails alone
 //! ([`BuiltLibrary::failed`], cached with the library). A compile the environment stops
@@ -8,8 +9,9 @@
 //! the candidate: it is reported apart ([`BuiltLibrary::unavailable`]) and such a
 //! partial library is never cached, so the kernel is built again next time.
 use crate::cache;
+use crate::Kernels;
 use crate::{MeasureError, Result};
-use anyshape_codegen::{c, CpuTarget};
+use anyshape_codegen::{DeviceKind, Program, Sketch, Target};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,8 +29,10 @@ pub struct KernelSource {
 /// A built library and the kernels that failed to compile (left out of it).
 #[derive(Clone, Debug)]
 pub struct BuiltLibrary {
-    /// The shared library.
+    /// The shared library (CPU) or PTX file (CUDA).
     pub path: PathBuf,
+    /// The device it is for.
+    pub device: DeviceKind,
     /// Symbol -> compiler messages, for kernels the compiler rejected.
     pub failed: BTreeMap<String, String>,
     /// Symbol -> what happened, for kernels the environment kept from compiling (the
@@ -39,6 +43,14 @@ pub struct BuiltLibrary {
 }
 
 impl BuiltLibrary {
+    /// Where a worker finds its kernels.
+    pub fn kernels(&self) -> Kernels {
+        match self.device {
+            DeviceKind::Cpu => Kernels::Library(self.path.clone()),
+            DeviceKind::Cuda => Kernels::Ptx(self.path.clone()),
+        }
+    }
+
     /// Fail unless every kernel was built: an environment error for a kernel the
     /// environment kept from compiling, a compile error (a code generation bug) for one
     /// the compiler rejected.
@@ -157,15 +169,49 @@ impl Builder {
         base.unwrap_or_else(std::env::temp_dir).join("anyshape")
     }
 
-    /// Build `kernels` for `target` into one library. Kernels that fail to compile are
-    /// reported in [`BuiltLibrary::failed`] and left out; the others are built.
-    pub fn build(&self, target: &CpuTarget, kernels: &[KernelSource]) -> Result<BuiltLibrary> {
+    /// Build `kernels` for `target` into one library (C with the system compiler for a
+    /// CPU, CUDA with NVRTC for a GPU). Kernels that fail to compile are reported in
+    /// [`BuiltLibrary::failed`] and left out; the others are built.
+    pub fn build<T: Target>(&self, target: &T, kernels: &[KernelSource]) -> Result<BuiltLibrary> {
+        match T::DEVICE {
+            DeviceKind::Cpu => self.build_c(&target.prelude(), kernels),
+            DeviceKind::Cuda => crate::nvrtc::build(self, target, kernels),
+        }
+    }
+
+    /// Render `programs` for `target` and build them (see [`Builder::build`]); a program
+    /// its sketch cannot lower fails alone, listed in [`BuiltLibrary::failed`].
+    pub fn build_programs<K: Sketch>(
+        &self,
+        target: &K::Target,
+        programs: &[Program<K>],
+    ) -> Result<BuiltLibrary> {
+        let mut sources = Vec::new();
+        let mut unlowered = BTreeMap::new();
+        for p in programs {
+            let symbol = p.symbol(target);
+            if sources.iter().any(|s: &KernelSource| s.symbol == symbol) {
+                continue;
+            }
+            match p.source(target) {
+                Ok(code) => sources.push(KernelSource { symbol, code }),
+                Err(e) => {
+                    unlowered.insert(symbol, e.to_string());
+                }
+            }
+        }
+        let mut lib = self.build(target, &sources)?;
+        lib.failed.extend(unlowered);
+        Ok(lib)
+    }
+
+    /// Build C kernels after `header` into one shared library, cached.
+    fn build_c(&self, header: &str, kernels: &[KernelSource]) -> Result<BuiltLibrary> {
         let io = |path: &Path| {
             let path = path.display().to_string();
             move |source| MeasureError::Io { path, source }
         };
         std::fs::create_dir_all(&self.cache_dir).map_err(io(&self.cache_dir))?;
-        let header = c::header(target);
         let mut h = Sha256::new();
         h.update(format!("{}|{}|{header}", self.cc, self.flags.join(" ")));
         if !self.link_flags.is_empty() {
@@ -181,39 +227,25 @@ impl Builder {
             .map(|b| format!("{b:02x}"))
             .collect();
         let path = self.cache_dir.join(format!("lib{hash}.so"));
-        let failed_path = path.with_extension("failed.json");
-        match cache::lookup(&path) {
-            Ok(true) => {
-                let failed = std::fs::read_to_string(&failed_path)
-                    .ok()
-                    .and_then(|s| serde_json::from_str(&s).ok())
-                    .unwrap_or_default();
-                return Ok(BuiltLibrary {
-                    path,
-                    failed,
-                    unavailable: BTreeMap::new(),
-                    cached: true,
-                });
-            }
-            Ok(false) => {}
-            Err(why) => tracing::warn!(
-                "kernel cache entry {} is damaged ({why}); rebuilding it",
-                path.display()
-            ),
+        if let Some(failed) = cache::cached_build(&path) {
+            return Ok(BuiltLibrary {
+                path,
+                device: DeviceKind::Cpu,
+                failed,
+                unavailable: BTreeMap::new(),
+                cached: true,
+            });
         }
         let work = self
             .cache_dir
             .join(format!("build-{hash}-{}", std::process::id()));
         std::fs::create_dir_all(&work).map_err(io(&work))?;
-        let result = self.build_in(&work, &header, kernels);
+        let result = self.build_in(&work, header, kernels);
         let result = result.and_then(|(built, failed, unavailable)| {
             // A library missing kernels for the environment's sake is not cached: those
             // kernels are built again next time.
             let dest = if unavailable.is_empty() {
-                if !failed.is_empty() {
-                    let json = serde_json::to_string(&failed).unwrap_or_default();
-                    cache::write_atomic(&failed_path, json.as_bytes()).map_err(io(&failed_path))?;
-                }
+                cache::record_failures(&path, &failed).map_err(io(&path))?;
                 cache::store(&built, &path).map_err(io(&path))?;
                 path
             } else {
@@ -225,6 +257,7 @@ impl Builder {
             };
             Ok(BuiltLibrary {
                 path: dest,
+                device: DeviceKind::Cpu,
                 failed,
                 unavailable,
                 cached: false,

@@ -80,6 +80,44 @@ pub(crate) fn lookup(entry: &Path) -> Result<bool, String> {
     Ok(true)
 }
 
+/// Kernels a build left out, by symbol, with the compiler's reason.
+pub(crate) type Failures = std::collections::BTreeMap<String, String>;
+
+/// Where the kernels a cached build left out are recorded, beside the entry.
+fn failures_path(entry: &Path) -> PathBuf {
+    entry.with_extension("failed.json")
+}
+
+/// A cached build: the kernels it left out when `entry` is present and intact; `None`
+/// when it must be built (a damaged entry is warned about, then rebuilt).
+pub(crate) fn cached_build(entry: &Path) -> Option<Failures> {
+    match lookup(entry) {
+        Ok(true) => Some(
+            std::fs::read_to_string(failures_path(entry))
+                .ok()
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or_default(),
+        ),
+        Ok(false) => None,
+        Err(why) => {
+            tracing::warn!(
+                "kernel cache entry {} is damaged ({why}); rebuilding it",
+                entry.display()
+            );
+            None
+        }
+    }
+}
+
+/// Record beside `entry` the kernels its build left out (before storing the entry).
+pub(crate) fn record_failures(entry: &Path, failed: &Failures) -> io::Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let json = serde_json::to_string(failed).unwrap_or_default();
+    write_atomic(&failures_path(entry), json.as_bytes())
+}
+
 /// Whether the process `pid` is alive (on systems without `/proc`, assumed alive, so
 /// nothing of a running process is ever removed).
 pub fn process_alive(pid: u32) -> bool {

@@ -1,6 +1,6 @@
 //! The reference implementation every program is checked against: a direct loop over
 //! the iteration domain in f64, plus the bound on rounding error used to compare.
-use anyshape_ir::{AxisKind, BoundWorkload, Workload};
+use anyshape_ir::{AxisKind, BoundWorkload, Normalization, OpClass, Workload};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -57,21 +57,61 @@ pub fn random_inputs(bound: &BoundWorkload, n_inputs: usize, seed: u64) -> Vec<V
         .collect()
 }
 
-/// The reference result of an instance and, per output element, the sum of the
-/// absolute values of its terms (which bounds the rounding error).
+/// The reference result of an instance and, per output element, a bound on the error
+/// an f32 program may make (rounding in its reductions, propagated through its
+/// epilogue).
 #[derive(Clone, Debug)]
 pub struct Reference {
     /// Expected output (epilogue applied).
     pub output: Vec<f64>,
-    /// Sum of |terms| per output element.
-    pub magnitude: Vec<f64>,
-    /// Number of terms summed per output element.
-    pub terms: usize,
+    /// The error allowed per output element.
+    pub tolerance: Vec<f64>,
 }
 
-/// Compute the reference output of `w` on `inputs`: for every point of the iteration
-/// domain, add the product of the inputs to the output element it maps to.
+/// Compute the reference output of `w` on `inputs` by its class's semantics
+/// ([`anyshape_ir::OpClass`]), in f64, then its epilogue.
 pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> Reference {
+    let (mut output, mut tolerance) = match w.class {
+        OpClass::Contraction => contraction(w, bound, inputs),
+        OpClass::Normalization {
+            kind: Normalization::Softmax,
+            axis,
+        } => softmax(w, bound, inputs[0], axis),
+    };
+    let spatial = w.output_axes();
+    if !w.epilogue.is_empty() && !spatial.iter().any(|&a| bound.extents[a] == 0) {
+        let out_t = w.inputs.len();
+        let mut point = vec![0i64; w.axes.len()];
+        loop {
+            let o = offset(bound, out_t, &point) as usize;
+            let operand = |t: usize| inputs[t][offset(bound, t, &point) as usize] as f64;
+            let (y, tol) = w
+                .epilogue
+                .apply_with_bound(output[o], tolerance[o], &operand);
+            output[o] = y;
+            tolerance[o] = tol;
+            if !advance(&mut point, &spatial, &bound.extents) {
+                break;
+            }
+        }
+    }
+    Reference { output, tolerance }
+}
+
+/// The element offset of tensor `t` at `point` (one value per axis).
+fn offset(bound: &BoundWorkload, t: usize, point: &[i64]) -> i64 {
+    bound.offsets[t]
+        + point
+            .iter()
+            .zip(&bound.axis_strides[t])
+            .map(|(p, s)| p * s)
+            .sum::<i64>()
+}
+
+/// A contraction: for every point of the iteration domain, the product of the two
+/// operands added to the output element it maps to. The tolerance of an element is the
+/// worst-case rounding of summing its terms in f32: `(terms + 2) · eps · Σ|terms|`.
+fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f64>, Vec<f64>) {
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
     let mut output = vec![0.0f64; len];
@@ -86,26 +126,20 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
         .iter()
         .map(|&a| bound.extents[a] as usize)
         .product();
-    let offset = |t: usize, point: &[i64]| -> i64 {
-        bound.offsets[t]
-            + (0..w.axes.len())
-                .map(|a| point[a] * bound.axis_strides[t][a])
-                .sum::<i64>()
-    };
     // The innermost reduction axis is walked with stride increments; the others by an
     // odometer over the iteration domain.
     let inner = reduction.last().copied();
     let outer_red = &reduction[..reduction.len().saturating_sub(1)];
-    let n_in = w.inputs.len();
+    let n_in = w.class.operands();
     if terms > 0 && !spatial.iter().any(|&a| bound.extents[a] == 0) {
         let mut point = vec![0i64; w.axes.len()];
         loop {
-            let o = offset(out_t, &point) as usize;
+            let o = offset(bound, out_t, &point) as usize;
             for &a in outer_red {
                 point[a] = 0;
             }
             loop {
-                let mut offs: Vec<i64> = (0..n_in).map(|t| offset(t, &point)).collect();
+                let mut offs: Vec<i64> = (0..n_in).map(|t| offset(bound, t, &point)).collect();
                 let (extent, strides) = match inner {
                     Some(r) => (
                         bound.extents[r],
@@ -137,14 +171,47 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
             }
         }
     }
-    for x in &mut output {
-        *x = w.epilogue.apply(*x);
+    let eps = f32::EPSILON as f64;
+    let tolerance = magnitude
+        .iter()
+        .map(|m| (terms as f64 + 2.0) * eps * m)
+        .collect();
+    (output, tolerance)
+}
+
+/// A softmax along `axis`: for every point of the other axes, `exp(x - max) / Σ exp(x -
+/// max)` along it. The tolerance: the f32 sum's rounding (`n + 8` ulps of the result,
+/// counting the exponential's and the division's) and an absolute floor for results
+/// near zero.
+fn softmax(w: &Workload, bound: &BoundWorkload, x: &[f32], axis: usize) -> (Vec<f64>, Vec<f64>) {
+    let out_t = w.inputs.len();
+    let len = bound.lens[out_t];
+    let (mut output, mut tolerance) = (vec![0.0f64; len], vec![0.0f64; len]);
+    let n = bound.extents[axis];
+    let rows: Vec<usize> = w.output_axes().into_iter().filter(|&a| a != axis).collect();
+    if n == 0 || rows.iter().any(|&a| bound.extents[a] == 0) {
+        return (output, tolerance);
     }
-    Reference {
-        output,
-        magnitude,
-        terms,
+    let eps = f32::EPSILON as f64;
+    let mut point = vec![0i64; w.axes.len()];
+    loop {
+        let at = |t: usize, j: i64| {
+            (offset(bound, t, &point) + j * bound.axis_strides[t][axis]) as usize
+        };
+        let max = (0..n)
+            .map(|j| x[at(0, j)] as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = (0..n).map(|j| (x[at(0, j)] as f64 - max).exp()).sum();
+        for j in 0..n {
+            let y = (x[at(0, j)] as f64 - max).exp() / sum;
+            output[at(out_t, j)] = y;
+            tolerance[at(out_t, j)] = (n as f64 + 8.0) * eps * y + eps * 1e-3;
+        }
+        if !advance(&mut point, &rows, &bound.extents) {
+            break;
+        }
     }
+    (output, tolerance)
 }
 
 /// Step an odometer over `axes` (last fastest); false when it wraps around.
@@ -172,18 +239,15 @@ pub struct CheckReport {
     pub first_mismatch: Option<usize>,
 }
 
-/// Compare `got` with the reference; each element may be off by the worst-case rounding
-/// error of summing its terms in f32: `(terms + 2) * eps * magnitude`.
+/// Compare `got` with the reference; each element may be off by its tolerance.
 pub fn check_output(got: &[f32], reference: &Reference) -> CheckReport {
-    let eps = f32::EPSILON as f64;
     let (mut max_abs_error, mut mismatches, mut first_mismatch) = (0.0f64, 0usize, None);
-    for (i, (&g, (&r, &m))) in got
+    for (i, (&g, (&r, &tol))) in got
         .iter()
-        .zip(reference.output.iter().zip(&reference.magnitude))
+        .zip(reference.output.iter().zip(&reference.tolerance))
         .enumerate()
     {
         let err = (g as f64 - r).abs();
-        let tol = (reference.terms as f64 + 2.0) * eps * m;
         if err.is_nan() || err > tol {
             mismatches += 1;
             first_mismatch.get_or_insert(i);
@@ -234,6 +298,31 @@ mod tests {
         assert_eq!((report.passed, report.first_mismatch), (false, Some(5)));
         bad[5] = f32::NAN;
         assert!(!check_output(&bad, &r).passed);
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_and_epilogues_apply() {
+        let w = Workload::parse("softmax(M=3,N=T)").unwrap();
+        let bound = w.bind(&Bindings::from_pairs([("T", 7)])).unwrap();
+        let ins = random_inputs(&bound, 1, 3);
+        let r = reference_output(&w, &bound, &[&ins[0]]);
+        for row in r.output.chunks(7) {
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        let w = Workload::parse("dense(M=2,N=3,K=4)+bias+relu").unwrap();
+        let bound = w.bind(&Bindings::default()).unwrap();
+        let ins = random_inputs(&bound, 3, 5);
+        let views: Vec<&[f32]> = ins.iter().map(|v| v.as_slice()).collect();
+        let r = reference_output(&w, &bound, &views);
+        for m in 0..2 {
+            for n in 0..3 {
+                let dot: f64 = (0..4)
+                    .map(|k| ins[0][m * 4 + k] as f64 * ins[1][n * 4 + k] as f64)
+                    .sum();
+                let want = (dot + ins[2][n] as f64).max(0.0);
+                assert!((r.output[m * 3 + n] - want).abs() < 1e-12);
+            }
+        }
     }
 
     #[test]

@@ -2,14 +2,45 @@
 //! candidate. A candidate that crashes the worker or runs past its limit is reported as
 //! failed; the worker is restarted for the candidates after it.
 use crate::{CheckReport, MeasureError, Result};
-use anyshape_codegen::GpuMicroKernel;
+use anyshape_codegen::{DeviceKind, GpuMicroKernel};
 use anyshape_ir::{Bindings, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
+
+/// Where a job's kernels are; the worker runs them on the device this names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kernels {
+    /// A shared library of C kernels (CPU).
+    Library(PathBuf),
+    /// A PTX file of CUDA kernels (the first GPU).
+    Ptx(PathBuf),
+    /// Kernels compiled into the worker executable (baselines), on a device.
+    Builtin(DeviceKind),
+}
+
+impl Kernels {
+    /// The device the kernels run on.
+    pub fn device(&self) -> DeviceKind {
+        match self {
+            Kernels::Library(_) => DeviceKind::Cpu,
+            Kernels::Ptx(_) => DeviceKind::Cuda,
+            Kernels::Builtin(d) => *d,
+        }
+    }
+}
+
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kernels::Library(p) | Kernels::Ptx(p) => write!(f, "{}", p.display()),
+            Kernels::Builtin(d) => write!(f, "the worker's builtin {} kernels", d.name()),
+        }
+    }
+}
 
 /// One program to measure: a symbol in the library and the instance to run it on.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -145,7 +176,7 @@ pub struct Runner {
 /// The job a worker reads from its standard input (one JSON line).
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Job {
-    pub library: PathBuf,
+    pub kernels: Kernels,
     pub candidates: Vec<Candidate>,
     pub options: MeasureOptions,
 }
@@ -163,16 +194,16 @@ pub(crate) enum Event {
 const PREPARE_SECONDS: f64 = 600.0;
 
 impl Runner {
-    /// Measure every candidate in `library`; the result has one outcome per candidate.
-    pub fn measure(&self, library: &Path, candidates: &[Candidate]) -> Result<Vec<Outcome>> {
-        self.measure_with(library, candidates, &mut |_, _| {})
+    /// Measure every candidate in `kernels`; the result has one outcome per candidate.
+    pub fn measure(&self, kernels: &Kernels, candidates: &[Candidate]) -> Result<Vec<Outcome>> {
+        self.measure_with(kernels, candidates, &mut |_, _| {})
     }
 
     /// Like [`Runner::measure`], telling `on_outcome` each candidate's outcome (by index)
     /// as soon as it is known.
     pub fn measure_with(
         &self,
-        library: &Path,
+        kernels: &Kernels,
         candidates: &[Candidate],
         on_outcome: &mut dyn FnMut(usize, &Outcome),
     ) -> Result<Vec<Outcome>> {
@@ -190,7 +221,7 @@ impl Runner {
                 break;
             }
             let job = Job {
-                library: library.to_path_buf(),
+                kernels: kernels.clone(),
                 candidates: open.iter().map(|&i| candidates[i].clone()).collect(),
                 options: self.options.clone(),
             };
@@ -232,10 +263,11 @@ impl Runner {
                                 }
                             )),
                             // SIGKILL that was not ours (we kill on timeouts only): the
-                            // out-of-memory killer or a person, not the candidate.
+                            // out-of-memory killer or a person; SIGINT, SIGTERM, SIGHUP:
+                            // Ctrl-C or a shutdown. Not the candidate.
                             (RecvTimeoutError::Disconnected, Some(st)) if killed(st) => {
                                 Outcome::Interrupted(format!(
-                                    "the worker was killed from outside ({}; out of memory?)",
+                                    "the worker was stopped from outside ({}; Ctrl-C, or out of memory?)",
                                     describe_exit(st)
                                 ))
                             }
@@ -299,12 +331,13 @@ impl Runner {
     }
 }
 
-/// Whether the process was ended by SIGKILL.
+/// Whether the process was ended from outside: SIGKILL (we kill on timeouts only, and
+/// wait for those), SIGINT, SIGTERM or SIGHUP (candidates raise none of these).
 fn killed(status: std::process::ExitStatus) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;
-        status.signal() == Some(9)
+        matches!(status.signal(), Some(1 | 2 | 9 | 15))
     }
     #[cfg(not(unix))]
     {

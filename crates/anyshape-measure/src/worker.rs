@@ -1,27 +1,25 @@
-//! The worker process: reads one job (library + candidates) as a JSON line on standard
+//! The worker process: reads one job (kernels + candidates) as a JSON line on standard
 //! input, runs each candidate and reports events as JSON lines on standard output.
-//! It is started by [`crate::Runner`] through `anyshape __worker` or `anyshape-worker`.
+//! It is started by [`crate::Runner`] through `anyshape __worker` (or, in this crate's
+//! tests, `anyshape-worker`).
 //!
-//! Kernels come from the job's shared library, or, when the job names
-//! [`BUILTIN_LIBRARY`], from [`Builtin`]s compiled into the worker executable (baselines
-//! written in Rust, such as the `gemm` crate's). A job whose library is a `.ptx` file
-//! (or [`CUBLAS_LIBRARY`]) runs on the GPU: inputs are uploaded once per candidate and
-//! each call is timed with CUDA events.
+//! The job names its kernels and so its device ([`Kernels`]): a shared library of C
+//! kernels (CPU), a PTX file (the first GPU: inputs are uploaded once per candidate and
+//! each call is timed with CUDA events), or the builtin kernels compiled into the worker
+//! executable ([`Builtins`]: baselines such as the `gemm` crate on CPU or cuBLAS on GPU).
 use crate::gpu::GpuKernel;
 use crate::runner::{Event, Job};
 use crate::{
     buffer_bytes, check_fits, check_output, random_inputs, reference_output, Candidate,
-    CheckReport, GpuDevice, Measurement, Outcome, Reference, CUBLAS_LIBRARY,
+    CheckReport, GpuBuiltin, GpuDevice, Kernels, Measurement, Outcome, Reference,
 };
 use anyshape_abi::{load_library, status_message, KernelFn, STATUS_OK};
+use anyshape_codegen::DeviceKind;
 use anyshape_ir::BoundWorkload;
 use cudarc::driver::CudaModule;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The library name that asks the worker for its [`Builtin`] kernels.
-pub const BUILTIN_LIBRARY: &str = "<builtin>";
 
 /// A kernel prepared for one instance: called with the inputs and the output.
 pub type PreparedKernel = Box<dyn FnMut(&[*const f32], *mut f32) -> Result<(), String>>;
@@ -36,40 +34,51 @@ pub struct Builtin {
     pub prepare: fn(&anyshape_ir::Workload, &BoundWorkload) -> Result<PreparedKernel, String>,
 }
 
+/// The builtin kernels of a worker executable, per device.
+#[derive(Clone, Copy)]
+pub struct Builtins {
+    /// CPU kernels.
+    pub cpu: &'static [Builtin],
+    /// GPU kernels.
+    pub gpu: &'static [GpuBuiltin],
+}
+
 /// Where a job's kernels come from.
 enum Source {
     Library(libloading::Library),
     Builtins(&'static [Builtin]),
-    /// The first GPU, with the job's PTX (none for the cuBLAS baseline).
-    Gpu(GpuDevice, Option<Arc<CudaModule>>),
+    /// The first GPU, with the job's PTX (none for builtin GPU kernels).
+    Gpu(GpuDevice, Option<Arc<CudaModule>>, &'static [GpuBuiltin]),
 }
 
-/// Open what the job's library names.
-fn open_source(library: &std::path::Path, builtins: &'static [Builtin]) -> Result<Source, String> {
-    if library.as_os_str() == BUILTIN_LIBRARY {
-        return Ok(Source::Builtins(builtins));
+/// Open what the job names.
+fn open_source(kernels: &Kernels, builtins: Builtins) -> Result<Source, String> {
+    match kernels {
+        Kernels::Builtin(DeviceKind::Cpu) => Ok(Source::Builtins(builtins.cpu)),
+        Kernels::Builtin(DeviceKind::Cuda) | Kernels::Ptx(_) => {
+            let dev = GpuDevice::open(0).map_err(|e| e.to_string())?;
+            let module = match kernels {
+                Kernels::Ptx(path) => Some(dev.load(path)?),
+                _ => None,
+            };
+            Ok(Source::Gpu(dev, module, builtins.gpu))
+        }
+        // SAFETY: the library is one the builder produced from generated C; loading runs
+        // no constructors of ours beyond the C runtime's.
+        Kernels::Library(path) => unsafe { load_library(path) }
+            .map(Source::Library)
+            .map_err(|e| e.to_string()),
     }
-    let gpu = library.as_os_str() == CUBLAS_LIBRARY;
-    if gpu || library.extension().is_some_and(|e| e == "ptx") {
-        let dev = GpuDevice::open(0).map_err(|e| e.to_string())?;
-        let module = if gpu { None } else { Some(dev.load(library)?) };
-        return Ok(Source::Gpu(dev, module));
-    }
-    // SAFETY: the library is one the builder produced from generated C; loading runs
-    // no constructors of ours beyond the C runtime's.
-    unsafe { load_library(library) }
-        .map(Source::Library)
-        .map_err(|e| e.to_string())
 }
 
 /// Serve one job from standard input with no builtin kernels.
 pub fn serve() -> i32 {
-    serve_with(&[])
+    serve_with(Builtins { cpu: &[], gpu: &[] })
 }
 
-/// Serve one job from standard input, resolving [`BUILTIN_LIBRARY`] jobs against
-/// `builtins`; returns the process exit code.
-pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
+/// Serve one job from standard input, resolving builtin kernels against `builtins`;
+/// returns the process exit code.
+pub fn serve_with(builtins: Builtins) -> i32 {
     let mut line = String::new();
     if std::io::stdin().lock().read_line(&mut line).is_err() {
         return 2;
@@ -81,7 +90,7 @@ pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
             return 2;
         }
     };
-    let library = open_source(&job.library, builtins);
+    let library = open_source(&job.kernels, builtins);
     let mut out = std::io::stdout().lock();
     let mut emit = |ev: Event| {
         let line = serde_json::to_string(&ev).expect("events serialize");
@@ -108,7 +117,7 @@ pub fn serve_with(builtins: &'static [Builtin]) -> i32 {
         let lib = match &library {
             Err(e) => {
                 for k in i..j {
-                    let why = format!("cannot load {}: {e}", job.library.display());
+                    let why = format!("cannot load {}: {e}", job.kernels);
                     emit(Event::Done(k, Outcome::Failed(why)));
                 }
                 i = j;
@@ -168,8 +177,9 @@ fn kernel(
     bound: &BoundWorkload,
 ) -> Result<Kernel, String> {
     match source {
-        Source::Gpu(dev, module) => Ok(Kernel::Gpu(Box::new(dev.kernel(
+        Source::Gpu(dev, module, builtins) => Ok(Kernel::Gpu(Box::new(dev.kernel(
             module.as_ref(),
+            builtins,
             cand,
             inputs,
             bound,

@@ -1,13 +1,13 @@
 //! Every program anyshape generates is checked against the reference implementation:
-//! three workloads x four padding strategies x two kernel modes, over T = 1, primes, the
-//! range ends 1 and 128 and values past the range; plus random micro-kernels.
+//! each sketch's workloads (contractions with and without epilogue chains, softmax) x
+//! four padding strategies x two kernel modes, over T = 1, primes, the range ends 1 and
+//! 128 and values past the range; plus random micro-kernels.
 use anyshape_codegen::{
-    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, KERNEL_MODES, PADDING_STRATEGIES,
+    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, RowKernel, Sketch, KERNEL_MODES,
+    PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
-use anyshape_measure::{
-    Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
-};
+use anyshape_measure::{Builder, Candidate, MeasureOptions, Outcome, Runner, WorkerCommand};
 use rand::{RngExt, SeedableRng};
 
 const TS: [i64; 11] = [1, 7, 17, 37, 61, 97, 113, 127, 128, 129, 200];
@@ -43,18 +43,32 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
     }
 }
 
+/// Row kernels that make small shapes take every path: several rows per task, a
+/// vector tail, one vector.
+fn small_row_kernels() -> [RowKernel; 2] {
+    [
+        RowKernel {
+            rows: 3,
+            vectors: 1,
+        },
+        RowKernel {
+            rows: 1,
+            vectors: 3,
+        },
+    ]
+}
+
 /// Build every program, run each on its instances with the check on, and fail listing
 /// every program that is wrong or did not run.
-fn check_programs(target: &CpuTarget, runs: Vec<(Program, Vec<Bindings>)>) {
+fn check_programs<K: Sketch<Target = CpuTarget>>(
+    target: &CpuTarget,
+    runs: Vec<(Program<K>, Vec<Bindings>)>,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let kernels: Vec<KernelSource> = runs
-        .iter()
-        .map(|(p, _)| KernelSource {
-            symbol: p.symbol(target),
-            code: p.c_source(target).unwrap(),
-        })
-        .collect();
-    let lib = Builder::new(dir.path()).build(target, &kernels).unwrap();
+    let programs: Vec<Program<K>> = runs.iter().map(|(p, _)| p.clone()).collect();
+    let lib = Builder::new(dir.path())
+        .build_programs(target, &programs)
+        .unwrap();
     assert!(
         lib.failed.is_empty(),
         "kernels failed to compile: {:#?}",
@@ -77,7 +91,7 @@ fn check_programs(target: &CpuTarget, runs: Vec<(Program, Vec<Bindings>)>) {
             ));
         }
     }
-    let outcomes = runner().measure(&lib.path, &candidates).unwrap();
+    let outcomes = runner().measure(&lib.kernels(), &candidates).unwrap();
     let failures: Vec<String> = outcomes
         .iter()
         .zip(&labels)
@@ -95,13 +109,11 @@ fn check_programs(target: &CpuTarget, runs: Vec<(Program, Vec<Bindings>)>) {
     );
 }
 
-fn matrix(workload: &str) {
+/// `workload` with the micro-kernels `mks`, every strategy and mode: symbolic kernels on
+/// every T, specialized kernels for every `every`-th T.
+fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usize) {
     let target = CpuTarget::detect();
     let w = Workload::parse(workload).unwrap();
-    let mks = [
-        MicroKernel::default_for(&target),
-        small_micro_kernel(&target),
-    ];
     let all: Vec<Bindings> = TS
         .iter()
         .map(|&t| Bindings::from_pairs([("T", t)]))
@@ -125,7 +137,7 @@ fn matrix(workload: &str) {
                     }
                 }
                 KernelMode::Specialized => {
-                    for (i, b) in all.iter().enumerate() {
+                    for (i, b) in all.iter().enumerate().step_by(every) {
                         let p = Program {
                             workload: w.clone(),
                             micro_kernel: mks[i % 2],
@@ -142,19 +154,51 @@ fn matrix(workload: &str) {
     check_programs(&target, runs);
 }
 
+fn contraction(workload: &str, every: usize) {
+    let target = CpuTarget::detect();
+    let mks = [
+        MicroKernel::default_for(&target),
+        small_micro_kernel(&target),
+    ];
+    matrix(workload, mks, every);
+}
+
 #[test]
 fn dense_all_strategies_and_modes() {
-    matrix("dense(M=16*T,N=80,K=40)");
+    contraction("dense(M=16*T,N=80,K=40)", 1);
 }
 
 #[test]
 fn batch_matmul_nt_all_strategies_and_modes() {
-    matrix("batch_matmul_nt(B=3,M=T,N=T,K=64)");
+    contraction("batch_matmul_nt(B=3,M=T,N=T,K=64)", 1);
 }
 
 #[test]
 fn batch_matmul_nn_all_strategies_and_modes() {
-    matrix("batch_matmul_nn(B=3,M=T,N=64,K=T)");
+    contraction("batch_matmul_nn(B=3,M=T,N=64,K=T)", 1);
+}
+
+/// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),
+/// a residual input, scaling; on every strategy and mode.
+#[test]
+fn epilogue_chains_all_strategies_and_modes() {
+    contraction("dense(M=T,N=40,K=24)+bias+gelu+residual", 3);
+    contraction(
+        "batch_matmul_nt(B=2,M=T,N=T,K=16)+scale(0.125)+gelu_tanh+mul(m,n)",
+        3,
+    );
+}
+
+/// Softmax along rows of any length (1 to past the tile), every strategy and mode.
+#[test]
+fn softmax_all_strategies_and_modes() {
+    let target = CpuTarget::detect();
+    matrix("softmax(M=3*T,N=T)", small_row_kernels(), 1);
+    matrix(
+        "softmax(M=T,N=T+5)",
+        [RowKernel::default_for(&target), small_row_kernels()[0]],
+        2,
+    );
 }
 
 /// Random valid micro-kernels on random shapes (with and without an epilogue), every
@@ -221,13 +265,7 @@ fn specialized_kernel_rejects_other_shapes() {
     };
     let dir = tempfile::tempdir().unwrap();
     let lib = Builder::new(dir.path())
-        .build(
-            &target,
-            &[KernelSource {
-                symbol: p.symbol(&target),
-                code: p.c_source(&target).unwrap(),
-            }],
-        )
+        .build_programs(&target, std::slice::from_ref(&p))
         .unwrap();
     let cand = |t| Candidate {
         symbol: p.symbol(&target),
@@ -236,7 +274,9 @@ fn specialized_kernel_rejects_other_shapes() {
         check: true,
         gpu: None,
     };
-    let out = runner().measure(&lib.path, &[cand(5), cand(6)]).unwrap();
+    let out = runner()
+        .measure(&lib.kernels(), &[cand(5), cand(6)])
+        .unwrap();
     assert!(matches!(&out[0], Outcome::Measured(m) if m.check.as_ref().unwrap().passed));
     assert!(
         matches!(&out[1], Outcome::Failed(why) if why.contains("status 1")),
@@ -266,14 +306,9 @@ fn repeated_calls_with_new_data_are_correct() {
             bindings: Bindings::default(),
         })
         .collect();
-    let kernels: Vec<KernelSource> = programs
-        .iter()
-        .map(|p| KernelSource {
-            symbol: p.symbol(&target),
-            code: p.c_source(&target).unwrap(),
-        })
-        .collect();
-    let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    let lib = Builder::new(dir.path())
+        .build_programs(&target, &programs)
+        .unwrap();
     // SAFETY: a library just built from generated kernels.
     let library = unsafe { load_library(&lib.path) }.unwrap();
     for p in &programs {

@@ -5,7 +5,7 @@
 //! edges, the range ends and past them, for three workloads, three padding strategies
 //! and both kernel modes. On a GPU the same sources are compiled by NVRTC.
 use anyshape_codegen::{
-    launch_config, GpuMicroKernel, GpuProgram, GpuTarget, KernelMode, PaddingStrategy, CUDA_PRELUDE,
+    launch_config, GpuMicroKernel, GpuTarget, KernelMode, PaddingStrategy, Program, Target,
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{check_output, random_inputs, reference_output};
@@ -33,24 +33,27 @@ static std::barrier<> *as_bar;
 
 const TS: [i64; 14] = [0, 1, 2, 7, 13, 31, 32, 33, 60, 64, 65, 97, 128, 129];
 
-/// C++ for `programs` plus a launcher per kernel: `launch_i(grid, threads, a, b, c, vars)`.
-fn emulated_source(programs: &[GpuProgram], target: &GpuTarget) -> String {
-    let mut s = format!("{EMULATION}{CUDA_PRELUDE}");
+/// C++ for `programs` plus a launcher per kernel: `launch_i(grid, threads, ins, out, vars)`.
+fn emulated_source(programs: &[Program<GpuMicroKernel>], target: &GpuTarget) -> String {
+    let mut s = format!("{EMULATION}{}", target.prelude());
     for (i, p) in programs.iter().enumerate() {
-        s.push_str(&p.cuda_source(target).unwrap());
+        s.push_str(&p.source(target).unwrap());
         let sym = p.symbol(target);
+        let ins: String = (0..p.workload.inputs.len())
+            .map(|k| format!("ins[{k}], "))
+            .collect();
         let args: String = (0..p.workload.shape_vars().len())
             .map(|v| format!(", vars[{v}]"))
             .collect();
         let _ = writeln!(
             s,
-            r#"extern "C" void launch_{i}(const unsigned *grid, unsigned threads, const float *a, const float *b, float *c, const long long *vars) {{
+            r#"extern "C" void launch_{i}(const unsigned *grid, unsigned threads, const float *const *ins, float *c, const long long *vars) {{
   for (unsigned z = 0; z < grid[2]; z++) for (unsigned y = 0; y < grid[1]; y++) for (unsigned x = 0; x < grid[0]; x++) {{
     blockIdx = {{x, y, z}};
     std::barrier<> bar(threads);
     as_bar = &bar;
     std::vector<std::thread> ts;
-    for (unsigned t = 0; t < threads; t++) ts.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; {sym}(a, b, c{args}); }});
+    for (unsigned t = 0; t < threads; t++) ts.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; {sym}({ins}c{args}); }});
     for (auto &t : ts) t.join();
   }}
 }}"#
@@ -59,7 +62,7 @@ fn emulated_source(programs: &[GpuProgram], target: &GpuTarget) -> String {
     s
 }
 
-type Launch = unsafe extern "C" fn(*const u32, u32, *const f32, *const f32, *mut f32, *const i64);
+type Launch = unsafe extern "C" fn(*const u32, u32, *const *const f32, *mut f32, *const i64);
 
 #[test]
 fn generated_cuda_kernels_compute_the_reference_under_emulation() {
@@ -78,6 +81,7 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
     let mut programs = Vec::new();
     for w in [
         "dense(M=T,N=40,K=24)+relu",
+        "dense(M=T,N=40,K=24)+bias+gelu+residual",
         "batch_matmul_nt(B=2,M=T,N=T,K=16)",
         "batch_matmul_nn(B=2,M=T,N=16,K=T)",
     ] {
@@ -87,8 +91,8 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
             PaddingStrategy::BoundaryCheck,
             PaddingStrategy::LoopPartition,
         ] {
-            programs.push(GpuProgram::symbolic(&w, mk, strategy));
-            let mut p = GpuProgram::symbolic(&w, mk, strategy);
+            programs.push(Program::symbolic(&w, mk, strategy));
+            let mut p = Program::symbolic(&w, mk, strategy);
             p.mode = KernelMode::Specialized;
             p.bindings = Bindings::from_pairs([("T", 60)]);
             programs.push(p);
@@ -131,10 +135,12 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
             let w = &p.workload;
             let b = Bindings::from_pairs([("T", t)]);
             let bound = w.bind(&b).unwrap();
-            let inputs = random_inputs(&bound, 2, 3);
+            let n_in = w.inputs.len();
+            let inputs = random_inputs(&bound, n_in, 3);
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
+            let ins: Vec<*const f32> = inputs.iter().map(|v| v.as_ptr()).collect();
             let reference = reference_output(w, &bound, &views);
-            let mut c = vec![f32::NAN; bound.lens[2]];
+            let mut c = vec![f32::NAN; bound.lens[n_in]];
             let l = launch_config(w, &bound, &p.micro_kernel).unwrap();
             let vars = [t];
             // SAFETY: buffers have the bound instance's lengths; the grid covers it.
@@ -142,8 +148,7 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
                 launch(
                     l.grid.as_ptr(),
                     l.block[0],
-                    inputs[0].as_ptr(),
-                    inputs[1].as_ptr(),
+                    ins.as_ptr(),
                     c.as_mut_ptr(),
                     vars.as_ptr(),
                 )

@@ -23,7 +23,7 @@ fn crashing_and_hanging_candidates_fail_alone() {
     let kernels = vec![
         KernelSource {
             symbol: good.symbol(&target),
-            code: good.c_source(&target).unwrap(),
+            code: good.source(&target).unwrap(),
         },
         KernelSource {
             symbol: "as_test_crash".into(),
@@ -76,7 +76,7 @@ fn crashing_and_hanging_candidates_fail_alone() {
             },
         };
         let t0 = std::time::Instant::now();
-        let out = runner.measure(&lib.path, &batch).unwrap();
+        let out = runner.measure(&lib.kernels(), &batch).unwrap();
         let ok = |o: &Outcome| matches!(o, Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| c.passed));
         assert!(
             ok(&out[0]) && ok(&out[2]) && ok(&out[6]),

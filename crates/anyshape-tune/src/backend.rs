@@ -1,21 +1,18 @@
-//! What the joint search needs from a hardware backend ([`Backend`]), and the CPU
-//! backend ([`CpuBackend`]); the GPU one is in `gpu.rs`.
+//! What the joint search needs from a device ([`Backend`]), and the one backend every
+//! sketch on every device uses ([`SketchBackend`]: C kernels built by the system compiler
+//! or CUDA kernels built by NVRTC, run in isolated worker processes).
 //!
-//! The search is the same on every backend: it evolves micro-kernels in the backend's
-//! space, predicts `f_MK · f_occ · f_pad` from the backend's features and adaptation,
-//! and has the backend build and measure each round's trials.
-use crate::{Adaptation, Factors, Result, SearchSpace, TrialResult};
+//! The search is the same everywhere: it evolves micro-kernels in the backend's space,
+//! predicts `f_MK · f_occ · f_pad` from the backend's features and adaptation, and has
+//! the backend build and measure each round's trials. Tests give it a synthetic backend.
+use crate::{Result, SearchSpace, TrialResult, Tunable};
 use anyshape_codegen::{
-    CpuTarget, GemmView, GpuMicroKernel, KernelMode, MicroKernel, PaddingStrategy, Program,
+    Adaptation, Factors, GpuMicroKernel, MicroKernel, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
-use anyshape_measure::{BuiltLibrary, Candidate, KernelSource, Measurer};
+use anyshape_measure::{BuiltLibrary, Candidate, Measurer};
 use rand::Rng;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt::{Debug, Display};
-use std::hash::Hash;
 use std::time::Instant;
 
 /// One program to measure on one instance.
@@ -42,16 +39,25 @@ pub struct TrialBatch<'t, K> {
     pub trials: &'t [Trial<K>],
 }
 
-/// A hardware backend of the joint search: its micro-kernels, their space, features and
+impl<K: Sketch> TrialBatch<'_, K> {
+    /// The program of a micro-kernel in the batch: symbolic, so one build serves every
+    /// instance; specialized for the instance when tuning per shape.
+    pub fn program(&self, mk: K) -> Program<K> {
+        match self.specialize {
+            Some(b) => Program::specialized(self.workload, mk, self.strategy, b),
+            None => Program::symbolic(self.workload, mk, self.strategy),
+        }
+    }
+}
+
+/// A device of the joint search: its micro-kernels, their space, features and
 /// adaptation to instances, and how programs are built and measured.
 pub trait Backend {
-    /// The backend's micro-kernel (the tile parameters of its sketch).
-    type MicroKernel: Copy + Ord + Hash + Debug + Display + Serialize + DeserializeOwned;
-    /// The target description that records carry.
-    type Target: Clone + PartialEq + Debug + Serialize + DeserializeOwned;
+    /// The backend's micro-kernel (its type names the sketch and the device).
+    type MicroKernel: Sketch;
 
     /// The target.
-    fn target(&self) -> &Self::Target;
+    fn target(&self) -> &<Self::MicroKernel as Sketch>::Target;
     /// A reasonable micro-kernel (what an instance gets before anything ran).
     fn default_kernel(&self) -> Self::MicroKernel;
     /// Narrow the space to tiles that divide one instance's extents (per-shape tuning).
@@ -77,8 +83,14 @@ pub trait Backend {
         representative: &Bindings,
     ) -> Vec<f64>;
     /// Tasks, slots and padding of `mk` on an instance (`f_occ`'s and `f_pad`'s input).
-    fn adaptation(&self, g: &GemmView, mk: &Self::MicroKernel, bound: &BoundWorkload)
-        -> Adaptation;
+    fn adaptation(
+        &self,
+        workload: &Workload,
+        mk: &Self::MicroKernel,
+        bound: &BoundWorkload,
+    ) -> Adaptation {
+        mk.adaptation(self.target(), workload, bound)
+    }
     /// Build the batch's programs and measure every trial, telling `on_result` the
     /// index of each trial as soon as it has its result (a program that fails to build,
     /// crashes, hangs or computes a wrong result fails its trials, not the call);
@@ -90,125 +102,88 @@ pub trait Backend {
     ) -> Result<f64>;
 }
 
-/// The CPU backend: C kernels built by the system compiler and run in isolated worker
-/// processes.
-pub struct CpuBackend<'a> {
-    target: CpuTarget,
-    space: SearchSpace,
+/// The backend of sketch `K` on its device: its space bounded by the target, its
+/// features, and measurement by the measurer's builder (C or NVRTC, as the device
+/// needs) and isolated workers.
+pub struct SketchBackend<'a, K: Sketch> {
+    target: K::Target,
+    space: SearchSpace<K>,
     measurer: &'a Measurer,
 }
 
-impl<'a> CpuBackend<'a> {
+/// The CPU contraction backend.
+pub type CpuBackend<'a> = SketchBackend<'a, MicroKernel>;
+/// The GPU contraction backend.
+pub type GpuBackend<'a> = SketchBackend<'a, GpuMicroKernel>;
+
+impl<'a, K: Sketch> SketchBackend<'a, K> {
     /// The backend for `target`, measuring with `measurer`.
-    pub fn new(target: &CpuTarget, measurer: &'a Measurer) -> CpuBackend<'a> {
-        CpuBackend {
+    pub fn new(target: &K::Target, measurer: &'a Measurer) -> Self {
+        SketchBackend {
             target: target.clone(),
             space: SearchSpace::new(target),
             measurer,
         }
     }
-
-    /// The program of a micro-kernel in a batch.
-    pub fn program(batch: &TrialBatch<MicroKernel>, mk: MicroKernel) -> Program {
-        let mut p = Program::symbolic(batch.workload, mk, batch.strategy);
-        if let Some(b) = batch.specialize {
-            p.mode = KernelMode::Specialized;
-            p.bindings = b.clone();
-        }
-        p
-    }
 }
 
-impl Backend for CpuBackend<'_> {
-    type MicroKernel = MicroKernel;
-    type Target = CpuTarget;
+impl<K: Tunable> Backend for SketchBackend<'_, K> {
+    type MicroKernel = K;
 
-    fn target(&self) -> &CpuTarget {
+    fn target(&self) -> &K::Target {
         &self.target
     }
 
-    fn default_kernel(&self) -> MicroKernel {
-        MicroKernel::default_for(&self.target)
+    fn default_kernel(&self) -> K {
+        K::default_for(&self.target)
     }
 
     fn restrict_to_factors(&mut self, factors: Factors) {
         self.space = SearchSpace::factor_only(&self.target, factors);
     }
 
-    fn sample(&self, rng: &mut impl Rng) -> MicroKernel {
+    fn sample(&self, rng: &mut impl Rng) -> K {
         self.space.sample(rng)
     }
 
-    fn mutate(&self, mk: &MicroKernel, rng: &mut impl Rng) -> MicroKernel {
+    fn mutate(&self, mk: &K, rng: &mut impl Rng) -> K {
         self.space.mutate(mk, rng)
     }
 
-    fn crossover(&self, a: &MicroKernel, b: &MicroKernel, rng: &mut impl Rng) -> MicroKernel {
+    fn crossover(&self, a: &K, b: &K, rng: &mut impl Rng) -> K {
         self.space.crossover(a, b, rng)
     }
 
     fn features(
         &self,
         workload: &Workload,
-        mk: &MicroKernel,
+        mk: &K,
         strategy: PaddingStrategy,
         representative: &Bindings,
     ) -> Vec<f64> {
-        crate::extract(workload, mk, strategy, &self.target, representative)
-    }
-
-    /// Local padding pads each axis to its register-tile granularity (`mr`, `nr`, `uk`);
-    /// a task is one cache tile of M and N of one batch item.
-    fn adaptation(&self, g: &GemmView, mk: &MicroKernel, bound: &BoundWorkload) -> Adaptation {
-        let e = |a: usize| bound.extents[a].max(0) as f64;
-        let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
-        let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
-        let (m, n, k) = (e(g.m), e(g.n), e(g.k));
-        let tasks = batch * (m / mk.mc as f64).ceil() * (n / mk.nc as f64).ceil();
-        let padded = up(m, mk.mr) * up(n, mk.nr) * up(k, mk.uk);
-        let pad = if padded > 0.0 {
-            (m * n * k) / padded
-        } else {
-            1.0
-        };
-        Adaptation {
-            tasks: tasks.max(1.0),
-            slots: self.target.cores as f64,
-            pad,
-        }
+        mk.features(workload, strategy, &self.target, representative)
     }
 
     fn measure(
         &self,
-        batch: &TrialBatch<MicroKernel>,
+        batch: &TrialBatch<K>,
         on_result: &mut dyn FnMut(usize, TrialResult),
     ) -> Result<f64> {
         let t0 = Instant::now();
-        let mut sources = Vec::new();
-        let mut lower_errors: BTreeMap<String, String> = BTreeMap::new();
-        let mut symbols = BTreeMap::new();
+        let mut programs: BTreeMap<K, Program<K>> = BTreeMap::new();
         for t in batch.trials {
-            if symbols.contains_key(&t.micro_kernel) {
-                continue;
-            }
-            let p = Self::program(batch, t.micro_kernel);
-            let symbol = p.symbol(&self.target);
-            symbols.insert(t.micro_kernel, symbol.clone());
-            match p.c_source(&self.target) {
-                Ok(code) => sources.push(KernelSource { symbol, code }),
-                Err(e) => {
-                    lower_errors.insert(symbol, e.to_string());
-                }
-            }
+            programs
+                .entry(t.micro_kernel)
+                .or_insert_with(|| batch.program(t.micro_kernel));
         }
-        let mut lib = self.measurer.builder.build(&self.target, &sources)?;
+        let list: Vec<Program<K>> = programs.values().cloned().collect();
+        let lib = self.measurer.builder.build_programs(&self.target, &list)?;
         let build_seconds = t0.elapsed().as_secs_f64();
-        lib.failed.extend(lower_errors);
         run_built(
             self.measurer,
             &lib,
             batch,
-            &|mk| (symbols[mk].clone(), None),
+            &|mk| (programs[mk].symbol(&self.target), mk.launch()),
             on_result,
         )?;
         Ok(build_seconds)
@@ -216,9 +191,10 @@ impl Backend for CpuBackend<'_> {
 }
 
 /// Measure a batch's trials in a built library: trials whose program did not build fail
-/// with the compiler's first line, the rest run in the measurer's workers, grouped by
-/// instance so a worker reuses inputs and reference between candidates. `kernel` gives a
-/// micro-kernel's symbol and, on GPU, what its launch needs.
+/// with the compiler's first line (or, where the environment stopped the build, are
+/// transient), the rest run in the measurer's workers, grouped by instance so a worker
+/// reuses inputs and reference between candidates. `kernel` gives a micro-kernel's
+/// symbol and, on GPU, what its launch needs.
 pub(crate) fn run_built<K: Copy + Ord>(
     measurer: &Measurer,
     lib: &BuiltLibrary,
@@ -260,7 +236,7 @@ pub(crate) fn run_built<K: Copy + Ord>(
     let cands: Vec<Candidate> = runnable.iter().map(|r| r.1.clone()).collect();
     measurer
         .runner
-        .measure_with(&lib.path, &cands, &mut |i, outcome| {
+        .measure_with(&lib.kernels(), &cands, &mut |i, outcome| {
             let (n, cand) = &runnable[i];
             on_result(*n, TrialResult::of(outcome, cand.check));
         })?;

@@ -12,6 +12,7 @@
 //!
 //! What tasks, slots and padding are for a micro-kernel on an instance is the backend's
 //! to say ([`crate::Backend::adaptation`]); the model is the same on every backend.
+pub use anyshape_codegen::Adaptation;
 use forust_ml::objective::ObjectiveType;
 use forust_ml::{GradientBooster, Matrix};
 
@@ -29,18 +30,6 @@ pub struct Sample {
     pub throughput: f64,
     /// The instance's shape weight.
     pub weight: f64,
-}
-
-/// How an instance maps onto a micro-kernel: tasks, parallel slots and padding.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Adaptation {
-    /// Micro-kernel instances the program runs (CPU: batch × cache tiles of M and N;
-    /// GPU: blocks).
-    pub tasks: f64,
-    /// How many tasks run at once (CPU: cores; GPU: SMs × resident blocks per SM).
-    pub slots: f64,
-    /// Useful / padded work.
-    pub pad: f64,
 }
 
 /// The trained cost model.

@@ -42,7 +42,13 @@ pub enum TuneError {
     /// A module could not be written or read back.
     #[error(transparent)]
     Runtime(#[from] anyshape_runtime::RuntimeError),
+    /// Something anyshape does not do yet (user input asked for it).
+    #[error("{0}")]
+    Unsupported(String),
     /// Bad tuning options or domains (user input).
     #[error("{0}")]
     Options(String),
+    /// A bug in anyshape (a library it uses behaved unexpectedly): please report it.
+    #[error("internal error (a bug in anyshape, please report it): {0}")]
+    Internal(String),
 }

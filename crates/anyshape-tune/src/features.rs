@@ -7,10 +7,14 @@
 //! lowering produced; it never reads the sketch's parameters directly.
 //!
 //! Features describe the micro-kernel, not an instance: the program is lowered in
-//! symbolic mode and walked over one full task (one cache tile of every axis, batch 1),
-//! with tensor strides taken from a representative instance.
-use anyshape_codegen::loop_ir::{shape_var_name, Cond, LoopKind, Stmt, Value};
-use anyshape_codegen::{lower, CpuTarget, MicroKernel, PaddingStrategy, Program};
+//! symbolic mode and walked over one full task (its sketch says what a task's extents
+//! are), with tensor strides taken from a representative instance. GPU micro-kernels
+//! are described by their tiles ([`Tunable`] for each sketch).
+use anyshape_codegen::loop_ir::{shape_var_name, Cond, Func, LoopKind, Stmt, Value};
+use anyshape_codegen::{
+    lower, CpuTarget, GpuMicroKernel, GpuTarget, MicroKernel, PaddingStrategy, Program, RowKernel,
+    Sketch,
+};
 use anyshape_ir::{Bindings, Expr, Workload};
 
 /// Buffer classes features are aggregated over.
@@ -131,12 +135,16 @@ impl Walk {
     fn value(&mut self, v: &Value) {
         let lanes = v.lanes() as f64;
         match v {
-            Value::Zero { .. } | Value::Reg { .. } | Value::Lane(..) => {}
+            Value::Zero { .. } | Value::Const { .. } | Value::Reg { .. } | Value::Lane(..) => {}
             Value::Load { buf, index, lanes } => self.access(buf, index, *lanes, false),
-            Value::Add(a, b) => {
+            Value::Binary(_, a, b) => {
                 self.arith(lanes);
                 self.value(a);
                 self.value(b);
+            }
+            Value::Horizontal(_, x) => {
+                self.arith(x.lanes() as f64);
+                self.value(x);
             }
             Value::Fma(a, b, c) => {
                 self.arith(2.0 * lanes);
@@ -144,7 +152,7 @@ impl Walk {
                 self.value(b);
                 self.value(c);
             }
-            Value::Relu(x) => {
+            Value::Unary(_, x) => {
                 self.arith(lanes);
                 self.value(x);
             }
@@ -238,7 +246,8 @@ impl Walk {
                     self.env.set(var.clone(), v);
                 }
             }
-            Stmt::Alloc { .. } => {}
+            Stmt::Alloc { .. } | Stmt::Barrier => {}
+            Stmt::GpuIndex { var, .. } => self.env.set(var.clone(), 0),
             Stmt::Reg { init, .. } => self.value(init),
             Stmt::Assign { value, .. } => self.value(value),
             Stmt::Store { buf, index, value } => {
@@ -249,29 +258,39 @@ impl Walk {
     }
 }
 
-/// The feature vector of `mk` on `workload` (see [`feature_names`]); `representative` is
-/// an instance whose tensor strides stand in for all.
-pub fn extract(
-    workload: &Workload,
-    mk: &MicroKernel,
-    strategy: PaddingStrategy,
-    target: &CpuTarget,
-    representative: &Bindings,
-) -> Vec<f64> {
-    let program = Program::symbolic(workload, *mk, strategy);
-    let Ok(func) = lower(&program, target) else {
-        return vec![0.0; feature_names().len()];
-    };
+/// A sketch the search tunes: the input of `f_MK` for its micro-kernels, and what a
+/// generated kernel's launch needs (GPU).
+pub trait Tunable: Sketch {
+    /// The shape-generic feature vector of `self` on `workload` with `strategy`;
+    /// `representative` is an instance whose tensor strides stand in for all.
+    fn features(
+        &self,
+        workload: &Workload,
+        strategy: PaddingStrategy,
+        target: &Self::Target,
+        representative: &Bindings,
+    ) -> Vec<f64>;
+
+    /// The micro-kernel a GPU launch needs, for a generated GPU kernel.
+    fn launch(&self) -> Option<GpuMicroKernel> {
+        None
+    }
+}
+
+/// The features of a lowered function walked over one full task: the lets named in
+/// `task` fixed to the task's extents, tensor strides from `representative` (see
+/// [`feature_names`]).
+pub fn extract(func: &Func, task: &[(&'static str, i64)], representative: &Bindings) -> Vec<f64> {
     let mut walk = Walk {
         trip: 1.0,
-        fixed: vec!["e_b", "e_m", "e_n", "e_k"],
+        fixed: task.iter().map(|t| t.0).collect(),
         ..Default::default()
     };
     for (name, value) in representative.iter() {
         walk.env.set(shape_var_name(name), value);
     }
-    for (name, value) in [("e_b", 1), ("e_m", mk.mc), ("e_n", mk.nc), ("e_k", mk.kc)] {
-        walk.env.set(name, value as i64);
+    for &(name, value) in task {
+        walk.env.set(name, value);
     }
     walk.stmts(&func.body);
     let l = |x: f64| x.max(0.0).ln_1p();
@@ -304,6 +323,95 @@ pub fn extract(
     f
 }
 
+/// The features of a CPU sketch's symbolic program over one task.
+fn cpu_features<K: Sketch<Target = CpuTarget>>(
+    mk: &K,
+    workload: &Workload,
+    strategy: PaddingStrategy,
+    target: &CpuTarget,
+    representative: &Bindings,
+    task: &[(&'static str, i64)],
+) -> Vec<f64> {
+    let program = Program::symbolic(workload, *mk, strategy);
+    match lower(&program, target) {
+        Ok(func) => extract(&func, task, representative),
+        Err(_) => vec![0.0; feature_names().len()],
+    }
+}
+
+impl Tunable for MicroKernel {
+    /// One cache tile of every axis, batch 1.
+    fn features(
+        &self,
+        workload: &Workload,
+        strategy: PaddingStrategy,
+        target: &CpuTarget,
+        representative: &Bindings,
+    ) -> Vec<f64> {
+        let task = [
+            ("e_b", 1),
+            ("e_m", self.mc as i64),
+            ("e_n", self.nc as i64),
+            ("e_k", self.kc as i64),
+        ];
+        cpu_features(self, workload, strategy, target, representative, &task)
+    }
+}
+
+impl Tunable for RowKernel {
+    /// One task of `rows` rows, each 16 steps long.
+    fn features(
+        &self,
+        workload: &Workload,
+        strategy: PaddingStrategy,
+        target: &CpuTarget,
+        representative: &Bindings,
+    ) -> Vec<f64> {
+        let task = [
+            ("e_m", self.rows as i64),
+            ("e_n", 16 * self.step(target) as i64),
+        ];
+        cpu_features(self, workload, strategy, target, representative, &task)
+    }
+}
+
+impl Tunable for GpuMicroKernel {
+    /// From the tiles alone (the sketch's structure is fixed): tile sizes, threads,
+    /// shared memory, registers, resident blocks and warps, arithmetic per shared load,
+    /// global loads per multiply-add, fetch work per thread.
+    fn features(
+        &self,
+        _workload: &Workload,
+        _strategy: PaddingStrategy,
+        t: &GpuTarget,
+        _representative: &Bindings,
+    ) -> Vec<f64> {
+        let f = |x: u32| f64::from(x);
+        let mk = self;
+        let threads = f(mk.threads());
+        let blocks = f(t.blocks_per_sm(mk));
+        vec![
+            f(mk.bm).ln(),
+            f(mk.bn).ln(),
+            f(mk.bk).ln(),
+            f(mk.tm),
+            f(mk.tn),
+            threads.ln(),
+            f(mk.shared_bytes()) / 1024.0,
+            f(mk.registers_per_thread()),
+            blocks,
+            blocks * threads / f(t.max_threads_per_sm).max(1.0),
+            2.0 * f(mk.tm * mk.tn) / f(mk.tm + mk.tn),
+            (f(mk.bm) + f(mk.bn)) / (f(mk.bm) * f(mk.bn)),
+            f(mk.bk) * (f(mk.bm) + f(mk.bn)) / threads,
+        ]
+    }
+
+    fn launch(&self) -> Option<GpuMicroKernel> {
+        Some(*self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,8 +431,8 @@ mod tests {
             kc: 8,
             uk: 2,
         };
-        let fa = extract(&w, &a, PaddingStrategy::LocalPad, &target, &b);
-        let fs = extract(&w, &small, PaddingStrategy::LocalPad, &target, &b);
+        let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
+        let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);
         assert_eq!(fa.len(), feature_names().len());
         assert!(fa.iter().chain(&fs).all(|x| x.is_finite()));
         assert_ne!(fa, fs);

@@ -4,36 +4,44 @@
 //! the votes and the dispatch tree, and writing the module (kernels + dispatcher +
 //! manifest) that the runtime loads.
 //!
-//! The search is generic over a [`Backend`] (the CPU's C kernels, or the GPU's CUDA
-//! kernels): its space, features, adaptation to instances and measurement. It builds on
-//! codegen (programs), measure (builders, runner) and the runtime's module format.
+//! The search is generic over a [`Backend`]: one implementation ([`SketchBackend`]) serves
+//! every sketch on every device (the CPU's C kernels, the GPU's CUDA kernels): its
+//! space, features, adaptation to instances and measurement; tests use synthetic ones.
+//! It builds on codegen (sketches, programs), measure (builders, runner) and the
+//! module format (`anyshape-abi`, read back by the runtime).
 #![deny(missing_docs)]
 
 mod backend;
 mod cost_model;
 mod error;
 mod features;
-mod gpu;
+mod instances;
+mod journal;
 mod module;
 mod output;
+mod pipeline;
 mod records;
+mod report;
+mod scores;
 mod search;
 mod space;
 mod verify;
 mod votes;
 
-pub use backend::{Backend, CpuBackend, Trial, TrialBatch};
+pub use anyshape_codegen::Factors;
+pub use backend::{Backend, CpuBackend, GpuBackend, SketchBackend, Trial, TrialBatch};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use error::{Result, TuneError};
-pub use features::{extract, feature_names};
-pub use gpu::GpuBackend;
+pub use features::{extract, feature_names, Tunable};
+pub use instances::{instances, Instance, MAX_INSTANCES};
+pub use journal::ResumeSummary;
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs, normalized};
+pub use pipeline::{compile, Compiled, Observer, Packaged, PipelineOptions, Step};
 pub use records::{Record, RecordLog, TrialResult};
-pub use search::{
-    instances, Instance, InstanceBest, ResumeSummary, RoundSummary, ScoreTable, TimeBreakdown,
-    TuneOptions, TuneReport, Tuner, MAX_INSTANCES,
-};
-pub use space::{Factors, SearchSpace};
+pub use report::{InstanceBest, RoundSummary, StopReason, TimeBreakdown, TuneOptions, TuneReport};
+pub use scores::ScoreTable;
+pub use search::Tuner;
+pub use space::SearchSpace;
 pub use verify::{verify, Verification};
 pub use votes::{cover, elect, train_tree, vote, VoteOptions, Votes};

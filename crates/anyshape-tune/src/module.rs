@@ -7,7 +7,7 @@ use anyshape_abi::{
     STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 use anyshape_codegen::{
-    dispatcher_c, CpuTarget, DispatcherSpec, KernelMode, PaddingStrategy, Program,
+    dispatcher_c, CpuTarget, DispatcherSpec, MicroKernel, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Builder, KernelSource};
@@ -83,17 +83,17 @@ impl Specialize {
 }
 
 /// What goes into a module.
-pub struct ModuleSpec<'a> {
+pub struct ModuleSpec<'a, K: Sketch = MicroKernel> {
     /// The workload.
     pub workload: &'a Workload,
     /// The tuned domains.
     pub shape_vars: &'a [ShapeVar],
     /// The target.
-    pub target: &'a CpuTarget,
+    pub target: &'a K::Target,
     /// Padding strategy of every kernel.
     pub strategy: PaddingStrategy,
     /// The votes (micro-kernels and each instance's choice).
-    pub votes: &'a Votes,
+    pub votes: &'a Votes<K>,
     /// The dispatch tree over `votes.micro_kernels`.
     pub tree: &'a DispatchTree,
     /// Fraction of votes the tree reproduces.
@@ -107,7 +107,11 @@ pub struct ModuleSpec<'a> {
 /// Build the module into directory `dir` and return its manifest. `dir` may be absent,
 /// empty or an anyshape module (see `output.rs` for what is refused); the new module is
 /// swapped in whole, so `dir` holds the old module or the new one at every moment.
-pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<Manifest> {
+pub fn write_module<K: Sketch<Target = CpuTarget>>(
+    spec: &ModuleSpec<K>,
+    builder: &Builder,
+    dir: &Path,
+) -> Result<Manifest> {
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source: std::io::Error| TuneError::Io { path, source }
@@ -117,11 +121,11 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
     let vars = spec.workload.shape_vars();
     let mks = &spec.votes.micro_kernels;
     let mut sources = Vec::new();
-    let mut add = |p: &Program| -> Result<String> {
+    let mut add = |p: &Program<K>| -> Result<String> {
         let symbol = p.symbol(spec.target);
         sources.push(KernelSource {
             symbol: symbol.clone(),
-            code: p.c_source(spec.target)?,
+            code: p.source(spec.target)?,
         });
         Ok(symbol)
     };
@@ -137,13 +141,12 @@ pub fn write_module(spec: &ModuleSpec, builder: &Builder, dir: &Path) -> Result<
             .iter()
             .find(|v| &v.bindings == b)
             .map_or_else(|| spec.tree.select(b), |v| v.micro_kernel);
-        let symbol = add(&Program {
-            workload: spec.workload.clone(),
-            micro_kernel: mks[k],
-            strategy: spec.strategy,
-            mode: KernelMode::Specialized,
-            bindings: b.clone(),
-        })?;
+        let symbol = add(&Program::specialized(
+            spec.workload,
+            mks[k],
+            spec.strategy,
+            b,
+        ))?;
         specialized.push(SpecializedKernel {
             bindings: b.clone(),
             micro_kernel: k,

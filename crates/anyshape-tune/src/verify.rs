@@ -1,9 +1,9 @@
 //! Verification of a tuning report: the best micro-kernel of every instance, built and
 //! run on that instance, compared with the reference implementation.
-use crate::{Result, TuneReport};
-use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy, Program};
+use crate::{Result, Tunable, TuneReport};
+use anyshape_codegen::{PaddingStrategy, Program};
 use anyshape_ir::Workload;
-use anyshape_measure::{Candidate, KernelSource, Measurer, Outcome};
+use anyshape_measure::{Candidate, Measurer, Outcome};
 use std::collections::BTreeSet;
 
 /// The outcome of [`verify`].
@@ -19,25 +19,19 @@ pub struct Verification {
 
 /// Check the best micro-kernel of every instance of `report` with at most `max_flops`
 /// useful FLOPs (the reference is a plain f64 loop nest: large instances take long).
-pub fn verify(
+pub fn verify<K: Tunable>(
     workload: &Workload,
-    target: &CpuTarget,
+    target: &K::Target,
     strategy: PaddingStrategy,
-    report: &TuneReport,
+    report: &TuneReport<K>,
     measurer: &Measurer,
     max_flops: f64,
 ) -> Result<Verification> {
-    let program = |mk: MicroKernel| Program::symbolic(workload, mk, strategy);
-    let mks: BTreeSet<MicroKernel> = report.best.iter().map(|b| b.micro_kernel).collect();
-    let mut sources = Vec::new();
-    for &mk in &mks {
-        let p = program(mk);
-        sources.push(KernelSource {
-            symbol: p.symbol(target),
-            code: p.c_source(target)?,
-        });
-    }
-    let lib = measurer.builder.build(target, &sources)?;
+    let program = |mk: K| Program::symbolic(workload, mk, strategy);
+    let mks: BTreeSet<K> = report.best.iter().map(|b| b.micro_kernel).collect();
+    let programs: Vec<Program<K>> = mks.iter().map(|&mk| program(mk)).collect();
+    let lib = measurer.builder.build_programs(target, &programs)?;
+    lib.require_all()?;
     let mut v = Verification::default();
     let mut cands = Vec::new();
     for b in &report.best {
@@ -51,10 +45,10 @@ pub fn verify(
             workload: workload.clone(),
             bindings: b.bindings.clone(),
             check: true,
-            gpu: None,
+            gpu: b.micro_kernel.launch(),
         });
     }
-    let outcomes = measurer.runner.measure(&lib.path, &cands)?;
+    let outcomes = measurer.runner.measure(&lib.kernels(), &cands)?;
     for (c, o) in cands.iter().zip(outcomes) {
         v.checked += 1;
         match o {

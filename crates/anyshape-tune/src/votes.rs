@@ -143,8 +143,8 @@ pub fn vote<K: Copy>(
     tolerance: f64,
 ) -> Result<Votes<K>> {
     if chosen.is_empty() {
-        return Err(TuneError::Options(
-            "no micro-kernel ran successfully on any instance: nothing to dispatch to".into(),
+        return Err(TuneError::Environment(
+            "no micro-kernel ran successfully on any instance: nothing to dispatch to (see the failures in the records)".into(),
         ));
     }
     let mut pick = Vec::with_capacity(instances.len());
@@ -206,7 +206,7 @@ pub fn train_tree(vars: &[String], votes: &[Vote]) -> Result<(DispatchTree, f64)
                     .collect()
             })
             .collect();
-        let fail = |e: smartcore::error::Failed| TuneError::Options(format!("decision tree: {e}"));
+        let fail = |e: smartcore::error::Failed| TuneError::Internal(format!("decision tree: {e}"));
         let x = DenseMatrix::from_2d_vec(&rows).map_err(fail)?;
         let model: DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>> =
             DecisionTreeClassifier::fit(
@@ -231,7 +231,7 @@ fn export(
     model: &DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>>,
     vars: &[String],
 ) -> Result<DispatchTree> {
-    let bad = || TuneError::Options("decision tree: unexpected serialized form".into());
+    let bad = || TuneError::Internal("decision tree: unexpected serialized form".into());
     let json = serde_json::to_value(model).map_err(|_| bad())?;
     let nodes = json["nodes"].as_array().ok_or_else(bad)?;
     let classes: Vec<i64> = json["classes"]

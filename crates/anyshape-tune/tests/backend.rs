@@ -3,12 +3,12 @@
 //! replaced by a synthetic GPU (a known latency per micro-kernel and instance; some
 //! micro-kernels "crash"). The search must find near-optimal kernels for every instance,
 //! go on past failing candidates, and resume without measuring anything twice.
-use anyshape_codegen::{GemmView, GpuMicroKernel, GpuTarget, PaddingStrategy};
+use anyshape_codegen::{GpuMicroKernel, GpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_tune::{
-    elect, instances, train_tree, Adaptation, Backend, Factors, GpuBackend, RecordLog, Result,
-    TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
+    elect, instances, train_tree, Backend, Factors, GpuBackend, RecordLog, Result, TrialBatch,
+    TrialResult, TuneOptions, Tuner, VoteOptions,
 };
 use rand::Rng;
 use std::cell::Cell;
@@ -38,8 +38,7 @@ fn crashes(mk: &GpuMicroKernel) -> bool {
 
 impl Synthetic<'_> {
     fn latency(&self, w: &Workload, mk: &GpuMicroKernel, bound: &BoundWorkload) -> f64 {
-        let g = GemmView::of(w).unwrap();
-        let a = self.gpu.adaptation(&g, mk, bound);
+        let a = self.gpu.adaptation(w, mk, bound);
         let x = a.tasks;
         let waves = (x / a.slots).ceil() * a.slots;
         w.flops(bound) / (PEAK * quality(mk) * (x / waves) * a.pad) + 3e-6
@@ -48,7 +47,6 @@ impl Synthetic<'_> {
 
 impl Backend for Synthetic<'_> {
     type MicroKernel = GpuMicroKernel;
-    type Target = GpuTarget;
     fn target(&self) -> &GpuTarget {
         self.gpu.target()
     }
@@ -80,9 +78,6 @@ impl Backend for Synthetic<'_> {
         r: &Bindings,
     ) -> Vec<f64> {
         self.gpu.features(w, mk, s, r)
-    }
-    fn adaptation(&self, g: &GemmView, mk: &GpuMicroKernel, b: &BoundWorkload) -> Adaptation {
-        self.gpu.adaptation(g, mk, b)
     }
     fn measure(
         &self,

@@ -1,10 +1,7 @@
-//! `anyshape inspect` and `anyshape run --module`: looking into a module and running it.
-use crate::runner;
-use anyhow::{bail, Result};
-use anyshape_abi::ENTRY_SYMBOL;
-use anyshape_codegen::CpuTarget;
+//! `anyshape inspect`: what a module holds and where each instance goes.
+use anyhow::Result;
+use anyshape_codegen::{CpuTarget, Target as _};
 use anyshape_ir::Bindings;
-use anyshape_measure::{Candidate, MeasureOptions, Outcome};
 use anyshape_runtime::Module;
 use std::path::Path;
 
@@ -22,10 +19,8 @@ pub fn inspect(path: &Path) -> Result<()> {
             v.domain.len()
         );
     }
-    let target = serde_json::from_value::<CpuTarget>(m.target.clone()).map_or_else(
-        |_| m.target_name().to_string(),
-        |t| format!("{} ({} cores, {:?})", t.name, t.cores, t.simd),
-    );
+    let target = serde_json::from_value::<CpuTarget>(m.target.clone())
+        .map_or_else(|_| m.target_name().to_string(), |t| t.describe());
     println!(
         "built by     anyshape {} (format {}) for {target}, strategy {}",
         m.anyshape, m.format, m.strategy
@@ -88,53 +83,4 @@ pub fn inspect(path: &Path) -> Result<()> {
         i = j + 1;
     }
     Ok(())
-}
-
-/// `anyshape run --module`: run the module's entry point on one instance in the worker.
-pub fn run_module(
-    path: &Path,
-    bindings: &Bindings,
-    check: bool,
-    options: MeasureOptions,
-) -> Result<()> {
-    let module = Module::load(path)?;
-    let bound = module.bind(bindings)?;
-    let d = module.dispatch(bindings);
-    let m = module.manifest();
-    let candidate = Candidate {
-        symbol: ENTRY_SYMBOL.into(),
-        workload: module.workload().clone(),
-        bindings: bindings.clone(),
-        check,
-        gpu: None,
-    };
-    let library = module.dir().join(&m.library);
-    let outcome = runner(options)?.measure(&library, &[candidate])?.remove(0);
-    let r = match outcome {
-        Outcome::Measured(r) => r,
-        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the module failed: {why}"),
-    };
-    let flops = module.workload().flops(&bound);
-    let tuned = m.votes.iter().any(|v| &v.bindings == bindings);
-    println!(
-        "module       {}  [{bindings}]{}",
-        path.display(),
-        if tuned {
-            ""
-        } else {
-            "  (outside the tuned instances)"
-        }
-    );
-    println!(
-        "dispatched   #{} {} ({} kernel {})",
-        d.micro_kernel,
-        m.micro_kernels[d.micro_kernel],
-        if d.specialized {
-            "specialized"
-        } else {
-            "symbolic"
-        },
-        d.symbol
-    );
-    crate::print_measurement(&r, flops)
 }

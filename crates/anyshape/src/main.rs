@@ -1,17 +1,16 @@
 //! The `anyshape` command-line tool.
 mod bench;
-mod compare;
 mod gpu;
 mod inspect;
-mod peak;
+mod progress;
+mod run;
 mod tune;
 
 use anyhow::{bail, Context, Result};
-use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_bench::Harness;
+use anyshape_codegen::CpuTarget;
 use anyshape_ir::{Bindings, Workload};
-use anyshape_measure::{
-    Builder, Candidate, KernelSource, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand,
-};
+use anyshape_measure::{Builder, MeasureOptions, Runner, WorkerCommand};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -26,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one program on random data: latency, GFLOP/s and (with --check) correctness.
-    Run(RunArgs),
+    Run(run::RunArgs),
     /// Tune a workload once for every instance of its shape vars' domains.
     Tune(tune::TuneArgs),
     /// Print what a module holds: micro-kernels, dispatch tree, where each instance goes.
@@ -45,7 +44,7 @@ enum Command {
     /// Measure this machine's peak FP32 throughput with an FMA microbenchmark.
     Peak {
         /// Seconds to run each measurement.
-        #[arg(long, default_value_t = 0.5)]
+        #[arg(long, default_value_t = 0.5, value_parser = positive)]
         seconds: f64,
         #[command(flatten)]
         common: Common,
@@ -64,44 +63,6 @@ struct Common {
     /// Where compiled kernels are cached [default: $ANYSHAPE_CACHE or ~/.cache/anyshape].
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct RunArgs {
-    /// The workload, e.g. `dense(M=16*T,N=2304,K=768)`; built in: dense(M,N,K),
-    /// batch_matmul_nt(B,M,N,K), batch_matmul_nn(B,M,N,K); append `+relu` for an epilogue.
-    #[arg(long, short, required_unless_present = "module")]
-    workload: Option<String>,
-    /// Run a module (from `anyshape tune --out`) instead: its dispatcher picks the kernel.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["workload", "strategy", "mode", "micro_kernel", "print_c"])]
-    module: Option<PathBuf>,
-    /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
-    #[arg(long = "set", value_name = "VAR=VALUE")]
-    set: Vec<String>,
-    /// How tiles that overhang the tensors are handled.
-    #[arg(long, default_value = "local-pad", value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "global-pad", "loop-partition", "local-pad"]))]
-    strategy: String,
-    /// Bake the shape into the kernel (specialized) or read it at run time (symbolic).
-    #[arg(long, default_value = "specialized", value_parser = clap::builder::PossibleValuesParser::new(["specialized", "symbolic"]))]
-    mode: String,
-    /// Micro-kernel parameters, `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` or JSON;
-    /// a default for the target when absent.
-    #[arg(long, value_name = "PARAMS")]
-    micro_kernel: Option<String>,
-    /// Compare the output with the reference implementation.
-    #[arg(long)]
-    check: bool,
-    /// Print the generated C and stop.
-    #[arg(long)]
-    print_c: bool,
-    /// Keep timing for at least this many seconds.
-    #[arg(long, default_value_t = 0.5, value_parser = seconds, allow_negative_numbers = true)]
-    seconds: f64,
-    /// Kill the program if it runs longer than this many seconds.
-    #[arg(long, default_value_t = 60.0, value_parser = time_limit, allow_negative_numbers = true)]
-    timeout: f64,
-    #[command(flatten)]
-    common: Common,
 }
 
 impl Common {
@@ -134,7 +95,7 @@ pub(crate) fn seconds(text: &str) -> Result<f64, String> {
 }
 
 /// A time limit: seconds above 0, at most a week.
-fn time_limit(text: &str) -> Result<f64, String> {
+pub(crate) fn time_limit(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(x) if x > 0.0 && x <= anyshape_measure::MAX_TIMEOUT_SECONDS => Ok(x),
         _ => Err(format!(
@@ -182,111 +143,60 @@ pub(crate) fn bindings(sets: &[String], workload: Option<&Workload>) -> Result<B
     Ok(b)
 }
 
-fn runner(options: MeasureOptions) -> Result<Runner> {
+impl Common {
+    /// The CPU harness: target, builder, and this executable as the measuring worker.
+    fn harness(&self) -> Result<Harness> {
+        Ok(Harness {
+            target: self.target()?,
+            builder: self.builder(),
+            worker: worker()?,
+        })
+    }
+}
+
+/// This executable as the measuring worker.
+fn worker() -> Result<WorkerCommand> {
     let program =
         std::env::current_exe().context("locating the anyshape executable for the worker")?;
+    Ok(WorkerCommand {
+        program,
+        args: vec!["__worker".into()],
+    })
+}
+
+/// A runner of this executable's worker.
+fn runner(options: MeasureOptions) -> Result<Runner> {
     Ok(Runner {
-        worker: WorkerCommand {
-            program,
-            args: vec!["__worker".into()],
-        },
+        worker: worker()?,
         options,
     })
 }
 
-fn run(args: RunArgs) -> Result<()> {
-    let options = MeasureOptions {
-        min_seconds: args.seconds,
-        timeout_seconds: args.timeout,
-        ..Default::default()
-    };
-    if let Some(module) = &args.module {
-        let bindings = bindings(&args.set, None)?;
-        return inspect::run_module(module, &bindings, args.check, options);
-    }
-    let workload = Workload::parse(args.workload.as_deref().unwrap_or_default())?;
-    let bindings = bindings(&args.set, Some(&workload))?;
-    let bound = workload.bind(&bindings)?;
-    let target = args.common.target()?;
-    let micro_kernel = match &args.micro_kernel {
-        Some(text) => MicroKernel::parse(text)?,
-        None => MicroKernel::default_for(&target),
-    };
-    micro_kernel.validate(&target)?;
-    let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
-    let mode: KernelMode = args.mode.parse().map_err(anyhow::Error::msg)?;
-    let program = Program {
-        workload: workload.clone(),
-        micro_kernel,
-        strategy,
-        mode,
-        bindings: bindings.clone(),
-    };
-    let code = program.c_source(&target)?;
-    if args.print_c {
-        print!("{}\n{code}", anyshape_codegen::c::header(&target));
-        return Ok(());
-    }
-    let symbol = program.symbol(&target);
-    let lib = args.common.builder().build(
-        &target,
-        &[KernelSource {
-            symbol: symbol.clone(),
-            code,
-        }],
-    )?;
-    if let Some(err) = lib.failed.get(&symbol) {
-        bail!("the generated kernel did not compile (a code generation bug):\n{err}");
-    }
-    let candidate = Candidate {
-        symbol,
-        workload: workload.clone(),
-        bindings: bindings.clone(),
-        check: args.check,
-        gpu: None,
-    };
-    let outcome = runner(options)?.measure(&lib.path, &[candidate])?.remove(0);
-    let m = match outcome {
-        Outcome::Measured(m) => m,
-        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the program failed: {why}"),
-    };
-    let flops = workload.flops(&bound);
-    println!("workload     {workload}  [{bindings}]");
+/// `anyshape peak`: the FMA peak on one thread and on every core.
+fn peak(common: &Common, seconds: f64) -> Result<()> {
+    let target = common.target()?;
+    let lanes = target.lanes_f32();
     println!(
-        "program      {micro_kernel}  strategy={strategy}  mode={mode}  target={} ({} cores, {:?})",
-        target.name, target.cores, target.simd
+        "FMA peak of {} ({} cores, {:?}): {} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s:",
+        target.name,
+        target.cores,
+        target.simd,
+        anyshape_bench::peak::CHAINS
     );
-    print_measurement(&m, flops)
-}
-
-/// Print a measurement's latency, throughput and check; fail on a mismatch.
-fn print_measurement(m: &Measurement, flops: f64) -> Result<()> {
-    println!(
-        "latency      min {:.3} ms   median {:.3} ms   ({} runs)",
-        m.min_seconds * 1e3,
-        m.median_seconds * 1e3,
-        m.repeats
-    );
-    println!(
-        "throughput   {:.1} GFLOP/s (at min latency)   {:.1} GFLOP/s (at median)",
-        flops / m.min_seconds / 1e9,
-        flops / m.median_seconds / 1e9
-    );
-    if let Some(check) = &m.check {
-        if check.passed {
-            println!(
-                "check        ok: matches the reference (max abs error {:.2e})",
-                check.max_abs_error
-            );
-        } else {
-            println!("check        MISMATCH: {} elements differ (first at flat index {:?}, max abs error {:.2e})", check.mismatches, check.first_mismatch, check.max_abs_error);
-            bail!("the result does not match the reference");
-        }
+    for (t, best) in anyshape_bench::peak::measure(&target, &common.builder(), seconds)? {
+        println!("  {t} thread(s): {best:.1} GFLOP/s");
     }
     Ok(())
 }
 
 fn main() -> Result<()> {
+    // Output piped into `head` ends quietly, as command-line tools do, instead of
+    // panicking on the broken pipe.
+    // SAFETY: at the start of main, before any thread; SIG_DFL is a valid disposition.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Libraries report what they repair or skip as warnings (a damaged cache entry
     // rebuilt, say); they go to standard error.
     tracing_subscriber::fmt()
@@ -297,7 +207,7 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run::run(args),
         Command::Tune(args) => tune::tune(args),
         Command::Inspect { module } => inspect::inspect(&module),
         Command::Bench(args) => bench::bench(args),
@@ -306,11 +216,9 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&CpuTarget::detect())?);
             Ok(())
         }
-        Command::Peak { seconds, common } => {
-            peak::report(&common.target()?, &common.builder(), seconds)
-        }
+        Command::Peak { seconds, common } => peak(&common, seconds),
         Command::Worker => std::process::exit(anyshape_measure::worker::serve_with(
-            anyshape_bench::BUILTINS,
+            anyshape_bench::WORKER_BUILTINS,
         )),
     }
 }

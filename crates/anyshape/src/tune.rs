@@ -1,16 +1,20 @@
-//! `anyshape tune`: joint tuning of a workload for every instance of its domain.
+//! `anyshape tune`: joint tuning of a workload for every instance of its domain, on the
+//! CPU (the sketch of the workload's class) or a CUDA GPU, through the compile pipeline.
+use crate::progress::Reporter;
 use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
+use anyshape_codegen::{cpu_sketch, DeviceKind, GpuMicroKernel, GpuTarget, Sketch, Target as _};
 use anyshape_ir::{ShapeVar, Workload};
-use anyshape_measure::Measurer;
+use anyshape_measure::{GpuDevice, Measurer};
 use anyshape_tune::{
-    check_outputs, elect, instances, train_tree, verify, write_module, Backend, CpuBackend,
-    ModuleSpec, RecordLog, ResumeSummary, RoundSummary, Specialize, TuneOptions, TuneReport, Tuner,
+    check_outputs, compile, instances, Compiled, Instance, Packaged, PipelineOptions, RecordLog,
+    ResumeSummary, SketchBackend, Specialize, StopReason, TuneOptions, TuneReport, Tuner,
     VoteOptions, MAX_INSTANCES,
 };
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// Options of `anyshape tune`.
@@ -18,63 +22,80 @@ use std::time::Instant;
 pub struct TuneArgs {
     /// The workload, e.g. `dense(M=16*T,N=2304,K=768)`.
     #[arg(long, short)]
-    workload: String,
+    pub(crate) workload: String,
     /// Domain of a shape var: `T=1..128` (inclusive) or `T=1,8,16`; one per shape var.
     #[arg(long = "range", value_name = "VAR=DOMAIN", required = true)]
-    ranges: Vec<String>,
+    pub(crate) ranges: Vec<String>,
     /// Shape weights (how often each value occurs), JSON: `{"T": {"1": 4, "64": 10}}`;
     /// values not listed weigh 1. Uniform when absent.
     #[arg(long, value_name = "FILE")]
-    weights: Option<PathBuf>,
+    pub(crate) weights: Option<PathBuf>,
     /// Trial budget (programs measured on an instance), counting resumed trials.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
-    trials: u64,
-    /// Records file (JSONL), appended to after every trial.
+    pub(crate) trials: u64,
+    /// Records file (JSONL), appended to after every trial; needed by `tune`
+    /// (`anyshape gpu`: OUT_DIR/records.jsonl when absent).
     #[arg(long, value_name = "FILE")]
-    records: PathBuf,
+    pub(crate) records: Option<PathBuf>,
     /// Continue the run in the records file: nothing measured is measured again.
     #[arg(long)]
-    resume: bool,
+    pub(crate) resume: bool,
     /// Micro-kernels built and measured per round.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    batch: u64,
+    pub(crate) batch: u64,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
+    /// The device to tune for: `cpu` (this machine, or --target) or `cuda` (the first
+    /// NVIDIA GPU; no module yet, see `anyshape gpu`).
+    #[arg(long, default_value = "cpu", value_parser = device)]
+    pub device: DeviceKind,
+    /// How tiles that overhang the tensors are handled.
+    #[arg(long, default_value = "local-pad", value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "loop-partition", "local-pad"]))]
+    pub strategy: String,
     /// Write the report (best micro-kernel per instance, history, timings) as JSON.
     #[arg(long, value_name = "FILE")]
-    report: Option<PathBuf>,
+    pub(crate) report: Option<PathBuf>,
     /// After tuning, check the best kernel of every instance against the reference
     /// (instances up to --verify-flops; the reference is a plain loop nest).
     #[arg(long)]
-    verify: bool,
+    pub(crate) verify: bool,
     /// FLOP cap for --verify.
     #[arg(long, default_value_t = 2e9, value_parser = crate::positive)]
-    verify_flops: f64,
+    pub(crate) verify_flops: f64,
     /// Write the module (kernels for every shape + dispatcher + manifest) to this directory.
     #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Instances that get kernels specialized for them in the module: `none` (one
     /// symbolic kernel per micro-kernel: smallest), `all` (fastest, largest), or a count
     /// (the heaviest instances, evenly spread where weights tie).
     #[arg(long, default_value = "none", value_name = "none|all|N")]
-    specialize: Specialize,
+    pub(crate) specialize: Specialize,
     /// A micro-kernel within this fraction of an instance's best may take its vote
     /// (fewer micro-kernels, smaller module); in [0, 1).
     #[arg(long, default_value_t = 0.02, value_parser = crate::fraction)]
-    tolerance: f64,
+    pub(crate) tolerance: f64,
     /// At most this many micro-kernels in the module.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
-    max_kernels: u64,
+    pub(crate) max_kernels: u64,
     /// Vote on the cost model's predictions instead of measuring the candidate
     /// micro-kernels on every instance (faster, less exact).
     #[arg(long)]
-    predicted_votes: bool,
+    pub(crate) predicted_votes: bool,
     /// No progress bar.
     #[arg(long)]
-    quiet: bool,
+    pub(crate) quiet: bool,
     #[command(flatten)]
-    common: Common,
+    pub(crate) common: Common,
+}
+
+/// A device name.
+fn device(text: &str) -> Result<DeviceKind, String> {
+    match text {
+        "cpu" => Ok(DeviceKind::Cpu),
+        "cuda" | "gpu" => Ok(DeviceKind::Cuda),
+        _ => Err(format!("`{text}` is not a device: cpu or cuda")),
+    }
 }
 
 /// The shape vars of `--range` options, weighted by the `--weights` file.
@@ -177,192 +198,204 @@ pub fn report_resumed(r: &ResumeSummary) {
     eprintln!("resuming: {}", parts.join("; "));
 }
 
-/// Run the tuner with a progress bar of trials (or, with `quiet`, only a line per round).
-pub fn run_with_progress<B: Backend>(
-    tuner: &mut Tuner<B>,
-    trials: usize,
-    quiet: bool,
-) -> Result<TuneReport<B::MicroKernel>> {
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(trials as u64)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} trials  {elapsed_precise}  eta {eta}")
-            .expect("valid template"),
-    );
-    let report = tuner.run(
-        &mut |s| {
-            if quiet {
-                eprintln!("{}", round_line(s));
-            } else {
-                bar.println(round_line(s));
+/// Set on Ctrl-C: the search stops after the current round, with its records written.
+/// A second Ctrl-C ends the process at once (the records survive that too).
+pub fn interrupt_flag() -> Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        let set = flag.clone();
+        let installed = ctrlc::set_handler(move || {
+            if set.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
             }
-        },
-        &mut |n| bar.set_position(n as u64),
-    )?;
-    bar.finish_and_clear();
-    Ok(report)
-}
-
-/// One line per tuning round.
-fn round_line(s: &RoundSummary) -> String {
-    format!(
-        "round {:>3}  trials {:>4}/{}  failed {:>2}  weighted latency: predicted {:>9.3} ms, measured {:>9.3} ms ({} instances)  best {:>6.1} GFLOP/s",
-        s.round, s.trials, s.budget, s.failed, s.predicted_weighted_latency * 1e3, s.measured_weighted_latency * 1e3, s.measured_instances, s.best_gflops
-    )
+            eprintln!("\ninterrupted: finishing the current round (Ctrl-C again to stop at once; the records keep every trial either way)");
+        });
+        if let Err(e) = installed {
+            tracing::warn!("Ctrl-C stops the process at once (no handler: {e})");
+        }
+        flag
+    })
+    .clone()
 }
 
 /// Run `anyshape tune`.
 pub fn tune(args: TuneArgs) -> Result<()> {
-    let workload = Workload::parse(&args.workload)?;
-    let vars = shape_vars(&args.ranges, args.weights.as_deref())?;
-    let domain = instances(&workload, &vars)?;
-    let target = args.common.target()?;
-    // Everything that could only fail at the end is checked before any work.
-    check_outputs(&args.records, args.report.as_deref(), args.out.as_deref())?;
+    let job = Job::new(&args, None)?;
+    match args.device {
+        DeviceKind::Cpu => {
+            let target = args.common.target()?;
+            let class = job.workload.class;
+            cpu_sketch!(class, tune_done(job, &target))
+        }
+        DeviceKind::Cuda => {
+            if args.out.is_some() {
+                bail!("--out: modules of GPU kernels are not built yet (the runtime loads CPU modules); tune without --out, or compare with cuBLAS through `anyshape gpu`");
+            }
+            GpuMicroKernel::applies(&job.workload)?;
+            tune_done::<GpuMicroKernel>(job, &gpu_target()?)
+        }
+    }
+}
 
-    let options = TuneOptions {
-        trials: args.trials as usize,
-        batch: args.batch as usize,
-        seed: args.seed,
-        ..TuneOptions::default()
-    };
-    let strategy = options.strategy;
+/// [`tune_on`] when nothing follows it.
+fn tune_done<K: Packaged>(job: Job, target: &K::Target) -> Result<()> {
+    tune_on::<K>(job, target).map(drop)
+}
+
+/// The first GPU's target (the workers use the GPU from then on).
+pub fn gpu_target() -> Result<GpuTarget> {
+    // GPU 0, as the workers use it; CUDA_VISIBLE_DEVICES picks another.
+    let dev = GpuDevice::open(0).context(
+        "tuning for CUDA needs an NVIDIA GPU with a CUDA 12 driver (tuning on the CPU is `--device cpu`)",
+    )?;
+    Ok(dev.target.clone())
+}
+
+/// What a tuning run needs besides the sketch and its target.
+pub struct Job<'a> {
+    /// The command line.
+    pub args: &'a TuneArgs,
+    /// The workload.
+    pub workload: Workload,
+    /// Its shape vars with their domains.
+    pub vars: Vec<ShapeVar>,
+    /// Every instance.
+    pub domain: Vec<Instance>,
+    /// The records file.
+    pub records: PathBuf,
+    /// Search options.
+    pub options: TuneOptions,
+}
+
+impl Job<'_> {
+    /// The run `args` ask for, every option checked before any work; the records go to
+    /// `--records`, else to `default_records`.
+    pub fn new<'a>(args: &'a TuneArgs, default_records: Option<&Path>) -> Result<Job<'a>> {
+        let workload = Workload::parse(&args.workload)?;
+        let vars = shape_vars(&args.ranges, args.weights.as_deref())?;
+        let domain = instances(&workload, &vars)?;
+        let records = args
+            .records
+            .as_deref()
+            .or(default_records)
+            .context("--records FILE is needed: every trial is appended to it, and a killed or interrupted run resumes from it (--resume)")?
+            .to_path_buf();
+        // Everything that could only fail at the end is checked before any work.
+        check_outputs(&records, args.report.as_deref(), args.out.as_deref())?;
+        let options = TuneOptions {
+            trials: args.trials as usize,
+            batch: args.batch as usize,
+            seed: args.seed,
+            strategy: args.strategy.parse().map_err(anyhow::Error::msg)?,
+            interrupt: Some(interrupt_flag()),
+            ..TuneOptions::default()
+        };
+        Ok(Job {
+            args,
+            workload,
+            vars,
+            domain,
+            records,
+            options,
+        })
+    }
+}
+
+/// Tune with the sketch `K` on `target`: the pipeline, then the report on standard
+/// output; returns what the pipeline produced, the instances and the tuning seconds.
+pub fn tune_on<K: Packaged>(
+    job: Job,
+    target: &K::Target,
+) -> Result<(Compiled<K>, Vec<Instance>, f64)> {
+    let args = job.args;
     let measurer = Measurer {
         builder: args.common.builder(),
-        runner: runner(options.measure.clone())?,
+        runner: runner(job.options.measure.clone())?,
     };
-    let (log, previous) = RecordLog::open(&args.records, args.resume)?;
+    let records = job.records;
+    let (log, previous) = RecordLog::open(&records, args.resume)?;
     report_log(&log);
-    let n_instances = domain.len();
-    let mut tuner = Tuner::new(
-        &workload, &target, domain, options, &measurer, log, previous,
+    let n = job.domain.len();
+    let backend = SketchBackend::<K>::new(target, &measurer);
+    let mut tuner = Tuner::with_backend(
+        backend,
+        &job.workload,
+        job.domain,
+        job.options,
+        log,
+        previous,
     )?;
     eprintln!(
-        "tuning {workload} for {n_instances} instances on {} ({} cores, {:?}); records: {}",
-        target.name,
-        target.cores,
-        target.simd,
-        args.records.display()
+        "tuning {} for {n} instances with the {} sketch on {}; records: {}",
+        job.workload,
+        K::NAME,
+        target.describe(),
+        records.display()
     );
     report_resumed(&tuner.resumed());
     let start = Instant::now();
-    let report = run_with_progress(&mut tuner, args.trials as usize, args.quiet)?;
-    print_report(&report, start.elapsed().as_secs_f64());
-    if let Some(out) = &args.out {
-        build_module(
-            &args, out, &mut tuner, &report, &workload, &vars, &target, strategy, &measurer,
-        )?;
+    let options = PipelineOptions {
+        votes: VoteOptions {
+            tolerance: args.tolerance,
+            max_kernels: args.max_kernels as usize,
+            measure: !args.predicted_votes,
+        },
+        out: args.out.clone(),
+        specialize: args.specialize,
+        verify_flops: args.verify.then_some(args.verify_flops),
+        dispatch: args.device == DeviceKind::Cuda,
+    };
+    let mut reporter = Reporter::new(args.quiet);
+    let compiled = compile(&mut tuner, &job.vars, &measurer, &options, &mut reporter)?;
+    drop(reporter);
+    let wall = start.elapsed().as_secs_f64();
+    print_report(&compiled.report, wall);
+    if let Some((votes, tree, accuracy)) = &compiled.dispatch {
+        let measured = votes.votes.iter().filter(|v| v.measured).count();
+        println!(
+            "votes: {} micro-kernels for {n} instances ({measured} votes measured, tolerance {:.0}%) in {:.1} s; dispatch tree: depth {}, {} leaves, training accuracy {:.1}%",
+            votes.micro_kernels.len(),
+            args.tolerance * 100.0,
+            compiled.vote_seconds,
+            tree.depth(),
+            tree.leaves(),
+            accuracy * 100.0
+        );
     }
-    if args.verify {
-        let v = verify(
-            &workload,
-            &target,
-            strategy,
-            &report,
-            &measurer,
-            args.verify_flops,
-        )?;
+    if let (Some((manifest, seconds)), Some(out)) = (&compiled.module, &args.out) {
+        let bytes: u64 = manifest.files.values().map(|f| f.bytes).sum();
+        println!(
+            "module written to {} ({} specialized kernels, {:.1} KiB, built in {seconds:.1} s); inspect it with `anyshape inspect {}`",
+            out.display(),
+            manifest.specialized.len(),
+            bytes as f64 / 1024.0,
+            out.display()
+        );
+    }
+    if let Some(v) = &compiled.verification {
         println!("verify: the best kernels of {} instances match the reference; {} failed; {} skipped (over {:.1e} FLOPs)", v.checked - v.failures.len(), v.failures.len(), v.skipped, args.verify_flops);
         if !v.failures.is_empty() {
             bail!("verification failed:\n{}", v.failures.join("\n"));
         }
     }
     if let Some(path) = &args.report {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+        std::fs::write(path, serde_json::to_string_pretty(&compiled.report)?)
             .with_context(|| format!("writing {}", path.display()))?;
         println!("report written to {}", path.display());
     }
-    Ok(())
+    if compiled.report.stop == StopReason::Interrupted {
+        bail!(
+            "interrupted after {} trials; `--resume` goes on from {}",
+            compiled.report.trials,
+            records.display()
+        );
+    }
+    let (tuning_seconds, _) = tuner.tuning_seconds();
+    Ok((compiled, tuner.instances().to_vec(), tuning_seconds))
 }
 
-/// Vote, train the dispatch tree and write the module.
-#[allow(clippy::too_many_arguments)]
-fn build_module(
-    args: &TuneArgs,
-    out: &std::path::Path,
-    tuner: &mut Tuner<CpuBackend>,
-    report: &TuneReport,
-    workload: &Workload,
-    vars: &[ShapeVar],
-    target: &anyshape_codegen::CpuTarget,
-    strategy: anyshape_codegen::PaddingStrategy,
-    measurer: &Measurer,
-) -> Result<()> {
-    let options = VoteOptions {
-        tolerance: args.tolerance,
-        max_kernels: args.max_kernels as usize,
-        measure: !args.predicted_votes,
-    };
-    let start = Instant::now();
-    let n = tuner.instances().len();
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new_spinner()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} voting: measuring candidates on every instance, {pos} records  {elapsed_precise}")
-            .expect("valid template"),
-    );
-    let votes = elect(tuner, &options, &mut |r| bar.set_position(r as u64))?;
-    bar.finish_and_clear();
-    let measured = votes.votes.iter().filter(|v| v.measured).count();
-    let vote_secs = start.elapsed().as_secs_f64();
-    let (tree, accuracy) = train_tree(&workload.shape_vars(), &votes.votes)?;
-    let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
-    let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
-    let specialize = args.specialize.pick(&bindings, &weights);
-    eprintln!(
-        "building the module: {} symbolic + {} specialized kernels ...",
-        votes.micro_kernels.len(),
-        specialize.len()
-    );
-    let (tuning_seconds, untimed_trials) = tuner.tuning_seconds();
-    let t0 = Instant::now();
-    let manifest = write_module(
-        &ModuleSpec {
-            workload,
-            shape_vars: vars,
-            target,
-            strategy,
-            votes: &votes,
-            tree: &tree,
-            tree_accuracy: accuracy,
-            specialize: &specialize,
-            tuning: Some(anyshape_abi::TuningInfo {
-                seconds: tuning_seconds,
-                trials: tuner.trials(),
-                resumed_trials: report.resumed_trials,
-                untimed_trials,
-            }),
-        },
-        &measurer.builder,
-        out,
-    )?;
-    let bytes: u64 = manifest.files.values().map(|f| f.bytes).sum();
-    println!(
-        "votes: {} micro-kernels for {n} instances ({measured} votes measured, tolerance {:.0}%) in {vote_secs:.1} s; dispatch tree: depth {}, {} leaves, training accuracy {:.1}%",
-        votes.micro_kernels.len(),
-        args.tolerance * 100.0,
-        tree.depth(),
-        tree.leaves(),
-        accuracy * 100.0
-    );
-    println!(
-        "module written to {} ({} specialized kernels, {:.1} KiB, built in {:.1} s); inspect it with `anyshape inspect {}`",
-        out.display(),
-        manifest.specialized.len(),
-        bytes as f64 / 1024.0,
-        t0.elapsed().as_secs_f64(),
-        out.display()
-    );
-    Ok(())
-}
-
-fn print_report(r: &TuneReport, wall: f64) {
+fn print_report<K: std::fmt::Display + PartialEq>(r: &TuneReport<K>, wall: f64) {
     println!("best micro-kernel per instance (m = measured, p = predicted by the cost model):");
     let mut i = 0;
     while i < r.best.len() {
@@ -402,6 +435,7 @@ fn print_report(r: &TuneReport, wall: f64) {
         "cost model: k = {:.2}, trained on {} trials; Spearman on the last 20% held out: {rho}",
         r.k, r.model_samples
     );
+    println!("stopped: {}", r.stop);
     let weighted: f64 = r.best.iter().map(|b| b.weight * b.latency_seconds).sum();
     println!(
         "weighted latency over all instances: {:.3} ms",

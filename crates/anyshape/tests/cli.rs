@@ -593,3 +593,86 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
         "{out}"
     );
 }
+
+/// The other sketch and the fused epilogues, end to end: softmax tuned into a module
+/// that runs correctly in the range, at its ends and past it; a matmul with a bias, GELU
+/// and a residual input run and checked on odd shapes; --compare refuses a softmax
+/// module with the reason.
+#[test]
+fn softmax_modules_and_fused_epilogues_run_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("softmax.module");
+    let m = module.to_str().unwrap();
+    let records = dir.path().join("softmax.jsonl");
+    let o = anyshape(
+        &[
+            "tune",
+            "-w",
+            "softmax(M=4*T,N=T)",
+            "--range",
+            "T=1..16",
+            "--trials",
+            "8",
+            "--batch",
+            "4",
+            "--records",
+            records.to_str().unwrap(),
+            "--out",
+            m,
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success() && out.contains("sketch") && out.contains("module written to"),
+        "{out}"
+    );
+    for t in ["1", "13", "16", "17", "97"] {
+        let set = format!("T={t}");
+        let o = anyshape(
+            &[
+                "run",
+                "--module",
+                m,
+                "--set",
+                &set,
+                "--check",
+                "--seconds",
+                "0",
+            ],
+            dir.path(),
+        );
+        let out = text(&o);
+        assert!(
+            o.status.success() && out.contains("check        ok"),
+            "T={t}: {out}"
+        );
+    }
+    let o = anyshape(
+        &["bench", "--module", m, "--compare", "--quiet"],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("not one") && !out.contains("panicked"),
+        "{out}"
+    );
+    for (w, t) in [
+        ("dense(M=T,N=72,K=40)+bias+gelu+residual", "1"),
+        ("dense(M=T,N=72,K=40)+bias+gelu+residual", "37"),
+        ("batch_matmul_nt(B=3,M=T,N=T,K=16)+scale(0.125)", "29"),
+        ("softmax(M=3*T,N=T)", "129"),
+    ] {
+        let set = format!("T={t}");
+        let o = anyshape(
+            &["run", "-w", w, "--set", &set, "--check", "--seconds", "0"],
+            dir.path(),
+        );
+        let out = text(&o);
+        assert!(
+            o.status.success() && out.contains("check        ok"),
+            "{w} at T={t}: {out}"
+        );
+    }
+}

@@ -86,7 +86,7 @@ impl Run {
         let text = stderr.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if line.contains("building the module") {
+                if line.contains("module: building") {
                     let _ = tx.send(());
                 }
                 let mut t = text.lock().unwrap();

@@ -5,293 +5,733 @@ static __device__ __forceinline__ as_i64 as_cdiv(as_i64 a, as_i64 b) { as_i64 q 
 static __device__ __forceinline__ as_i64 as_fmod(as_i64 a, as_i64 b) { as_i64 r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static __device__ __forceinline__ as_i64 as_min(as_i64 a, as_i64 b) { return a < b ? a : b; }
 static __device__ __forceinline__ as_i64 as_max(as_i64 a, as_i64 b) { return a > b ? a : b; }
-extern "C" __global__ void __launch_bounds__(256) asg_506d64adcedbd240(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = (as_m0 + r < as_M && as_k0 + q < as_K) ? as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac] : 0.0f; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = (as_k0 + r < as_K && as_n0 + q < as_N) ? as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc] : 0.0f; }
+static __device__ __forceinline__ float as_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static __device__ __forceinline__ float as_max_f(float a, float b) { return a > b ? a : b; }
+static __device__ __forceinline__ float as_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static __device__ __forceinline__ float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+extern "C" __global__ void __launch_bounds__(256) asg_506d64adcedbd240(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
+    }
+  }
+  for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+    const as_i64 k0 = (kt * 8);
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 8);
+      const as_i64 q = as_fmod(e, 8);
+      As[((q * 65) + r)] = ((((m0 + r) < e_m) && ((k0 + q) < e_k)) ? in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))] : 0.0f);
+    }
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 64);
+      const as_i64 q = as_fmod(e, 64);
+      Bs[((r * 65) + q)] = ((((k0 + r) < e_k) && ((n0 + q) < e_n)) ? in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))] : 0.0f);
+    }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
+    #pragma unroll
+    for (as_i64 kk = 0; kk < 8; kk++) {
+      #pragma unroll
+      for (as_i64 i = 0; i < 4; i++) {
+        a[i] = As[(((kk * 65) + ty) + (i * 16))];
+      }
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+      }
+      #pragma unroll
+      for (as_i64 i = 0; i < 4; i++) {
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+        }
+      }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      const as_i64 m = ((m0 + ty) + (i * 16));
+      const as_i64 n = ((n0 + tx) + (j * 16));
+      if ((m < e_m) && (n < e_n)) {
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
+  }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_94a56050b51ad93c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = 60; (void)sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = (as_m0 + r < as_M && as_k0 + q < as_K) ? as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac] : 0.0f; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = (as_k0 + r < as_K && as_n0 + q < as_N) ? as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc] : 0.0f; }
+extern "C" __global__ void __launch_bounds__(256) asg_94a56050b51ad93c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = 60; (void)as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
+    }
+  }
+  for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+    const as_i64 k0 = (kt * 8);
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 8);
+      const as_i64 q = as_fmod(e, 8);
+      As[((q * 65) + r)] = ((((m0 + r) < e_m) && ((k0 + q) < e_k)) ? in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))] : 0.0f);
+    }
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 64);
+      const as_i64 q = as_fmod(e, 64);
+      Bs[((r * 65) + q)] = ((((k0 + r) < e_k) && ((n0 + q) < e_n)) ? in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))] : 0.0f);
+    }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
+    #pragma unroll
+    for (as_i64 kk = 0; kk < 8; kk++) {
+      #pragma unroll
+      for (as_i64 i = 0; i < 4; i++) {
+        a[i] = As[(((kk * 65) + ty) + (i * 16))];
+      }
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+      }
+      #pragma unroll
+      for (as_i64 i = 0; i < 4; i++) {
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+        }
+      }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      const as_i64 m = ((m0 + ty) + (i * 16));
+      const as_i64 n = ((n0 + tx) + (j * 16));
+      if ((m < e_m) && (n < e_n)) {
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
+  }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_73e57466e3d59c7b(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; if (as_m0 + r < as_M && as_k0 + q < as_K) as_As[q][r] = as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac]; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; if (as_k0 + r < as_K && as_n0 + q < as_N) as_Bs[r][q] = as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc]; }
+extern "C" __global__ void __launch_bounds__(256) asg_73e57466e3d59c7b(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
+    }
+  }
+  for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+    const as_i64 k0 = (kt * 8);
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 8);
+      const as_i64 q = as_fmod(e, 8);
+      if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+        As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+      }
+    }
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 64);
+      const as_i64 q = as_fmod(e, 64);
+      if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+        Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+      }
+    }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      if (as_k0 + kk >= as_K) break;
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
+    #pragma unroll
+    for (as_i64 kk = 0; kk < 8; kk++) {
+      if ((k0 + kk) < e_k) {
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          a[i] = As[(((kk * 65) + ty) + (i * 16))];
+        }
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+        }
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+          }
+        }
+      }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      const as_i64 m = ((m0 + ty) + (i * 16));
+      const as_i64 n = ((n0 + tx) + (j * 16));
+      if ((m < e_m) && (n < e_n)) {
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
+  }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_3559dbc875c878a1(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = 60; (void)sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; if (as_m0 + r < as_M && as_k0 + q < as_K) as_As[q][r] = as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac]; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; if (as_k0 + r < as_K && as_n0 + q < as_N) as_Bs[r][q] = as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc]; }
+extern "C" __global__ void __launch_bounds__(256) asg_3559dbc875c878a1(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = 60; (void)as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
+    }
+  }
+  for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+    const as_i64 k0 = (kt * 8);
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 8);
+      const as_i64 q = as_fmod(e, 8);
+      if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+        As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+      }
+    }
+    #pragma unroll
+    for (as_i64 it = 0; it < 2; it++) {
+      const as_i64 e = ((it * 256) + tid);
+      const as_i64 r = as_fdiv(e, 64);
+      const as_i64 q = as_fmod(e, 64);
+      if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+        Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+      }
+    }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      if (as_k0 + kk >= as_K) break;
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
+    #pragma unroll
+    for (as_i64 kk = 0; kk < 8; kk++) {
+      if ((k0 + kk) < e_k) {
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          a[i] = As[(((kk * 65) + ty) + (i * 16))];
+        }
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+        }
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+          }
+        }
+      }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      const as_i64 m = ((m0 + ty) + (i * 16));
+      const as_i64 n = ((n0 + tx) + (j * 16));
+      if ((m < e_m) && (n < e_n)) {
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
+  }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  const bool as_full = as_m0 + 64 <= as_M && as_n0 + 64 <= as_N;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-    if (as_full && as_k0 + 8 <= as_K) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac]; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc]; }
-    } else {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = (as_m0 + r < as_M && as_k0 + q < as_K) ? as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac] : 0.0f; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = (as_k0 + r < as_K && as_n0 + q < as_N) ? as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc] : 0.0f; }
+extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
     }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
-    }
-    __syncthreads();
   }
-  if (as_full) {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  if (((m0 + 64) <= e_m) && ((n0 + 64) <= e_n)) {
+    for (as_i64 kt = 0; kt < as_fdiv(e_k, 8); kt++) {
+      const as_i64 k0 = (kt * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          a[i] = As[(((kk * 65) + ty) + (i * 16))];
+        }
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+        }
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if ((as_fdiv(e_k, 8) * 8) < e_k) {
+      const as_i64 kt0 = as_fdiv(e_k, 8);
+      const as_i64 k0 = (kt0 * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+          As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+        }
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+          Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+        }
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        if ((k0 + kk) < e_k) {
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            a[i] = As[(((kk * 65) + ty) + (i * 16))];
+          }
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+          }
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            #pragma unroll
+            for (as_i64 j = 0; j < 4; j++) {
+              acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (as_i64 i = 0; i < 4; i++) {
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        const as_i64 m = ((m0 + ty) + (i * 16));
+        const as_i64 n = ((n0 + tx) + (j * 16));
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
   } else {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+    for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+      const as_i64 k0 = (kt * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+          As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+        }
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+          Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+        }
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        if ((k0 + kk) < e_k) {
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            a[i] = As[(((kk * 65) + ty) + (i * 16))];
+          }
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+          }
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            #pragma unroll
+            for (as_i64 j = 0; j < 4; j++) {
+              acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (as_i64 i = 0; i < 4; i++) {
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        const as_i64 m = ((m0 + ty) + (i * 16));
+        const as_i64 n = ((n0 + tx) + (j * 16));
+        if ((m < e_m) && (n < e_n)) {
+          out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+        }
+      }
+    }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_4f0a6acbd6cb642c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 sv_T) {
-  const as_i64 T = 60; (void)sv_T;
-  const as_i64 as_M = T, as_N = 64, as_K = T;
-  const as_i64 as_ab = (T * T), as_ar = T, as_ac = 1, as_ao = 0;
-  const as_i64 as_bb = (T * 64), as_br = 64, as_bc = 1, as_bo = 0;
-  const as_i64 as_cb = (T * 64), as_cr = 64, as_cc = 1, as_co = 0;
-  __shared__ float as_As[8][65];
-  __shared__ float as_Bs[8][65];
-  const int as_tid = threadIdx.x, as_tx = as_tid % 16, as_ty = as_tid / 16;
-  const as_i64 as_m0 = (as_i64)blockIdx.y * 64, as_n0 = (as_i64)blockIdx.x * 64;
-  const float *as_A = in0 + as_ao + (as_i64)blockIdx.z * as_ab;
-  const float *as_B = in1 + as_bo + (as_i64)blockIdx.z * as_bb;
-  float *as_C = out0 + as_co + (as_i64)blockIdx.z * as_cb;
-  float as_acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) as_acc[i][j] = 0.0f;
-  const bool as_full = as_m0 + 64 <= as_M && as_n0 + 64 <= as_N;
-  for (as_i64 as_k0 = 0; as_k0 < as_K; as_k0 += 8) {
-    if (as_full && as_k0 + 8 <= as_K) {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac]; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc]; }
-    } else {
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 8, q = e % 8; as_As[q][r] = (as_m0 + r < as_M && as_k0 + q < as_K) ? as_A[(as_m0 + r) * as_ar + (as_k0 + q) * as_ac] : 0.0f; }
-#pragma unroll
-    for (int e = as_tid; e < 512; e += 256) { const int r = e / 64, q = e % 64; as_Bs[r][q] = (as_k0 + r < as_K && as_n0 + q < as_N) ? as_B[(as_k0 + r) * as_br + (as_n0 + q) * as_bc] : 0.0f; }
+extern "C" __global__ void __launch_bounds__(256) asg_4f0a6acbd6cb642c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+  const as_i64 sv_T = 60; (void)as_arg_T;
+  const as_i64 e_m = sv_T;
+  const as_i64 e_n = 64;
+  const as_i64 e_k = sv_T;
+  const as_i64 tid = (as_i64)threadIdx.x;
+  const as_i64 tx = as_fmod(tid, 16);
+  const as_i64 ty = as_fdiv(tid, 16);
+  const as_i64 bx = (as_i64)blockIdx.x;
+  const as_i64 by = (as_i64)blockIdx.y;
+  const as_i64 bz = (as_i64)blockIdx.z;
+  const as_i64 m0 = (by * 64);
+  const as_i64 n0 = (bx * 64);
+  const as_i64 base0 = (bz * (sv_T * sv_T));
+  const as_i64 s0_m = sv_T;
+  const as_i64 s0_n = 0;
+  const as_i64 s0_k = 1;
+  const as_i64 base1 = (bz * (sv_T * 64));
+  const as_i64 s1_m = 0;
+  const as_i64 s1_n = 1;
+  const as_i64 s1_k = 64;
+  const as_i64 base2 = (bz * (sv_T * 64));
+  const as_i64 s2_m = 64;
+  const as_i64 s2_n = 1;
+  const as_i64 s2_k = 0;
+  __shared__ float As[520];
+  __shared__ float Bs[520];
+  float acc[16];
+  float a[4];
+  float b[4];
+  #pragma unroll
+  for (as_i64 i = 0; i < 4; i++) {
+    #pragma unroll
+    for (as_i64 j = 0; j < 4; j++) {
+      acc[((i * 4) + j)] = 0.0f;
     }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = as_As[kk][as_ty + i * 16];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = as_Bs[kk][as_tx + j * 16];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) as_acc[i][j] = fmaf(a[i], b[j], as_acc[i][j]);
-    }
-    __syncthreads();
   }
-  if (as_full) {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+  if (((m0 + 64) <= e_m) && ((n0 + 64) <= e_n)) {
+    for (as_i64 kt = 0; kt < as_fdiv(e_k, 8); kt++) {
+      const as_i64 k0 = (kt * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          a[i] = As[(((kk * 65) + ty) + (i * 16))];
+        }
+        #pragma unroll
+        for (as_i64 j = 0; j < 4; j++) {
+          b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+        }
+        #pragma unroll
+        for (as_i64 i = 0; i < 4; i++) {
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if ((as_fdiv(e_k, 8) * 8) < e_k) {
+      const as_i64 kt0 = as_fdiv(e_k, 8);
+      const as_i64 k0 = (kt0 * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+          As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+        }
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+          Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+        }
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        if ((k0 + kk) < e_k) {
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            a[i] = As[(((kk * 65) + ty) + (i * 16))];
+          }
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+          }
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            #pragma unroll
+            for (as_i64 j = 0; j < 4; j++) {
+              acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (as_i64 i = 0; i < 4; i++) {
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        const as_i64 m = ((m0 + ty) + (i * 16));
+        const as_i64 n = ((n0 + tx) + (j * 16));
+        out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+      }
+    }
   } else {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) { const as_i64 m = as_m0 + as_ty + i * 16, n = as_n0 + as_tx + j * 16; if (m < as_M && n < as_N) as_C[m * as_cr + n * as_cc] = fmaxf(as_acc[i][j], 0.0f); }
+    for (as_i64 kt = 0; kt < as_cdiv(e_k, 8); kt++) {
+      const as_i64 k0 = (kt * 8);
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 8);
+        const as_i64 q = as_fmod(e, 8);
+        if (((m0 + r) < e_m) && ((k0 + q) < e_k)) {
+          As[((q * 65) + r)] = in0[((base0 + ((m0 + r) * s0_m)) + ((k0 + q) * s0_k))];
+        }
+      }
+      #pragma unroll
+      for (as_i64 it = 0; it < 2; it++) {
+        const as_i64 e = ((it * 256) + tid);
+        const as_i64 r = as_fdiv(e, 64);
+        const as_i64 q = as_fmod(e, 64);
+        if (((k0 + r) < e_k) && ((n0 + q) < e_n)) {
+          Bs[((r * 65) + q)] = in1[((base1 + ((k0 + r) * s1_k)) + ((n0 + q) * s1_n))];
+        }
+      }
+      __syncthreads();
+      #pragma unroll
+      for (as_i64 kk = 0; kk < 8; kk++) {
+        if ((k0 + kk) < e_k) {
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            a[i] = As[(((kk * 65) + ty) + (i * 16))];
+          }
+          #pragma unroll
+          for (as_i64 j = 0; j < 4; j++) {
+            b[j] = Bs[(((kk * 65) + tx) + (j * 16))];
+          }
+          #pragma unroll
+          for (as_i64 i = 0; i < 4; i++) {
+            #pragma unroll
+            for (as_i64 j = 0; j < 4; j++) {
+              acc[((i * 4) + j)] = fmaf(a[i], b[j], acc[((i * 4) + j)]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (as_i64 i = 0; i < 4; i++) {
+      #pragma unroll
+      for (as_i64 j = 0; j < 4; j++) {
+        const as_i64 m = ((m0 + ty) + (i * 16));
+        const as_i64 n = ((n0 + tx) + (j * 16));
+        if ((m < e_m) && (n < e_n)) {
+          out0[((base2 + (m * s2_m)) + (n * s2_n))] = as_relu(acc[((i * 4) + j)]);
+        }
+      }
+    }
   }
 }

@@ -2,13 +2,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 typedef float as_vf __attribute__((vector_size(32)));
+typedef int32_t as_vi __attribute__((vector_size(32)));
 static inline int64_t as_fdiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t as_cdiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) == (b < 0))) ? q + 1 : q; }
 static inline int64_t as_fmod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t as_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t as_max(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline float as_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static inline float as_max_f(float a, float b) { return a > b ? a : b; }
+static inline float as_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static inline float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+static inline as_vf as_vmax(as_vf a, as_vf b) { as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }
+static inline as_vf as_vrelu(as_vf x) { return as_vmax(x, (as_vf){0}); }
+static inline as_vf as_vexp(as_vf x) { as_vf r; for (int i = 0; i < 8; i++) r[i] = expf(x[i]); return r; }
+static inline float as_hsum(as_vf v) { float s = 0.0f; for (int i = 0; i < 8; i++) s += v[i]; return s; }
+static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */

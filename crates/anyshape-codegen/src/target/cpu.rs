@@ -1,5 +1,6 @@
 //! CPU targets: what the rest of the system may assume about the machine (cores, SIMD
 //! width, vector registers, cache sizes), detected at run time or read from JSON.
+use crate::loop_ir::Func;
 use crate::{CodegenError, Result};
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +118,26 @@ fn detect_simd() -> Simd {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect_simd() -> Simd {
     Simd::None
+}
+
+impl super::Target for CpuTarget {
+    const DEVICE: super::DeviceKind = super::DeviceKind::Cpu;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn describe(&self) -> String {
+        format!("{} ({} cores, {:?})", self.name, self.cores, self.simd)
+    }
+
+    fn prelude(&self) -> String {
+        crate::render::prelude(crate::render::Dialect::C, self.lanes_f32())
+    }
+
+    fn render(&self, f: &Func) -> String {
+        crate::render::render(f, crate::render::Dialect::C, self.lanes_f32(), self.cores)
+    }
 }
 
 /// Size of the data/unified cache of the given level for cpu0, from sysfs.

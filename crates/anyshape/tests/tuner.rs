@@ -1,4 +1,5 @@
-//! Joint tuning end to end on a small workload: the run spends its budget, the best
+//! The tuning library (`anyshape-tune`) end to end on a small workload, measured by the
+//! one worker executable (`anyshape __worker`): the run spends its budget, the best
 //! micro-kernel of every instance is correct there, and a resumed run measures nothing
 //! twice.
 use anyshape_codegen::{CpuTarget, PaddingStrategy};
@@ -9,8 +10,8 @@ use std::collections::BTreeSet;
 
 fn runner() -> Runner {
     let worker = WorkerCommand {
-        program: env!("CARGO_BIN_EXE_anyshape-tune-worker").into(),
-        args: vec![],
+        program: env!("CARGO_BIN_EXE_anyshape").into(),
+        args: vec!["__worker".into()],
     };
     Runner {
         worker,

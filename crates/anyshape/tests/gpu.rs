@@ -3,18 +3,21 @@
 //! 1..=128 and past it, and the cuBLAS baseline likewise. That test is `ignored` in
 //! `cargo test` (the listing shows why); `scripts/gpu.sh` runs it. Without a GPU,
 //! opening the device and GPU jobs are clear errors, never a panic.
-use anyshape_codegen::{GpuMicroKernel, GpuProgram, GpuTarget, PaddingStrategy};
+use anyshape_bench::CUBLAS_SYMBOL;
+use anyshape_codegen::{DeviceKind, GpuMicroKernel, GpuTarget, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
-    Builder, Candidate, GpuDevice, MeasureError, MeasureOptions, Outcome, Runner, WorkerCommand,
-    CUBLAS_LIBRARY, CUBLAS_SYMBOL,
+    Builder, Candidate, GpuDevice, Kernels, MeasureError, MeasureOptions, Outcome, Runner,
+    WorkerCommand,
 };
+
+const CUBLAS: Kernels = Kernels::Builtin(DeviceKind::Cuda);
 
 fn runner() -> Runner {
     Runner {
         worker: WorkerCommand {
-            program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
-            args: vec![],
+            program: env!("CARGO_BIN_EXE_anyshape").into(),
+            args: vec!["__worker".into()],
         },
         options: MeasureOptions {
             min_repeats: 1,
@@ -70,15 +73,15 @@ fn a_missing_gpu_is_an_error_not_a_panic() {
         candidate(&w, CUBLAS_SYMBOL.into(), 3, None),
         candidate(&w, CUBLAS_SYMBOL.into(), 4, None),
     ];
-    for out in runner().measure(CUBLAS_LIBRARY.as_ref(), &cands).unwrap() {
+    for out in runner().measure(&CUBLAS, &cands).unwrap() {
         match out {
             Outcome::Failed(why) => assert!(why.contains("CUDA"), "{why}"),
             other => panic!("measured on no GPU, or interrupted: {other:?}"),
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    let p = GpuProgram::symbolic(&w, small(), PaddingStrategy::LocalPad);
-    match Builder::new(dir.path()).build_gpu(&GpuTarget::h100_sxm(), &[p]) {
+    let p = Program::symbolic(&w, small(), PaddingStrategy::LocalPad);
+    match Builder::new(dir.path()).build_programs(&GpuTarget::h100_sxm(), &[p]) {
         // NVRTC may be installed without a GPU: then the PTX builds.
         Ok(lib) => assert!(lib.failed.is_empty() && lib.path.exists()),
         Err(e) => assert!(matches!(e, MeasureError::NoGpu(_)), "{e}"),
@@ -123,10 +126,10 @@ fn generated_cuda_kernels_and_cublas_are_correct_on_the_gpu() {
                 PaddingStrategy::BoundaryCheck,
                 PaddingStrategy::LoopPartition,
             ] {
-                programs.push(GpuProgram::symbolic(&w, mk, s));
+                programs.push(Program::symbolic(&w, mk, s));
             }
         }
-        let lib = builder.build_gpu(&dev.target, &programs).unwrap();
+        let lib = builder.build_programs(&dev.target, &programs).unwrap();
         assert!(lib.failed.is_empty(), "{:#?}", lib.failed);
         // Instance by instance, so the worker computes each reference once.
         let mut cands = Vec::new();
@@ -142,12 +145,12 @@ fn generated_cuda_kernels_and_cublas_are_correct_on_the_gpu() {
                 labels.push(format!("{text} {} {} T={t}", p.micro_kernel, p.strategy));
             }
         }
-        let outs = runner().measure(&lib.path, &cands).unwrap();
+        let outs = runner().measure(&lib.kernels(), &cands).unwrap();
         let blas: Vec<Candidate> = shapes
             .iter()
             .map(|&t| candidate(&w, CUBLAS_SYMBOL.into(), t, None))
             .collect();
-        let blas_outs = runner().measure(CUBLAS_LIBRARY.as_ref(), &blas).unwrap();
+        let blas_outs = runner().measure(&CUBLAS, &blas).unwrap();
         labels.extend(shapes.iter().map(|t| format!("{text} cuBLAS T={t}")));
         for (label, out) in labels.iter().zip(outs.iter().chain(&blas_outs)) {
             checked += 1;

@@ -1,15 +1,17 @@
-//! `anyshape peak`: the machine's FP32 FMA throughput, the ceiling kernels are compared to.
+//! The machine's FP32 FMA peak, the ceiling kernels are compared to (`anyshape peak`,
+//! and every comparison measures it in the same run).
 //!
 //! The kernel runs `chains` independent vector FMA chains (enough to cover FMA latency
 //! times the number of FMA ports) for `iters` iterations on every core with OpenMP;
 //! GFLOP/s = 2 * lanes * chains * iters * threads / seconds, best of several runs.
-use anyhow::{bail, Context, Result};
+use crate::error::{BenchError, Result};
 use anyshape_abi::KernelFn;
 use anyshape_codegen::CpuTarget;
 use anyshape_measure::{Builder, KernelSource};
 use std::time::Instant;
 
-const CHAINS: usize = 12;
+/// Independent FMA chains per thread (enough to cover FMA latency times the FMA ports).
+pub const CHAINS: usize = 12;
 
 fn source(threads: usize) -> String {
     let decl: String = (0..CHAINS)
@@ -30,16 +32,6 @@ fn source(threads: usize) -> String {
     )
 }
 
-/// Measure and print single-core and all-core peak.
-pub fn report(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<()> {
-    let lanes = target.lanes_f32();
-    println!("FMA peak ({CHAINS} independent {lanes}-lane FMA chains per thread, best of repeated runs of >= {seconds} s):");
-    for (t, best) in measure(target, builder, seconds)? {
-        println!("  {t} thread(s): {best:.1} GFLOP/s");
-    }
-    Ok(())
-}
-
 /// Peak GFLOP/s on one thread and on all cores: `[(threads, GFLOP/s)]`.
 pub fn measure(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<Vec<(usize, f64)>> {
     let threads = [1, target.cores];
@@ -51,17 +43,18 @@ pub fn measure(target: &CpuTarget, builder: &Builder, seconds: f64) -> Result<Ve
         })
         .collect();
     let lib = builder.build(target, &kernels)?;
-    if let Some((sym, err)) = lib.failed.iter().next() {
-        bail!("{sym} did not compile:\n{err}");
-    }
+    lib.require_all()?;
+    let load = |e: anyshape_abi::LoadError| {
+        BenchError::Environment(format!("loading the peak kernel: {e}"))
+    };
     // SAFETY: our own library, built just now from the source above.
-    let library =
-        unsafe { anyshape_abi::load_library(&lib.path) }.context("loading the peak kernel")?;
+    let library = unsafe { anyshape_abi::load_library(&lib.path) }.map_err(load)?;
     let lanes = target.lanes_f32();
     let mut peaks = Vec::new();
     for &t in &threads {
         // SAFETY: the kernel has the KernelFn signature.
-        let f = unsafe { library.get::<KernelFn>(format!("as_peak_{t}").as_bytes()) }?;
+        let f =
+            unsafe { library.get::<KernelFn>(format!("as_peak_{t}").as_bytes()) }.map_err(load)?;
         let input = [0.999_f32, 0.001];
         let mut out = vec![0f32; 16 * t.max(1)];
         let mut iters: i64 = 1 << 16;

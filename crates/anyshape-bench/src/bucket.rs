@@ -4,8 +4,9 @@
 //! specialized kernel, and copies the output's valid part back. Zeros along a reduction
 //! axis add nothing and padded output rows or columns are dropped, so the result is
 //! exact for any contraction whose tensors are indexed by plain axes.
-use crate::{c, CodegenError, Result};
 use anyshape_abi::{STATUS_NO_MEMORY, STATUS_WRONG_SHAPE};
+use anyshape_codegen::render::expr;
+use anyshape_codegen::{CodegenError, Result};
 use anyshape_ir::{Bindings, Workload};
 use std::fmt::Write;
 
@@ -59,7 +60,7 @@ pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> R
     for (t, tensor) in w.inputs.iter().chain([&w.output]).enumerate() {
         let is_out = t == w.inputs.len();
         let rank = tensor.shape.len();
-        let small: Vec<String> = tensor.shape.iter().map(c::expr).collect();
+        let small: Vec<String> = tensor.shape.iter().map(expr).collect();
         let large = &big.shapes[t];
         let _ = writeln!(s, "  {{ /* {} */", tensor.name);
         for d in 0..rank {
@@ -107,7 +108,7 @@ pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> R
         let _ = writeln!(
             s,
             "    const int64_t s{d} = {}, b{d} = {};",
-            c::expr(&w.output.shape[d]),
+            expr(&w.output.shape[d]),
             big.shapes[out][d]
         );
     }

@@ -1,0 +1,126 @@
+//! The compute stage of the CPU contraction sketch: an `mr x nr` register tile
+//! accumulated over the packed panels, either vectorized and unchecked (the panels are
+//! padded, or the tile is whole) or element by element with a check on each.
+use super::contraction::Nest;
+use super::{c, v};
+use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
+
+/// The name of accumulator `(i, j)` of a vector register tile.
+pub(super) fn acc(i: usize, j: usize) -> String {
+    format!("acc_{i}_{j}")
+}
+
+impl Nest<'_> {
+    /// Accumulators (`mr` rows of `nr / lanes` vectors) over the packed panels: a
+    /// broadcast of A times a vector of B, fused, per reduction step.
+    pub(super) fn vector_accumulate(&self) -> Vec<Stmt> {
+        let mk = self.mk;
+        let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
+        let mut s = Vec::new();
+        for i in 0..mk.mr {
+            for j in 0..nv {
+                s.push(Stmt::Reg {
+                    name: acc(i, j),
+                    lanes,
+                    init: Value::Zero { lanes },
+                });
+            }
+        }
+        let mut step = vec![];
+        for j in 0..nv {
+            let idx = v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes);
+            step.push(Stmt::Reg {
+                name: format!("b_{j}"),
+                lanes,
+                init: Value::vload("Bp", idx, lanes),
+            });
+        }
+        for i in 0..mk.mr {
+            let a = Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i));
+            for j in 0..nv {
+                let value = Value::Fma(
+                    Box::new(Value::reg(&format!("b_{j}"), lanes)),
+                    Box::new(a.clone()),
+                    Box::new(Value::reg(&acc(i, j), lanes)),
+                );
+                step.push(Stmt::Assign {
+                    reg: acc(i, j),
+                    value,
+                });
+            }
+        }
+        if self.policy.fetch.pads() {
+            // kp is a multiple of uk: an outer loop and a fully unrolled inner one.
+            let mut inner = vec![let_("kk", v("kq") * c(mk.uk) + v("u"))];
+            inner.extend(step);
+            s.push(for_(
+                "kq",
+                v("kp") / c(mk.uk),
+                LoopKind::Serial,
+                vec![for_("u", c(mk.uk), LoopKind::Unrolled(mk.uk), inner)],
+            ));
+        } else {
+            s.push(for_("kk", v("klen"), LoopKind::Unrolled(mk.uk), step));
+        }
+        s
+    }
+
+    /// Whether element `(i, j)` of the register tile at (`mi`, `nj`) is in the output.
+    pub(super) fn element_inside(&self) -> Cond {
+        Cond::and(
+            Cond::Lt(v("mi") + v("i"), v("e_m")),
+            Cond::Lt(v("nj") + v("j"), v("e_n")),
+        )
+    }
+
+    /// A scalar `mr x nr` accumulator array on the stack, each element updated only
+    /// where it lies in the output.
+    pub(super) fn checked_accumulate(&self) -> Vec<Stmt> {
+        let mk = self.mk;
+        let acc_idx = v("i") * c(mk.nr) + v("j");
+        let a = Value::load(
+            "Ap",
+            v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
+        );
+        let b = Value::load(
+            "Bp",
+            v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
+        );
+        let fma = Value::Fma(
+            Box::new(b),
+            Box::new(a),
+            Box::new(Value::load("acc", acc_idx.clone())),
+        );
+        vec![
+            Stmt::Alloc {
+                buf: "acc".into(),
+                len: c(mk.mr * mk.nr),
+                scope: Scope::Stack,
+            },
+            self.tile_loop(vec![store(
+                "acc",
+                acc_idx.clone(),
+                Value::Zero { lanes: 1 },
+            )]),
+            for_(
+                "kk",
+                v("klen"),
+                LoopKind::Serial,
+                vec![self.tile_loop(vec![if_(
+                    self.element_inside(),
+                    vec![store("acc", acc_idx, fma)],
+                )])],
+            ),
+        ]
+    }
+
+    /// `for i < mr (unrolled) { for j < nr { body } }`.
+    pub(super) fn tile_loop(&self, body: Vec<Stmt>) -> Stmt {
+        for_(
+            "i",
+            c(self.mk.mr),
+            LoopKind::Unrolled(self.mk.mr),
+            vec![for_("j", c(self.mk.nr), LoopKind::Serial, body)],
+        )
+    }
+}

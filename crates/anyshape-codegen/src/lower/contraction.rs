@@ -1,0 +1,288 @@
+//! The CPU contraction sketch's loop nest (BLIS-like; see `sketch/contraction.rs` for
+//! its parameters):
+//! ```text
+//! [global padding: copy inputs into zero-padded buffers]             (global_pad.rs)
+//! parallel for task in batch x tiles_n x tiles_m (M tiles fastest):
+//!   if this thread does not hold the B panel of (batch, N tile) yet:
+//!     fetch: pack the K x nc panel of B                                (fetch.rs)
+//!   for kt in tiles_k:
+//!     fetch:   pack the A block (mc x kc)                              (fetch.rs)
+//!     for each register tile:
+//!       compute: mr x nr accumulators over the packed panels           (compute.rs)
+//!       write-back: store (kt == 0) or accumulate into the output      (writeback.rs)
+//!   [epilogue over the task's output tile]                             (epilogue.rs)
+//! [global padding: copy the padded output back, with the epilogue]   (global_pad.rs)
+//! ```
+//! Where each stage checks for tiles that overhang the tensors comes from the padding
+//! strategy's policy.
+use super::{c, renamed, shape_vars, v};
+use crate::loop_ir::{for_, if_, let_, Cond, Func, LoopKind, Scope, Stmt};
+use crate::padding::{Compute, Policy};
+use crate::{CpuTarget, GemmView, MicroKernel, Program, Result};
+use anyshape_ir::{Expr, Workload};
+use std::collections::HashMap;
+
+/// How the main loop nest addresses one operand: buffer, per-batch base offset and the
+/// strides of its two GEMM axes (row = M or N, col = K or N).
+pub(super) struct Operand {
+    pub buf: &'static str,
+    pub base: Expr,
+    pub s_row: Expr,
+    pub s_col: Expr,
+}
+
+/// Everything the stages of the loop nest need to know.
+pub(super) struct Nest<'a> {
+    pub w: &'a Workload,
+    pub g: GemmView,
+    pub mk: MicroKernel,
+    pub policy: Policy,
+    pub lanes: usize,
+}
+
+impl Nest<'_> {
+    /// Let-statements naming, for the flat batch index held in `bt_var`, each batch
+    /// axis's index, and the base offset of every tensor (inputs, then the output).
+    pub fn batch_bases(&self, bt_var: &str, stmts: &mut Vec<Stmt>) -> Vec<Expr> {
+        let mut inner = Expr::Const(1);
+        let mut idx = Vec::new();
+        for (j, &axis) in self.g.batch.iter().enumerate().rev() {
+            let e = renamed(&self.w.axes[axis].extent);
+            let name = format!("bi{j}");
+            stmts.push(let_(&name, v(bt_var) / inner.clone() % e.clone()));
+            inner = inner * e;
+            idx.push((axis, name));
+        }
+        self.w
+            .tensors()
+            .map(|t| {
+                idx.iter()
+                    .fold(renamed(&t.base_offset()), |acc, (axis, name)| {
+                        acc + v(name) * renamed(&t.axis_stride(*axis))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Lower a contraction program.
+pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
+    p.micro_kernel.validate(target)?;
+    let w = &p.workload;
+    let g = GemmView::of(w)?;
+    let (shape_vars, specialized) = shape_vars(p)?;
+    let mk = p.micro_kernel;
+    let nest = Nest {
+        w,
+        g: g.clone(),
+        mk,
+        policy: p.strategy.policy(),
+        lanes: target.lanes_f32(),
+    };
+    let mut body = Vec::new();
+
+    // Extents and strides, named once.
+    let e_b = g
+        .batch
+        .iter()
+        .fold(Expr::Const(1), |acc, &a| acc * renamed(&w.axes[a].extent));
+    for (name, e) in [
+        ("e_b", e_b),
+        ("e_m", renamed(&w.axes[g.m].extent)),
+        ("e_n", renamed(&w.axes[g.n].extent)),
+        ("e_k", renamed(&w.axes[g.k].extent)),
+    ] {
+        body.push(let_(name, e));
+    }
+    let (a, b, out) = (&w.inputs[0], &w.inputs[1], &w.output);
+    let mut strides = HashMap::new();
+    for (name, t, axis) in [
+        ("sa_m", a, g.m),
+        ("sa_k", a, g.k),
+        ("sb_n", b, g.n),
+        ("sb_k", b, g.k),
+        ("sc_m", out, g.m),
+        ("sc_n", out, g.n),
+    ] {
+        let e = renamed(&t.axis_stride(axis));
+        // Constant strides stay visible to the code below (contiguity decides vector
+        // stores and the packing loop order); others are read through their name.
+        strides.insert(
+            name,
+            if e.as_const().is_some() {
+                e.clone()
+            } else {
+                v(name)
+            },
+        );
+        body.push(let_(name, e));
+    }
+    body.extend(nest.epilogue_strides());
+
+    if nest.policy.copy {
+        body.extend(nest.copy_in());
+    } else {
+        for (p_name, e_name) in [("p_m", "e_m"), ("p_n", "e_n"), ("p_k", "e_k")] {
+            body.push(let_(p_name, v(e_name)));
+        }
+    }
+
+    body.push(let_("tiles_m", Expr::ceil_div(v("p_m"), c(mk.mc))));
+    body.push(let_("tiles_n", Expr::ceil_div(v("p_n"), c(mk.nc))));
+    body.push(let_(
+        "tiles_k",
+        Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc))),
+    ));
+    let mut task = vec![
+        // M tiles vary fastest, so consecutive tasks of a thread share the packed B panel.
+        let_("it", v("t") % v("tiles_m")),
+        let_("jt", v("t") / v("tiles_m") % v("tiles_n")),
+        let_("bt", v("t") / (v("tiles_n") * v("tiles_m"))),
+    ];
+    let mut epilogue_bases = Vec::new();
+    let operands = if nest.policy.copy {
+        nest.padded_operands()
+    } else {
+        let bases = nest.batch_bases("bt", &mut task);
+        epilogue_bases = nest.epilogue_bases(&bases);
+        [
+            Operand {
+                buf: "in0",
+                base: bases[0].clone(),
+                s_row: strides["sa_m"].clone(),
+                s_col: strides["sa_k"].clone(),
+            },
+            Operand {
+                buf: "in1",
+                base: bases[1].clone(),
+                s_row: strides["sb_n"].clone(),
+                s_col: strides["sb_k"].clone(),
+            },
+            Operand {
+                buf: "out0",
+                base: bases[w.inputs.len()].clone(),
+                s_row: strides["sc_m"].clone(),
+                s_col: strides["sc_n"].clone(),
+            },
+        ]
+    };
+    for (i, op) in operands.iter().enumerate() {
+        task.push(let_(&format!("base{i}"), op.base.clone()));
+    }
+    task.extend(epilogue_bases);
+    task.extend(nest.task_body(&operands));
+    if !nest.policy.copy && !w.epilogue.is_empty() {
+        task.push(nest.epilogue_tile());
+    }
+    body.push(for_(
+        "t",
+        v("e_b") * v("tiles_m") * v("tiles_n"),
+        LoopKind::Parallel,
+        task,
+    ));
+    if nest.policy.copy {
+        body.push(nest.copy_out());
+    }
+
+    Ok(Func {
+        name: p.symbol(target),
+        shape_vars,
+        specialized,
+        inputs: w.inputs.len(),
+        threads: None,
+        body,
+    })
+}
+
+impl Nest<'_> {
+    fn task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mk = self.mk;
+        let mut s = vec![
+            let_("m0", v("it") * c(mk.mc)),
+            let_("n0", v("jt") * c(mk.nc)),
+            let_("mlen", Expr::min(c(mk.mc), v("p_m") - v("m0"))),
+            let_("nlen", Expr::min(c(mk.nc), v("p_n") - v("n0"))),
+            let_("nmb", Expr::ceil_div(v("mlen"), c(mk.mr))),
+            let_("nnb", Expr::ceil_div(v("nlen"), c(mk.nr))),
+            Stmt::Alloc {
+                buf: "Ap".into(),
+                len: c(mk.mc * mk.kc),
+                scope: Scope::Scratch(0),
+            },
+            Stmt::Alloc {
+                buf: "Bp".into(),
+                len: v("tiles_k") * c(mk.kc * mk.nc),
+                scope: Scope::Scratch(1),
+            },
+        ];
+        let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
+        // Zero-filled blocks are padded to the unroll, so the compute has no tail.
+        let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
+            Expr::round_up(v("klen"), mk.uk as i64)
+        } else {
+            v("klen")
+        };
+        let kt_lets = vec![
+            let_("k0", v("kt") * c(mk.kc)),
+            let_("klen", klen),
+            let_("kp", kp),
+            let_("bofs", v("kt") * c(mk.kc * mk.nc)),
+        ];
+        // The whole K x nc panel of B is packed once per thread and (batch, N tile).
+        let pack_b = [kt_lets.clone(), vec![self.pack(1, &ops[1])]].concat();
+        let claim = Cond::Claim {
+            slot: 1,
+            key: v("bt") * v("tiles_n") + v("jt"),
+        };
+        s.push(if_(
+            claim,
+            vec![for_("kt", v("tiles_k"), LoopKind::Serial, pack_b)],
+        ));
+        let mut kt_body = kt_lets;
+        kt_body.push(self.pack(0, &ops[0]));
+        let mut tile = vec![
+            let_("mi", v("m0") + v("ib") * c(mk.mr)),
+            let_("nj", v("n0") + v("jb") * c(mk.nr)),
+        ];
+        let out = &ops[2];
+        match self.policy.compute {
+            Compute::Unchecked => tile.extend(self.fast_tile(out)),
+            Compute::Checked => tile.extend(self.checked_tile(out)),
+            Compute::Partitioned => tile.push(Stmt::If {
+                cond: self.full_tile(),
+                then: self.fast_tile(out),
+                otherwise: self.checked_tile(out),
+            }),
+        }
+        kt_body.push(for_(
+            "jb",
+            v("nnb"),
+            LoopKind::Serial,
+            vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
+        ));
+        s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        s
+    }
+
+    /// Whether the register tile at (`mi`, `nj`) lies wholly inside the output.
+    pub fn full_tile(&self) -> Cond {
+        Cond::and(
+            Cond::Le(v("mi") + c(self.mk.mr), v("e_m")),
+            Cond::Le(v("nj") + c(self.mk.nr), v("e_n")),
+        )
+    }
+
+    /// A register tile with unchecked vectorized compute, stored by the policy.
+    fn fast_tile(&self, out: &Operand) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate();
+        s.extend(self.vector_store(out));
+        s
+    }
+
+    /// A register tile with a boundary check on every element in the compute stage.
+    fn checked_tile(&self, out: &Operand) -> Vec<Stmt> {
+        let mut s = self.checked_accumulate();
+        s.push(self.checked_store(out));
+        s
+    }
+}

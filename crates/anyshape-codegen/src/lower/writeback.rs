@@ -1,0 +1,127 @@
+//! The write-back stage of the CPU contraction sketch: a register tile stored into the
+//! output (the first reduction tile) or added to it (the others); whole tiles with
+//! vector stores where the output is contiguous, tiles that overhang the output element
+//! by element with a check, as the padding strategy's policy says.
+use super::compute::acc;
+use super::contraction::{Nest, Operand};
+use super::{c, v};
+use crate::loop_ir::{for_, if_, store, Cond, LoopKind, Stmt, Value};
+use crate::padding::Compute;
+use anyshape_ir::Expr;
+
+impl Nest<'_> {
+    /// Store a vector register tile: checked where it may overhang the output (a
+    /// policy with checked stores whose compute does not stay inside the output).
+    pub(super) fn vector_store(&self, out: &Operand) -> Vec<Stmt> {
+        let mk = self.mk;
+        let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
+        let out_idx = |i: usize, col: Expr| {
+            v("base2") + (v("mi") + c(i)) * out.s_row.clone() + (v("nj") + col) * out.s_col.clone()
+        };
+        let contiguous = out.s_col.simplify().as_const() == Some(1);
+        let full_store = |accumulate: bool| -> Vec<Stmt> {
+            let mut st = Vec::new();
+            for i in 0..mk.mr {
+                for j in 0..nv {
+                    let reg = Value::reg(&acc(i, j), lanes);
+                    if contiguous {
+                        let idx = out_idx(i, c(j * lanes));
+                        let value = if accumulate {
+                            Value::sum(Value::vload(out.buf, idx.clone(), lanes), reg)
+                        } else {
+                            reg
+                        };
+                        st.push(store(out.buf, idx, value));
+                    } else {
+                        st.push(lane_store(
+                            out,
+                            out_idx(i, c(j * lanes) + v("l")),
+                            &acc(i, j),
+                            accumulate,
+                            lanes,
+                            None,
+                        ));
+                    }
+                }
+            }
+            st
+        };
+        let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| Stmt::If {
+            cond: Cond::Eq(v("kt"), c(0)),
+            then: f(false),
+            otherwise: f(true),
+        };
+        let full = by_kt(&full_store);
+        let checked = self.policy.checked_store && self.policy.compute == Compute::Unchecked;
+        if !checked {
+            return vec![full];
+        }
+        let partial_store = |accumulate: bool| -> Vec<Stmt> {
+            let mut st = Vec::new();
+            for i in 0..mk.mr {
+                let mut row = Vec::new();
+                for j in 0..nv {
+                    let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));
+                    row.push(lane_store(
+                        out,
+                        out_idx(i, c(j * lanes) + v("l")),
+                        &acc(i, j),
+                        accumulate,
+                        lanes,
+                        Some(col_ok),
+                    ));
+                }
+                st.push(if_(Cond::Lt(v("mi") + c(i), v("e_m")), row));
+            }
+            st
+        };
+        vec![Stmt::If {
+            cond: self.full_tile(),
+            then: vec![full],
+            otherwise: vec![by_kt(&partial_store)],
+        }]
+    }
+
+    /// Store the scalar accumulator array of a checked tile, element by element where
+    /// it lies in the output.
+    pub(super) fn checked_store(&self, out: &Operand) -> Stmt {
+        let acc_idx = v("i") * c(self.mk.nr) + v("j");
+        let out_idx = v("base2")
+            + (v("mi") + v("i")) * out.s_row.clone()
+            + (v("nj") + v("j")) * out.s_col.clone();
+        let acc = Value::load("acc", acc_idx);
+        let write = Value::Select(
+            Cond::Eq(v("kt"), c(0)),
+            Box::new(acc.clone()),
+            Box::new(Value::sum(Value::load(out.buf, out_idx.clone()), acc)),
+        );
+        self.tile_loop(vec![if_(
+            self.element_inside(),
+            vec![store(out.buf, out_idx, write)],
+        )])
+    }
+}
+
+/// Store each lane of a vector register at `idx` (which uses loop var `l`), optionally
+/// checked.
+fn lane_store(
+    out: &Operand,
+    idx: Expr,
+    reg: &str,
+    accumulate: bool,
+    lanes: usize,
+    check: Option<Cond>,
+) -> Stmt {
+    let lane = Value::Lane(reg.into(), v("l"));
+    let value = if accumulate {
+        Value::sum(Value::load(out.buf, idx.clone()), lane)
+    } else {
+        lane
+    };
+    let st = store(out.buf, idx, value);
+    let body = match check {
+        Some(cond) => vec![if_(cond, vec![st])],
+        None => vec![st],
+    };
+    for_("l", c(lanes), LoopKind::Serial, body)
+}

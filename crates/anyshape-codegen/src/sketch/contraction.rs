@@ -1,0 +1,495 @@
+//! The CPU sketch for contractions (BLIS-like) and its micro-kernel.
+//!
+//! The output is split into cache tiles `mc x nc` (one task per batch index and cache
+//! tile, tasks spread over the cores); for each reduction tile of `kc` the task packs an
+//! `mc x kc` block of the M-side input and a `kc x nc` block of the N-side input into
+//! local buffers, then runs a register tile of `mr x nr` accumulators (vectorized along
+//! N, unrolled) over each pair of packed micro-panels, with the reduction loop unrolled
+//! by `uk`; the fused epilogue runs over each finished output tile.
+//!
+//! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
+//! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
+//! space of micro-kernels is bounded by the same limits ([`Limits`]).
+use crate::sketch::{Adaptation, Factors, Sketch};
+use crate::{CodegenError, CpuTarget, GemmView, Program, Result};
+use anyshape_ir::{BoundWorkload, Workload};
+use rand::{Rng, RngExt};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Every parameter of the contraction sketch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MicroKernel {
+    /// Register tile rows (along M).
+    pub mr: usize,
+    /// Register tile columns (along N, vectorized; a multiple of the vector lanes).
+    pub nr: usize,
+    /// Cache tile along M (a multiple of `mr`).
+    pub mc: usize,
+    /// Cache tile along N (a multiple of `nr`).
+    pub nc: usize,
+    /// Cache tile along the reduction (a multiple of `uk`).
+    pub kc: usize,
+    /// Unroll factor of the reduction loop.
+    pub uk: usize,
+}
+
+const FIELDS: [&str; 6] = ["mr", "nr", "mc", "nc", "kc", "uk"];
+
+impl MicroKernel {
+    /// A reasonable micro-kernel for `target`, used when none is given.
+    pub fn default_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let nv = 2;
+        let mr = ((target.vector_registers - nv - 1) / nv).clamp(1, 12);
+        let nr = nv * lanes;
+        let kc = (target.l1d_bytes / 2 / (4 * nr)).clamp(4, 512) / 4 * 4;
+        let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
+        MicroKernel {
+            mr,
+            nr,
+            mc: mc.min(8 * mr),
+            nc: (12 * nr).min(384.max(nr)),
+            kc,
+            uk: 4,
+        }
+    }
+
+    fn values(&self) -> [usize; 6] {
+        [self.mr, self.nr, self.mc, self.nc, self.kc, self.uk]
+    }
+
+    /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` or the JSON form.
+    pub fn parse(text: &str) -> Result<MicroKernel> {
+        let bad = |reason: String| CodegenError::BadMicroKernelText {
+            text: text.into(),
+            reason,
+        };
+        if text.trim_start().starts_with('{') {
+            return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
+        }
+        let mut v: [Option<usize>; 6] = [None; 6];
+        for part in text.split(',') {
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
+            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| {
+                bad(format!(
+                    "unknown parameter `{}` (known: {})",
+                    k.trim(),
+                    FIELDS.join(", ")
+                ))
+            })?;
+            let val = val
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
+            if v[slot].is_some() {
+                return Err(bad(format!("`{}` is given twice", FIELDS[slot])));
+            }
+            v[slot] = Some(val);
+        }
+        let missing: Vec<_> = FIELDS
+            .iter()
+            .zip(&v)
+            .filter(|(_, x)| x.is_none())
+            .map(|(f, _)| *f)
+            .collect();
+        if !missing.is_empty() {
+            return Err(bad(format!("missing {}", missing.join(", "))));
+        }
+        let [mr, nr, mc, nc, kc, uk] = v.map(|x| x.unwrap_or(0));
+        Ok(MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+        })
+    }
+
+    /// Vector registers the register tile needs: accumulators, one row of B, one broadcast.
+    pub fn registers_needed(&self, lanes: usize) -> usize {
+        let nv = self.nr / lanes.max(1);
+        self.mr * nv + nv + 1
+    }
+
+    /// Check every limit of the target; the error names the broken one.
+    pub fn validate(&self, target: &CpuTarget) -> Result<()> {
+        let fail = |reason: String| {
+            Err(CodegenError::InvalidMicroKernel {
+                micro_kernel: self.to_string(),
+                reason,
+            })
+        };
+        let lanes = target.lanes_f32();
+        if self.values().contains(&0) {
+            return fail("every parameter must be at least 1".into());
+        }
+        if !self.nr.is_multiple_of(lanes) {
+            return fail(format!(
+                "nr = {} is not a multiple of the {lanes} vector lanes",
+                self.nr
+            ));
+        }
+        for (tile, reg, name) in [
+            (self.mc, self.mr, "mc/mr"),
+            (self.nc, self.nr, "nc/nr"),
+            (self.kc, self.uk, "kc/uk"),
+        ] {
+            if !tile.is_multiple_of(reg) {
+                return fail(format!("{name}: {tile} is not a multiple of {reg}"));
+            }
+        }
+        if self.uk > 16 || self.mr > 32 {
+            return fail("uk must be <= 16 and mr <= 32 (code size)".into());
+        }
+        let limits = Limits(target);
+        if !limits.registers(self.mr, self.nr) {
+            return fail(format!(
+                "the {}x{} register tile needs {} vector registers; the target has {}",
+                self.mr,
+                self.nr,
+                self.registers_needed(lanes),
+                target.vector_registers
+            ));
+        }
+        let bytes = |a: usize, b: usize| a.saturating_mul(b).saturating_mul(4);
+        let checks = [
+            (
+                limits.l1(self.kc, self.nr),
+                bytes(self.kc, self.nr),
+                target.l1d_bytes,
+                "packed kc x nr micro-panel",
+                "L1d",
+            ),
+            (
+                limits.l2(self.mc, self.kc),
+                bytes(self.mc, self.kc),
+                target.l2_bytes,
+                "packed mc x kc block",
+                "L2",
+            ),
+            (
+                limits.l3(self.kc, self.nc),
+                bytes(self.kc, self.nc),
+                target.l3_bytes,
+                "packed kc x nc block",
+                "L3",
+            ),
+        ];
+        for (ok, need, have, what, cache) in checks {
+            if !ok {
+                return fail(format!(
+                    "the {what} takes {need} bytes; {cache} holds {have}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The target's limits on the sketch's parameters, shared by validation and the space
+/// (which samples only what validates): registers bound the register tile, the caches
+/// the packed blocks.
+pub(crate) struct Limits<'a>(pub &'a CpuTarget);
+
+impl Limits<'_> {
+    /// The `mr x nr` register tile fits the vector registers, with `nv` for a row of B
+    /// and one for the broadcast A element.
+    pub fn registers(&self, mr: usize, nr: usize) -> bool {
+        let nv = nr / self.0.lanes_f32().max(1);
+        mr * nv + nv < self.0.vector_registers
+    }
+
+    /// A packed `kc x nr` micro-panel of B fits L1d.
+    pub fn l1(&self, kc: usize, nr: usize) -> bool {
+        kc.saturating_mul(nr).saturating_mul(4) <= self.0.l1d_bytes
+    }
+
+    /// A packed `mc x kc` block of A fits L2.
+    pub fn l2(&self, mc: usize, kc: usize) -> bool {
+        mc.saturating_mul(kc).saturating_mul(4) <= self.0.l2_bytes
+    }
+
+    /// A packed `kc x nc` block of B fits L3.
+    pub fn l3(&self, kc: usize, nc: usize) -> bool {
+        kc.saturating_mul(nc).saturating_mul(4) <= self.0.l3_bytes
+    }
+}
+
+impl fmt::Display for MicroKernel {
+    /// The compact form [`MicroKernel::parse`] reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<_> = FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        write!(f, "{}", parts.join(","))
+    }
+}
+
+/// Unroll factors of the reduction loop the space uses.
+const UNROLLS: [usize; 4] = [1, 2, 4, 8];
+
+/// `x` (a multiple of `unit`) scaled by a random factor, still a multiple of `unit`.
+fn scale(x: usize, unit: usize, rng: &mut impl Rng) -> usize {
+    let blocks = (x / unit).max(1);
+    let factor: f64 = [0.5, 0.75, 1.25, 1.5, 2.0][rng.random_range(0..5)];
+    let mut b = ((blocks as f64 * factor).round() as usize).max(1);
+    if b == blocks {
+        b = if rng.random_bool(0.5) {
+            b + 1
+        } else {
+            b.saturating_sub(1).max(1)
+        };
+    }
+    b * unit
+}
+
+/// Largest `x <= at_most` with `x % unit == 0` and `total % x == 0`, if any.
+fn largest_factor(total: usize, unit: usize, at_most: usize) -> Option<usize> {
+    (1..=at_most / unit)
+        .rev()
+        .map(|j| j * unit)
+        .find(|x| total.is_multiple_of(*x))
+}
+
+/// Largest multiplier `x` with `unit * x` passing `fits` (at least 1).
+fn max_multiple(unit: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let mut x = 1;
+    while x < 4096 && fits(unit * (x + 1)) {
+        x += 1;
+    }
+    x
+}
+
+impl Sketch for MicroKernel {
+    type Target = CpuTarget;
+    const NAME: &'static str = "contraction";
+
+    fn applies(w: &Workload) -> Result<()> {
+        GemmView::of(w).map(|_| ())
+    }
+
+    fn default_for(target: &CpuTarget) -> Self {
+        MicroKernel::default_for(target)
+    }
+
+    fn parse(text: &str) -> Result<Self> {
+        MicroKernel::parse(text)
+    }
+
+    fn validate(&self, target: &CpuTarget) -> Result<()> {
+        MicroKernel::validate(self, target)
+    }
+
+    fn lower(p: &Program<Self>, target: &CpuTarget) -> Result<crate::loop_ir::Func> {
+        crate::lower::contraction(p, target)
+    }
+
+    /// Local padding pads each axis to its register-tile granularity (`mr`, `nr`, `uk`);
+    /// a task is one cache tile of M and N of one batch item.
+    fn adaptation(&self, target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Adaptation {
+        let Ok(g) = GemmView::of(w) else {
+            return Adaptation {
+                tasks: 1.0,
+                slots: target.cores as f64,
+                pad: 1.0,
+            };
+        };
+        let e = |a: usize| bound.extents[a].max(0) as f64;
+        let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
+        let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
+        let (m, n, k) = (e(g.m), e(g.n), e(g.k));
+        let tasks = batch * (m / self.mc as f64).ceil() * (n / self.nc as f64).ceil();
+        let padded = up(m, self.mr) * up(n, self.nr) * up(k, self.uk);
+        let pad = if padded > 0.0 {
+            (m * n * k) / padded
+        } else {
+            1.0
+        };
+        Adaptation {
+            tasks: tasks.max(1.0),
+            slots: target.cores as f64,
+            pad,
+        }
+    }
+
+    /// Register tile `nv` vectors wide with as many rows as registers allow; cache tiles
+    /// up to what the caches hold.
+    fn sample(target: &CpuTarget, rng: &mut impl Rng) -> Self {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let max_nv = ((target.vector_registers - 2) / 2).clamp(1, 6);
+        let nv = rng.random_range(1..=max_nv);
+        let nr = nv * lanes;
+        let max_mr = max_multiple(1, |mr| limits.registers(mr, nr)).clamp(1, 32);
+        let mr = rng.random_range(1..=max_mr);
+        let uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
+        let kc = uk * rng.random_range(1..=max_multiple(uk, |kc| limits.l1(kc, nr)));
+        let mc = mr * rng.random_range(1..=max_multiple(mr, |mc| limits.l2(mc, kc)).min(64));
+        let nc = nr * rng.random_range(1..=max_multiple(nr, |nc| limits.l3(kc, nc)).min(96));
+        let mk = MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+        };
+        debug_assert!(mk.validate(target).is_ok(), "{mk}");
+        mk
+    }
+
+    /// One parameter changed, the tiles of the others kept where they stay multiples.
+    fn neighbour(&self, target: &CpuTarget, rng: &mut impl Rng) -> Self {
+        let lanes = target.lanes_f32();
+        let mut m = *self;
+        match rng.random_range(0..6) {
+            0 => {
+                let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
+                m.mc = (m.mc / m.mr).max(1) * mr;
+                m.mr = mr;
+            }
+            1 => {
+                let nv = (m.nr / lanes) as i64 + [-1, 1][rng.random_range(0..2)];
+                let nr = nv.max(1) as usize * lanes;
+                m.nc = (m.nc / m.nr).max(1) * nr;
+                m.nr = nr;
+            }
+            2 => m.mc = scale(m.mc, m.mr, rng),
+            3 => m.nc = scale(m.nc, m.nr, rng),
+            4 => m.kc = scale(m.kc, m.uk, rng),
+            _ => {
+                m.uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
+                m.kc = (m.kc / m.uk).max(1) * m.uk;
+            }
+        }
+        m
+    }
+
+    /// The register tile of one parent, the cache tiles of the other.
+    fn child(&self, other: &Self, _target: &CpuTarget, rng: &mut impl Rng) -> Self {
+        let (reg, other) = if rng.random_bool(0.5) {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        MicroKernel {
+            mr: reg.mr,
+            nr: reg.nr,
+            mc: (other.mc / other.mr).max(1) * reg.mr,
+            nc: (other.nc / other.nr).max(1) * reg.nr,
+            kc: (other.kc / reg.uk).max(1) * reg.uk,
+            uk: reg.uk,
+        }
+    }
+
+    /// M, N (rounded up to the vector: a vector register is never split) and K.
+    fn factors(target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Factors {
+        let lanes = target.lanes_f32();
+        match GemmView::of(w) {
+            Ok(g) => {
+                let e = |a: usize| usize::try_from(bound.extents[a]).unwrap_or(1).max(1);
+                Factors(vec![e(g.m), e(g.n).div_ceil(lanes) * lanes, e(g.k)])
+            }
+            Err(_) => Factors(vec![1, lanes, 1]),
+        }
+    }
+
+    /// Every tile shrunk to the nearest size dividing its extent.
+    fn snap(&self, target: &CpuTarget, f: &Factors) -> Self {
+        let lanes = target.lanes_f32();
+        let [m, n, k] = [f.0[0], f.0[1], f.0[2]];
+        let mr = largest_factor(m, 1, self.mr).unwrap_or(1);
+        let mc = largest_factor(m, mr, self.mc.max(mr)).unwrap_or(mr);
+        let nr = largest_factor(n, lanes, self.nr).unwrap_or(lanes);
+        let nc = largest_factor(n, nr, self.nc.max(nr)).unwrap_or(nr);
+        let (kc, uk) = match largest_factor(k, self.uk, self.kc) {
+            Some(kc) => (kc, self.uk),
+            None => (largest_factor(k, 1, self.kc.max(1)).unwrap_or(1), 1),
+        };
+        MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+        }
+    }
+
+    fn divides(&self, f: &Factors) -> bool {
+        let [m, n, k] = [f.0[0], f.0[1], f.0[2]];
+        m.is_multiple_of(self.mr)
+            && m.is_multiple_of(self.mc)
+            && n.is_multiple_of(self.nr)
+            && n.is_multiple_of(self.nc)
+            && k.is_multiple_of(self.kc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Simd;
+
+    fn avx512() -> CpuTarget {
+        CpuTarget {
+            name: "test".into(),
+            cores: 2,
+            simd: Simd::Avx512,
+            vector_registers: 32,
+            l1d_bytes: 48 << 10,
+            l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+        }
+    }
+
+    #[test]
+    fn default_is_valid_on_several_targets() {
+        for simd in [Simd::None, Simd::Sse, Simd::Avx2, Simd::Avx512] {
+            let t = CpuTarget {
+                simd,
+                vector_registers: if simd == Simd::Avx512 { 32 } else { 16 },
+                ..avx512()
+            };
+            let mk = MicroKernel::default_for(&t);
+            mk.validate(&t).unwrap_or_else(|e| panic!("{simd:?}: {e}"));
+            assert_eq!(MicroKernel::parse(&mk.to_string()).unwrap(), mk);
+        }
+    }
+
+    #[test]
+    fn rejects_what_breaks_the_target() {
+        let t = avx512();
+        for text in [
+            "mr=16,nr=32,mc=96,nc=384,kc=256,uk=4",
+            "mr=12,nr=24,mc=96,nc=384,kc=256,uk=4",
+            "mr=12,nr=32,mc=100,nc=384,kc=256,uk=4",
+            "mr=12,nr=32,mc=96,nc=384,kc=8192,uk=4",
+            "mr=0,nr=32,mc=96,nc=384,kc=256,uk=4",
+        ] {
+            let err = MicroKernel::parse(text).unwrap().validate(&t).unwrap_err();
+            assert!(
+                matches!(err, CodegenError::InvalidMicroKernel { .. }),
+                "{text}"
+            );
+        }
+        for text in [
+            "mr=12",
+            "mr=x,nr=1,mc=1,nc=1,kc=1,uk=1",
+            "zz=1",
+            "{\"mr\":1}",
+            "mr=1,mr=2,nr=16,mc=1,nc=16,kc=4,uk=4",
+            "{\"mr\":1,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4,\"zz\":1}",
+            "{\"mr\":1,\"mr\":2,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4}",
+        ] {
+            assert!(MicroKernel::parse(text).is_err(), "{text}");
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The loop-IR verifier, run on every lowered function in debug builds and tests. The
+//! invariants it checks:
+//!
+//! 1. every name an expression reads is in scope: a shape var (`sv_<name>`), a loop
+//!    variable of an enclosing loop, or a `Let`/`GpuIndex` before it in an enclosing
+//!    block;
+//! 2. no name is bound twice in one scope, and no loop variable shadows a name in scope;
+//! 3. every buffer read or written is a kernel argument (`in<i>` with `i` below the
+//!    input count, `out0`) or allocated before in an enclosing block; nothing is stored
+//!    into an input;
+//! 4. every register is declared before it is read or assigned, with the lanes it is
+//!    read with;
+//! 5. the lanes of a store's value are 1 or the target's vector width, and a binary
+//!    value's operands have equal lanes or one has 1 (a broadcast scalar);
+//! 6. CPU functions (`threads` unset) use no GPU construct (thread or block index,
+//!    barrier, shared memory); GPU functions use no parallel loop and no scratch buffer;
+//! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated.
+use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, Value};
+use anyshape_ir::Expr;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A broken invariant: which, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyError(pub String);
+
+impl std::fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "loop IR: {}", self.0)
+    }
+}
+
+#[derive(Clone, Default)]
+struct Scope_ {
+    names: BTreeSet<String>,
+    buffers: BTreeSet<String>,
+    regs: BTreeMap<String, usize>,
+    slots: BTreeSet<u8>,
+}
+
+struct Verifier<'a> {
+    f: &'a Func,
+    gpu: bool,
+    scopes: Vec<Scope_>,
+}
+
+/// Check `f` against the invariants of the module doc.
+pub fn verify(f: &Func) -> Result<(), VerifyError> {
+    let mut top = Scope_::default();
+    for sv in &f.shape_vars {
+        top.names.insert(crate::loop_ir::shape_var_name(sv));
+    }
+    for i in 0..f.inputs {
+        top.buffers.insert(format!("in{i}"));
+    }
+    top.buffers.insert("out0".into());
+    let mut v = Verifier {
+        f,
+        gpu: f.threads.is_some(),
+        scopes: vec![top],
+    };
+    v.block(&f.body)
+}
+
+impl Verifier<'_> {
+    fn fail<T>(&self, what: String) -> Result<T, VerifyError> {
+        Err(VerifyError(format!("{}: {what}", self.f.name)))
+    }
+
+    fn has_name(&self, n: &str) -> bool {
+        self.scopes.iter().any(|s| s.names.contains(n))
+    }
+
+    fn bind(&mut self, n: &str) -> Result<(), VerifyError> {
+        if self.has_name(n) {
+            return self.fail(format!("`{n}` is bound twice"));
+        }
+        self.scopes
+            .last_mut()
+            .expect("a scope")
+            .names
+            .insert(n.to_string());
+        Ok(())
+    }
+
+    fn expr(&self, e: &Expr) -> Result<(), VerifyError> {
+        for name in e.vars() {
+            if !self.has_name(&name) {
+                return self.fail(format!("`{name}` is read but not in scope (in `{e}`)"));
+            }
+        }
+        Ok(())
+    }
+
+    fn cond(&self, c: &Cond) -> Result<(), VerifyError> {
+        match c {
+            Cond::Lt(a, b) | Cond::Le(a, b) | Cond::Eq(a, b) => {
+                self.expr(a)?;
+                self.expr(b)
+            }
+            Cond::And(a, b) => {
+                self.cond(a)?;
+                self.cond(b)
+            }
+            Cond::Claim { slot, key } => {
+                if !self.scopes.iter().any(|s| s.slots.contains(slot)) {
+                    return self.fail(format!("a claim of scratch slot {slot}, never allocated"));
+                }
+                self.expr(key)
+            }
+        }
+    }
+
+    fn buffer(&self, b: &str) -> Result<(), VerifyError> {
+        if self.scopes.iter().any(|s| s.buffers.contains(b)) {
+            Ok(())
+        } else {
+            self.fail(format!(
+                "buffer `{b}` is used but neither an argument nor allocated"
+            ))
+        }
+    }
+
+    fn reg(&self, r: &str) -> Result<usize, VerifyError> {
+        match self.scopes.iter().rev().find_map(|s| s.regs.get(r)) {
+            Some(&lanes) => Ok(lanes),
+            None => self.fail(format!("register `{r}` is used before its declaration")),
+        }
+    }
+
+    fn value(&self, val: &Value) -> Result<(), VerifyError> {
+        match val {
+            Value::Zero { .. } | Value::Const { .. } => Ok(()),
+            Value::Load { buf, index, .. } => {
+                self.buffer(buf)?;
+                self.expr(index)
+            }
+            Value::Reg { name, lanes } => {
+                let declared = self.reg(name)?;
+                if declared != *lanes {
+                    return self.fail(format!(
+                        "register `{name}` has {declared} lanes, read with {lanes}"
+                    ));
+                }
+                Ok(())
+            }
+            Value::Lane(r, l) => {
+                self.reg(r)?;
+                self.expr(l)
+            }
+            Value::Unary(_, x) | Value::Horizontal(_, x) => self.value(x),
+            Value::Binary(_, a, b) | Value::Fma(a, _, b) => {
+                let (la, lb) = (a.lanes(), b.lanes());
+                if la != lb && la != 1 && lb != 1 {
+                    return self.fail(format!("operands of {la} and {lb} lanes"));
+                }
+                if let Value::Fma(_, m, _) = val {
+                    self.value(m)?;
+                }
+                self.value(a)?;
+                self.value(b)
+            }
+            Value::Select(c, a, b) => {
+                self.cond(c)?;
+                self.value(a)?;
+                self.value(b)
+            }
+        }
+    }
+
+    fn block(&mut self, stmts: &[Stmt]) -> Result<(), VerifyError> {
+        self.scopes.push(Scope_::default());
+        let out = stmts.iter().try_for_each(|s| self.stmt(s));
+        self.scopes.pop();
+        out
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), VerifyError> {
+        match s {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => {
+                self.expr(extent)?;
+                if self.gpu && *kind == LoopKind::Parallel {
+                    return self.fail("a parallel loop in a GPU kernel".into());
+                }
+                self.scopes.push(Scope_::default());
+                self.bind(var)?;
+                let out = self.block(body);
+                self.scopes.pop();
+                out
+            }
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
+                self.cond(cond)?;
+                self.block(then)?;
+                self.block(otherwise)
+            }
+            Stmt::Let { var, value } => {
+                self.expr(value)?;
+                self.bind(var)
+            }
+            Stmt::GpuIndex { var, .. } => {
+                if !self.gpu {
+                    return self.fail("a GPU thread index in a CPU function".into());
+                }
+                self.bind(var)
+            }
+            Stmt::Barrier if !self.gpu => self.fail("a barrier in a CPU function".into()),
+            Stmt::Barrier => Ok(()),
+            Stmt::Alloc { buf, len, scope } => {
+                self.expr(len)?;
+                match (scope, self.gpu) {
+                    (Scope::Shared, false) => {
+                        return self.fail(format!("shared memory `{buf}` in a CPU function"))
+                    }
+                    (Scope::Scratch(_), true) => {
+                        return self.fail(format!("scratch buffer `{buf}` in a GPU kernel"))
+                    }
+                    _ => {}
+                }
+                let top = self.scopes.last_mut().expect("a scope");
+                top.buffers.insert(buf.clone());
+                if let Scope::Scratch(slot) = scope {
+                    top.slots.insert(*slot);
+                }
+                Ok(())
+            }
+            Stmt::Reg { name, lanes, init } => {
+                self.value(init)?;
+                self.scopes
+                    .last_mut()
+                    .expect("a scope")
+                    .regs
+                    .insert(name.clone(), *lanes);
+                Ok(())
+            }
+            Stmt::Assign { reg, value } => {
+                self.reg(reg)?;
+                self.value(value)
+            }
+            Stmt::Store { buf, index, value } => {
+                if buf.starts_with("in") {
+                    return self.fail(format!("a store into input `{buf}`"));
+                }
+                self.buffer(buf)?;
+                self.expr(index)?;
+                self.value(value)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loop_ir::{for_, let_, store};
+
+    fn func(body: Vec<Stmt>) -> Func {
+        Func {
+            name: "k".into(),
+            shape_vars: vec!["T".into()],
+            specialized: None,
+            inputs: 1,
+            threads: None,
+            body,
+        }
+    }
+
+    #[test]
+    fn catches_each_kind_of_mistake() {
+        let x = Expr::var;
+        let ok = func(vec![for_(
+            "i",
+            x("sv_T"),
+            LoopKind::Parallel,
+            vec![store("out0", x("i"), Value::load("in0", x("i")))],
+        )]);
+        assert_eq!(verify(&ok), Ok(()));
+        for (bad, why) in [
+            (
+                func(vec![store("out0", x("i"), Value::Zero { lanes: 1 })]),
+                "not in scope",
+            ),
+            (
+                func(vec![store("in0", Expr::Const(0), Value::Zero { lanes: 1 })]),
+                "into input",
+            ),
+            (
+                func(vec![store("tmp", Expr::Const(0), Value::Zero { lanes: 1 })]),
+                "allocated",
+            ),
+            (
+                func(vec![let_("a", Expr::Const(1)), let_("a", Expr::Const(2))]),
+                "twice",
+            ),
+            (func(vec![Stmt::Barrier]), "barrier"),
+            (
+                func(vec![Stmt::Assign {
+                    reg: "r".into(),
+                    value: Value::Zero { lanes: 1 },
+                }]),
+                "before its declaration",
+            ),
+        ] {
+            let e = verify(&bad).unwrap_err();
+            assert!(e.0.contains(why), "{e}");
+        }
+    }
+}

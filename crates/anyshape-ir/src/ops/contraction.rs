@@ -1,0 +1,72 @@
+//! Contractions: `Y[spatial] = Σ_k X · W` with affine index maps (transposes are
+//! strides; batch axes may be any number, shared or broadcast).
+use super::{axis, workload};
+use crate::{AxisKind::Reduction, AxisKind::Spatial, Expr, OpClass, TensorRef, Workload};
+
+/// `dense(M, N, K)`: `Y[m,n] = Σ_k X[m,k] · W[n,k]`.
+pub fn dense(a: &[Expr]) -> Workload {
+    let [m, n, k] = [&a[0], &a[1], &a[2]];
+    let axes = vec![
+        axis("m", m, Spatial),
+        axis("n", n, Spatial),
+        axis("k", k, Reduction),
+    ];
+    let x = TensorRef::over("X", &axes, &[0, 2]);
+    let w = TensorRef::over("W", &axes, &[1, 2]);
+    let y = TensorRef::over("Y", &axes, &[0, 1]);
+    workload(
+        "dense",
+        &["M", "N", "K"],
+        a,
+        OpClass::Contraction,
+        axes,
+        vec![x, w],
+        y,
+    )
+}
+
+fn batch_axes(a: &[Expr]) -> Vec<crate::Axis> {
+    let [b, m, n, k] = [&a[0], &a[1], &a[2], &a[3]];
+    vec![
+        axis("b", b, Spatial),
+        axis("m", m, Spatial),
+        axis("n", n, Spatial),
+        axis("k", k, Reduction),
+    ]
+}
+
+/// `batch_matmul_nt(B, M, N, K)`: `Y[b,m,n] = Σ_k X[b,m,k] · W[b,n,k]`.
+pub fn batch_matmul_nt(a: &[Expr]) -> Workload {
+    let axes = batch_axes(a);
+    let x = TensorRef::over("X", &axes, &[0, 1, 3]);
+    let w = TensorRef::over("W", &axes, &[0, 2, 3]);
+    let y = TensorRef::over("Y", &axes, &[0, 1, 2]);
+    let names = ["B", "M", "N", "K"];
+    workload(
+        "batch_matmul_nt",
+        &names,
+        a,
+        OpClass::Contraction,
+        axes,
+        vec![x, w],
+        y,
+    )
+}
+
+/// `batch_matmul_nn(B, M, N, K)`: `Y[b,m,n] = Σ_k X[b,m,k] · W[b,k,n]`.
+pub fn batch_matmul_nn(a: &[Expr]) -> Workload {
+    let axes = batch_axes(a);
+    let x = TensorRef::over("X", &axes, &[0, 1, 3]);
+    let w = TensorRef::over("W", &axes, &[0, 3, 2]);
+    let y = TensorRef::over("Y", &axes, &[0, 1, 2]);
+    let names = ["B", "M", "N", "K"];
+    workload(
+        "batch_matmul_nn",
+        &names,
+        a,
+        OpClass::Contraction,
+        axes,
+        vec![x, w],
+        y,
+    )
+}

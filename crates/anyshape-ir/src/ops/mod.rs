@@ -1,0 +1,117 @@
+//! The operator registry: every operator anyshape knows, defined once — its name and
+//! arguments, its class, and its builder, which gives its axes, tensors and shapes
+//! (the shape rule) as expressions over the arguments. The reference semantics follow
+//! from the class (see [`crate::OpClass`]); the text form reads names from here.
+//!
+//! To add an operator of an existing class: a builder in the class's file and a line
+//! in [`OPERATORS`]. A new class also needs its variant in `OpClass`, its reference in
+//! `anyshape-measure` and a sketch in `anyshape-codegen`.
+mod contraction;
+mod normalization;
+
+use crate::{Expr, OpClass, Workload};
+
+/// One operator of the registry.
+pub struct OpDef {
+    /// Its name in the text form, e.g. `dense`.
+    pub name: &'static str,
+    /// Its arguments, in order (each an expression over shape vars).
+    pub args: &'static [&'static str],
+    /// What it computes, in one line.
+    pub doc: &'static str,
+    /// Its class's name (see [`OpClass::name`]).
+    pub class: &'static str,
+    /// The builder: axes, tensors and shapes from the argument values.
+    pub build: fn(&[Expr]) -> Workload,
+}
+
+/// Every operator, in the order help texts list them.
+pub static OPERATORS: &[OpDef] = &[
+    OpDef {
+        name: "dense",
+        args: &["M", "N", "K"],
+        doc: "Y[m,n] = sum_k X[m,k] * W[n,k]",
+        class: "contraction",
+        build: contraction::dense,
+    },
+    OpDef {
+        name: "batch_matmul_nt",
+        args: &["B", "M", "N", "K"],
+        doc: "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]",
+        class: "contraction",
+        build: contraction::batch_matmul_nt,
+    },
+    OpDef {
+        name: "batch_matmul_nn",
+        args: &["B", "M", "N", "K"],
+        doc: "Y[b,m,n] = sum_k X[b,m,k] * W[b,k,n]",
+        class: "contraction",
+        build: contraction::batch_matmul_nn,
+    },
+    OpDef {
+        name: "softmax",
+        args: &["M", "N"],
+        doc: "Y[m,n] = exp(X[m,n] - max_n X[m,:]) / sum_n exp(X[m,n] - max_n X[m,:])",
+        class: "normalization",
+        build: normalization::softmax,
+    },
+];
+
+/// The operator named `name`.
+pub fn operator(name: &str) -> Option<&'static OpDef> {
+    OPERATORS.iter().find(|o| o.name == name)
+}
+
+/// A workload of `class` with the common fields filled in.
+pub(crate) fn workload(
+    op: &str,
+    arg_names: &[&str],
+    args: &[Expr],
+    class: OpClass,
+    axes: Vec<crate::Axis>,
+    inputs: Vec<crate::TensorRef>,
+    output: crate::TensorRef,
+) -> Workload {
+    Workload {
+        op: op.to_string(),
+        args: arg_names
+            .iter()
+            .map(|n| n.to_string())
+            .zip(args.iter().cloned())
+            .collect(),
+        dtype: crate::DType::F32,
+        class,
+        axes,
+        inputs,
+        output,
+        epilogue: crate::Epilogue::none(),
+    }
+}
+
+/// An axis.
+pub(crate) fn axis(name: &str, extent: &Expr, kind: crate::AxisKind) -> crate::Axis {
+    crate::Axis {
+        name: name.into(),
+        extent: extent.clone(),
+        kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operator_builds_a_valid_workload_of_its_class() {
+        for op in OPERATORS {
+            let args: Vec<Expr> = (0..op.args.len())
+                .map(|i| Expr::var("T") + i as i64)
+                .collect();
+            let w = (op.build)(&args);
+            w.validate().unwrap_or_else(|e| panic!("{}: {e}", op.name));
+            assert_eq!((w.op.as_str(), w.class.name()), (op.name, op.class));
+            assert_eq!(operator(op.name).map(|o| o.name), Some(op.name));
+        }
+        assert!(operator("conv9d").is_none());
+    }
+}

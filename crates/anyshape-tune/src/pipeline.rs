@@ -1,0 +1,214 @@
+//! The compile pipeline, in one function ([`compile`]): workload → joint search → votes
+//! → dispatch tree → module. Every front end (the command line's `tune` on any device,
+//! the baselines' per-shape tuning) runs it; each step is announced to an
+//! [`Observer`] by name, so progress shows whether or not the output is a terminal.
+use crate::{
+    elect, train_tree, verify, write_module, Backend, ModuleSpec, Result, Specialize, Tunable,
+    TuneError, TuneReport, Tuner, Verification, VoteOptions, Votes,
+};
+use anyshape_abi::{DispatchTree, Manifest, TuningInfo};
+use anyshape_codegen::{CpuTarget, GpuMicroKernel, MicroKernel, RowKernel, Sketch};
+use anyshape_ir::ShapeVar;
+use anyshape_measure::Measurer;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// A step of the pipeline.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// The joint search starts: instances, trial budget, trials resumed.
+    Search {
+        /// Instances of the domain.
+        instances: usize,
+        /// The trial budget.
+        budget: usize,
+        /// Trials taken from the records.
+        resumed: usize,
+    },
+    /// The candidates of the votes are measured on every instance.
+    Votes {
+        /// Trials the vote round takes at most.
+        trials: usize,
+    },
+    /// The dispatch tree is trained on the votes.
+    Tree,
+    /// The module's kernels are built and the module written.
+    Module {
+        /// Symbolic kernels (one per chosen micro-kernel).
+        symbolic: usize,
+        /// Kernels specialized for single instances.
+        specialized: usize,
+    },
+    /// The best kernel of every instance is checked against the reference.
+    Verify,
+}
+
+/// Hears the pipeline's progress.
+pub trait Observer {
+    /// A step starts.
+    fn step(&mut self, step: &Step);
+    /// A search round ended.
+    fn round(&mut self, summary: &crate::RoundSummary);
+    /// The records hold `n` trials.
+    fn trials(&mut self, n: usize);
+}
+
+/// What to do after the search.
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    /// How votes are taken.
+    pub votes: VoteOptions,
+    /// Write the module here (votes and the tree are made for it).
+    pub out: Option<PathBuf>,
+    /// Instances that get specialized kernels in the module.
+    pub specialize: Specialize,
+    /// Check the best kernel of every instance up to this many FLOPs.
+    pub verify_flops: Option<f64>,
+    /// Vote and train the tree even without a module (to report them).
+    pub dispatch: bool,
+}
+
+/// What the pipeline produced.
+pub struct Compiled<K> {
+    /// The search's report.
+    pub report: TuneReport<K>,
+    /// The votes, the tree and its training accuracy, where made.
+    pub dispatch: Option<(Votes<K>, DispatchTree, f64)>,
+    /// Seconds the votes took.
+    pub vote_seconds: f64,
+    /// The module's manifest and the seconds its build took, where written.
+    pub module: Option<(Manifest, f64)>,
+    /// The check of the best kernels, where asked for.
+    pub verification: Option<Verification>,
+}
+
+/// A sketch whose tuned micro-kernels can be packaged into a module the runtime loads.
+pub trait Packaged: Tunable {
+    /// Write the module (see [`write_module`]).
+    fn write(
+        spec: &ModuleSpec<Self>,
+        measurer: &Measurer,
+        dir: &std::path::Path,
+    ) -> Result<Manifest>;
+}
+
+/// CPU sketches: one shared library with the dispatcher.
+fn write_cpu<K: Tunable + Sketch<Target = CpuTarget>>(
+    spec: &ModuleSpec<K>,
+    measurer: &Measurer,
+    dir: &std::path::Path,
+) -> Result<Manifest> {
+    write_module(spec, &measurer.builder, dir)
+}
+
+impl Packaged for MicroKernel {
+    fn write(spec: &ModuleSpec<Self>, m: &Measurer, dir: &std::path::Path) -> Result<Manifest> {
+        write_cpu(spec, m, dir)
+    }
+}
+
+impl Packaged for RowKernel {
+    fn write(spec: &ModuleSpec<Self>, m: &Measurer, dir: &std::path::Path) -> Result<Manifest> {
+        write_cpu(spec, m, dir)
+    }
+}
+
+impl Packaged for GpuMicroKernel {
+    fn write(_: &ModuleSpec<Self>, _: &Measurer, _: &std::path::Path) -> Result<Manifest> {
+        Err(TuneError::Unsupported(
+            "modules of GPU kernels are not built yet (the runtime loads CPU modules); tune without --out, or on the CPU".into(),
+        ))
+    }
+}
+
+/// Run the pipeline on a prepared tuner: the search, then (for a module, or with
+/// `dispatch`) the votes and the tree, the module, and the verification asked for. An
+/// interrupted search ends the pipeline there (the records hold it; a resume goes on).
+pub fn compile<B>(
+    tuner: &mut Tuner<B>,
+    shape_vars: &[ShapeVar],
+    measurer: &Measurer,
+    options: &PipelineOptions,
+    observer: &mut dyn Observer,
+) -> Result<Compiled<B::MicroKernel>>
+where
+    B: Backend,
+    B::MicroKernel: Packaged,
+{
+    observer.step(&Step::Search {
+        instances: tuner.instances().len(),
+        budget: tuner.budget(),
+        resumed: tuner.resumed().trials,
+    });
+    let obs = std::cell::RefCell::new(observer);
+    let report = tuner.run(&mut |s| obs.borrow_mut().round(s), &mut |n| {
+        obs.borrow_mut().trials(n)
+    })?;
+    let observer = obs.into_inner();
+    let mut compiled = Compiled {
+        report,
+        dispatch: None,
+        vote_seconds: 0.0,
+        module: None,
+        verification: None,
+    };
+    // Asked to stop: the records hold the search; votes and module wait for a resume.
+    if compiled.report.stop == crate::StopReason::Interrupted {
+        return Ok(compiled);
+    }
+    if options.out.is_some() || options.dispatch {
+        let start = Instant::now();
+        observer.step(&Step::Votes {
+            trials: options.votes.max_kernels * tuner.instances().len(),
+        });
+        let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
+        compiled.vote_seconds = start.elapsed().as_secs_f64();
+        observer.step(&Step::Tree);
+        let (tree, accuracy) = train_tree(&tuner.workload().shape_vars(), &votes.votes)?;
+        if let Some(out) = &options.out {
+            let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
+            let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
+            let specialize = options.specialize.pick(&bindings, &weights);
+            observer.step(&Step::Module {
+                symbolic: votes.micro_kernels.len(),
+                specialized: specialize.len(),
+            });
+            let (seconds, untimed_trials) = tuner.tuning_seconds();
+            let t0 = Instant::now();
+            let manifest = B::MicroKernel::write(
+                &ModuleSpec {
+                    workload: tuner.workload(),
+                    shape_vars,
+                    target: tuner.target(),
+                    strategy: tuner.strategy(),
+                    votes: &votes,
+                    tree: &tree,
+                    tree_accuracy: accuracy,
+                    specialize: &specialize,
+                    tuning: Some(TuningInfo {
+                        seconds,
+                        trials: tuner.trials(),
+                        resumed_trials: compiled.report.resumed_trials,
+                        untimed_trials,
+                    }),
+                },
+                measurer,
+                out,
+            )?;
+            compiled.module = Some((manifest, t0.elapsed().as_secs_f64()));
+        }
+        compiled.dispatch = Some((votes, tree, accuracy));
+    }
+    if let Some(max_flops) = options.verify_flops {
+        observer.step(&Step::Verify);
+        compiled.verification = Some(verify(
+            tuner.workload(),
+            tuner.target(),
+            tuner.strategy(),
+            &compiled.report,
+            measurer,
+            max_flops,
+        )?);
+    }
+    Ok(compiled)
+}

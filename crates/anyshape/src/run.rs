@@ -1,0 +1,206 @@
+//! `anyshape run`: one program (any sketch the workload's class has on the CPU) or a
+//! module's entry point, on random data in the worker: latency, throughput and, with
+//! `--check`, the comparison with the reference.
+use crate::{bindings, runner, Common};
+use anyhow::{bail, Result};
+use anyshape_abi::ENTRY_SYMBOL;
+use anyshape_codegen::{
+    cpu_sketch, CpuTarget, KernelMode, PaddingStrategy, Program, Sketch, Target,
+};
+use anyshape_ir::{Bindings, Workload};
+use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurement, Outcome};
+use anyshape_runtime::Module;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+/// Options of `anyshape run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The workload, e.g. `dense(M=16*T,N=2304,K=768)+bias+gelu` or
+    /// `softmax(B=12,M=T,N=T)`; see the README for the operators and epilogues.
+    #[arg(long, short, required_unless_present = "module")]
+    workload: Option<String>,
+    /// Run a module (from `anyshape tune --out`) instead: its dispatcher picks the kernel.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["workload", "strategy", "mode", "micro_kernel", "print_c"])]
+    module: Option<PathBuf>,
+    /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
+    #[arg(long = "set", value_name = "VAR=VALUE")]
+    set: Vec<String>,
+    /// How tiles that overhang the tensors are handled.
+    #[arg(long, default_value = "local-pad", value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "global-pad", "loop-partition", "local-pad"]))]
+    strategy: String,
+    /// Bake the shape into the kernel (specialized) or read it at run time (symbolic).
+    #[arg(long, default_value = "specialized", value_parser = clap::builder::PossibleValuesParser::new(["specialized", "symbolic"]))]
+    mode: String,
+    /// Micro-kernel parameters of the workload's sketch (contractions:
+    /// `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`; softmax: `rows=4,vectors=2`) or JSON; a
+    /// default for the target when absent.
+    #[arg(long, value_name = "PARAMS")]
+    micro_kernel: Option<String>,
+    /// Compare the output with the reference implementation.
+    #[arg(long)]
+    check: bool,
+    /// Print the generated C and stop.
+    #[arg(long)]
+    print_c: bool,
+    /// Keep timing for at least this many seconds.
+    #[arg(long, default_value_t = 0.5, value_parser = crate::seconds, allow_negative_numbers = true)]
+    seconds: f64,
+    /// Kill the program if it runs longer than this many seconds.
+    #[arg(long, default_value_t = 60.0, value_parser = crate::time_limit, allow_negative_numbers = true)]
+    timeout: f64,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Run `anyshape run`.
+pub fn run(args: RunArgs) -> Result<()> {
+    let options = MeasureOptions {
+        min_seconds: args.seconds,
+        timeout_seconds: args.timeout,
+        ..Default::default()
+    };
+    if let Some(module) = &args.module {
+        let bindings = bindings(&args.set, None)?;
+        return run_module(module, &bindings, args.check, options);
+    }
+    let workload = Workload::parse(args.workload.as_deref().unwrap_or_default())?;
+    let target = args.common.target()?;
+    cpu_sketch!(
+        workload.class,
+        run_program(&args, &workload, &target, options)
+    )
+}
+
+/// Run one program of the sketch `K`.
+fn run_program<K: Sketch<Target = CpuTarget>>(
+    args: &RunArgs,
+    workload: &Workload,
+    target: &CpuTarget,
+    options: MeasureOptions,
+) -> Result<()> {
+    let bindings = bindings(&args.set, Some(workload))?;
+    let bound = workload.bind(&bindings)?;
+    let micro_kernel = match &args.micro_kernel {
+        Some(text) => K::parse(text)?,
+        None => K::default_for(target),
+    };
+    micro_kernel.validate(target)?;
+    let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let mode: KernelMode = args.mode.parse().map_err(anyhow::Error::msg)?;
+    let program = Program {
+        workload: workload.clone(),
+        micro_kernel,
+        strategy,
+        mode,
+        bindings: bindings.clone(),
+    };
+    if args.print_c {
+        print!("{}\n{}", target.prelude(), program.source(target)?);
+        return Ok(());
+    }
+    let lib = args
+        .common
+        .builder()
+        .build_programs(target, std::slice::from_ref(&program))?;
+    let symbol = program.symbol(target);
+    if let Some(err) = lib.failed.get(&symbol) {
+        bail!("the generated kernel did not compile (a code generation bug):\n{err}");
+    }
+    let candidate = Candidate {
+        symbol,
+        workload: workload.clone(),
+        bindings: bindings.clone(),
+        check: args.check,
+        gpu: None,
+    };
+    let outcome = runner(options)?
+        .measure(&lib.kernels(), &[candidate])?
+        .remove(0);
+    let m = match outcome {
+        Outcome::Measured(m) => m,
+        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the program failed: {why}"),
+    };
+    println!("workload     {workload}  [{bindings}]");
+    println!(
+        "program      {} {micro_kernel}  strategy={strategy}  mode={mode}  target={}",
+        K::NAME,
+        target.describe()
+    );
+    print_measurement(&m, workload.flops(&bound))
+}
+
+/// `anyshape run --module`: run the module's entry point on one instance in the worker.
+fn run_module(
+    path: &Path,
+    bindings: &Bindings,
+    check: bool,
+    options: MeasureOptions,
+) -> Result<()> {
+    let module = Module::load(path)?;
+    let bound = module.bind(bindings)?;
+    let d = module.dispatch(bindings);
+    let m = module.manifest();
+    let candidate = Candidate {
+        symbol: ENTRY_SYMBOL.into(),
+        workload: module.workload().clone(),
+        bindings: bindings.clone(),
+        check,
+        gpu: None,
+    };
+    let library = Kernels::Library(module.dir().join(&m.library));
+    let outcome = runner(options)?.measure(&library, &[candidate])?.remove(0);
+    let r = match outcome {
+        Outcome::Measured(r) => r,
+        Outcome::Failed(why) | Outcome::Interrupted(why) => bail!("the module failed: {why}"),
+    };
+    let tuned = m.votes.iter().any(|v| &v.bindings == bindings);
+    println!(
+        "module       {}  [{bindings}]{}",
+        path.display(),
+        if tuned {
+            ""
+        } else {
+            "  (outside the tuned instances)"
+        }
+    );
+    println!(
+        "dispatched   #{} {} ({} kernel {})",
+        d.micro_kernel,
+        m.micro_kernels[d.micro_kernel],
+        if d.specialized {
+            "specialized"
+        } else {
+            "symbolic"
+        },
+        d.symbol
+    );
+    print_measurement(&r, module.workload().flops(&bound))
+}
+
+/// Print a measurement's latency, throughput and check; fail on a mismatch.
+fn print_measurement(m: &Measurement, flops: f64) -> Result<()> {
+    println!(
+        "latency      min {:.3} ms   median {:.3} ms   ({} runs)",
+        m.min_seconds * 1e3,
+        m.median_seconds * 1e3,
+        m.repeats
+    );
+    println!(
+        "throughput   {:.1} GFLOP/s (at min latency)   {:.1} GFLOP/s (at median)",
+        flops / m.min_seconds / 1e9,
+        flops / m.median_seconds / 1e9
+    );
+    if let Some(check) = &m.check {
+        if check.passed {
+            println!(
+                "check        ok: matches the reference (max abs error {:.2e})",
+                check.max_abs_error
+            );
+        } else {
+            println!("check        MISMATCH: {} elements differ (first at flat index {:?}, max abs error {:.2e})", check.mismatches, check.first_mismatch, check.max_abs_error);
+            bail!("the result does not match the reference");
+        }
+    }
+    Ok(())
+}
