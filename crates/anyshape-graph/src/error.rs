@@ -1,0 +1,43 @@
+//! Errors of model import, shape propagation and execution. Every variant is the
+//! model's or the caller's fault (user input) unless its doc says otherwise.
+
+/// Result alias for this crate.
+pub type Result<T, E = GraphError> = std::result::Result<T, E>;
+
+/// Why a model could not be read, understood or run.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    /// The file could not be read (environment).
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The bytes are not an ONNX model (truncated, another format, damaged).
+    #[error("not a valid ONNX model: {0}")]
+    Format(String),
+    /// The model uses something anyshape does not support (named in the message).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A node is wrong or cannot be handled: which node, which op, what.
+    #[error("node `{node}` ({op}): {message}")]
+    Node {
+        /// The node's name.
+        node: String,
+        /// Its op type.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A shape problem outside any node (inputs, sizes).
+    #[error("{0}")]
+    Shape(String),
+    /// An element-type problem outside any node.
+    #[error("{0}")]
+    Type(String),
+    /// A symbolic expression could not be built or evaluated.
+    #[error(transparent)]
+    Ir(#[from] anyshape_ir::IrError),
+}

@@ -1,0 +1,89 @@
+//! Symbolic shape propagation (TSCompiler §4.1): a [`Fact`] for every value of a graph,
+//! node by node — shapes as expressions over the shape vars, shape plumbing folded into
+//! expressions, small constant subgraphs evaluated. What is left for run time is the
+//! evaluation of expressions; an op or a shape that cannot be handled is an error that
+//! names the node, the op and what could not be inferred.
+use crate::fact::FOLD_LIMIT;
+use crate::graph::{Graph, ValueId};
+use crate::ops::{op, unsupported};
+use crate::{Fact, GraphError, Result, Tensor};
+
+/// The facts of every value of `g`, by value id (`None` for values no node makes).
+pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
+    let mut facts: Vec<Option<Fact>> = vec![None; g.values.len()];
+    for (&id, t) in &g.initializers {
+        facts[id] = Some(Fact::known(t.clone()));
+    }
+    for i in &g.inputs {
+        facts[i.value] = Some(Fact::new(i.dtype, i.dims.clone()));
+    }
+    for node in &g.nodes {
+        let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
+        let ins: Vec<Option<&Fact>> = node
+            .inputs
+            .iter()
+            .map(|i| i.and_then(|id| facts[id].as_ref()))
+            .collect();
+        // Constant subgraphs are evaluated: every input known and small, and every
+        // output small (its shape inferred first, so nothing large is ever allocated).
+        let known: Option<Vec<Option<&Tensor>>> = node
+            .inputs
+            .iter()
+            .map(|i| match i {
+                None => Some(None),
+                Some(id) => facts[*id]
+                    .as_ref()
+                    .and_then(|f| f.value.as_ref())
+                    .filter(|t| t.len() <= FOLD_LIMIT)
+                    .map(Some),
+            })
+            .collect();
+        let inferred = (spec.infer)(node, &ins);
+        let small = |outs: &[Fact]| {
+            outs.iter().all(|f| {
+                f.const_shape()
+                    .is_some_and(|s| crate::numel(&s).is_ok_and(|n| n <= FOLD_LIMIT))
+            })
+        };
+        let outs = match (known, inferred) {
+            (Some(tensors), Ok(outs)) if small(&outs) && outs.iter().any(|f| f.value.is_none()) => {
+                (spec.eval)(node, &tensors)?
+                    .into_iter()
+                    .map(Fact::known)
+                    .collect()
+            }
+            (_, Ok(outs)) => outs,
+            (Some(tensors), Err(_)) => (spec.eval)(node, &tensors)?
+                .into_iter()
+                .map(Fact::known)
+                .collect(),
+            (None, Err(e)) => return Err(e),
+        };
+        if outs.len() < node.outputs.len() {
+            return Err(node.error(format!(
+                "{} outputs inferred for {} outputs",
+                outs.len(),
+                node.outputs.len()
+            )));
+        }
+        for (&id, f) in node.outputs.iter().zip(outs) {
+            facts[id] = Some(f);
+        }
+    }
+    for &o in &g.outputs {
+        if facts[o].is_none() {
+            return Err(GraphError::Format(format!(
+                "graph output `{}` has no value",
+                g.values[o]
+            )));
+        }
+    }
+    Ok(facts)
+}
+
+/// The fact of value `v`, which [`infer`] made.
+pub fn fact(facts: &[Option<Fact>], v: ValueId) -> &Fact {
+    facts[v]
+        .as_ref()
+        .expect("infer makes a fact for every value a node makes")
+}

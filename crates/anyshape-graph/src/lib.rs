@@ -1,0 +1,23 @@
+//! Whole models for anyshape: reading ONNX files ([`onnx`]) into a graph IR
+//! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
+//! expressions over the model's shape vars, shape plumbing folded), the operators'
+//! semantics ([`ops`]) and a reference executor ([`exec::run`]).
+//!
+//! It builds on `anyshape-ir` (expressions, shape vars); it knows nothing of code
+//! generation, measuring or tuning.
+#![deny(missing_docs)]
+
+mod error;
+pub mod exec;
+mod fact;
+mod graph;
+mod infer;
+pub mod onnx;
+pub mod ops;
+mod tensor;
+
+pub use error::{GraphError, Result};
+pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
+pub use graph::{Attr, Graph, Input, Node, ValueId};
+pub use infer::{fact, infer};
+pub use tensor::{numel, strides, DType, Data, Tensor};

@@ -1,0 +1,369 @@
+//! Reading ONNX files into the graph IR: the protobuf (`prost` types generated from
+//! `proto/onnx.proto`), tensors in every encoding exporters use (raw little-endian
+//! bytes, typed fields, external data files next to the model), attributes, the
+//! inputs' symbolic dims, and checks that the graph is well formed (every value defined
+//! once, before its use). Anything else is a clear error naming what and where.
+use crate::graph::{Attr, Graph, Input, Node};
+use crate::{DType, Data, GraphError, Result, Tensor};
+use anyshape_ir::Expr;
+use prost::Message;
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+
+/// The protobuf types of `onnx.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+
+/// Models larger than this are refused before reading (2 GiB: protobuf's own limit).
+pub const MAX_MODEL_BYTES: u64 = 2 << 30;
+
+/// The ONNX IR versions anyshape reads.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=10;
+
+/// Read the model at `path` (external data relative to its directory).
+pub fn load(path: &Path) -> Result<Graph> {
+    let io = |source| GraphError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_MODEL_BYTES {
+        return Err(GraphError::Unsupported(format!(
+            "{}: {len} bytes; models over 2 GiB keep their weights in external data files",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    decode(&bytes, path.parent())
+}
+
+/// Decode a model from its bytes; external data files are looked up in `dir`.
+pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
+    let model = proto::ModelProto::decode(bytes).map_err(|e| GraphError::Format(e.to_string()))?;
+    let ir = model.ir_version.unwrap_or(0);
+    if !IR_VERSIONS.contains(&ir) {
+        return Err(GraphError::Unsupported(format!(
+            "ONNX IR version {ir} (anyshape reads {} to {})",
+            IR_VERSIONS.start(),
+            IR_VERSIONS.end()
+        )));
+    }
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .and_then(|o| o.version)
+        .ok_or_else(|| GraphError::Format("no opset of the default domain".into()))?;
+    let graph = model
+        .graph
+        .ok_or_else(|| GraphError::Format("the model has no graph".into()))?;
+    Reader {
+        dir,
+        g: Graph {
+            opset,
+            ..Graph::default()
+        },
+        names: BTreeMap::new(),
+        unnamed_dims: 0,
+    }
+    .read(graph)
+}
+
+struct Reader<'a> {
+    dir: Option<&'a Path>,
+    g: Graph,
+    names: BTreeMap<String, usize>,
+    unnamed_dims: usize,
+}
+
+impl Reader<'_> {
+    fn id(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.names.get(name) {
+            return i;
+        }
+        self.g.values.push(name.to_string());
+        self.names.insert(name.to_string(), self.g.values.len() - 1);
+        self.g.values.len() - 1
+    }
+
+    fn read(mut self, graph: proto::GraphProto) -> Result<Graph> {
+        let mut defined = std::collections::BTreeSet::new();
+        for t in &graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            let tensor = self.tensor(t).map_err(|e| match e {
+                GraphError::Unsupported(m) | GraphError::Format(m) => {
+                    GraphError::Format(format!("initializer `{name}`: {m}"))
+                }
+                other => other,
+            })?;
+            let id = self.id(&name);
+            self.g.initializers.insert(id, tensor);
+            defined.insert(id);
+        }
+        for vi in &graph.input {
+            let name = vi.name.clone().unwrap_or_default();
+            let id = self.id(&name);
+            if self.g.initializers.contains_key(&id) {
+                continue; // older exporters list weights among the inputs
+            }
+            let (dtype, dims) = self.value_type(vi)?;
+            self.g.inputs.push(Input {
+                value: id,
+                dtype,
+                dims,
+            });
+            defined.insert(id);
+        }
+        for (index, n) in graph.node.iter().enumerate() {
+            let name = match n.name.as_deref() {
+                Some(s) if !s.is_empty() => s.to_string(),
+                _ => format!("#{index}"),
+            };
+            let op = n.op_type.clone().unwrap_or_default();
+            if !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+                return Err(GraphError::Unsupported(format!(
+                    "node `{name}`: op {op} of domain `{}`",
+                    n.domain.as_deref().unwrap_or_default()
+                )));
+            }
+            let mut node = Node {
+                name,
+                op,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                attrs: BTreeMap::new(),
+            };
+            for i in &n.input {
+                if i.is_empty() {
+                    node.inputs.push(None);
+                    continue;
+                }
+                let id = self.id(i);
+                if !defined.contains(&id) {
+                    return Err(node.error(format!(
+                        "input `{i}` is used before any node makes it (the graph is not in topological order, or the value does not exist)"
+                    )));
+                }
+                node.inputs.push(Some(id));
+            }
+            for a in &n.attribute {
+                let key = a.name.clone().unwrap_or_default();
+                let value = self
+                    .attr(a)
+                    .map_err(|e| node.error(format!("attribute `{key}`: {e}")))?;
+                node.attrs.insert(key, value);
+            }
+            for o in &n.output {
+                if o.is_empty() {
+                    continue;
+                }
+                let id = self.id(o);
+                if !defined.insert(id) {
+                    return Err(node.error(format!("output `{o}` is defined twice")));
+                }
+                node.outputs.push(id);
+            }
+            self.g.nodes.push(node);
+        }
+        for vi in &graph.output {
+            let name = vi.name.clone().unwrap_or_default();
+            let id = self.id(&name);
+            if !defined.contains(&id) {
+                return Err(GraphError::Format(format!(
+                    "graph output `{name}` is made by no node"
+                )));
+            }
+            self.g.outputs.push(id);
+        }
+        if self.g.outputs.is_empty() {
+            return Err(GraphError::Format("the graph has no outputs".into()));
+        }
+        Ok(self.g)
+    }
+
+    /// An input's element type and dims.
+    fn value_type(&mut self, vi: &proto::ValueInfoProto) -> Result<(DType, Vec<Expr>)> {
+        use proto::tensor_shape_proto::dimension::Value as D;
+        use proto::type_proto::Value as T;
+        let name = vi.name.clone().unwrap_or_default();
+        let Some(T::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            return Err(GraphError::Unsupported(format!(
+                "input `{name}` is not a tensor"
+            )));
+        };
+        let code = t.elem_type.unwrap_or(0);
+        let dtype = DType::from_onnx(code).ok_or_else(|| {
+            GraphError::Unsupported(format!("input `{name}` has element type {code}"))
+        })?;
+        let Some(shape) = &t.shape else {
+            return Err(GraphError::Unsupported(format!(
+                "input `{name}` has no shape (its rank must be known)"
+            )));
+        };
+        let mut dims = Vec::new();
+        for d in &shape.dim {
+            dims.push(match &d.value {
+                Some(D::DimValue(v)) if *v >= 0 => Expr::Const(*v),
+                Some(D::DimParam(p)) if !p.is_empty() => dim_expr(p),
+                _ => {
+                    self.unnamed_dims += 1;
+                    Expr::var(format!("unk_in{}", self.unnamed_dims))
+                }
+            });
+        }
+        Ok((dtype, dims))
+    }
+
+    fn attr(&self, a: &proto::AttributeProto) -> Result<Attr> {
+        use proto::attribute_proto::AttributeType as A;
+        let ty = a.r#type.unwrap_or(0);
+        Ok(match A::try_from(ty).unwrap_or(A::Undefined) {
+            A::Int => Attr::Int(a.i.unwrap_or(0)),
+            A::Float => Attr::Float(a.f.unwrap_or(0.0)),
+            A::Ints => Attr::Ints(a.ints.clone()),
+            A::Floats => Attr::Floats(a.floats.clone()),
+            A::String => {
+                Attr::Str(String::from_utf8_lossy(a.s.as_deref().unwrap_or_default()).into_owned())
+            }
+            A::Tensor => Attr::Tensor(self.tensor(a.t.as_ref().ok_or_else(|| {
+                GraphError::Format("a tensor attribute without its tensor".into())
+            })?)?),
+            _ => Attr::Unsupported,
+        })
+    }
+
+    /// A tensor in any of its encodings.
+    fn tensor(&self, t: &proto::TensorProto) -> Result<Tensor> {
+        let code = t.data_type.unwrap_or(0);
+        let dtype = DType::from_onnx(code)
+            .ok_or_else(|| GraphError::Unsupported(format!("tensors of element type {code}")))?;
+        let shape: Vec<usize> = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))?;
+        let n = crate::tensor::numel(&shape)?;
+        let external = t.data_location == Some(1);
+        let raw: Option<Vec<u8>> = if external {
+            Some(self.external(t)?)
+        } else {
+            t.raw_data.clone()
+        };
+        let width = |c: i32| match c {
+            1 | 6 => 4,
+            7 | 11 => 8,
+            9 => 1,
+            _ => 0,
+        };
+        let data = if let Some(raw) = raw {
+            let w = width(code);
+            if raw.len() != n * w {
+                return Err(GraphError::Format(format!(
+                    "{} bytes of data for {n} elements of {w} bytes",
+                    raw.len()
+                )));
+            }
+            match code {
+                1 => Data::F32(
+                    raw.chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
+                ),
+                11 => Data::F32(
+                    raw.chunks_exact(8)
+                        .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+                        .collect(),
+                ),
+                6 => Data::I64(
+                    raw.chunks_exact(4)
+                        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+                        .collect(),
+                ),
+                7 => Data::I64(
+                    raw.chunks_exact(8)
+                        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                        .collect(),
+                ),
+                _ => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+            }
+        } else {
+            match code {
+                1 => Data::F32(t.float_data.clone()),
+                11 => Data::F32(t.double_data.iter().map(|&x| x as f32).collect()),
+                6 => Data::I64(t.int32_data.iter().map(|&x| x as i64).collect()),
+                7 => Data::I64(t.int64_data.clone()),
+                _ => Data::Bool(t.int32_data.iter().map(|&x| x != 0).collect()),
+            }
+        };
+        let _ = dtype;
+        Tensor::new(shape, data).map_err(|e| GraphError::Format(e.to_string()))
+    }
+
+    /// The bytes of an external-data tensor: a file beside the model (never outside
+    /// its directory), an offset and a length.
+    fn external(&self, t: &proto::TensorProto) -> Result<Vec<u8>> {
+        let get = |k: &str| {
+            t.external_data
+                .iter()
+                .find(|e| e.key.as_deref() == Some(k))
+                .and_then(|e| e.value.clone())
+        };
+        let location = get("location")
+            .ok_or_else(|| GraphError::Format("external data without a location".into()))?;
+        let rel = Path::new(&location);
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            return Err(GraphError::Format(format!(
+                "external data location `{location}` leaves the model's directory"
+            )));
+        }
+        let dir = self.dir.ok_or_else(|| {
+            GraphError::Format(format!(
+                "external data `{location}` needs the model's directory (load the model from a file)"
+            ))
+        })?;
+        let path = dir.join(rel);
+        let bytes = std::fs::read(&path).map_err(|source| GraphError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let num = |k: &str| -> Result<Option<usize>> {
+            get(k)
+                .map(|v| {
+                    v.parse::<usize>().map_err(|_| {
+                        GraphError::Format(format!("external data {k} `{v}` is not a number"))
+                    })
+                })
+                .transpose()
+        };
+        let offset = num("offset")?.unwrap_or(0);
+        let length = num("length")?.unwrap_or(bytes.len().saturating_sub(offset));
+        let end = offset
+            .checked_add(length)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| {
+                GraphError::Format(format!(
+                    "external data `{location}`: bytes {offset}..+{length} past its end ({} bytes)",
+                    bytes.len()
+                ))
+            })?;
+        Ok(bytes[offset..end].to_vec())
+    }
+}
+
+/// A dim name as an expression: a plain name is a shape var; exporters also write
+/// expressions (`batch*sequence`, `((height//16))*((width//16)) + 1`), read with `//` as
+/// floor division; anything else becomes a shape var named after its characters.
+fn dim_expr(name: &str) -> Expr {
+    let text = name.replace("//", "/");
+    match anyshape_ir::parse_expr(&text) {
+        Ok(e) => e,
+        Err(_) => Expr::var(
+            name.chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect::<String>(),
+        ),
+    }
+}

@@ -1,0 +1,532 @@
+//! Elementwise ops with numpy broadcasting: arithmetic (`f32` and `i64`; on the shape
+//! plumbing's integer vectors also as expressions), comparisons and logic (to `bool`),
+//! `Where`, activations and `Cast`.
+use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
+use crate::fact::{broadcast, equal};
+use crate::graph::Node;
+use crate::{DType, Data, Fact, Result, Tensor};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Add",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Sub",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Mul",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Div",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Pow",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Max",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Min",
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Equal",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "Greater",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "GreaterOrEqual",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "Less",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "LessOrEqual",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "And",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "Or",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "Xor",
+        infer: infer_compare,
+        eval: eval_compare,
+    },
+    OpSpec {
+        name: "Not",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Where",
+        infer: infer_where,
+        eval: eval_where,
+    },
+    OpSpec {
+        name: "Sqrt",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Exp",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Log",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Erf",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Tanh",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Relu",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sigmoid",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Gelu",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Neg",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Abs",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Reciprocal",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "IsNaN",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "IsInf",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Identity",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Cast",
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+];
+
+/// The broadcast shape of every input, or an error naming the node.
+fn shapes(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Expr>> {
+    let mut out: Vec<Expr> = Vec::new();
+    for f in ins.iter().flatten() {
+        out = broadcast(&out, &f.shape).map_err(|e| node.error(e))?;
+    }
+    Ok(out)
+}
+
+/// Integer vectors of shape plumbing, broadcast to one length.
+fn syms<'a>(ins: &'a [Option<&Fact>]) -> Option<Vec<&'a Vec<Expr>>> {
+    let v: Option<Vec<&Vec<Expr>>> = ins.iter().map(|f| f.and_then(|f| f.sym.as_ref())).collect();
+    v.filter(|v| !v.is_empty())
+}
+
+fn sym_at(v: &[Expr], i: usize) -> Expr {
+    if v.len() == 1 {
+        v[0].clone()
+    } else {
+        v[i].clone()
+    }
+}
+
+fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let first = req(node, ins, 0)?;
+    let shape = shapes(node, ins)?;
+    if first.dtype == DType::I64 && shape.len() <= 1 {
+        if let Some(vs) = syms(ins) {
+            let n = vs.iter().map(|v| v.len()).max().unwrap_or(1);
+            if vs.iter().all(|v| v.len() == n || v.len() == 1) {
+                let mut out = Vec::with_capacity(n);
+                for i in 0..n {
+                    let mut acc = sym_at(vs[0], i);
+                    for v in &vs[1..] {
+                        let x = sym_at(v, i);
+                        acc = match node.op.as_str() {
+                            "Add" => acc + x,
+                            "Sub" => acc - x,
+                            "Mul" => acc * x,
+                            // ONNX integer division truncates; shapes are not negative.
+                            "Div" => Expr::floor_div(acc, x),
+                            "Max" => Expr::max(acc, x),
+                            "Min" => Expr::min(acc, x),
+                            _ => return Ok(vec![Fact::new(first.dtype, shape)]),
+                        };
+                    }
+                    out.push(acc);
+                }
+                return Ok(vec![Fact::symbolic(out, shape.len())]);
+            }
+        }
+    }
+    Ok(vec![Fact::new(first.dtype, shape)])
+}
+
+/// `f` over the broadcast of `a` and `b`.
+fn zip<A: Copy, B: Copy, C>(
+    a: &[A],
+    sa: &[usize],
+    b: &[B],
+    sb: &[usize],
+    out: &[usize],
+    f: impl Fn(A, B) -> C,
+) -> Vec<C> {
+    let ia = broadcast_indices(sa, out);
+    let ib = broadcast_indices(sb, out);
+    ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect()
+}
+
+fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let out = broadcast_shape(&a.shape, &b.shape).ok_or_else(|| {
+        node.error(format!(
+            "shapes {:?} and {:?} do not broadcast",
+            a.shape, b.shape
+        ))
+    })?;
+    let op = node.op.as_str();
+    let data = match (&a.data, &b.data) {
+        (Data::F32(x), Data::F32(y)) => {
+            let f: fn(f32, f32) -> f32 = match op {
+                "Add" => |p, q| p + q,
+                "Sub" => |p, q| p - q,
+                "Mul" => |p, q| p * q,
+                "Div" => |p, q| p / q,
+                "Pow" => |p, q| if q == 2.0 { p * p } else { p.powf(q) },
+                "Max" => |p, q| {
+                    if p.is_nan() || q.is_nan() {
+                        f32::NAN
+                    } else {
+                        p.max(q)
+                    }
+                },
+                "Min" => |p, q| {
+                    if p.is_nan() || q.is_nan() {
+                        f32::NAN
+                    } else {
+                        p.min(q)
+                    }
+                },
+                _ => return fail(node, "unsupported for float"),
+            };
+            Data::F32(zip(x, &a.shape, y, &b.shape, &out, f))
+        }
+        (Data::F32(x), Data::I64(y)) if op == "Pow" => {
+            Data::F32(zip(x, &a.shape, y, &b.shape, &out, |p, q| p.powi(q as i32)))
+        }
+        (Data::I64(x), Data::I64(y)) => {
+            let f: fn(i64, i64) -> Option<i64> = match op {
+                "Add" => i64::checked_add,
+                "Sub" => i64::checked_sub,
+                "Mul" => i64::checked_mul,
+                "Div" => i64::checked_div,
+                "Pow" => |p, q| u32::try_from(q).ok().and_then(|q| p.checked_pow(q)),
+                "Max" => |p, q| Some(p.max(q)),
+                "Min" => |p, q| Some(p.min(q)),
+                _ => return fail(node, "unsupported for int64"),
+            };
+            let v: Option<Vec<i64>> = zip(x, &a.shape, y, &b.shape, &out, f).into_iter().collect();
+            Data::I64(v.ok_or_else(|| node.error("integer overflow or division by zero"))?)
+        }
+        (x, y) => {
+            return fail(
+                node,
+                format!("element types {} and {} do not match", x.dtype(), y.dtype()),
+            )
+        }
+    };
+    Tensor::new(out, data)
+}
+
+fn eval_arith(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let mut acc = req(node, ins, 0)?.clone();
+    for t in ins[1..].iter().flatten() {
+        acc = binary(node, &acc, t)?;
+    }
+    Ok(vec![acc])
+}
+
+fn infer_compare(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let shape = shapes(node, ins)?;
+    // Equality of shape expressions, where it can be decided.
+    if node.op == "Equal" && shape.len() <= 1 {
+        if let Some(vs) = syms(ins).filter(|v| v.len() == 2) {
+            let n = vs[0].len().max(vs[1].len());
+            if vs.iter().any(|v| v.len() != n && v.len() != 1) {
+                return fail(node, "vectors of different lengths");
+            }
+            let decided: Option<Vec<bool>> = (0..n)
+                .map(|i| equal(&sym_at(vs[0], i), &sym_at(vs[1], i)))
+                .collect();
+            if let Some(d) = decided {
+                let dims = if shape.is_empty() { vec![] } else { vec![n] };
+                return Ok(vec![Fact::known(Tensor::bool(dims, d)?)]);
+            }
+        }
+    }
+    Ok(vec![Fact::new(DType::Bool, shape)])
+}
+
+fn eval_compare(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let out = broadcast_shape(&a.shape, &b.shape).ok_or_else(|| {
+        node.error(format!(
+            "shapes {:?} and {:?} do not broadcast",
+            a.shape, b.shape
+        ))
+    })?;
+    let op = node.op.as_str();
+    fn cmp<T: PartialOrd + Copy>(op: &str) -> Option<fn(T, T) -> bool> {
+        Some(match op {
+            "Equal" => |p, q| p == q,
+            "Greater" => |p, q| p > q,
+            "GreaterOrEqual" => |p, q| p >= q,
+            "Less" => |p, q| p < q,
+            "LessOrEqual" => |p, q| p <= q,
+            _ => return None,
+        })
+    }
+    let data = match (&a.data, &b.data) {
+        (Data::F32(x), Data::F32(y)) => match cmp::<f32>(op) {
+            Some(f) => zip(x, &a.shape, y, &b.shape, &out, f),
+            None => return fail(node, "unsupported for float"),
+        },
+        (Data::I64(x), Data::I64(y)) => match cmp::<i64>(op) {
+            Some(f) => zip(x, &a.shape, y, &b.shape, &out, f),
+            None => return fail(node, "unsupported for int64"),
+        },
+        (Data::Bool(x), Data::Bool(y)) => {
+            let f: fn(bool, bool) -> bool = match op {
+                "And" => |p, q| p && q,
+                "Or" => |p, q| p || q,
+                "Xor" => |p, q| p != q,
+                "Equal" => |p, q| p == q,
+                _ => return fail(node, "unsupported for bool"),
+            };
+            zip(x, &a.shape, y, &b.shape, &out, f)
+        }
+        (x, y) => {
+            return fail(
+                node,
+                format!("element types {} and {} do not match", x.dtype(), y.dtype()),
+            )
+        }
+    };
+    Ok(vec![Tensor::bool(out, data)?])
+}
+
+fn infer_where(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (c, x) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let shape = shapes(node, ins)?;
+    // Shape plumbing: a known condition picks between two integer vectors.
+    if let (Some(cond), Some(vs)) = (&c.value, syms(&ins[1..])) {
+        if shape.len() <= 1 && vs.len() == 2 {
+            let cond = cond.as_bool().map_err(|e| node.error(e))?;
+            let n = vs[0].len().max(vs[1].len()).max(cond.len());
+            if vs
+                .iter()
+                .map(|v| v.len())
+                .chain([cond.len()])
+                .any(|l| l != n && l != 1)
+            {
+                return fail(node, "vectors of different lengths");
+            }
+            let pick = |i: usize| {
+                let ci = if cond.len() == 1 { cond[0] } else { cond[i] };
+                if ci {
+                    sym_at(vs[0], i)
+                } else {
+                    sym_at(vs[1], i)
+                }
+            };
+            return Ok(vec![Fact::symbolic(
+                (0..n).map(pick).collect(),
+                shape.len(),
+            )]);
+        }
+    }
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+fn eval_where(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let (c, x, y) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
+    let out = broadcast_shape(&c.shape, &x.shape)
+        .and_then(|s| broadcast_shape(&s, &y.shape))
+        .ok_or_else(|| node.error("the shapes do not broadcast"))?;
+    sized(node, &out)?;
+    let cond = c.as_bool().map_err(|e| node.error(e))?;
+    let ic = broadcast_indices(&c.shape, &out);
+    let ix = broadcast_indices(&x.shape, &out);
+    let iy = broadcast_indices(&y.shape, &out);
+    let pick: Vec<(bool, usize, usize)> =
+        (0..ic.len()).map(|i| (cond[ic[i]], ix[i], iy[i])).collect();
+    let data = match (&x.data, &y.data) {
+        (Data::F32(a), Data::F32(b)) => Data::F32(
+            pick.iter()
+                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
+                .collect(),
+        ),
+        (Data::I64(a), Data::I64(b)) => Data::I64(
+            pick.iter()
+                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
+                .collect(),
+        ),
+        (Data::Bool(a), Data::Bool(b)) => Data::Bool(
+            pick.iter()
+                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
+                .collect(),
+        ),
+        _ => return fail(node, "the two branches have different element types"),
+    };
+    Ok(vec![Tensor::new(out, data)?])
+}
+
+/// The `to` type of a `Cast`.
+fn cast_to(node: &Node) -> Result<DType> {
+    let code = node.int("to", 0)?;
+    DType::from_onnx(code as i32)
+        .ok_or_else(|| node.error(format!("Cast to element type {code} is not supported")))
+}
+
+fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![match node.op.as_str() {
+        "Identity" => x.clone(),
+        "Cast" => {
+            let to = cast_to(node)?;
+            if to == DType::I64 && x.dtype == DType::I64 {
+                x.clone()
+            } else {
+                Fact::new(to, x.shape.clone())
+            }
+        }
+        "Neg" if x.sym.is_some() && x.dtype == DType::I64 => Fact::symbolic(
+            x.sym
+                .as_ref()
+                .expect("checked")
+                .iter()
+                .map(|e| Expr::Const(0) - e.clone())
+                .collect(),
+            x.rank(),
+        ),
+        "IsNaN" | "IsInf" | "Not" => Fact::new(DType::Bool, x.shape.clone()),
+        _ => Fact::new(x.dtype, x.shape.clone()),
+    }])
+}
+
+fn eval_unary(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let shape = x.shape.clone();
+    let op = node.op.as_str();
+    let data = match (op, &x.data) {
+        ("Identity", d) => d.clone(),
+        ("Cast", d) => {
+            let to = cast_to(node)?;
+            match (d, to) {
+                (Data::F32(v), DType::F32) => Data::F32(v.clone()),
+                (Data::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),
+                (Data::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&f| f != 0.0).collect()),
+                (Data::I64(v), DType::F32) => Data::F32(v.iter().map(|&i| i as f32).collect()),
+                (Data::I64(v), DType::I64) => Data::I64(v.clone()),
+                (Data::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&i| i != 0).collect()),
+                (Data::Bool(v), DType::F32) => {
+                    Data::F32(v.iter().map(|&b| b as i32 as f32).collect())
+                }
+                (Data::Bool(v), DType::I64) => Data::I64(v.iter().map(|&b| b as i64).collect()),
+                (Data::Bool(v), DType::Bool) => Data::Bool(v.clone()),
+            }
+        }
+        ("Not", Data::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
+        ("IsNaN", Data::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
+        ("IsInf", Data::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
+        ("Neg", Data::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
+        ("Abs", Data::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
+        (_, Data::F32(v)) => {
+            let f: fn(f32) -> f32 = match op {
+                "Sqrt" => f32::sqrt,
+                "Exp" => f32::exp,
+                "Log" => f32::ln,
+                "Erf" => libm::erff,
+                "Tanh" => f32::tanh,
+                "Relu" => |x| if x > 0.0 { x } else { 0.0 },
+                "Sigmoid" => |x| 1.0 / (1.0 + (-x).exp()),
+                "Neg" => |x| -x,
+                "Abs" => f32::abs,
+                "Reciprocal" => |x| 1.0 / x,
+                "Gelu" => {
+                    if node.string("approximate", "none")? == "tanh" {
+                        |x| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+                    } else {
+                        |x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+                    }
+                }
+                _ => return fail(node, "unsupported for float"),
+            };
+            Data::F32(v.iter().map(|&x| f(x)).collect())
+        }
+        (_, d) => return fail(node, format!("unsupported for {}", d.dtype())),
+    };
+    Ok(vec![Tensor::new(shape, data)?])
+}

@@ -1,0 +1,333 @@
+//! Contractions: `MatMul` (numpy semantics: batched, broadcast, 1-D operands), `Gemm`
+//! and 2-D `Conv` (ViT's patch embedding). The reference loops accumulate in `f32` in
+//! the order a plain loop nest would.
+use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
+use crate::fact::broadcast;
+use crate::graph::Node;
+use crate::{Fact, Result, Tensor};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "MatMul",
+        infer: infer_matmul,
+        eval: eval_matmul,
+    },
+    OpSpec {
+        name: "Gemm",
+        infer: infer_gemm,
+        eval: eval_gemm,
+    },
+    OpSpec {
+        name: "Conv",
+        infer: infer_conv,
+        eval: eval_conv,
+    },
+];
+
+fn infer_matmul(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if a.rank() == 0 || b.rank() == 0 {
+        return fail(node, "scalar operands");
+    }
+    let sa = if a.rank() == 1 {
+        vec![Expr::Const(1), a.shape[0].clone()]
+    } else {
+        a.shape.clone()
+    };
+    let sb = if b.rank() == 1 {
+        vec![b.shape[0].clone(), Expr::Const(1)]
+    } else {
+        b.shape.clone()
+    };
+    let (ra, rb) = (sa.len(), sb.len());
+    let mut shape = broadcast(&sa[..ra - 2], &sb[..rb - 2]).map_err(|e| node.error(e))?;
+    if a.rank() > 1 {
+        shape.push(sa[ra - 2].clone());
+    }
+    if b.rank() > 1 {
+        shape.push(sb[rb - 1].clone());
+    }
+    Ok(vec![Fact::new(a.dtype, shape)])
+}
+
+/// `C[m,n] = Σ_k A[m,k] B[k,n]` for row-major slices, accumulated into `c`.
+fn gemm_into(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
+    for i in 0..m {
+        let row = &mut c[i * n..(i + 1) * n];
+        for p in 0..k {
+            let x = a[i * k + p];
+            let brow = &b[p * n..(p + 1) * n];
+            for j in 0..n {
+                row[j] += x * brow[j];
+            }
+        }
+    }
+}
+
+fn eval_matmul(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let (x, y) = (
+        a.as_f32().map_err(|e| node.error(e))?,
+        b.as_f32().map_err(|e| node.error(e))?,
+    );
+    let sa = if a.shape.len() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let sb = if b.shape.len() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, k, k2, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 2], sb[rb - 1]);
+    if k != k2 {
+        return fail(node, format!("inner dims {k} and {k2} differ"));
+    }
+    let batch = broadcast_shape(&sa[..ra - 2], &sb[..rb - 2])
+        .ok_or_else(|| node.error("batch dims do not broadcast"))?;
+    let ia = broadcast_indices(&sa[..ra - 2], &batch);
+    let ib = broadcast_indices(&sb[..rb - 2], &batch);
+    let nb: usize = batch.iter().product();
+    sized(node, &[nb, m, n])?;
+    let mut out = vec![0f32; nb * m * n];
+    for bi in 0..nb {
+        gemm_into(
+            &x[ia[bi] * m * k..(ia[bi] + 1) * m * k],
+            &y[ib[bi] * k * n..(ib[bi] + 1) * k * n],
+            &mut out[bi * m * n..(bi + 1) * m * n],
+            m,
+            n,
+            k,
+        );
+    }
+    let mut shape = batch;
+    if a.shape.len() > 1 {
+        shape.push(m);
+    }
+    if b.shape.len() > 1 {
+        shape.push(n);
+    }
+    Ok(vec![Tensor::f32(shape, out)?])
+}
+
+fn infer_gemm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if a.rank() != 2 || b.rank() != 2 {
+        return fail(node, "Gemm takes 2-D operands");
+    }
+    let m = if node.int("transA", 0)? != 0 {
+        &a.shape[1]
+    } else {
+        &a.shape[0]
+    };
+    let n = if node.int("transB", 0)? != 0 {
+        &b.shape[0]
+    } else {
+        &b.shape[1]
+    };
+    Ok(vec![Fact::new(a.dtype, vec![m.clone(), n.clone()])])
+}
+
+/// A row-major 2-D matrix transposed.
+fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; x.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = x[i * cols + j];
+        }
+    }
+    t
+}
+
+fn eval_gemm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if a.shape.len() != 2 || b.shape.len() != 2 {
+        return fail(node, "Gemm takes 2-D operands");
+    }
+    let alpha = node.float("alpha", 1.0)?;
+    let beta = node.float("beta", 1.0)?;
+    let (ta, tb) = (node.int("transA", 0)? != 0, node.int("transB", 0)? != 0);
+    let x = a.as_f32().map_err(|e| node.error(e))?;
+    let y = b.as_f32().map_err(|e| node.error(e))?;
+    let (m, k) = if ta {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (k2, n) = if tb {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
+    if k != k2 {
+        return fail(node, format!("inner dims {k} and {k2} differ"));
+    }
+    let x = if ta {
+        transposed(x, a.shape[0], a.shape[1])
+    } else {
+        x.to_vec()
+    };
+    let y = if tb {
+        transposed(y, b.shape[0], b.shape[1])
+    } else {
+        y.to_vec()
+    };
+    let mut out = vec![0f32; m * n];
+    gemm_into(&x, &y, &mut out, m, n, k);
+    for v in out.iter_mut() {
+        *v *= alpha;
+    }
+    if let Some(c) = ins.get(2).copied().flatten() {
+        let cv = c.as_f32().map_err(|e| node.error(e))?;
+        if broadcast_shape(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+            return fail(
+                node,
+                format!("C of shape {:?} does not broadcast to [{m}, {n}]", c.shape),
+            );
+        }
+        let ic = broadcast_indices(&c.shape, &[m, n]);
+        for (v, &i) in out.iter_mut().zip(&ic) {
+            *v += beta * cv[i];
+        }
+    }
+    Ok(vec![Tensor::f32(vec![m, n], out)?])
+}
+
+/// The attributes of a 2-D convolution: strides, pads (top, left, bottom, right),
+/// dilations.
+struct ConvAttrs {
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+}
+
+fn conv_attrs(node: &Node) -> Result<ConvAttrs> {
+    if node.int("group", 1)? != 1 {
+        return fail(node, "grouped convolutions are not supported yet");
+    }
+    if !matches!(
+        node.string("auto_pad", "NOTSET")?.as_str(),
+        "NOTSET" | "VALID"
+    ) {
+        return fail(node, "auto_pad SAME_* is not supported yet");
+    }
+    let two = |name: &str| -> Result<[usize; 2]> {
+        match node.ints(name)? {
+            None => Ok([1, 1]),
+            Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => {
+                Ok([v[0] as usize, v[1] as usize])
+            }
+            Some(v) => fail(node, format!("{name} {v:?}: 2-D convolutions only")),
+        }
+    };
+    let pads = match node.ints("pads")? {
+        None => [0; 4],
+        Some(v) if v.len() == 4 && v.iter().all(|&x| x >= 0) => {
+            [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize]
+        }
+        Some(v) => return fail(node, format!("pads {v:?}: 2-D convolutions only")),
+    };
+    Ok(ConvAttrs {
+        strides: two("strides")?,
+        pads,
+        dilations: two("dilations")?,
+    })
+}
+
+fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if x.rank() != 4 || w.rank() != 4 {
+        return fail(node, "2-D convolutions (NCHW) only");
+    }
+    let c = conv_attrs(node)?;
+    let kh = w.shape[2]
+        .as_const()
+        .ok_or_else(|| node.error("a symbolic kernel size"))?;
+    let kw = w.shape[3]
+        .as_const()
+        .ok_or_else(|| node.error("a symbolic kernel size"))?;
+    let out = |d: &Expr, k: i64, i: usize| {
+        let span = (c.dilations[i] as i64) * (k - 1) + 1;
+        let padded = d.clone() + (c.pads[i] + c.pads[i + 2]) as i64 - span;
+        (Expr::floor_div(padded, Expr::Const(c.strides[i] as i64)) + 1).simplify()
+    };
+    Ok(vec![Fact::new(
+        x.dtype,
+        vec![
+            x.shape[0].clone(),
+            w.shape[0].clone(),
+            out(&x.shape[2], kh, 0),
+            out(&x.shape[3], kw, 1),
+        ],
+    )])
+}
+
+fn eval_conv(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if x.shape.len() != 4 || w.shape.len() != 4 || x.shape[1] != w.shape[1] {
+        return fail(node, "2-D convolutions (NCHW) with matching channels only");
+    }
+    let c = conv_attrs(node)?;
+    let (n, ci, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let (co, kh, kw) = (w.shape[0], w.shape[2], w.shape[3]);
+    if kh == 0 || kw == 0 {
+        return fail(node, "an empty kernel");
+    }
+    let oh = (h + c.pads[0] + c.pads[2])
+        .checked_sub(c.dilations[0] * (kh - 1) + 1)
+        .map(|v| v / c.strides[0] + 1)
+        .unwrap_or(0);
+    let ow = (wd + c.pads[1] + c.pads[3])
+        .checked_sub(c.dilations[1] * (kw - 1) + 1)
+        .map(|v| v / c.strides[1] + 1)
+        .unwrap_or(0);
+    let xv = x.as_f32().map_err(|e| node.error(e))?;
+    let wv = w.as_f32().map_err(|e| node.error(e))?;
+    let bias = ins
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|b| b.as_f32().map(|v| v.to_vec()))
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    sized(node, &[n, co, oh, ow])?;
+    if bias.as_ref().is_some_and(|v| v.len() != co) {
+        return fail(
+            node,
+            format!("a bias of another length than the {co} output channels"),
+        );
+    }
+    let mut out = vec![0f32; n * co * oh * ow];
+    for b in 0..n {
+        for o in 0..co {
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let mut acc = bias.as_ref().map_or(0.0, |v| v[o]);
+                    for i in 0..ci {
+                        for p in 0..kh {
+                            let iy = (y * c.strides[0] + p * c.dilations[0]) as isize
+                                - c.pads[0] as isize;
+                            if iy < 0 || iy >= h as isize {
+                                continue;
+                            }
+                            for q in 0..kw {
+                                let ix = (xo * c.strides[1] + q * c.dilations[1]) as isize
+                                    - c.pads[1] as isize;
+                                if ix < 0 || ix >= wd as isize {
+                                    continue;
+                                }
+                                acc += xv[((b * ci + i) * h + iy as usize) * wd + ix as usize]
+                                    * wv[((o * ci + i) * kh + p) * kw + q];
+                            }
+                        }
+                    }
+                    out[((b * co + o) * oh + y) * ow + xo] = acc;
+                }
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(vec![n, co, oh, ow], out)?])
+}

@@ -1,0 +1,161 @@
+//! The ONNX operators anyshape imports, a name → [`OpSpec`] registry with one file per
+//! family: what each op's outputs are from what is known of its inputs (`infer`: shapes
+//! as expressions, shape plumbing folded into expressions) and what it computes on
+//! concrete tensors (`eval`: the reference executor, also used to fold constants).
+//!
+//! - `elementwise.rs`: arithmetic, comparisons, logic, `Where`, activations, `Cast`;
+//! - `movement.rs`: `Shape`, `Reshape`, `Transpose`, `Concat`, `Slice`, `Gather`, …;
+//! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
+//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `ReduceMean`, `ReduceSum`;
+//! - `resize.rs`: `Resize`.
+mod elementwise;
+mod linalg;
+mod movement;
+mod reduce;
+mod resize;
+
+use crate::graph::Node;
+use crate::{Fact, GraphError, Result, Tensor};
+
+/// What a node's outputs are, from what is known of its inputs (`None`: an optional
+/// input left out).
+pub type InferFn = fn(&Node, &[Option<&Fact>]) -> Result<Vec<Fact>>;
+/// What a node computes on concrete inputs.
+pub type EvalFn = fn(&Node, &[Option<&Tensor>]) -> Result<Vec<Tensor>>;
+
+/// One operator.
+pub struct OpSpec {
+    /// The ONNX op type.
+    pub name: &'static str,
+    /// Shape propagation.
+    pub infer: InferFn,
+    /// Evaluation.
+    pub eval: EvalFn,
+}
+
+/// The registry.
+pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
+    elementwise::OPS
+        .iter()
+        .chain(movement::OPS)
+        .chain(linalg::OPS)
+        .chain(reduce::OPS)
+        .chain(resize::OPS)
+}
+
+/// The operator named `op`.
+pub fn op(name: &str) -> Option<&'static OpSpec> {
+    registry().find(|o| o.name == name)
+}
+
+/// The required input `i`.
+pub(crate) fn req<'a, T>(node: &Node, ins: &[Option<&'a T>], i: usize) -> Result<&'a T> {
+    ins.get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| node.error(format!("input {i} is missing")))
+}
+
+/// The most elements one op may produce (8 GiB of `f32`): a model whose data asks for
+/// more (a mutated `ConstantOfShape`, a broadcast of two long vectors) is an error, not
+/// an allocation that aborts.
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// The number of elements of `shape`, checked against [`MAX_ELEMENTS`].
+pub(crate) fn sized(node: &Node, shape: &[usize]) -> Result<usize> {
+    match crate::tensor::numel(shape) {
+        Ok(n) if n <= MAX_ELEMENTS => Ok(n),
+        _ => Err(node.error(format!(
+            "an output of shape {shape:?} is larger than anyshape computes ({MAX_ELEMENTS} elements)"
+        ))),
+    }
+}
+
+/// Numpy broadcast of concrete shapes.
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let x = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                1
+            };
+            let y = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                1
+            };
+            match (x, y) {
+                _ if x == y => Some(x),
+                (1, _) => Some(y),
+                (_, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// For each element of a tensor of shape `out`, the flat index of the element of a
+/// tensor of shape `inp` (broadcast to `out`) it reads.
+pub(crate) fn broadcast_indices(inp: &[usize], out: &[usize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let r = out.len();
+    let lead = r - inp.len();
+    let mut in_strides = vec![0usize; r];
+    let mut s = 1;
+    for i in (0..inp.len()).rev() {
+        in_strides[lead + i] = if inp[i] == 1 { 0 } else { s };
+        s *= inp[i];
+    }
+    let mut idx = Vec::with_capacity(n);
+    let mut counter = vec![0usize; r];
+    let mut at = 0usize;
+    for _ in 0..n {
+        idx.push(at);
+        for d in (0..r).rev() {
+            counter[d] += 1;
+            at += in_strides[d];
+            if counter[d] < out[d] {
+                break;
+            }
+            at -= in_strides[d] * counter[d];
+            counter[d] = 0;
+        }
+    }
+    idx
+}
+
+/// An axis attribute in `[-rank, rank)` as an index.
+pub(crate) fn axis(node: &Node, a: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    if rank == 0 || a < -r || a >= r {
+        return Err(node.error(format!("axis {a} is out of range for rank {rank}")));
+    }
+    Ok(if a < 0 { (a + r) as usize } else { a as usize })
+}
+
+/// The constant integer elements of input `i` (axes, pads, sizes), which the op needs
+/// at compile time.
+pub(crate) fn const_ints(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<Vec<i64>> {
+    let f = req(node, ins, i)?;
+    match &f.value {
+        Some(t) => Ok(t.as_i64().map_err(|e| node.error(e))?.to_vec()),
+        None => Err(node.error(format!(
+            "input {i} must be a constant (it is computed at run time)"
+        ))),
+    }
+}
+
+/// A [`GraphError`] from a message about `node`.
+pub(crate) fn fail<T>(node: &Node, message: impl std::fmt::Display) -> Result<T> {
+    Err(node.error(message))
+}
+
+/// The error of an unsupported op.
+pub fn unsupported(node: &Node) -> GraphError {
+    GraphError::Unsupported(format!(
+        "op {} (node `{}`) is not one anyshape imports yet",
+        node.op, node.name
+    ))
+}

@@ -1,0 +1,226 @@
+//! Reductions and normalizations over axes: `Softmax`, `LayerNormalization`,
+//! `ReduceMean`, `ReduceSum`. The reference accumulates in `f64`.
+use super::{axis, const_ints, fail, req, OpSpec};
+use crate::graph::Node;
+use crate::{Fact, Result, Tensor};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Softmax",
+        infer: infer_same,
+        eval: eval_softmax,
+    },
+    OpSpec {
+        name: "LayerNormalization",
+        infer: infer_layer_norm,
+        eval: eval_layer_norm,
+    },
+    OpSpec {
+        name: "ReduceMean",
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceSum",
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+];
+
+fn infer_same(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+}
+
+/// `(outer, n, inner)` of a tensor seen along `a`.
+fn split_at(shape: &[usize], a: usize) -> (usize, usize, usize) {
+    (
+        shape[..a].iter().product(),
+        shape[a],
+        shape[a + 1..].iter().product(),
+    )
+}
+
+fn eval_softmax(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    // Opset 13 on: the axis alone (before, the input was flattened to 2-D at `axis`).
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let (outer, n, inner) = split_at(&x.shape, a);
+    let mut out = vec![0f32; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let max = (0..n).map(|j| v[at(j)]).fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = (0..n).map(|j| ((v[at(j)] - max) as f64).exp()).sum();
+            for j in 0..n {
+                out[at(j)] = (((v[at(j)] - max) as f64).exp() / sum) as f32;
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(x.shape.clone(), out)?])
+}
+
+fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", -1)?, x.rank())?;
+    let mut stat = x.shape[..a].to_vec();
+    stat.extend(std::iter::repeat_n(Expr::Const(1), x.rank() - a));
+    let mut outs = vec![Fact::new(x.dtype, x.shape.clone())];
+    for _ in 1..node.outputs.len() {
+        outs.push(Fact::new(x.dtype, stat.clone()));
+    }
+    Ok(outs)
+}
+
+fn eval_layer_norm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
+    let bias = ins
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|b| b.as_f32())
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    let eps = node.float("epsilon", 1e-5)? as f64;
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let rows: usize = x.shape[..a].iter().product();
+    let n: usize = x.shape[a..].iter().product();
+    if scale.len() != n || bias.is_some_and(|b| b.len() != n) {
+        return fail(
+            node,
+            format!("scale and bias must have the {n} elements of the normalized axes"),
+        );
+    }
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; v.len()];
+    let (mut means, mut invs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for r in 0..rows {
+        let row = &v[r * n..(r + 1) * n];
+        let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        for j in 0..n {
+            let y =
+                (row[j] as f64 - mean) * inv * scale[j] as f64 + bias.map_or(0.0, |b| b[j] as f64);
+            out[r * n + j] = y as f32;
+        }
+        means.push(mean as f32);
+        invs.push(inv as f32);
+    }
+    let mut stat: Vec<usize> = x.shape[..a].to_vec();
+    stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
+    let mut outs = vec![Tensor::f32(x.shape.clone(), out)?];
+    if node.outputs.len() > 1 {
+        outs.push(Tensor::f32(stat.clone(), means)?);
+    }
+    if node.outputs.len() > 2 {
+        outs.push(Tensor::f32(stat, invs)?);
+    }
+    Ok(outs)
+}
+
+/// The reduced axes: an attribute, or (ReduceSum, and ReduceMean from opset 18) an input.
+fn reduce_axes(node: &Node, from_input: Option<Vec<i64>>, rank: usize) -> Result<Vec<usize>> {
+    let given = match node.ints("axes")? {
+        Some(a) => Some(a),
+        None => from_input,
+    };
+    match given {
+        Some(a) if !a.is_empty() => {
+            let mut v: Vec<usize> = a
+                .iter()
+                .map(|&x| axis(node, x, rank))
+                .collect::<Result<_>>()?;
+            v.sort();
+            v.dedup();
+            Ok(v)
+        }
+        _ if node.int("noop_with_empty_axes", 0)? != 0 => Ok(vec![]),
+        _ => Ok((0..rank).collect()),
+    }
+}
+
+fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let input = ins
+        .get(1)
+        .copied()
+        .flatten()
+        .map(|_| const_ints(node, ins, 1))
+        .transpose()?;
+    let axes = reduce_axes(node, input, x.rank())?;
+    let keep = node.int("keepdims", 1)? != 0;
+    let shape = (0..x.rank())
+        .filter_map(|i| match (axes.contains(&i), keep) {
+            (true, true) => Some(Expr::Const(1)),
+            (true, false) => None,
+            _ => Some(x.shape[i].clone()),
+        })
+        .collect();
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+fn eval_reduce(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let input = ins
+        .get(1)
+        .copied()
+        .flatten()
+        .map(|t| t.as_i64().map(|v| v.to_vec()))
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    let r = x.shape.len();
+    let axes = reduce_axes(node, input, r)?;
+    let keep = node.int("keepdims", 1)? != 0;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let out_full: Vec<usize> = (0..r)
+        .map(|i| if axes.contains(&i) { 1 } else { x.shape[i] })
+        .collect();
+    let n_out: usize = out_full.iter().product();
+    let mut acc = vec![0f64; n_out];
+    let st = crate::tensor::strides(&out_full);
+    let mut counter = vec![0usize; r];
+    for &val in v {
+        let o: usize = (0..r)
+            .map(|d| {
+                if axes.contains(&d) {
+                    0
+                } else {
+                    counter[d] * st[d]
+                }
+            })
+            .sum();
+        acc[o] += val as f64;
+        for d in (0..r).rev() {
+            counter[d] += 1;
+            if counter[d] < x.shape[d] {
+                break;
+            }
+            counter[d] = 0;
+        }
+    }
+    let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+    let mean = node.op == "ReduceMean";
+    let out: Vec<f32> = acc
+        .iter()
+        .map(|&s| {
+            if mean {
+                (s / count.max(1) as f64) as f32
+            } else {
+                s as f32
+            }
+        })
+        .collect();
+    let shape = if keep {
+        out_full
+    } else {
+        (0..r)
+            .filter(|i| !axes.contains(i))
+            .map(|i| x.shape[i])
+            .collect()
+    };
+    Ok(vec![Tensor::f32(shape, out)?])
+}

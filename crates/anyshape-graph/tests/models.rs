@@ -1,0 +1,114 @@
+//! The models in `models/` (tiny BERT, GPT-2 and ViT exported by PyTorch's TorchScript
+//! and dynamo exporters, with onnxruntime's outputs): every one imports, its shapes
+//! propagate symbolically (the inferred output shapes, evaluated at each case's dims,
+//! are the recorded ones), and the reference executor reproduces onnxruntime's outputs.
+use anyshape_graph::{fact, infer, onnx, Tensor};
+use anyshape_ir::{Bindings, Expr};
+use std::path::{Path, PathBuf};
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+/// The arrays of an `.npz`, by name.
+fn npz(path: &Path) -> Vec<(String, Tensor)> {
+    let mut archive = npyz::npz::NpzArchive::open(path).unwrap();
+    let names: Vec<String> = archive.array_names().map(String::from).collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let arr = archive.by_name(&name).unwrap().unwrap();
+            let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
+            let t = match arr.dtype().descr().as_str() {
+                "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().unwrap()).unwrap(),
+                "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().unwrap()).unwrap(),
+                d => panic!("{name}: dtype {d}"),
+            };
+            (name, t)
+        })
+        .collect()
+}
+
+/// Max |a - b| over max |b|.
+fn rel_error(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn check(model: &str, cases: &[&str]) {
+    let g = onnx::load(&models().join(format!("{model}.onnx"))).unwrap();
+    let facts = infer(&g).unwrap_or_else(|e| panic!("{model}: {e}"));
+    for case in cases {
+        let arrays = npz(&models().join(format!("{model}.{case}.npz")));
+        let mut b = Bindings::default();
+        for i in &g.inputs {
+            let (_, t) = arrays
+                .iter()
+                .find(|(n, _)| *n == g.values[i.value])
+                .unwrap();
+            for (d, &v) in i.dims.iter().zip(&t.shape) {
+                if let Expr::Var(name) = d {
+                    b.set(name.clone(), v as i64);
+                }
+            }
+        }
+        let inputs: Vec<(&str, Tensor)> = g
+            .inputs
+            .iter()
+            .map(|i| {
+                let name = g.values[i.value].as_str();
+                (
+                    name,
+                    arrays.iter().find(|(n, _)| n == name).unwrap().1.clone(),
+                )
+            })
+            .collect();
+        let outs = anyshape_graph::exec::run(&g, &inputs)
+            .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
+        for (&o, got) in g.outputs.iter().zip(&outs) {
+            let name = &g.values[o];
+            let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
+            let inferred = fact(&facts, o).shape_at(&b).unwrap();
+            assert_eq!(
+                inferred, want.shape,
+                "{model} {case} {name}: inferred shape"
+            );
+            assert_eq!(got.shape, want.shape, "{model} {case} {name}: shape");
+            let e = rel_error(got.as_f32().unwrap(), want.as_f32().unwrap());
+            assert!(e <= 1e-4, "{model} {case} {name}: relative error {e:e}");
+            eprintln!("{model} {case} {name}: relative error {e:.1e}");
+        }
+    }
+}
+
+const TEXT: [&str; 4] = ["s1", "s37", "s128", "b3s17"];
+
+#[test]
+fn bert_torchscript() {
+    check("bert_tiny.ts", &TEXT);
+}
+
+#[test]
+fn bert_dynamo() {
+    check("bert_tiny.dynamo", &TEXT);
+}
+
+#[test]
+fn gpt2_torchscript() {
+    check("gpt2_tiny.ts", &TEXT);
+}
+
+#[test]
+fn gpt2_dynamo() {
+    check("gpt2_tiny.dynamo18", &TEXT);
+}
+
+#[test]
+fn vit_torchscript() {
+    check("vit_tiny.ts", &["i224", "b2i224", "i384", "i160x256"]);
+}
+
+#[test]
+fn vit_dynamo() {
+    check("vit_tiny.dynamo", &["i224", "b2i224", "i384", "i160x256"]);
+}
