@@ -1,7 +1,7 @@
 //! Elementwise ops with numpy broadcasting: arithmetic (`f32` and `i64`; on the shape
 //! plumbing's integer vectors also as expressions), comparisons and logic (to `bool`),
 //! `Where`, activations and `Cast`.
-use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
+use super::{broadcast_indices, broadcast_out, broadcast_shape, fail, req, sized, OpSpec};
 use crate::fact::{broadcast, equal};
 use crate::graph::Node;
 use crate::{DType, Data, Fact, Result, Tensor};
@@ -240,12 +240,7 @@ fn zip<A: Copy, B: Copy, C>(
 }
 
 fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let out = broadcast_shape(&a.shape, &b.shape).ok_or_else(|| {
-        node.error(format!(
-            "shapes {:?} and {:?} do not broadcast",
-            a.shape, b.shape
-        ))
-    })?;
+    let out = broadcast_out(node, &a.shape, &b.shape)?;
     let op = node.op.as_str();
     let data = match (&a.data, &b.data) {
         (Data::F32(x), Data::F32(y)) => {
@@ -331,12 +326,7 @@ fn infer_compare(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 
 fn eval_compare(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let out = broadcast_shape(&a.shape, &b.shape).ok_or_else(|| {
-        node.error(format!(
-            "shapes {:?} and {:?} do not broadcast",
-            a.shape, b.shape
-        ))
-    })?;
+    let out = broadcast_out(node, &a.shape, &b.shape)?;
     let op = node.op.as_str();
     fn cmp<T: PartialOrd + Copy>(op: &str) -> Option<fn(T, T) -> bool> {
         Some(match op {

@@ -165,6 +165,7 @@ fn eval_gemm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     if k != k2 {
         return fail(node, format!("inner dims {k} and {k2} differ"));
     }
+    sized(node, &[m, n])?;
     let x = if ta {
         transposed(x, a.shape[0], a.shape[1])
     } else {

@@ -96,10 +96,32 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// For each element of a tensor of shape `out` (row-major order), the flat index
+/// `Σ counter[d] · strides[d]` it reads: the walk behind broadcasting and transposes.
+pub(crate) fn strided_walk(out: &[usize], strides: &[usize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let r = out.len();
+    let mut idx = Vec::with_capacity(n);
+    let mut counter = vec![0usize; r];
+    let mut at = 0usize;
+    for _ in 0..n {
+        idx.push(at);
+        for d in (0..r).rev() {
+            counter[d] += 1;
+            at += strides[d];
+            if counter[d] < out[d] {
+                break;
+            }
+            at -= strides[d] * counter[d];
+            counter[d] = 0;
+        }
+    }
+    idx
+}
+
 /// For each element of a tensor of shape `out`, the flat index of the element of a
 /// tensor of shape `inp` (broadcast to `out`) it reads.
 pub(crate) fn broadcast_indices(inp: &[usize], out: &[usize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
     let r = out.len();
     let lead = r - inp.len();
     let mut in_strides = vec![0usize; r];
@@ -108,22 +130,15 @@ pub(crate) fn broadcast_indices(inp: &[usize], out: &[usize]) -> Vec<usize> {
         in_strides[lead + i] = if inp[i] == 1 { 0 } else { s };
         s *= inp[i];
     }
-    let mut idx = Vec::with_capacity(n);
-    let mut counter = vec![0usize; r];
-    let mut at = 0usize;
-    for _ in 0..n {
-        idx.push(at);
-        for d in (0..r).rev() {
-            counter[d] += 1;
-            at += in_strides[d];
-            if counter[d] < out[d] {
-                break;
-            }
-            at -= in_strides[d] * counter[d];
-            counter[d] = 0;
-        }
-    }
-    idx
+    strided_walk(out, &in_strides)
+}
+
+/// The broadcast of two inputs' shapes, checked against [`MAX_ELEMENTS`].
+pub(crate) fn broadcast_out(node: &Node, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let out = broadcast_shape(a, b)
+        .ok_or_else(|| node.error(format!("shapes {a:?} and {b:?} do not broadcast")))?;
+    sized(node, &out)?;
+    Ok(out)
 }
 
 /// An axis attribute in `[-rank, rank)` as an index.

@@ -815,24 +815,8 @@ fn infer_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 pub(crate) fn transpose_order(shape: &[usize], p: &[usize]) -> Vec<usize> {
     let st = strides(shape);
     let out: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
-    let n: usize = out.iter().product();
-    let r = out.len();
-    let mut idx = Vec::with_capacity(n);
-    let mut counter = vec![0usize; r];
-    let mut at = 0usize;
-    for _ in 0..n {
-        idx.push(at);
-        for d in (0..r).rev() {
-            counter[d] += 1;
-            at += st[p[d]];
-            if counter[d] < out[d] {
-                break;
-            }
-            at -= st[p[d]] * counter[d];
-            counter[d] = 0;
-        }
-    }
-    idx
+    let permuted: Vec<usize> = p.iter().map(|&a| st[a]).collect();
+    super::strided_walk(&out, &permuted)
 }
 
 fn eval_transpose(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
