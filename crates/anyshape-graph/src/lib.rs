@@ -1,7 +1,8 @@
 //! Whole models for anyshape: reading ONNX files ([`onnx`]) into a graph IR
 //! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), the operators'
-//! semantics ([`ops`]) and a reference executor ([`exec::run`]).
+//! semantics ([`ops`]), a reference executor ([`exec::run`]) and fusion into steps
+//! and tasks ([`fuse`]).
 //!
 //! It builds on `anyshape-ir` (expressions, shape vars); it knows nothing of code
 //! generation, measuring or tuning.
@@ -10,6 +11,7 @@
 mod error;
 pub mod exec;
 mod fact;
+mod fusion;
 mod graph;
 mod infer;
 pub mod onnx;
@@ -18,6 +20,7 @@ mod tensor;
 
 pub use error::{GraphError, Result};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
+pub use fusion::{fuse, Fusion, Step, StepKind, Task};
 pub use graph::{Attr, Graph, Input, Node, ValueId};
 pub use infer::{fact, infer};
 pub use tensor::{numel, strides, DType, Data, Tensor};

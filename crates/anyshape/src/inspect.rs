@@ -1,4 +1,5 @@
-//! `anyshape inspect`: what a module holds and where each instance goes.
+//! `anyshape inspect`: what a module holds and where each instance goes; for an ONNX
+//! model, its inputs and outputs with symbolic shapes and the tasks fusion makes.
 use anyhow::Result;
 use anyshape_codegen::{CpuTarget, Target as _};
 use anyshape_ir::Bindings;
@@ -81,6 +82,56 @@ pub fn inspect(path: &Path) -> Result<()> {
             if vote != got { " !" } else { "" }
         );
         i = j + 1;
+    }
+    Ok(())
+}
+
+/// Print what an ONNX model is: inputs and outputs with their symbolic shapes, and the
+/// steps and tasks fusion makes of it.
+pub fn inspect_model(path: &Path) -> Result<()> {
+    use anyshape_graph::{fact, fuse, infer, onnx, shape_text};
+    let g = onnx::load(path)?;
+    let facts = infer(&g)?;
+    println!(
+        "model        {} (opset {}, {} nodes)",
+        path.display(),
+        g.opset,
+        g.nodes.len()
+    );
+    println!("shape vars   {}", g.dim_names().join(", "));
+    for i in &g.inputs {
+        println!(
+            "input        {} {} {}",
+            g.values[i.value],
+            i.dtype,
+            shape_text(&i.dims)
+        );
+    }
+    for &o in &g.outputs {
+        let f = fact(&facts, o);
+        println!(
+            "output       {} {} {}",
+            g.values[o],
+            f.dtype,
+            shape_text(&f.shape)
+        );
+    }
+    let fusion = fuse(&g, &facts);
+    let runtime: usize = fusion.steps.iter().map(|s| s.nodes.len()).sum();
+    println!(
+        "\n{} run-time nodes in {} steps ({} nodes known at compile time)",
+        runtime,
+        fusion.steps.len(),
+        g.nodes.len() - runtime
+    );
+    let tasks = fusion.tasks();
+    println!("\nkernel tasks ({}):", tasks.len());
+    for t in &tasks {
+        println!("  {:>3} x  {}", t.count, t.workload);
+    }
+    println!("\nother steps:");
+    for (what, n) in fusion.other_steps() {
+        println!("  {n:>3} x  {what}");
     }
     Ok(())
 }

@@ -28,9 +28,10 @@ enum Command {
     Run(run::RunArgs),
     /// Tune a workload once for every instance of its shape vars' domains.
     Tune(tune::TuneArgs),
-    /// Print what a module holds: micro-kernels, dispatch tree, where each instance goes.
+    /// Print what a module holds (micro-kernels, dispatch tree, where each instance
+    /// goes) or what an ONNX model is (symbolic shapes, fused steps and tasks).
     Inspect {
-        /// The module directory (from `anyshape tune --out`).
+        /// The module directory (from `anyshape tune --out`), or an `.onnx` file.
         module: PathBuf,
     },
     /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
@@ -209,6 +210,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Tune(args) => tune::tune(args),
+        Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
         Command::Inspect { module } => inspect::inspect(&module),
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),

@@ -1,0 +1,547 @@
+//! Fusion (TSCompiler §4.2–§4.3): a model's run-time nodes grouped into steps, and the
+//! steps that are kernels into **tasks** — workloads over the model's shape vars,
+//! identical ones counted once.
+//!
+//! - A contraction (`MatMul`, `Gemm`) is a backbone: `dense` when one operand is a
+//!   weight (a 2-D constant; ONNX's `[K, N]` is transposed once at compile time),
+//!   `batch_matmul_nn` when both are activations. The elementwise ops that follow it,
+//!   through views (reshapes of contiguous data), become its epilogue while they fit: a
+//!   bias along the last axis, a constant scale, GELU in its erf and tanh
+//!   decompositions, tanh, relu, and a residual input of the output's size.
+//! - `Softmax` over the last axis is a `softmax` task; `LayerNormalization` over the
+//!   last axis a layer-norm step (its sketch comes next).
+//! - Views cost nothing; everything else at run time (embedding gathers, transposes,
+//!   masks, other elementwise chains) is a movement or elementwise step.
+//!
+//! Nodes whose outputs are known at compile time (constants, shape plumbing) are no
+//! step at all.
+use crate::graph::{Graph, Node, ValueId};
+use crate::{fact, DType, Fact};
+use anyshape_ir::{Expr, Workload};
+use std::collections::BTreeMap;
+
+/// What a step does.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StepKind {
+    /// A compiled kernel of a task (its workload's text form).
+    Kernel(String),
+    /// Layer normalization over the last axis: `M` rows of `N`.
+    LayerNorm(String),
+    /// Elementwise ops (their op types).
+    Elementwise(String),
+    /// Data movement (a copy, gather, concat, …).
+    Movement(String),
+    /// A view: the same buffer under another shape.
+    View,
+}
+
+/// One step of a model: its kind and the nodes it covers.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// What it does.
+    pub kind: StepKind,
+    /// The nodes (indices into [`Graph::nodes`]).
+    pub nodes: Vec<usize>,
+}
+
+/// A kernel task and how often the model runs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    /// The workload's text form.
+    pub workload: String,
+    /// How many steps run it.
+    pub count: usize,
+}
+
+/// The steps of a model, in order.
+pub struct Fusion {
+    /// Every run-time step.
+    pub steps: Vec<Step>,
+}
+
+impl Fusion {
+    /// The kernel tasks, deduplicated, most frequent first.
+    pub fn tasks(&self) -> Vec<Task> {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in &self.steps {
+            if let StepKind::Kernel(w) = &s.kind {
+                *counts.entry(w).or_default() += 1;
+            }
+        }
+        let mut tasks: Vec<Task> = counts
+            .into_iter()
+            .map(|(w, count)| Task {
+                workload: w.to_string(),
+                count,
+            })
+            .collect();
+        tasks.sort_by(|a, b| b.count.cmp(&a.count).then(a.workload.cmp(&b.workload)));
+        tasks
+    }
+
+    /// How many steps of each kind other than kernels, by a short name.
+    pub fn other_steps(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for s in &self.steps {
+            let key = match &s.kind {
+                StepKind::Kernel(_) => continue,
+                StepKind::LayerNorm(w) => format!("layer norm {w}"),
+                StepKind::Elementwise(ops) => format!("elementwise {ops}"),
+                StepKind::Movement(op) => format!("movement {op}"),
+                StepKind::View => "view".to_string(),
+            };
+            *m.entry(key).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// Ops that only reinterpret a contiguous buffer.
+const VIEWS: [&str; 5] = ["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"];
+
+struct Fuser<'a> {
+    g: &'a Graph,
+    facts: &'a [Option<Fact>],
+    /// Run-time consumers of each value.
+    consumers: Vec<Vec<usize>>,
+    taken: Vec<bool>,
+}
+
+/// Whether value `v` is known at compile time (a constant, or shape plumbing).
+fn is_static(f: &Fact) -> bool {
+    f.value.is_some() || (f.sym.is_some() && f.dtype == DType::I64 && f.rank() <= 1)
+}
+
+/// Group the run-time nodes of `g` (with the facts of [`crate::infer`]) into steps.
+pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
+    let runtime: Vec<bool> = g
+        .nodes
+        .iter()
+        .map(|n| n.outputs.iter().any(|&o| !is_static(fact(facts, o))))
+        .collect();
+    let mut consumers = vec![Vec::new(); g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        if runtime[k] {
+            for v in n.inputs.iter().flatten() {
+                consumers[*v].push(k);
+            }
+        }
+    }
+    let mut f = Fuser {
+        g,
+        facts,
+        consumers,
+        taken: runtime.iter().map(|r| !r).collect(),
+    };
+    let mut steps = Vec::new();
+    for k in 0..g.nodes.len() {
+        if f.taken[k] {
+            continue;
+        }
+        let node = &g.nodes[k];
+        let step = match node.op.as_str() {
+            "MatMul" | "Gemm" => f.contraction(k),
+            "Softmax" => f.softmax(k),
+            "LayerNormalization" => f.layer_norm(k),
+            op if VIEWS.contains(&op) => Some(Step {
+                kind: StepKind::View,
+                nodes: vec![k],
+            }),
+            _ => None,
+        };
+        let step = step.unwrap_or_else(|| f.loose(k));
+        for &n in &step.nodes {
+            f.taken[n] = true;
+        }
+        steps.push(step);
+    }
+    Fusion { steps }
+}
+
+impl Fuser<'_> {
+    fn shape(&self, v: ValueId) -> &[Expr] {
+        &fact(self.facts, v).shape
+    }
+
+    fn constant(&self, v: ValueId) -> Option<&crate::Tensor> {
+        fact(self.facts, v).value.as_ref()
+    }
+
+    /// The one run-time consumer of `v`, not yet taken, if `v` is no graph output.
+    fn sole_use(&self, v: ValueId) -> Option<usize> {
+        match self.consumers[v].as_slice() {
+            [c] if !self.taken[*c] && !self.g.outputs.contains(&v) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// `v` followed through views that are its sole use: the last view's output and
+    /// the views passed.
+    fn through_views(&self, v: ValueId) -> (ValueId, Vec<usize>) {
+        let mut views = Vec::new();
+        let mut v = v;
+        while let Some(c) = self.sole_use(v) {
+            let n = &self.g.nodes[c];
+            if !(VIEWS.contains(&n.op.as_str()) && n.inputs.first() == Some(&Some(v))) {
+                break;
+            }
+            views.push(c);
+            v = n.outputs[0];
+        }
+        (v, views)
+    }
+
+    /// A GELU decomposition reading `x`: its epilogue name, nodes and output.
+    fn gelu(&self, x: ValueId) -> Option<(&'static str, Vec<usize>, ValueId)> {
+        if self.g.outputs.contains(&x) {
+            return None;
+        }
+        if let Some((nodes, end)) = self.gelu_tanh(x) {
+            return Some(("+gelu_tanh", nodes, end));
+        }
+        let uses = self.uses(x);
+        let div = uses.iter().find(|(c, op)| {
+            let n = &self.g.nodes[*c];
+            (*op == "Div"
+                && n.inputs[0] == Some(x)
+                && self
+                    .operand(n, x)
+                    .and_then(|o| self.scalar(o))
+                    .is_some_and(|s| (s - std::f32::consts::SQRT_2).abs() < 1e-3))
+                || (*op == "Mul"
+                    && self
+                        .operand(n, x)
+                        .and_then(|o| self.scalar(o))
+                        .is_some_and(|s| (s - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-3))
+        })?;
+        let (nodes, end) = self.gelu_erf(x, div.0)?;
+        Some(("+gelu", nodes, end))
+    }
+
+    /// The other operand of a binary node that reads `v`.
+    fn operand(&self, node: &Node, v: ValueId) -> Option<ValueId> {
+        match node.inputs.as_slice() {
+            [Some(a), Some(b)] if *a == v => Some(*b),
+            [Some(a), Some(b)] if *b == v => Some(*a),
+            _ => None,
+        }
+    }
+
+    /// A constant scalar operand's value.
+    fn scalar(&self, v: ValueId) -> Option<f32> {
+        let t = self.constant(v)?;
+        (t.len() == 1)
+            .then(|| t.as_f32().ok().map(|x| x[0]))
+            .flatten()
+    }
+
+    /// A backbone and its epilogue.
+    fn contraction(&self, k: usize) -> Option<Step> {
+        let node = &self.g.nodes[k];
+        let a = node.input(0).ok()?;
+        let b = node.input(1).ok()?;
+        let (sa, sb) = (self.shape(a), self.shape(b));
+        if fact(self.facts, a).dtype != DType::F32 {
+            return None;
+        }
+        let mut epilogue = String::new();
+        let text = if node.op == "Gemm" {
+            if node.int("transA", 0).ok()? != 0
+                || node.float("alpha", 1.0).ok()? != 1.0
+                || self.constant(b).is_none()
+                || sa.len() != 2
+            {
+                return None;
+            }
+            let (n, kk) = if node.int("transB", 0).ok()? != 0 {
+                (&sb[0], &sb[1])
+            } else {
+                (&sb[1], &sb[0])
+            };
+            if let Some(c) = node.optional_input(2) {
+                let cs = self.shape(c);
+                if node.float("beta", 1.0).ok()? != 1.0
+                    || cs.len() != 1
+                    || self.constant(c).is_none()
+                {
+                    return None;
+                }
+                epilogue.push_str("+bias");
+            }
+            format!("dense(M={},N={n},K={kk})", sa[0])
+        } else if self.constant(b).is_some() && sb.len() == 2 && sa.len() >= 2 {
+            let m = sa[..sa.len() - 1]
+                .iter()
+                .fold(Expr::Const(1), |acc, d| acc * d.clone())
+                .simplify();
+            format!("dense(M={m},N={},K={})", sb[1], sb[0])
+        } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
+        {
+            let r = sa.len();
+            let batch = sa[..r - 2]
+                .iter()
+                .fold(Expr::Const(1), |acc, d| acc * d.clone())
+                .simplify();
+            format!(
+                "batch_matmul_nn(B={batch},M={},N={},K={})",
+                sa[r - 2],
+                sb[r - 1],
+                sa[r - 1]
+            )
+        } else {
+            return None;
+        };
+        let mut nodes = vec![k];
+        let mut y = node.outputs[0];
+        let out_shape = self.shape(y).to_vec();
+        loop {
+            let (v, views) = self.through_views(y);
+            if let Some((name, g, end)) = self.gelu(v) {
+                nodes.extend(views);
+                nodes.extend(g);
+                epilogue.push_str(name);
+                y = end;
+                continue;
+            }
+            let Some(c) = self.sole_use(v) else { break };
+            let n = &self.g.nodes[c];
+            let op = match (n.op.as_str(), self.operand(n, v)) {
+                ("Add", Some(o)) => {
+                    let os = self.shape(o);
+                    if self.constant(o).is_some()
+                        && os.len() == 1
+                        && Some(&os[0]) == out_shape.last()
+                    {
+                        if epilogue.contains("+bias") {
+                            "+add(n)".to_string()
+                        } else {
+                            "+bias".to_string()
+                        }
+                    } else if self.constant(o).is_none()
+                        && numel(os) == numel(&out_shape)
+                        && os == self.shape(v)
+                    {
+                        "+residual".to_string()
+                    } else {
+                        break;
+                    }
+                }
+                ("Mul", Some(o)) => match self.scalar(o) {
+                    Some(s) => format!("+scale({s})"),
+                    None => break,
+                },
+                ("Div", Some(o)) if n.inputs[0] == Some(v) => match self.scalar(o) {
+                    Some(s) if s != 0.0 => format!("+scale({})", 1.0 / s),
+                    _ => break,
+                },
+                ("Tanh", _) => "+tanh".to_string(),
+                ("Relu", _) => "+relu".to_string(),
+                _ => break,
+            };
+            epilogue.push_str(&op);
+            nodes.extend(views);
+            nodes.push(c);
+            y = n.outputs[0];
+        }
+        let text = format!("{text}{epilogue}");
+        let w = Workload::parse(&text).ok()?;
+        Some(Step {
+            kind: StepKind::Kernel(w.to_string()),
+            nodes,
+        })
+    }
+
+    /// The consumers of `v` (run-time, untaken), by op type.
+    fn uses(&self, v: ValueId) -> Vec<(usize, &str)> {
+        self.consumers[v]
+            .iter()
+            .filter(|&&c| !self.taken[c])
+            .map(|&c| (c, self.g.nodes[c].op.as_str()))
+            .collect()
+    }
+
+    /// `x · 0.5 · (1 + erf(x / √2))` from `x`, whose division by √2 is `div`: its
+    /// nodes and its output, whichever way the exporter associated the products.
+    fn gelu_erf(&self, x: ValueId, div: usize) -> Option<(Vec<usize>, ValueId)> {
+        let uses = self.uses(x);
+        if uses.len() != 2 {
+            return None;
+        }
+        let other_use = uses.iter().find(|(c, _)| *c != div)?.0;
+        let erf = self.single(self.g.nodes[div].outputs[0], "Erf")?;
+        let add = self.single(self.g.nodes[erf].outputs[0], "Add")?;
+        let one = self.g.nodes[add].outputs[0];
+        let m1 = self.single(one, "Mul")?;
+        let p = self.operand(&self.g.nodes[m1], one)?;
+        let half = |v: ValueId| self.scalar(v).is_some_and(|s| (s - 0.5).abs() < 1e-6);
+        let mut nodes = vec![div, erf, add, m1];
+        let end = if p == x || half(p) {
+            // (1 + erf) · x, then · 0.5; or (1 + erf) · 0.5, then · x.
+            let m2 = self.single(self.g.nodes[m1].outputs[0], "Mul")?;
+            let q = self.operand(&self.g.nodes[m2], self.g.nodes[m1].outputs[0])?;
+            if !((p == x && half(q)) || (half(p) && q == x))
+                || other_use != if p == x { m1 } else { m2 }
+            {
+                return None;
+            }
+            nodes.push(m2);
+            self.g.nodes[m2].outputs[0]
+        } else {
+            // (x · 0.5) · (1 + erf).
+            let h = &self.g.nodes[other_use];
+            if h.op != "Mul" || h.outputs[0] != p || !self.operand(h, x).is_some_and(half) {
+                return None;
+            }
+            nodes.push(other_use);
+            self.g.nodes[m1].outputs[0]
+        };
+        Some((nodes, end))
+    }
+
+    /// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))` from `x`: its nodes and its
+    /// output (GPT-2's decomposition).
+    fn gelu_tanh(&self, x: ValueId) -> Option<(Vec<usize>, ValueId)> {
+        let uses = self.uses(x);
+        if uses.len() != 3 {
+            return None;
+        }
+        let pow = uses.iter().find(|(_, op)| *op == "Pow")?.0;
+        let half = uses.iter().find(|(c, op)| *op == "Mul" && *c != pow)?.0;
+        let add_x = uses.iter().find(|(_, op)| *op == "Add")?.0;
+        let mul_c = self.single(self.g.nodes[pow].outputs[0], "Mul")?;
+        if self.single(self.g.nodes[mul_c].outputs[0], "Add")? != add_x {
+            return None;
+        }
+        let mul_k = self.single(self.g.nodes[add_x].outputs[0], "Mul")?;
+        let tanh = self.single(self.g.nodes[mul_k].outputs[0], "Tanh")?;
+        let one = self.single(self.g.nodes[tanh].outputs[0], "Add")?;
+        let last = self.single(self.g.nodes[one].outputs[0], "Mul")?;
+        if !self.g.nodes[last]
+            .inputs
+            .contains(&Some(self.g.nodes[half].outputs[0]))
+        {
+            return None;
+        }
+        Some((
+            vec![pow, half, mul_c, add_x, mul_k, tanh, one, last],
+            self.g.nodes[last].outputs[0],
+        ))
+    }
+
+    /// The one consumer of `v`, if it has op type `op`.
+    fn single(&self, v: ValueId, op: &str) -> Option<usize> {
+        match self.uses(v).as_slice() {
+            [(c, o)] if *o == op => Some(*c),
+            _ => None,
+        }
+    }
+
+    fn softmax(&self, k: usize) -> Option<Step> {
+        let node = &self.g.nodes[k];
+        let s = self.shape(node.outputs[0]);
+        let r = s.len();
+        let a = node.int("axis", -1).ok()?;
+        if r == 0 || !(a == -1 || a == r as i64 - 1) {
+            return None;
+        }
+        let m = s[..r - 1]
+            .iter()
+            .fold(Expr::Const(1), |acc, d| acc * d.clone())
+            .simplify();
+        let w = Workload::parse(&format!("softmax(M={m},N={})", s[r - 1])).ok()?;
+        Some(Step {
+            kind: StepKind::Kernel(w.to_string()),
+            nodes: vec![k],
+        })
+    }
+
+    fn layer_norm(&self, k: usize) -> Option<Step> {
+        let node = &self.g.nodes[k];
+        let s = self.shape(node.outputs[0]);
+        let r = s.len();
+        let a = node.int("axis", -1).ok()?;
+        if r == 0 || !(a == -1 || a == r as i64 - 1) || node.outputs.len() > 1 {
+            return None;
+        }
+        let m = s[..r - 1]
+            .iter()
+            .fold(Expr::Const(1), |acc, d| acc * d.clone())
+            .simplify();
+        Some(Step {
+            kind: StepKind::LayerNorm(format!("(M={m},N={})", s[r - 1])),
+            nodes: vec![k],
+        })
+    }
+
+    /// Any other run-time node: elementwise chains grouped, others alone.
+    fn loose(&self, k: usize) -> Step {
+        let node = &self.g.nodes[k];
+        if !is_elementwise(&node.op) {
+            return Step {
+                kind: StepKind::Movement(node.op.clone()),
+                nodes: vec![k],
+            };
+        }
+        let mut nodes = vec![k];
+        let mut ops = vec![node.op.clone()];
+        let mut v = node.outputs[0];
+        while let Some(c) = self.sole_use(v) {
+            let n = &self.g.nodes[c];
+            if !is_elementwise(&n.op) {
+                break;
+            }
+            nodes.push(c);
+            ops.push(n.op.clone());
+            v = n.outputs[0];
+        }
+        Step {
+            kind: StepKind::Elementwise(ops.join("→")),
+            nodes,
+        }
+    }
+}
+
+/// The number of elements of a symbolic shape.
+fn numel(s: &[Expr]) -> Expr {
+    s.iter()
+        .fold(Expr::Const(1), |acc, d| acc * d.clone())
+        .simplify()
+}
+
+/// Ops that map elements to elements (with broadcasting).
+fn is_elementwise(op: &str) -> bool {
+    matches!(
+        op,
+        "Add"
+            | "Sub"
+            | "Mul"
+            | "Div"
+            | "Pow"
+            | "Max"
+            | "Min"
+            | "Equal"
+            | "Greater"
+            | "GreaterOrEqual"
+            | "Less"
+            | "LessOrEqual"
+            | "And"
+            | "Or"
+            | "Xor"
+            | "Not"
+            | "Where"
+            | "Sqrt"
+            | "Exp"
+            | "Log"
+            | "Erf"
+            | "Tanh"
+            | "Relu"
+            | "Sigmoid"
+            | "Gelu"
+            | "Neg"
+            | "Abs"
+            | "Reciprocal"
+            | "IsNaN"
+            | "IsInf"
+            | "Cast"
+    )
+}
