@@ -42,6 +42,12 @@ pub struct Step {
     pub kind: StepKind,
     /// The nodes (indices into [`Graph::nodes`]).
     pub nodes: Vec<usize>,
+    /// A kernel's tensors in the order its workload takes them (operands, then the
+    /// epilogue's inputs), each with whether a 2-D weight is transposed for it (ONNX's
+    /// `[K, N]` for `dense`'s `W[n, k]`); empty for other steps.
+    pub inputs: Vec<(ValueId, bool)>,
+    /// The value a kernel step writes.
+    pub output: Option<ValueId>,
 }
 
 /// A kernel task and how often the model runs it.
@@ -146,6 +152,8 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
             op if VIEWS.contains(&op) => Some(Step {
                 kind: StepKind::View,
                 nodes: vec![k],
+                inputs: vec![],
+                output: None,
             }),
             _ => None,
         };
@@ -155,6 +163,8 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
         }
         steps.push(step);
     }
+    // A step runs where its last node would: its epilogue's inputs are ready by then.
+    steps.sort_by_key(|s| s.nodes.iter().max().copied());
     Fusion { steps }
 }
 
@@ -245,6 +255,7 @@ impl Fuser<'_> {
             return None;
         }
         let mut epilogue = String::new();
+        let mut inputs = vec![(a, false)];
         let text = if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0
                 || node.float("alpha", 1.0).ok()? != 1.0
@@ -253,11 +264,13 @@ impl Fuser<'_> {
             {
                 return None;
             }
-            let (n, kk) = if node.int("transB", 0).ok()? != 0 {
+            let trans_b = node.int("transB", 0).ok()? != 0;
+            let (n, kk) = if trans_b {
                 (&sb[0], &sb[1])
             } else {
                 (&sb[1], &sb[0])
             };
+            inputs.push((b, !trans_b));
             if let Some(c) = node.optional_input(2) {
                 let cs = self.shape(c);
                 if node.float("beta", 1.0).ok()? != 1.0
@@ -267,6 +280,7 @@ impl Fuser<'_> {
                     return None;
                 }
                 epilogue.push_str("+bias");
+                inputs.push((c, false));
             }
             format!("dense(M={},N={n},K={kk})", sa[0])
         } else if self.constant(b).is_some() && sb.len() == 2 && sa.len() >= 2 {
@@ -274,6 +288,7 @@ impl Fuser<'_> {
                 .iter()
                 .fold(Expr::Const(1), |acc, d| acc * d.clone())
                 .simplify();
+            inputs.push((b, true));
             format!("dense(M={m},N={},K={})", sb[1], sb[0])
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
@@ -282,6 +297,7 @@ impl Fuser<'_> {
                 .iter()
                 .fold(Expr::Const(1), |acc, d| acc * d.clone())
                 .simplify();
+            inputs.push((b, false));
             format!(
                 "batch_matmul_nn(B={batch},M={},N={},K={})",
                 sa[r - 2],
@@ -312,6 +328,7 @@ impl Fuser<'_> {
                         && os.len() == 1
                         && Some(&os[0]) == out_shape.last()
                     {
+                        inputs.push((o, false));
                         if epilogue.contains("+bias") {
                             "+add(n)".to_string()
                         } else {
@@ -321,6 +338,7 @@ impl Fuser<'_> {
                         && numel(os) == numel(&out_shape)
                         && os == self.shape(v)
                     {
+                        inputs.push((o, false));
                         "+residual".to_string()
                     } else {
                         break;
@@ -348,6 +366,8 @@ impl Fuser<'_> {
         Some(Step {
             kind: StepKind::Kernel(w.to_string()),
             nodes,
+            inputs,
+            output: Some(y),
         })
     }
 
@@ -452,6 +472,8 @@ impl Fuser<'_> {
         Some(Step {
             kind: StepKind::Kernel(w.to_string()),
             nodes: vec![k],
+            inputs: vec![(node.input(0).ok()?, false)],
+            output: Some(node.outputs[0]),
         })
     }
 
@@ -470,6 +492,8 @@ impl Fuser<'_> {
         Some(Step {
             kind: StepKind::LayerNorm(format!("(M={m},N={})", s[r - 1])),
             nodes: vec![k],
+            inputs: vec![],
+            output: None,
         })
     }
 
@@ -480,6 +504,8 @@ impl Fuser<'_> {
             return Step {
                 kind: StepKind::Movement(node.op.clone()),
                 nodes: vec![k],
+                inputs: vec![],
+                output: None,
             };
         }
         let mut nodes = vec![k];
@@ -497,6 +523,8 @@ impl Fuser<'_> {
         Step {
             kind: StepKind::Elementwise(ops.join("→")),
             nodes,
+            inputs: vec![],
+            output: None,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The models in `models/` (tiny BERT, GPT-2 and ViT exported by PyTorch's TorchScript
 //! and dynamo exporters, with onnxruntime's outputs): every one imports, its shapes
 //! propagate symbolically (the inferred output shapes, evaluated at each case's dims,
-//! are the recorded ones), and the reference executor reproduces onnxruntime's outputs.
+//! are the recorded ones), and both the reference executor and the fused steps (kernel
+//! steps computed by the workloads' own reference, `anyshape_measure::reference_output`)
+//! reproduce onnxruntime's outputs.
 use anyshape_graph::{fact, infer, onnx, Tensor};
 use anyshape_ir::{Bindings, Expr};
 use std::path::{Path, PathBuf};
@@ -65,6 +67,30 @@ fn check(model: &str, cases: &[&str]) {
             .collect();
         let outs = anyshape_graph::exec::run(&g, &inputs)
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
+        let fusion = anyshape_graph::fuse(&g, &facts);
+        let mut reference = |w: &anyshape_ir::Workload,
+                             bound: &anyshape_ir::BoundWorkload,
+                             ins: &[&[f32]],
+                             out: &mut [f32]| {
+            let r = anyshape_measure::reference_output(w, bound, ins);
+            for (y, x) in out.iter_mut().zip(&r.output) {
+                *y = *x as f32;
+            }
+            Ok(())
+        };
+        let fused = anyshape_graph::exec::run_fused(&g, &facts, &fusion, &inputs, &mut reference)
+            .unwrap_or_else(|e| panic!("{model} {case} fused: {e}"));
+        for (&o, got) in g.outputs.iter().zip(&fused) {
+            let name = &g.values[o];
+            let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
+            assert_eq!(got.shape, want.shape, "{model} {case} {name}: fused shape");
+            let e = rel_error(got.as_f32().unwrap(), want.as_f32().unwrap());
+            assert!(
+                e <= 1e-4,
+                "{model} {case} {name}: fused relative error {e:e}"
+            );
+            eprintln!("{model} {case} {name}: fused relative error {e:.1e}");
+        }
         for (&o, got) in g.outputs.iter().zip(&outs) {
             let name = &g.values[o];
             let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
