@@ -8,10 +8,10 @@ use crate::ops::{op, unsupported};
 use crate::{fact, Fact, Fusion, GraphError, Result, StepKind, Tensor};
 use anyshape_ir::{Bindings, BoundWorkload, Expr, Workload};
 
-/// Runs one kernel step: the workload, its instance, its inputs (in the workload's
-/// order, contiguous) and the output to fill.
+/// Runs one kernel step: the workload, the shape vars' values, its instance, its inputs
+/// (in the workload's order, contiguous) and the output to fill.
 pub type KernelFn<'a> =
-    dyn FnMut(&Workload, &BoundWorkload, &[&[f32]], &mut [f32]) -> Result<()> + 'a;
+    dyn FnMut(&Workload, &Bindings, &BoundWorkload, &[&[f32]], &mut [f32]) -> Result<()> + 'a;
 
 /// The given inputs, checked against the graph's (names, element types, ranks, and
 /// dims that must agree), and the shape vars' values they imply.
@@ -153,7 +153,7 @@ pub fn run_fused(
                     }
                 }
                 let mut y = vec![0f32; bound.lens[ins.len()]];
-                kernel(&w, &bound, &ins, &mut y)?;
+                kernel(&w, &b, &bound, &ins, &mut y)?;
                 let shape = fact(facts, out).shape_at(&b)?;
                 values[out] = Some(Tensor::f32(shape, y)?);
             }

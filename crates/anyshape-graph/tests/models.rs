@@ -69,6 +69,7 @@ fn check(model: &str, cases: &[&str]) {
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
         let fusion = anyshape_graph::fuse(&g, &facts);
         let mut reference = |w: &anyshape_ir::Workload,
+                             _: &Bindings,
                              bound: &anyshape_ir::BoundWorkload,
                              ins: &[&[f32]],
                              out: &mut [f32]| {
