@@ -11,6 +11,7 @@ mod cpu;
 mod dispatch;
 mod kernel;
 mod manifest;
+mod model;
 
 pub use cpu::host_cpu_features;
 pub use dispatch::DispatchTree;
@@ -22,3 +23,4 @@ pub use manifest::{
     sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, Vote, FORMAT_VERSION,
     HEADER_FILE, MANIFEST_FILE,
 };
+pub use model::{ModelManifest, ModelTask, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};

@@ -111,4 +111,7 @@ pub enum RuntimeError {
     /// The kernel reported a failure.
     #[error("the kernel failed: {0}")]
     Kernel(String),
+    /// The model could not be read or run (its error says what and where).
+    #[error(transparent)]
+    Model(anyshape_graph::GraphError),
 }

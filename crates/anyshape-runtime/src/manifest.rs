@@ -53,9 +53,22 @@ pub fn write_manifest(m: &Manifest, dir: &Path) -> Result<()> {
 }
 
 /// The files of the module in `dir` by its manifest, `manifest.json` included,
-/// whatever anyshape version wrote it; an error if `dir/manifest.json` is not an
-/// anyshape manifest. (What a module writer may replace: see `anyshape-tune`.)
+/// whatever anyshape version wrote it (for a model module: `model.json`, `model.onnx`
+/// and `tasks/`); an error if `dir` holds neither kind of manifest. (What a module writer may replace: see `anyshape-tune`.)
 pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
+    // A model module: its manifest, the source model and the task modules.
+    if let Ok(text) = std::fs::read_to_string(dir.join(anyshape_abi::MODEL_FILE)) {
+        if serde_json::from_str::<anyshape_abi::ModelManifest>(&text).is_ok() {
+            return Ok([
+                anyshape_abi::MODEL_FILE,
+                anyshape_abi::MODEL_SOURCE,
+                "tasks",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect());
+        }
+    }
     let path = dir.join(MANIFEST_FILE);
     let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
         path: dir.display().to_string(),

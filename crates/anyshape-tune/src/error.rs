@@ -48,6 +48,9 @@ pub enum TuneError {
     /// Bad tuning options or domains (user input).
     #[error("{0}")]
     Options(String),
+    /// The model could not be imported (its error says what and where; user input).
+    #[error(transparent)]
+    Model(anyshape_graph::GraphError),
     /// A bug in anyshape (a library it uses behaved unexpectedly): please report it.
     #[error("internal error (a bug in anyshape, please report it): {0}")]
     Internal(String),

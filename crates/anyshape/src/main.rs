@@ -1,5 +1,6 @@
 //! The `anyshape` command-line tool.
 mod bench;
+mod compile;
 mod gpu;
 mod inspect;
 mod progress;
@@ -28,6 +29,8 @@ enum Command {
     Run(run::RunArgs),
     /// Tune a workload once for every instance of its shape vars' domains.
     Tune(tune::TuneArgs),
+    /// Compile an ONNX model for its dims' domains into a model module.
+    Compile(compile::CompileArgs),
     /// Print what a module holds (micro-kernels, dispatch tree, where each instance
     /// goes) or what an ONNX model is (symbolic shapes, fused steps and tasks).
     Inspect {
@@ -210,6 +213,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Tune(args) => tune::tune(args),
+        Command::Compile(args) => compile::compile(args),
         Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
         Command::Inspect { module } => inspect::inspect(&module),
         Command::Bench(args) => bench::bench(args),

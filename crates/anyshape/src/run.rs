@@ -23,6 +23,13 @@ pub struct RunArgs {
     /// Run a module (from `anyshape tune --out`) instead: its dispatcher picks the kernel.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["workload", "strategy", "mode", "micro_kernel", "print_c"])]
     module: Option<PathBuf>,
+    /// A model module's inputs: a `.npz` file with one array per input, by name (its
+    /// outputs, where also present, are compared).
+    #[arg(long, value_name = "FILE.npz", requires = "module")]
+    inputs: Option<PathBuf>,
+    /// Write a model module's outputs to this `.npz` file.
+    #[arg(long, value_name = "FILE.npz", requires = "inputs")]
+    output: Option<PathBuf>,
     /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Vec<String>,
@@ -61,6 +68,15 @@ pub fn run(args: RunArgs) -> Result<()> {
         ..Default::default()
     };
     if let Some(module) = &args.module {
+        if module.join(anyshape_abi::MODEL_FILE).is_file() {
+            let inputs = args.inputs.as_deref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} is a model module: give its inputs with --inputs FILE.npz",
+                    module.display()
+                )
+            })?;
+            return crate::compile::run_model(module, inputs, args.output.as_deref(), args.seconds);
+        }
         let bindings = bindings(&args.set, None)?;
         return run_module(module, &bindings, args.check, options);
     }

@@ -676,3 +676,125 @@ fn softmax_modules_and_fused_epilogues_run_correctly() {
         );
     }
 }
+
+/// A model from ONNX to a module and back: `compile` (untuned: default micro-kernels)
+/// for a range of sequence lengths, `run --module` on recorded cases in the range and
+/// past it (onnxruntime's outputs in the same file are compared), outputs to `.npz`;
+/// and the mistakes a user makes are clear errors.
+#[test]
+fn compile_and_run_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("bert_tiny.dynamo.onnx");
+    let module = dir.path().join("bert.module");
+    let m = module.to_str().unwrap();
+    let o = anyshape(
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..64",
+            "--out",
+            m,
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("8 tasks"), "{out}");
+    for case in ["s1", "s37", "s128", "b3s17"] {
+        let npz = models.join(format!("bert_tiny.dynamo.{case}.npz"));
+        let written = dir.path().join(format!("{case}.out.npz"));
+        let o = anyshape(
+            &[
+                "run",
+                "--module",
+                m,
+                "--inputs",
+                npz.to_str().unwrap(),
+                "--output",
+                written.to_str().unwrap(),
+                "--seconds",
+                "0",
+            ],
+            dir.path(),
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{case}: {out}");
+        let errors: Vec<f64> = out
+            .lines()
+            .filter_map(|l| l.split("max relative error ").nth(1))
+            .map(|r| r.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(errors.len(), 2, "{case}: {out}");
+        assert!(errors.iter().all(|&e| e <= 1e-4), "{case}: {out}");
+        assert!(written.exists());
+    }
+    let bad: &[(&[&str], &str)] = &[
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "seq=1..4",
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "no dim of that name",
+        ),
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "needs a domain",
+        ),
+        (
+            &[
+                "compile",
+                "/nonexistent.onnx",
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "nonexistent",
+        ),
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--dim",
+                "sequence=1..4",
+                "--trials",
+                "4",
+                "--out",
+                "x.module",
+            ],
+            "--records",
+        ),
+        (&["run", "--module", m], "--inputs"),
+        (
+            &["run", "--module", m, "--inputs", onnx.to_str().unwrap()],
+            "reading",
+        ),
+    ];
+    for (args, needle) in bad {
+        let o = anyshape(args, dir.path());
+        let out = text(&o);
+        assert!(
+            !o.status.success() && out.contains(needle) && !out.contains("panicked"),
+            "{args:?}: {out}"
+        );
+    }
+}

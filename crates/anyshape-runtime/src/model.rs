@@ -1,0 +1,132 @@
+//! A loaded model module ([`Model`]): the source model imported and fused again (the
+//! same steps the compiler made), each task's module loaded and checked, and `run` for
+//! any binding of the model's dims — in the compiled range or past it — with the
+//! inputs checked (names, element types, ranks, dims that agree).
+use crate::{Module, Result, RuntimeError};
+use anyshape_abi::{sha256_hex, ModelManifest, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};
+use anyshape_graph::{exec, fuse, infer, onnx, Fact, Fusion, Graph, GraphError, Tensor};
+use anyshape_ir::{Bindings, Workload};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A model module, loaded.
+pub struct Model {
+    dir: PathBuf,
+    manifest: ModelManifest,
+    graph: Graph,
+    facts: Vec<Option<Fact>>,
+    fusion: Fusion,
+    /// Each task's module, by its workload's text form.
+    modules: HashMap<String, Module>,
+}
+
+impl Model {
+    /// Load the model module in `dir`: format, the source model's checksum, every task
+    /// module (their own checks), and that fusing the source gives the same tasks.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Model> {
+        let dir = dir.as_ref().to_path_buf();
+        let path = dir.join(MODEL_FILE);
+        let bad = |reason: String| RuntimeError::BadManifest {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let manifest: ModelManifest =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not a model manifest: {e}")))?;
+        if manifest.format != MODEL_FORMAT {
+            return Err(bad(format!(
+                "model format {} (this anyshape reads {MODEL_FORMAT}); compile the model again",
+                manifest.format
+            )));
+        }
+        let source = dir.join(MODEL_SOURCE);
+        let bytes = std::fs::read(&source).map_err(|source_err| RuntimeError::NotAModule {
+            path: source.display().to_string(),
+            source: source_err,
+        })?;
+        if sha256_hex(&bytes) != manifest.source.sha256 {
+            return Err(bad(format!(
+                "{MODEL_SOURCE} was changed since the model was compiled"
+            )));
+        }
+        let graph = onnx::decode(&bytes, Some(&dir)).map_err(model_error)?;
+        let facts = infer(&graph).map_err(model_error)?;
+        let fusion = fuse(&graph, &facts);
+        let mut modules = HashMap::new();
+        for t in &manifest.tasks {
+            if t.module.contains("..") || Path::new(&t.module).is_absolute() {
+                return Err(bad(format!(
+                    "task module `{}` lies outside the model",
+                    t.module
+                )));
+            }
+            let m = Module::load(dir.join(&t.module))?;
+            let w = Workload::parse(&t.workload)?.to_string();
+            if m.workload().to_string() != w {
+                return Err(bad(format!(
+                    "task module `{}` computes {}, not {w}",
+                    t.module,
+                    m.workload()
+                )));
+            }
+            modules.insert(w, m);
+        }
+        for t in fusion.tasks() {
+            if !modules.contains_key(&t.workload) {
+                return Err(bad(format!("no module for the task {}", t.workload)));
+            }
+        }
+        Ok(Model {
+            dir,
+            manifest,
+            graph,
+            facts,
+            fusion,
+            modules,
+        })
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &ModelManifest {
+        &self.manifest
+    }
+
+    /// The directory it was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The imported graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Run the model on `inputs` (by input name); returns the outputs in the model's
+    /// order.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
+        let mut kernel = |w: &Workload,
+                          b: &Bindings,
+                          _: &anyshape_ir::BoundWorkload,
+                          ins: &[&[f32]],
+                          out: &mut [f32]|
+         -> anyshape_graph::Result<()> {
+            let m = self
+                .modules
+                .get(&w.to_string())
+                .ok_or_else(|| GraphError::Unsupported(format!("no module for the task {w}")))?;
+            let vars = w.shape_vars();
+            let own = Bindings::from_pairs(b.iter().filter(|(n, _)| vars.iter().any(|v| v == n)));
+            m.run(&own, ins, &mut [out])
+                .map_err(|e| GraphError::Shape(format!("{w}: {e}")))
+        };
+        exec::run_fused(&self.graph, &self.facts, &self.fusion, inputs, &mut kernel)
+            .map_err(model_error)
+    }
+}
+
+fn model_error(e: GraphError) -> RuntimeError {
+    RuntimeError::Model(e)
+}

@@ -1,0 +1,244 @@
+//! `anyshape compile`: an ONNX model into a model module — every task tuned over the
+//! model's dims (or, with `--trials 0`, given default micro-kernels) — and running one
+//! (`anyshape run --module M --inputs case.npz`), with NumPy files in and out.
+use crate::progress::Reporter;
+use crate::tune::interrupt_flag;
+use crate::{runner, Common};
+use anyhow::{bail, Context, Result};
+use anyshape_graph::{Data, Tensor};
+use anyshape_ir::ShapeVar;
+use anyshape_measure::Measurer;
+use anyshape_tune::{compile_model, ModelObserver, ModelOptions, PipelineOptions, TuneOptions};
+use clap::Args;
+use npyz::WriterBuilder as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Options of `anyshape compile`.
+#[derive(Args)]
+pub struct CompileArgs {
+    /// The ONNX model (as `torch.onnx.export` writes it, opsets 13–21).
+    model: PathBuf,
+    /// The domain of a model dim: `--dim sequence=1..512`, `--dim batch=1`; one per
+    /// dim the model's inputs name (`anyshape inspect model.onnx` lists them).
+    #[arg(long = "dim", value_name = "NAME=DOMAIN", required = true)]
+    dims: Vec<String>,
+    /// Trials of each task's joint search; 0 gives a quick untuned module (every task
+    /// with its sketch's default micro-kernel).
+    #[arg(long, default_value_t = 0)]
+    trials: u64,
+    /// A directory for the tasks' records (needed with --trials > 0).
+    #[arg(long, value_name = "DIR")]
+    records: Option<PathBuf>,
+    /// Continue the tasks' records: nothing measured is measured again.
+    #[arg(long)]
+    resume: bool,
+    /// Where the model module goes.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+impl ModelObserver for Reporter {
+    fn task(&mut self, index: usize, total: usize, workload: &str, count: usize) {
+        anyshape_measure::Progress::note(
+            self,
+            &format!(
+                "task {}/{total}: {workload} (run {count}x per call)",
+                index + 1
+            ),
+        );
+    }
+}
+
+/// Run `anyshape compile`.
+pub fn compile(args: CompileArgs) -> Result<()> {
+    let dims: Vec<ShapeVar> = args
+        .dims
+        .iter()
+        .map(|d| ShapeVar::parse(d))
+        .collect::<Result<_, _>>()?;
+    let target = args.common.target()?;
+    let options = ModelOptions {
+        trials: args.trials as usize,
+        records: args.records.clone(),
+        resume: args.resume,
+        tune: TuneOptions {
+            interrupt: Some(interrupt_flag()),
+            ..TuneOptions::default()
+        },
+        pipeline: PipelineOptions {
+            votes: Default::default(),
+            out: None,
+            specialize: anyshape_tune::Specialize::None,
+            verify_flops: None,
+            dispatch: false,
+        },
+    };
+    let measurer = Measurer {
+        builder: args.common.builder(),
+        runner: runner(options.tune.measure.clone())?,
+    };
+    let start = Instant::now();
+    let mut reporter = Reporter::new(args.quiet);
+    let m = compile_model(
+        &args.model,
+        &dims,
+        &target,
+        &measurer,
+        &options,
+        &args.out,
+        &mut reporter,
+    )?;
+    drop(reporter);
+    let runs: usize = m.tasks.iter().map(|t| t.count).sum();
+    println!(
+        "model module written to {} in {:.1} s: {} tasks ({runs} kernel calls per run), {} measurements (search and votes); run it with `anyshape run --module {} --inputs case.npz`",
+        args.out.display(),
+        start.elapsed().as_secs_f64(),
+        m.tasks.len(),
+        m.tasks.iter().map(|t| t.trials).sum::<usize>(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The arrays of a `.npz` file as tensors, by name.
+pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let mut archive =
+        npyz::npz::NpzArchive::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let names: Vec<String> = archive.array_names().map(String::from).collect();
+    let mut out = Vec::new();
+    for name in names {
+        let arr = archive
+            .by_name(&name)
+            .with_context(|| format!("{}: array {name}", path.display()))?
+            .with_context(|| format!("{}: no array {name}", path.display()))?;
+        let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
+        let t = match arr.dtype().descr().as_str() {
+            "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>()?)?,
+            "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>()?)?,
+            "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>()?)?,
+            d => bail!(
+                "{}: array {name} has dtype {d}; anyshape takes float32, int64 and bool",
+                path.display()
+            ),
+        };
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+/// Write tensors to a `.npz` file.
+pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
+    for (name, t) in arrays {
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        match &t.data {
+            Data::F32(v) => npz
+                .array::<f32>(name, Default::default())?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()?
+                .extend(v.iter().copied())?,
+            Data::I64(v) => npz
+                .array::<i64>(name, Default::default())?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()?
+                .extend(v.iter().copied())?,
+            Data::Bool(v) => npz
+                .array::<bool>(name, Default::default())?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()?
+                .extend(v.iter().copied())?,
+        }
+    }
+    Ok(())
+}
+
+/// `anyshape run --module M` for a model module: its inputs from `.npz`, its outputs
+/// printed (and written with `--output`), the latency of a run.
+pub fn run_model(dir: &Path, inputs: &Path, output: Option<&Path>, seconds: f64) -> Result<()> {
+    let model = anyshape_runtime::Model::load(dir)?;
+    let arrays = read_npz(inputs)?;
+    let g = model.graph();
+    let given: Vec<(&str, Tensor)> = g
+        .inputs
+        .iter()
+        .map(|i| {
+            let name = g.values[i.value].as_str();
+            arrays
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| (name, t.clone()))
+                .with_context(|| {
+                    format!(
+                        "{} has no array `{name}` (the model's input)",
+                        inputs.display()
+                    )
+                })
+        })
+        .collect::<Result<_>>()?;
+    let t0 = Instant::now();
+    let outs = model.run(&given)?;
+    let mut best = t0.elapsed().as_secs_f64();
+    let mut runs = 1;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        let t = Instant::now();
+        model.run(&given)?;
+        best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
+    }
+    println!(
+        "model        {}  ({} runs, min latency {:.3} ms)",
+        dir.display(),
+        runs,
+        best * 1e3
+    );
+    let mut named = Vec::new();
+    for (&o, t) in g.outputs.iter().zip(outs) {
+        let name = g.values[o].clone();
+        let preview: Vec<String> = match &t.data {
+            Data::F32(v) => v.iter().take(4).map(|x| format!("{x:.5}")).collect(),
+            Data::I64(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
+            Data::Bool(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
+        };
+        println!(
+            "output       {name} {:?} [{} ...]",
+            t.shape,
+            preview.join(", ")
+        );
+        // Where the inputs file also holds this output (a recorded case), compare.
+        if let (Some((_, want)), Data::F32(got)) =
+            (arrays.iter().find(|(n, _)| *n == name), &t.data)
+        {
+            if let (Ok(want), true) = (want.as_f32(), want.shape == t.shape) {
+                let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+                let e = got
+                    .iter()
+                    .zip(want)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+                    / scale;
+                println!(
+                    "check        {name}: max relative error {e:.2e} against {}",
+                    inputs.display()
+                );
+            }
+        }
+        named.push((name, t));
+    }
+    if let Some(path) = output {
+        write_npz(path, &named)?;
+        println!("outputs written to {}", path.display());
+    }
+    Ok(())
+}
