@@ -1,5 +1,5 @@
 //! Executors. [`run`]: the reference, a graph run op by op on concrete tensors with the
-//! operators' plain `eval`s (obviously correct, not fast). [`run_fused`]: the fused
+//! operators' plain `eval`s (obviously correct, not fast). [`Plan::run`]: the fused
 //! steps of [`crate::fuse`], kernel steps through a caller's kernel function (compiled
 //! kernels, or a reference of the workload), the others with the operators' `eval`s.
 //! Tests compare both with onnxruntime's recorded outputs.
@@ -95,101 +95,199 @@ fn transpose_2d(t: &Tensor) -> Result<Tensor> {
     Tensor::f32(vec![c, r], out)
 }
 
-/// Run the fused steps of `g` on `inputs`; `kernel` runs kernel steps.
-pub fn run_fused(
-    g: &Graph,
-    facts: &[Option<Fact>],
-    fusion: &Fusion,
-    inputs: &[(&str, Tensor)],
-    kernel: &mut KernelFn,
-) -> Result<Vec<Tensor>> {
-    let (given, b) = bind_inputs(g, inputs)?;
-    let mut values: Vec<Option<Tensor>> = vec![None; g.values.len()];
-    // Constants, and the shape plumbing's expressions evaluated at this instance.
-    for (v, f) in facts.iter().enumerate() {
-        let Some(f) = f else { continue };
-        if let Some(t) = &f.value {
-            values[v] = Some(t.clone());
-        } else if let Some(sym) = &f.sym {
-            let x: Vec<i64> = sym.iter().map(|e| e.eval(&b)).collect::<Result<_, _>>()?;
-            let shape = if f.rank() == 0 { vec![] } else { vec![x.len()] };
-            values[v] = Some(Tensor::i64(shape, x)?);
-        }
-    }
-    for (v, t) in given {
-        values[v] = Some(t);
-    }
-    for step in &fusion.steps {
-        match (&step.kind, step.output) {
-            (StepKind::Kernel(text), Some(out)) => {
-                let w = Workload::parse(text)?;
-                let bound = w.bind(&b)?;
-                let mut owned = Vec::new();
-                for &(v, transpose) in &step.inputs {
-                    let t = values[v].as_ref().ok_or_else(|| {
-                        GraphError::Shape(format!("`{}` has no value for a kernel", g.values[v]))
+/// A model's fused steps, ready to run any number of times: the graph, its facts and
+/// steps ([`crate::fuse`]), each kernel step's parsed workload and the weights its
+/// kernels read transposed — all made once.
+pub struct Plan {
+    graph: Graph,
+    facts: Vec<Option<Fact>>,
+    fusion: Fusion,
+    workloads: Vec<Option<Workload>>,
+    transposed: std::collections::HashMap<usize, Tensor>,
+    /// The last step that reads each value (values are freed after it).
+    last_use: Vec<usize>,
+}
+
+impl Plan {
+    /// Propagate shapes, fuse, and prepare the kernel steps of `graph`.
+    pub fn new(graph: Graph) -> Result<Plan> {
+        let facts = crate::infer(&graph)?;
+        let fusion = crate::fuse(&graph, &facts);
+        let mut workloads = Vec::new();
+        let mut transposed = std::collections::HashMap::new();
+        let mut last_use = vec![usize::MAX; graph.values.len()];
+        for (k, step) in fusion.steps.iter().enumerate() {
+            workloads.push(match &step.kind {
+                StepKind::Kernel(text) => Some(Workload::parse(text)?),
+                _ => None,
+            });
+            for &(v, t) in &step.inputs {
+                if t && !transposed.contains_key(&v) {
+                    let w = fact(&facts, v).value.as_ref().ok_or_else(|| {
+                        GraphError::Shape(format!(
+                            "`{}` is transposed but not a constant",
+                            graph.values[v]
+                        ))
                     })?;
-                    owned.push(if transpose {
-                        transpose_2d(t)?
-                    } else {
-                        t.clone()
-                    });
+                    transposed.insert(v, transpose_2d(w)?);
                 }
-                let ins: Vec<&[f32]> = owned.iter().map(|t| t.as_f32()).collect::<Result<_>>()?;
-                if ins.len() != w.inputs.len() {
-                    return Err(GraphError::Shape(format!(
-                        "{text}: {} tensors for a kernel that takes {} (a fusion bug)",
-                        ins.len(),
-                        w.inputs.len()
-                    )));
+                last_use[v] = k;
+            }
+            for &n in &step.nodes {
+                for v in graph.nodes[n].inputs.iter().flatten() {
+                    last_use[*v] = k;
                 }
-                for (k, x) in ins.iter().enumerate() {
-                    if x.len() != bound.lens[k] {
+            }
+        }
+        for &o in &graph.outputs {
+            last_use[o] = usize::MAX;
+        }
+        Ok(Plan {
+            graph,
+            facts,
+            fusion,
+            workloads,
+            transposed,
+            last_use,
+        })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The facts of the graph's values.
+    pub fn facts(&self) -> &[Option<Fact>] {
+        &self.facts
+    }
+
+    /// The steps.
+    pub fn fusion(&self) -> &Fusion {
+        &self.fusion
+    }
+
+    /// Run on `inputs` (by input name); `kernel` runs kernel steps. Returns the
+    /// outputs in the graph's order.
+    pub fn run(&self, inputs: &[(&str, Tensor)], kernel: &mut KernelFn) -> Result<Vec<Tensor>> {
+        let g = &self.graph;
+        let (given, b) = bind_inputs(g, inputs)?;
+        // Run-time values; constants are read from the facts.
+        let mut values: Vec<Option<Tensor>> = vec![None; g.values.len()];
+        for (v, f) in self.facts.iter().enumerate() {
+            let Some(f) = f else { continue };
+            if let (None, Some(sym)) = (&f.value, &f.sym) {
+                // Shape plumbing, evaluated at this instance.
+                let x: Vec<i64> = sym.iter().map(|e| e.eval(&b)).collect::<Result<_, _>>()?;
+                let shape = if f.rank() == 0 { vec![] } else { vec![x.len()] };
+                values[v] = Some(Tensor::i64(shape, x)?);
+            }
+        }
+        for (v, t) in given {
+            values[v] = Some(t);
+        }
+        let facts = &self.facts;
+        /// A value: computed in this run, or a constant.
+        fn get<'a>(
+            values: &'a [Option<Tensor>],
+            facts: &'a [Option<Fact>],
+            v: usize,
+        ) -> Option<&'a Tensor> {
+            values[v]
+                .as_ref()
+                .or_else(|| facts[v].as_ref().and_then(|f| f.value.as_ref()))
+        }
+        for (k, step) in self.fusion.steps.iter().enumerate() {
+            match (&self.workloads[k], step.output) {
+                (Some(w), Some(out)) => {
+                    let bound = w.bind(&b)?;
+                    let mut ins: Vec<&[f32]> = Vec::with_capacity(step.inputs.len());
+                    for &(v, transpose) in &step.inputs {
+                        let t: &Tensor = if transpose {
+                            &self.transposed[&v]
+                        } else {
+                            get(&values, facts, v).ok_or_else(|| {
+                                GraphError::Shape(format!(
+                                    "`{}` has no value for a kernel",
+                                    g.values[v]
+                                ))
+                            })?
+                        };
+                        ins.push(t.as_f32()?);
+                    }
+                    if ins.len() != w.inputs.len() {
                         return Err(GraphError::Shape(format!(
-                            "{text}: tensor {k} has {} elements, the kernel reads {}",
-                            x.len(),
-                            bound.lens[k]
+                            "{w}: {} tensors for a kernel that takes {} (a fusion bug)",
+                            ins.len(),
+                            w.inputs.len()
                         )));
                     }
-                }
-                let mut y = vec![0f32; bound.lens[ins.len()]];
-                kernel(&w, &b, &bound, &ins, &mut y)?;
-                let shape = fact(facts, out).shape_at(&b)?;
-                values[out] = Some(Tensor::f32(shape, y)?);
-            }
-            _ => {
-                for &k in &step.nodes {
-                    let node = &g.nodes[k];
-                    let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
-                    let ins: Vec<Option<&Tensor>> = node
-                        .inputs
-                        .iter()
-                        .map(|i| i.and_then(|id| values[id].as_ref()))
-                        .collect();
-                    if node
-                        .inputs
-                        .iter()
-                        .zip(&ins)
-                        .any(|(i, t)| i.is_some() && t.is_none())
-                    {
-                        return Err(node.error("an input has no value"));
+                    for (i, x) in ins.iter().enumerate() {
+                        if x.len() != bound.lens[i] {
+                            return Err(GraphError::Shape(format!(
+                                "{w}: tensor {i} has {} elements, the kernel reads {}",
+                                x.len(),
+                                bound.lens[i]
+                            )));
+                        }
                     }
-                    let outs = (spec.eval)(node, &ins)?;
-                    for (&id, t) in node.outputs.iter().zip(outs) {
-                        values[id] = Some(t);
+                    let mut y = vec![0f32; bound.lens[ins.len()]];
+                    kernel(w, &b, &bound, &ins, &mut y)?;
+                    drop(ins);
+                    let shape = fact(facts, out).shape_at(&b)?;
+                    values[out] = Some(Tensor::f32(shape, y)?);
+                }
+                _ => {
+                    for &n in &step.nodes {
+                        let node = &g.nodes[n];
+                        let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
+                        let ins: Vec<Option<&Tensor>> = node
+                            .inputs
+                            .iter()
+                            .map(|i| i.and_then(|id| get(&values, facts, id)))
+                            .collect();
+                        if node
+                            .inputs
+                            .iter()
+                            .zip(&ins)
+                            .any(|(i, t)| i.is_some() && t.is_none())
+                        {
+                            return Err(node.error("an input has no value"));
+                        }
+                        let outs = (spec.eval)(node, &ins)?;
+                        drop(ins);
+                        for (&id, t) in node.outputs.iter().zip(outs) {
+                            values[id] = Some(t);
+                        }
+                    }
+                }
+            }
+            // Free what no later step reads.
+            for &(v, _) in &step.inputs {
+                if self.last_use[v] == k {
+                    values[v] = None;
+                }
+            }
+            for &n in &step.nodes {
+                for v in g.nodes[n].inputs.iter().flatten() {
+                    if self.last_use[*v] == k {
+                        values[*v] = None;
                     }
                 }
             }
         }
+        g.outputs
+            .iter()
+            .map(|&o| {
+                values[o]
+                    .take()
+                    .or_else(|| facts[o].as_ref().and_then(|f| f.value.clone()))
+                    .ok_or_else(|| {
+                        GraphError::Format(format!("output `{}` has no value", g.values[o]))
+                    })
+            })
+            .collect()
     }
-    g.outputs
-        .iter()
-        .map(|&o| {
-            values[o]
-                .take()
-                .ok_or_else(|| GraphError::Format(format!("output `{}` has no value", g.values[o])))
-        })
-        .collect()
 }
 
 /// Run `g` on `inputs` (by input name); returns the outputs in the graph's order.

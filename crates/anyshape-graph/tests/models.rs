@@ -67,7 +67,7 @@ fn check(model: &str, cases: &[&str]) {
             .collect();
         let outs = anyshape_graph::exec::run(&g, &inputs)
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
-        let fusion = anyshape_graph::fuse(&g, &facts);
+        let plan = anyshape_graph::exec::Plan::new(g.clone()).unwrap();
         let mut reference = |w: &anyshape_ir::Workload,
                              _: &Bindings,
                              bound: &anyshape_ir::BoundWorkload,
@@ -79,7 +79,8 @@ fn check(model: &str, cases: &[&str]) {
             }
             Ok(())
         };
-        let fused = anyshape_graph::exec::run_fused(&g, &facts, &fusion, &inputs, &mut reference)
+        let fused = plan
+            .run(&inputs, &mut reference)
             .unwrap_or_else(|e| panic!("{model} {case} fused: {e}"));
         for (&o, got) in g.outputs.iter().zip(&fused) {
             let name = &g.values[o];

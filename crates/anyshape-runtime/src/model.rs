@@ -4,7 +4,7 @@
 //! inputs checked (names, element types, ranks, dims that agree).
 use crate::{Module, Result, RuntimeError};
 use anyshape_abi::{sha256_hex, ModelManifest, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};
-use anyshape_graph::{exec, fuse, infer, onnx, Fact, Fusion, Graph, GraphError, Tensor};
+use anyshape_graph::{exec::Plan, onnx, Graph, GraphError, Tensor};
 use anyshape_ir::{Bindings, Workload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 pub struct Model {
     dir: PathBuf,
     manifest: ModelManifest,
-    graph: Graph,
-    facts: Vec<Option<Fact>>,
-    fusion: Fusion,
+    plan: Plan,
     /// Each task's module, by its workload's text form.
     modules: HashMap<String, Module>,
 }
@@ -53,8 +51,7 @@ impl Model {
             )));
         }
         let graph = onnx::decode(&bytes, Some(&dir)).map_err(model_error)?;
-        let facts = infer(&graph).map_err(model_error)?;
-        let fusion = fuse(&graph, &facts);
+        let plan = Plan::new(graph).map_err(model_error)?;
         let mut modules = HashMap::new();
         for t in &manifest.tasks {
             if t.module.contains("..") || Path::new(&t.module).is_absolute() {
@@ -74,7 +71,7 @@ impl Model {
             }
             modules.insert(w, m);
         }
-        for t in fusion.tasks() {
+        for t in plan.fusion().tasks() {
             if !modules.contains_key(&t.workload) {
                 return Err(bad(format!("no module for the task {}", t.workload)));
             }
@@ -82,9 +79,7 @@ impl Model {
         Ok(Model {
             dir,
             manifest,
-            graph,
-            facts,
-            fusion,
+            plan,
             modules,
         })
     }
@@ -101,7 +96,7 @@ impl Model {
 
     /// The imported graph.
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        self.plan.graph()
     }
 
     /// Run the model on `inputs` (by input name); returns the outputs in the model's
@@ -122,8 +117,7 @@ impl Model {
             m.run(&own, ins, &mut [out])
                 .map_err(|e| GraphError::Shape(format!("{w}: {e}")))
         };
-        exec::run_fused(&self.graph, &self.facts, &self.fusion, inputs, &mut kernel)
-            .map_err(model_error)
+        self.plan.run(inputs, &mut kernel).map_err(model_error)
     }
 }
 

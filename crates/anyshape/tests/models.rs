@@ -3,7 +3,7 @@
 //! the fused steps run through them, and the outputs compared with onnxruntime's.
 use anyshape_abi::{load_library, KernelFn, STATUS_OK};
 use anyshape_codegen::{cpu_sketch, CpuTarget, PaddingStrategy, Program, Sketch};
-use anyshape_graph::{exec, fuse, infer, onnx, GraphError, Tensor};
+use anyshape_graph::{exec, onnx, GraphError, Tensor};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::Builder;
 use std::collections::HashMap;
@@ -47,8 +47,8 @@ fn build<K: Sketch<Target = CpuTarget>>(
 
 fn check(model: &str, cases: &[&str]) {
     let g = onnx::load(&models().join(format!("{model}.onnx"))).unwrap();
-    let facts = infer(&g).unwrap();
-    let fusion = fuse(&g, &facts);
+    let plan = exec::Plan::new(g.clone()).unwrap();
+    let fusion = plan.fusion();
     let target = CpuTarget::detect();
     let dir = tempfile::tempdir().unwrap();
     let builder = Builder::new(dir.path());
@@ -88,7 +88,7 @@ fn check(model: &str, cases: &[&str]) {
                 .collect();
             let ptrs: Vec<*const f32> = ins.iter().map(|x| x.as_ptr()).collect();
             let outs = [out.as_mut_ptr()];
-            // SAFETY: run_fused checked every buffer against the bound workload.
+            // SAFETY: Plan::run checked every buffer against the bound workload.
             let status = unsafe { f(vars.as_ptr(), ptrs.as_ptr(), outs.as_ptr()) };
             if status == STATUS_OK {
                 Ok(())
@@ -96,7 +96,7 @@ fn check(model: &str, cases: &[&str]) {
                 Err(GraphError::Shape(format!("{w}: kernel status {status}")))
             }
         };
-        let got = exec::run_fused(&g, &facts, &fusion, &inputs, &mut run).unwrap();
+        let got = plan.run(&inputs, &mut run).unwrap();
         for (&o, got) in g.outputs.iter().zip(&got) {
             let name = &g.values[o];
             let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
