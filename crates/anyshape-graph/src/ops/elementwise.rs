@@ -225,7 +225,8 @@ fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(first.dtype, shape)])
 }
 
-/// `f` over the broadcast of `a` and `b`.
+/// `f` over the broadcast of `a` and `b` (shapes that match, and scalars, without
+/// index vectors: the common cases of a model's elementwise ops).
 fn zip<A: Copy, B: Copy, C>(
     a: &[A],
     sa: &[usize],
@@ -234,6 +235,15 @@ fn zip<A: Copy, B: Copy, C>(
     out: &[usize],
     f: impl Fn(A, B) -> C,
 ) -> Vec<C> {
+    if sa == out && sb == out {
+        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+    }
+    if sa == out && b.len() == 1 {
+        return a.iter().map(|&x| f(x, b[0])).collect();
+    }
+    if sb == out && a.len() == 1 {
+        return b.iter().map(|&y| f(a[0], y)).collect();
+    }
     let ia = broadcast_indices(sa, out);
     let ib = broadcast_indices(sb, out);
     ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect()
