@@ -1,7 +1,9 @@
 //! Elementwise ops with numpy broadcasting: arithmetic (`f32` and `i64`; on the shape
 //! plumbing's integer vectors also as expressions), comparisons and logic (to `bool`),
 //! `Where`, activations and `Cast`.
-use super::{broadcast_indices, broadcast_out, broadcast_shape, fail, req, sized, OpSpec};
+use super::{
+    broadcast_out, broadcast_shape, broadcast_strides, fail, for_each_row, req, sized, OpSpec,
+};
 use crate::fact::{broadcast, equal};
 use crate::graph::Node;
 use crate::{DType, Data, Fact, Result, Tensor};
@@ -225,8 +227,7 @@ fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(first.dtype, shape)])
 }
 
-/// `f` over the broadcast of `a` and `b` (shapes that match, and scalars, without
-/// index vectors: the common cases of a model's elementwise ops).
+/// `f` over the broadcast of `a` and `b`, row by row along the innermost axis.
 fn zip<A: Copy, B: Copy, C>(
     a: &[A],
     sa: &[usize],
@@ -238,15 +239,17 @@ fn zip<A: Copy, B: Copy, C>(
     if sa == out && sb == out {
         return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
     }
-    if sa == out && b.len() == 1 {
-        return a.iter().map(|&x| f(x, b[0])).collect();
+    let r = out.len();
+    if r == 0 {
+        return vec![f(a[0], b[0])];
     }
-    if sb == out && a.len() == 1 {
-        return b.iter().map(|&y| f(a[0], y)).collect();
-    }
-    let ia = broadcast_indices(sa, out);
-    let ib = broadcast_indices(sb, out);
-    ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect()
+    let (ta, tb) = (broadcast_strides(sa, r), broadcast_strides(sb, r));
+    let (inner, ia, ib) = (out[r - 1], ta[r - 1], tb[r - 1]);
+    let mut v = Vec::with_capacity(out.iter().product());
+    for_each_row(out, [&ta, &tb], |[oa, ob]| {
+        v.extend((0..inner).map(|j| f(a[oa + j * ia], b[ob + j * ib])))
+    });
+    v
 }
 
 fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -417,27 +420,30 @@ fn eval_where(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         .ok_or_else(|| node.error("the shapes do not broadcast"))?;
     sized(node, &out)?;
     let cond = c.as_bool().map_err(|e| node.error(e))?;
-    let ic = broadcast_indices(&c.shape, &out);
-    let ix = broadcast_indices(&x.shape, &out);
-    let iy = broadcast_indices(&y.shape, &out);
-    let pick: Vec<(bool, usize, usize)> =
-        (0..ic.len()).map(|i| (cond[ic[i]], ix[i], iy[i])).collect();
+    let r = out.len();
+    let strides = [&c.shape, &x.shape, &y.shape].map(|s| broadcast_strides(s, r));
+    let s3 = [&strides[0][..], &strides[1][..], &strides[2][..]];
+    fn pick<T: Copy>(out: &[usize], cond: &[bool], a: &[T], b: &[T], s: [&[usize]; 3]) -> Vec<T> {
+        let Some(&inner) = out.last() else {
+            return vec![if cond[0] { a[0] } else { b[0] }];
+        };
+        let step = s.map(|st| st[st.len() - 1]);
+        let mut v = Vec::with_capacity(out.iter().product());
+        for_each_row(out, s, |[oc, oa, ob]| {
+            v.extend((0..inner).map(|j| {
+                if cond[oc + j * step[0]] {
+                    a[oa + j * step[1]]
+                } else {
+                    b[ob + j * step[2]]
+                }
+            }))
+        });
+        v
+    }
     let data = match (&x.data, &y.data) {
-        (Data::F32(a), Data::F32(b)) => Data::F32(
-            pick.iter()
-                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
-                .collect(),
-        ),
-        (Data::I64(a), Data::I64(b)) => Data::I64(
-            pick.iter()
-                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
-                .collect(),
-        ),
-        (Data::Bool(a), Data::Bool(b)) => Data::Bool(
-            pick.iter()
-                .map(|&(k, i, j)| if k { a[i] } else { b[j] })
-                .collect(),
-        ),
+        (Data::F32(a), Data::F32(b)) => Data::F32(pick(&out, cond, a, b, s3)),
+        (Data::I64(a), Data::I64(b)) => Data::I64(pick(&out, cond, a, b, s3)),
+        (Data::Bool(a), Data::Bool(b)) => Data::Bool(pick(&out, cond, a, b, s3)),
         _ => return fail(node, "the two branches have different element types"),
     };
     Ok(vec![Tensor::new(out, data)?])
@@ -529,4 +535,46 @@ fn eval_unary(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         (_, d) => return fail(node, format!("unsupported for {}", d.dtype())),
     };
     Ok(vec![Tensor::new(shape, data)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::broadcast_indices;
+    use super::*;
+
+    /// The row walk of `zip` reads what the index vectors of plain broadcasting read,
+    /// for every pair of shapes that broadcast (ranks 0–3, dims 1–3, either side).
+    #[test]
+    fn zip_matches_index_broadcasting() {
+        let mut shapes: Vec<Vec<usize>> = vec![vec![]];
+        for r in 1..=3 {
+            let mut grown = Vec::new();
+            for s in shapes.iter().filter(|s| s.len() == r - 1) {
+                for d in [1, 2, 3] {
+                    let mut t = s.clone();
+                    t.push(d);
+                    grown.push(t);
+                }
+            }
+            shapes.extend(grown);
+        }
+        let mut checked = 0;
+        for sa in &shapes {
+            for sb in &shapes {
+                let Some(out) = broadcast_shape(sa, sb) else {
+                    continue;
+                };
+                let a: Vec<i64> = (0..sa.iter().product::<usize>() as i64).collect();
+                let b: Vec<i64> = (0..sb.iter().product::<usize>() as i64)
+                    .map(|x| x * 1000)
+                    .collect();
+                let got = zip(&a, sa, &b, sb, &out, |x, y| x + y);
+                let (ia, ib) = (broadcast_indices(sa, &out), broadcast_indices(sb, &out));
+                let want: Vec<i64> = ia.iter().zip(&ib).map(|(&i, &j)| a[i] + b[j]).collect();
+                assert_eq!(got, want, "{sa:?} with {sb:?}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 940);
+    }
 }

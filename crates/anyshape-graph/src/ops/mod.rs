@@ -96,41 +96,72 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
-/// For each element of a tensor of shape `out` (row-major order), the flat index
-/// `Σ counter[d] · strides[d]` it reads: the walk behind broadcasting and transposes.
-pub(crate) fn strided_walk(out: &[usize], strides: &[usize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
+/// Walks a tensor of shape `out` (row-major, rank ≥ 1) one innermost row at a time:
+/// for each row, `row` gets the flat offset at which each of `N` strided operands
+/// starts it (`Σ counter[d] · strides[k][d]` over the outer axes). The walk behind
+/// broadcasting and transposes; the innermost axis is left to the caller's loop.
+pub(crate) fn for_each_row<const N: usize>(
+    out: &[usize],
+    strides: [&[usize]; N],
+    mut row: impl FnMut([usize; N]),
+) {
     let r = out.len();
-    let mut idx = Vec::with_capacity(n);
-    let mut counter = vec![0usize; r];
-    let mut at = 0usize;
-    for _ in 0..n {
-        idx.push(at);
-        for d in (0..r).rev() {
+    let inner = out[r - 1];
+    if inner == 0 {
+        return;
+    }
+    let rows: usize = out[..r - 1].iter().product();
+    let mut counter = vec![0usize; r - 1];
+    let mut at = [0usize; N];
+    for _ in 0..rows {
+        row(at);
+        for d in (0..r - 1).rev() {
             counter[d] += 1;
-            at += strides[d];
+            for k in 0..N {
+                at[k] += strides[k][d];
+            }
             if counter[d] < out[d] {
                 break;
             }
-            at -= strides[d] * counter[d];
+            for k in 0..N {
+                at[k] -= strides[k][d] * counter[d];
+            }
             counter[d] = 0;
         }
     }
+}
+
+/// For each element of a tensor of shape `out` (row-major order), the flat index
+/// `Σ counter[d] · strides[d]` it reads.
+pub(crate) fn strided_walk(out: &[usize], strides: &[usize]) -> Vec<usize> {
+    if out.is_empty() {
+        return vec![0];
+    }
+    let (inner, step) = (out[out.len() - 1], strides[out.len() - 1]);
+    let mut idx = Vec::with_capacity(out.iter().product());
+    for_each_row(out, [strides], |[at]| {
+        idx.extend((0..inner).map(|j| at + j * step))
+    });
     idx
+}
+
+/// The strides with which a row-major tensor of shape `inp` is read when broadcast
+/// to rank `r`: 0 along the axes it is broadcast over.
+pub(crate) fn broadcast_strides(inp: &[usize], r: usize) -> Vec<usize> {
+    let lead = r - inp.len();
+    let mut strides = vec![0usize; r];
+    let mut s = 1;
+    for i in (0..inp.len()).rev() {
+        strides[lead + i] = if inp[i] == 1 { 0 } else { s };
+        s *= inp[i];
+    }
+    strides
 }
 
 /// For each element of a tensor of shape `out`, the flat index of the element of a
 /// tensor of shape `inp` (broadcast to `out`) it reads.
 pub(crate) fn broadcast_indices(inp: &[usize], out: &[usize]) -> Vec<usize> {
-    let r = out.len();
-    let lead = r - inp.len();
-    let mut in_strides = vec![0usize; r];
-    let mut s = 1;
-    for i in (0..inp.len()).rev() {
-        in_strides[lead + i] = if inp[i] == 1 { 0 } else { s };
-        s *= inp[i];
-    }
-    strided_walk(out, &in_strides)
+    strided_walk(out, &broadcast_strides(inp, out.len()))
 }
 
 /// The broadcast of two inputs' shapes, checked against [`MAX_ELEMENTS`].
