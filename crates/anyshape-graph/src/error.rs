@@ -15,6 +15,9 @@ pub enum GraphError {
         /// Why.
         source: std::io::Error,
     },
+    /// A `.npz` file is damaged or holds what anyshape cannot read (user input).
+    #[error("{0}")]
+    Npz(String),
     /// The bytes are not an ONNX model (truncated, another format, damaged).
     #[error("not a valid ONNX model: {0}")]
     Format(String),

@@ -111,6 +111,10 @@ struct Fuser<'a> {
     /// Run-time consumers of each value.
     consumers: Vec<Vec<usize>>,
     taken: Vec<bool>,
+    /// Values that are a 2-D `Transpose` of a constant read only as a `MatMul`'s right
+    /// operand: the constant and the `Transpose` node (its kernel reads the constant
+    /// in place instead, e.g. GPT-2's tied LM head `MatMul(x, Transpose(wte))`).
+    transposed: std::collections::HashMap<ValueId, (ValueId, usize)>,
 }
 
 /// Whether value `v` is known at compile time (a constant, or shape plumbing).
@@ -138,7 +142,29 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
         facts,
         consumers,
         taken: runtime.iter().map(|r| !r).collect(),
+        transposed: Default::default(),
     };
+    for (k, n) in g.nodes.iter().enumerate() {
+        let (Some(&Some(src)), Some(&out)) = (n.inputs.first(), n.outputs.first()) else {
+            continue;
+        };
+        let plain_2d = match n.ints("perm") {
+            Ok(None) => true,
+            Ok(Some(p)) => p == [1, 0],
+            Err(_) => false,
+        };
+        if n.op == "Transpose"
+            && runtime[k]
+            && plain_2d
+            && f.constant(src).is_some_and(|t| t.shape.len() == 2)
+            && matches!(f.consumers[out].as_slice(),
+                [c] if g.nodes[*c].op == "MatMul" && g.nodes[*c].inputs.get(1) == Some(&Some(out)))
+            && !g.outputs.contains(&out)
+        {
+            f.taken[k] = true;
+            f.transposed.insert(out, (src, k));
+        }
+    }
     let mut steps = Vec::new();
     for k in 0..g.nodes.len() {
         if f.taken[k] {
@@ -157,7 +183,13 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
             }),
             _ => None,
         };
-        let step = step.unwrap_or_else(|| f.loose(k));
+        let mut step = step.unwrap_or_else(|| f.loose(k));
+        // A MatMul that did not become a kernel computes the transpose it reads.
+        if let Some(&(_, t)) = node.input(1).ok().and_then(|b| f.transposed.get(&b)) {
+            if !step.nodes.contains(&t) {
+                step.nodes.insert(0, t);
+            }
+        }
         for &n in &step.nodes {
             f.taken[n] = true;
         }
@@ -256,6 +288,7 @@ impl Fuser<'_> {
         }
         let mut epilogue = String::new();
         let mut inputs = vec![(a, false)];
+        let mut extra = Vec::new();
         let text = if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0
                 || node.float("alpha", 1.0).ok()? != 1.0
@@ -283,12 +316,21 @@ impl Fuser<'_> {
                 inputs.push((c, false));
             }
             format!("dense(M={},N={n},K={kk})", sa[0])
-        } else if self.constant(b).is_some() && sb.len() == 2 && sa.len() >= 2 {
+        } else if (self.constant(b).is_some() || self.transposed.contains_key(&b))
+            && sb.len() == 2
+            && sa.len() >= 2
+        {
             let m = sa[..sa.len() - 1]
                 .iter()
                 .fold(Expr::Const(1), |acc, d| acc * d.clone())
                 .simplify();
-            inputs.push((b, true));
+            match self.transposed.get(&b) {
+                Some(&(src, t)) => {
+                    inputs.push((src, false));
+                    extra.push(t);
+                }
+                None => inputs.push((b, true)),
+            }
             format!("dense(M={m},N={},K={})", sb[1], sb[0])
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
@@ -307,7 +349,8 @@ impl Fuser<'_> {
         } else {
             return None;
         };
-        let mut nodes = vec![k];
+        let mut nodes = extra;
+        nodes.push(k);
         let mut y = node.outputs[0];
         let out_shape = self.shape(y).to_vec();
         loop {

@@ -2,7 +2,7 @@
 //! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), the operators'
 //! semantics ([`ops`]), a reference executor ([`exec::run`]) and fusion into steps
-//! and tasks ([`fuse`]).
+//! and tasks ([`fuse`]); tensors in NumPy files ([`npz`]).
 //!
 //! It builds on `anyshape-ir` (expressions, shape vars); it knows nothing of code
 //! generation, measuring or tuning.
@@ -14,6 +14,7 @@ mod fact;
 mod fusion;
 mod graph;
 mod infer;
+pub mod npz;
 pub mod onnx;
 pub mod ops;
 mod tensor;

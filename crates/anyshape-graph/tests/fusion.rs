@@ -91,3 +91,75 @@ fn vit_fuses_its_encoder() {
         );
     }
 }
+
+/// `MatMul(x, Transpose(W))` with `W` too large to fold (GPT-2's tied LM head as the
+/// dynamo exporter writes it): one dense kernel that reads `W` in place, and the
+/// fused run agrees with the reference executor, at several lengths.
+#[test]
+fn a_transposed_constant_weight_is_read_in_place() {
+    use anyshape_graph::{exec, DType, Graph, Input, Node, Tensor};
+    use anyshape_ir::Expr;
+    let (n, k) = (300usize, 250usize); // n·k > FOLD_LIMIT
+    assert!(n * k > anyshape_graph::FOLD_LIMIT);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 97.0)
+        .collect();
+    let node = |name: &str, op: &str, inputs: Vec<usize>, out: usize| Node {
+        name: name.into(),
+        op: op.into(),
+        inputs: inputs.into_iter().map(Some).collect(),
+        outputs: vec![out],
+        attrs: Default::default(),
+    };
+    let g = Graph {
+        values: ["x", "w", "wt", "y"].map(String::from).to_vec(),
+        nodes: vec![
+            node("t", "Transpose", vec![1], 2),
+            node("mm", "MatMul", vec![0, 2], 3),
+        ],
+        inputs: vec![Input {
+            value: 0,
+            dtype: DType::F32,
+            dims: vec![Expr::var("m"), Expr::Const(k as i64)],
+        }],
+        outputs: vec![3],
+        initializers: [(1, Tensor::f32(vec![n, k], w).unwrap())].into(),
+        opset: 17,
+    };
+    let facts = infer(&g).unwrap();
+    let f = fuse(&g, &facts);
+    let kernels: Vec<_> = f
+        .steps
+        .iter()
+        .filter(|s| matches!(s.kind, StepKind::Kernel(_)))
+        .collect();
+    assert_eq!(kernels.len(), 1, "{:#?}", f.steps);
+    assert_eq!(
+        kernels[0].kind,
+        StepKind::Kernel(format!("dense(M=m,N={n},K={k})"))
+    );
+    assert_eq!(kernels[0].inputs, vec![(0, false), (1, false)]);
+    steps_cover_each_node_once(&f, g.nodes.len());
+    let plan = exec::Plan::new(g.clone()).unwrap();
+    for m in [1usize, 2, 7, 31] {
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+        let inputs = [("x", Tensor::f32(vec![m, k], x).unwrap())];
+        let want = exec::run(&g, &inputs).unwrap();
+        let mut reference = |w: &anyshape_ir::Workload,
+                             _: &anyshape_ir::Bindings,
+                             bound: &anyshape_ir::BoundWorkload,
+                             ins: &[&[f32]],
+                             out: &mut [f32]| {
+            let r = anyshape_measure::reference_output(w, bound, ins);
+            for (y, x) in out.iter_mut().zip(&r.output) {
+                *y = *x as f32;
+            }
+            Ok(())
+        };
+        let got = plan.run(&inputs, &mut reference).unwrap();
+        assert_eq!(got[0].shape, vec![m, n]);
+        let (a, b) = (got[0].as_f32().unwrap(), want[0].as_f32().unwrap());
+        let err = a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs()));
+        assert!(err < 1e-4, "m={m}: {err}");
+    }
+}

@@ -12,23 +12,8 @@ fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
 }
 
-/// The arrays of an `.npz`, by name.
 fn npz(path: &Path) -> Vec<(String, Tensor)> {
-    let mut archive = npyz::npz::NpzArchive::open(path).unwrap();
-    let names: Vec<String> = archive.array_names().map(String::from).collect();
-    names
-        .into_iter()
-        .map(|name| {
-            let arr = archive.by_name(&name).unwrap().unwrap();
-            let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
-            let t = match arr.dtype().descr().as_str() {
-                "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().unwrap()).unwrap(),
-                "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().unwrap()).unwrap(),
-                d => panic!("{name}: dtype {d}"),
-            };
-            (name, t)
-        })
-        .collect()
+    anyshape_graph::npz::read(path).unwrap()
 }
 
 /// Max |a - b| over max |b|.

@@ -10,7 +10,6 @@ use anyshape_ir::ShapeVar;
 use anyshape_measure::Measurer;
 use anyshape_tune::{compile_model, ModelObserver, ModelOptions, PipelineOptions, TuneOptions};
 use clap::Args;
-use npyz::WriterBuilder as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -107,68 +106,18 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     Ok(())
 }
 
-/// The arrays of a `.npz` file as tensors, by name.
-pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let mut archive =
-        npyz::npz::NpzArchive::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let names: Vec<String> = archive.array_names().map(String::from).collect();
-    let mut out = Vec::new();
-    for name in names {
-        let arr = archive
-            .by_name(&name)
-            .with_context(|| format!("{}: array {name}", path.display()))?
-            .with_context(|| format!("{}: no array {name}", path.display()))?;
-        let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
-        let t = match arr.dtype().descr().as_str() {
-            "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>()?)?,
-            "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>()?)?,
-            "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>()?)?,
-            d => bail!(
-                "{}: array {name} has dtype {d}; anyshape takes float32, int64 and bool",
-                path.display()
-            ),
-        };
-        out.push((name, t));
-    }
-    Ok(out)
-}
-
-/// Write tensors to a `.npz` file.
-pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
-    let file =
-        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
-    let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
-    for (name, t) in arrays {
-        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
-        match &t.data {
-            Data::F32(v) => npz
-                .array::<f32>(name, Default::default())?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()?
-                .extend(v.iter().copied())?,
-            Data::I64(v) => npz
-                .array::<i64>(name, Default::default())?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()?
-                .extend(v.iter().copied())?,
-            Data::Bool(v) => npz
-                .array::<bool>(name, Default::default())?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()?
-                .extend(v.iter().copied())?,
-        }
-    }
-    Ok(())
-}
-
 /// `anyshape run --module M` for a model module: its inputs from `.npz`, its outputs
-/// printed (and written with `--output`), the latency of a run.
-pub fn run_model(dir: &Path, inputs: &Path, output: Option<&Path>, seconds: f64) -> Result<()> {
+/// printed (and written with `--output`), the latency of a run; outputs that the file
+/// also records are compared, and an error past `max_error` fails the run.
+pub fn run_model(
+    dir: &Path,
+    inputs: &Path,
+    output: Option<&Path>,
+    seconds: f64,
+    max_error: f64,
+) -> Result<()> {
     let model = anyshape_runtime::Model::load(dir)?;
-    let arrays = read_npz(inputs)?;
+    let arrays = anyshape_graph::npz::read(inputs)?;
     let g = model.graph();
     let given: Vec<(&str, Tensor)> = g
         .inputs
@@ -205,6 +154,7 @@ pub fn run_model(dir: &Path, inputs: &Path, output: Option<&Path>, seconds: f64)
         best * 1e3
     );
     let mut named = Vec::new();
+    let mut mismatched = Vec::new();
     for (&o, t) in g.outputs.iter().zip(outs) {
         let name = g.values[o].clone();
         let preview: Vec<String> = match &t.data {
@@ -232,13 +182,28 @@ pub fn run_model(dir: &Path, inputs: &Path, output: Option<&Path>, seconds: f64)
                     "check        {name}: max relative error {e:.2e} against {}",
                     inputs.display()
                 );
+                if e.is_nan() || e > max_error as f32 {
+                    mismatched.push(format!("{name} ({e:.2e})"));
+                }
+            } else {
+                mismatched.push(format!(
+                    "{name} (shape {:?}, recorded {:?})",
+                    t.shape, want.shape
+                ));
             }
         }
         named.push((name, t));
     }
     if let Some(path) = output {
-        write_npz(path, &named)?;
+        anyshape_graph::npz::write(path, &named)?;
         println!("outputs written to {}", path.display());
+    }
+    if !mismatched.is_empty() {
+        bail!(
+            "outputs differ from those recorded in {} by more than {max_error:e}: {}",
+            inputs.display(),
+            mismatched.join(", ")
+        );
     }
     Ok(())
 }

@@ -30,6 +30,10 @@ pub struct RunArgs {
     /// Write a model module's outputs to this `.npz` file.
     #[arg(long, value_name = "FILE.npz", requires = "inputs")]
     output: Option<PathBuf>,
+    /// A model's outputs recorded in the `--inputs` file must match within this
+    /// relative error (max |error| ÷ max |recorded|), or the run fails.
+    #[arg(long, default_value_t = 1e-4, value_parser = relative_error, requires = "inputs")]
+    max_error: f64,
     /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Vec<String>,
@@ -75,7 +79,13 @@ pub fn run(args: RunArgs) -> Result<()> {
                     module.display()
                 )
             })?;
-            return crate::compile::run_model(module, inputs, args.output.as_deref(), args.seconds);
+            return crate::compile::run_model(
+                module,
+                inputs,
+                args.output.as_deref(),
+                args.seconds,
+                args.max_error,
+            );
         }
         let bindings = bindings(&args.set, None)?;
         return run_module(module, &bindings, args.check, options);
@@ -219,4 +229,12 @@ fn print_measurement(m: &Measurement, flops: f64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A relative error bound: a finite number at least 0.
+fn relative_error(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(e) if e.is_finite() && e >= 0.0 => Ok(e),
+        _ => Err(format!("`{text}` is not a relative error (a number >= 0)")),
+    }
 }

@@ -14,20 +14,7 @@ fn models() -> PathBuf {
 }
 
 fn npz(path: &Path) -> Vec<(String, Tensor)> {
-    let mut archive = npyz::npz::NpzArchive::open(path).unwrap();
-    let names: Vec<String> = archive.array_names().map(String::from).collect();
-    names
-        .into_iter()
-        .map(|name| {
-            let arr = archive.by_name(&name).unwrap().unwrap();
-            let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
-            let t = match arr.dtype().descr().as_str() {
-                "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().unwrap()).unwrap(),
-                _ => Tensor::f32(shape, arr.into_vec::<f32>().unwrap()).unwrap(),
-            };
-            (name, t)
-        })
-        .collect()
+    anyshape_graph::npz::read(path).unwrap()
 }
 
 /// Build `w`'s symbolic kernel with its sketch's default micro-kernel; returns the

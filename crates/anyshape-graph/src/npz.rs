@@ -1,0 +1,87 @@
+//! NumPy `.npz` files of named tensors (a model's inputs and outputs, recorded test
+//! cases), read and written with the `npyz` crate.
+use crate::error::{GraphError, Result};
+use crate::tensor::{Data, Tensor};
+use npyz::WriterBuilder as _;
+use std::path::Path;
+
+fn format(path: &Path, what: impl std::fmt::Display) -> GraphError {
+    GraphError::Npz(format!("{}: {what}", path.display()))
+}
+
+/// The arrays of a `.npz` file as tensors, by name, in the file's order (float32,
+/// int64 and bool arrays; any other dtype is an error that names it).
+pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let file = std::fs::File::open(path).map_err(|source| GraphError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut archive = npyz::npz::NpzArchive::new(std::io::BufReader::new(file))
+        .map_err(|e| format(path, format_args!("not a .npz file ({e})")))?;
+    let names: Vec<String> = archive.array_names().map(String::from).collect();
+    let mut out = Vec::new();
+    for name in names {
+        let arr = archive
+            .by_name(&name)
+            .map_err(|e| format(path, format_args!("array {name}: {e}")))?
+            .ok_or_else(|| format(path, format_args!("no array {name}")))?;
+        let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
+        let bad = |e: std::io::Error| format(path, format_args!("array {name}: {e}"));
+        let t = match arr.dtype().descr().as_str() {
+            "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().map_err(bad)?)?,
+            "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().map_err(bad)?)?,
+            "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>().map_err(bad)?)?,
+            d => {
+                return Err(format(
+                    path,
+                    format_args!(
+                        "array {name} has dtype {d}; anyshape takes float32, int64 and bool"
+                    ),
+                ))
+            }
+        };
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+/// Write tensors to a `.npz` file.
+pub fn write(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
+    let io = |source| GraphError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
+    for (name, t) in arrays {
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        match &t.data {
+            Data::F32(v) => npz
+                .array::<f32>(name, Default::default())
+                .map_err(io)?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()
+                .map_err(io)?
+                .extend(v.iter().copied()),
+            Data::I64(v) => npz
+                .array::<i64>(name, Default::default())
+                .map_err(io)?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()
+                .map_err(io)?
+                .extend(v.iter().copied()),
+            Data::Bool(v) => npz
+                .array::<bool>(name, Default::default())
+                .map_err(io)?
+                .default_dtype()
+                .shape(&shape)
+                .begin_nd()
+                .map_err(io)?
+                .extend(v.iter().copied()),
+        }
+        .map_err(io)?;
+    }
+    Ok(())
+}
