@@ -2,7 +2,8 @@
 //! called through their C interfaces as kernels with anyshape's ABI, the `gemm` crate
 //! and cuBLAS as kernels built into the worker (so the same isolated runner times and
 //! checks them all), the tuned baselines (per-shape, Nimble-style, bucketing), the FMA
-//! peak, and the reports and plots of a comparison.
+//! peak, and the reports and plots of a comparison; and whole model modules raced
+//! against onnxruntime and tract ([`compare_model`]).
 //!
 //! It knows workloads, the builder, the runner and the tuning pipeline (to tune the
 //! baselines); the front end gives it a [`Harness`] and a [`Progress`](anyshape_measure::Progress)
@@ -15,7 +16,9 @@ mod cublas;
 mod dispatch;
 mod error;
 mod gpu;
+mod model;
 pub mod peak;
+mod peers;
 pub mod plot;
 mod report;
 mod rust_gemm;
@@ -28,6 +31,7 @@ pub use cublas::{CUBLAS_SYMBOL, GPU_BUILTINS};
 pub use dispatch::{dispatch_loss, overhead};
 pub use error::{BenchError, Result};
 pub use gpu::{compare_gpu, GpuComparison, GpuReport};
+pub use model::{compare_model, ModelCompareOptions};
 pub use rust_gemm::BUILTINS;
 pub use vendor::{build_vendors, VendorKernel, VendorLibrary};
 

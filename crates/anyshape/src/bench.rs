@@ -1,10 +1,15 @@
 //! `anyshape bench`: a module side by side with the baselines (`--compare`), how well it
 //! dispatches (`--dispatch-loss`) and what dispatching costs (`--overhead`); the
-//! measuring is `anyshape-bench`'s, this parses the options and shows the reports.
+//! measuring is `anyshape-bench`'s, this parses the options and shows the reports. A
+//! model module (`--model`, from `anyshape compile`) is raced against onnxruntime and
+//! tract (`--compare`).
 use crate::progress::Reporter;
 use crate::Common;
 use anyhow::{bail, Result};
-use anyshape_bench::{compare, dispatch_loss, overhead, CompareOptions};
+use anyshape_bench::{
+    compare, compare_model, dispatch_loss, overhead, CompareOptions, ModelCompareOptions,
+};
+use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
 use clap::Args;
 use std::path::PathBuf;
@@ -13,8 +18,32 @@ use std::path::PathBuf;
 #[derive(Args)]
 pub struct BenchArgs {
     /// The module to benchmark (from `anyshape tune --out`).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "model",
+        conflicts_with = "model"
+    )]
+    module: Option<PathBuf>,
+    /// A model module (from `anyshape compile`): with --compare, raced against
+    /// onnxruntime (Python package, --threads) and tract (when built with
+    /// `--features tract`) on the same `.onnx` and inputs at every combination of the
+    /// --dim values; writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
     #[arg(long, value_name = "DIR")]
-    module: PathBuf,
+    model: Option<PathBuf>,
+    /// With --model: the values of a model dim, e.g. `--dim sequence=1,8,16,32
+    /// --dim batch=1` (ranges such as `1..4` too); every dim of the model is named.
+    #[arg(long = "dim", value_name = "NAME=VALUES", requires = "model")]
+    dims: Vec<String>,
+    /// With --model: interleaved rounds per instance (each system keeps its minimum).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: u32,
+    /// With --model: onnxruntime's intra-op threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: u32,
+    /// With --model: the Python interpreter that has the onnxruntime package.
+    #[arg(long, default_value = "python3")]
+    python: String,
     /// Compare the module, instance by instance in one run, with the vendor libraries
     /// (oneDNN, OpenBLAS: whichever are installed, a missing one is skipped with a
     /// warning; the `gemm` crate) and, with --per-shape-trials, per-shape (Ansor-style),
@@ -73,7 +102,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if !args.dispatch_loss && !args.overhead && !args.compare {
         bail!("nothing to measure: pass --compare, --dispatch-loss and/or --overhead");
     }
-    let module = Module::load(&args.module)?;
+    let module = match (&args.model, &args.module) {
+        (Some(model), _) => return bench_model(model, &args),
+        (None, Some(module)) => Module::load(module)?,
+        (None, None) => bail!("give --module or --model"),
+    };
     if args.compare {
         let options = CompareOptions {
             range: args.range.as_deref(),
@@ -117,5 +150,38 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         };
         print!("{}", overhead(&module, at.as_ref())?);
     }
+    Ok(())
+}
+
+/// `anyshape bench --model M --compare`.
+fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
+    if args.dispatch_loss || args.overhead || !args.compare {
+        bail!("a model module is benchmarked with --compare (against onnxruntime and tract)");
+    }
+    let mut dims = Vec::new();
+    for d in &args.dims {
+        let v = ShapeVar::parse(d)?;
+        if v.domain.len() > 4096 {
+            bail!("--dim {d}: at most 4096 values");
+        }
+        if dims.iter().any(|(n, _): &(String, Vec<i64>)| *n == v.name) {
+            bail!("--dim {}: given twice", v.name);
+        }
+        dims.push((v.name.clone(), v.domain.iter().collect()));
+    }
+    let options = ModelCompareOptions {
+        dims: &dims,
+        rounds: args.rounds as usize,
+        seconds: args.seconds,
+        threads: args.threads as usize,
+        python: &args.python,
+        out_dir: &args.out_dir,
+    };
+    let mut reporter = Reporter::new(args.quiet);
+    let (summary, written) =
+        compare_model(model, &options, &args.common.harness()?, &mut reporter)?;
+    drop(reporter);
+    print!("{summary}");
+    println!("written: {}", written.join(", "));
     Ok(())
 }

@@ -682,7 +682,7 @@ fn softmax_modules_and_fused_epilogues_run_correctly() {
 /// past it (onnxruntime's outputs in the same file are compared), outputs to `.npz`;
 /// and the mistakes a user makes are clear errors.
 #[test]
-fn compile_and_run_a_model() {
+fn compile_run_and_bench_a_model() {
     let dir = tempfile::tempdir().unwrap();
     let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
     let onnx = models.join("bert_tiny.dynamo.onnx");
@@ -732,6 +732,47 @@ fn compile_and_run_a_model() {
         assert!(errors.iter().all(|&e| e <= 1e-4), "{case}: {out}");
         assert!(written.exists());
     }
+    // Raced against the peers that are installed (onnxruntime where its Python package
+    // is; tract only in a `--features tract` build): a report, and every peer's outputs
+    // agree with anyshape's.
+    let report = dir.path().join("bench");
+    let o = anyshape(
+        &[
+            "bench",
+            "--model",
+            m,
+            "--compare",
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1,5,64,70",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0",
+            "--out-dir",
+            report.to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("sequence=70"), "{out}");
+    let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert!(
+        rows.iter().filter(|r| r[2] == "\"anyshape\"").count() == 4,
+        "{csv}"
+    );
+    for r in rows.iter().filter(|r| r[2] != "\"anyshape\"") {
+        let e: f64 = r[5].parse().unwrap_or_else(|_| panic!("{csv}"));
+        assert!(e <= 1e-4, "{csv}");
+    }
+    let s37 = models.join("bert_tiny.dynamo.s37.npz");
     let bad: &[(&[&str], &str)] = &[
         (
             &[
@@ -786,7 +827,36 @@ fn compile_and_run_a_model() {
         (&["run", "--module", m], "--inputs"),
         (
             &["run", "--module", m, "--inputs", onnx.to_str().unwrap()],
-            "reading",
+            "not a .npz file",
+        ),
+        (
+            &[
+                "run",
+                "--module",
+                m,
+                "--inputs",
+                s37.to_str().unwrap(),
+                "--max-error",
+                "0",
+            ],
+            "outputs differ from those recorded",
+        ),
+        (
+            &["bench", "--model", m, "--compare", "--dim", "batch=1"],
+            "--dim sequence=… is missing",
+        ),
+        (
+            &[
+                "bench",
+                "--model",
+                m,
+                "--compare",
+                "--dim",
+                "seq=1",
+                "--dim",
+                "batch=1",
+            ],
+            "no dim of that name",
         ),
     ];
     for (args, needle) in bad {

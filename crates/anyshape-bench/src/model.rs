@@ -1,0 +1,459 @@
+//! `anyshape bench --model M --compare`: a model module raced against onnxruntime and
+//! tract on the same `.onnx` (the module's own copy) and the same inputs, over a grid
+//! of dim values. Systems are timed in interleaved rounds (the order rotates each
+//! round) and each keeps its minimum latency; every peer's outputs are checked against
+//! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
+use crate::error::{io, BenchError, Result};
+use crate::peers::{Anyshape, Case, Onnxruntime, Peer};
+use crate::plot::{lines_svg, Series};
+use crate::report::{geomean, significant};
+use crate::{peak, Harness};
+use anyshape_codegen::Target;
+use anyshape_graph::{DType, Data, Tensor};
+use anyshape_ir::Bindings;
+use anyshape_measure::Progress;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// What `compare_model` measures and where it writes.
+pub struct ModelCompareOptions<'a> {
+    /// Values of each of the model's dims (every dim named); the instances are their
+    /// cross product.
+    pub dims: &'a [(String, Vec<i64>)],
+    /// Interleaved rounds per instance.
+    pub rounds: usize,
+    /// Seconds of timed runs per system, instance and round (at least one run).
+    pub seconds: f64,
+    /// onnxruntime's intra-op threads.
+    pub threads: usize,
+    /// The Python that has onnxruntime.
+    pub python: &'a str,
+    /// Where the CSV, report and plot go.
+    pub out_dir: &'a Path,
+}
+
+/// One instance's results: per system, the minimum latency (seconds) and the largest
+/// relative difference of its outputs from anyshape's (`None`: it failed).
+struct Row {
+    bindings: Bindings,
+    latency: Vec<Option<f64>>,
+    error: Vec<Option<f64>>,
+}
+
+/// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
+/// generator, integer inputs (token ids, masks, token types) all 1, booleans true —
+/// valid for any vocabulary, and what the model computes does not depend on them.
+fn inputs(g: &anyshape_graph::Graph, b: &Bindings) -> Result<Vec<(String, Tensor)>> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    g.inputs
+        .iter()
+        .map(|i| {
+            let shape = i
+                .dims
+                .iter()
+                .map(|d| {
+                    let v = d.eval(b)?;
+                    usize::try_from(v).map_err(|_| {
+                        BenchError::Options(format!("{b}: a dim of {} is {v}", g.values[i.value]))
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()?;
+            let n: usize = shape.iter().product();
+            let data = match i.dtype {
+                DType::F32 => Data::F32(
+                    (0..n)
+                        .map(|_| {
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                        })
+                        .collect(),
+                ),
+                DType::I64 => Data::I64(vec![1; n]),
+                DType::Bool => Data::Bool(vec![true; n]),
+            };
+            let t = Tensor::new(shape, data).map_err(|e| BenchError::Options(e.to_string()))?;
+            Ok((g.values[i.value].clone(), t))
+        })
+        .collect()
+}
+
+/// max |a - b| over max |b| across all outputs.
+fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
+    let mut err = 0f64;
+    let mut scale = 0f64;
+    for (a, b) in got.iter().zip(want) {
+        let (Ok(a), Ok(b)) = (a.as_f32(), b.as_f32()) else {
+            return f64::NAN;
+        };
+        if a.len() != b.len() {
+            return f64::NAN;
+        }
+        for (x, y) in a.iter().zip(b) {
+            err = err.max((x - y).abs() as f64);
+            scale = scale.max(y.abs() as f64);
+        }
+    }
+    err / scale.max(1e-30)
+}
+
+/// The instances: the cross product of the dims' values, checked against the model.
+fn instances(g: &anyshape_graph::Graph, dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
+    let names = g.dim_names();
+    for (d, values) in dims {
+        if !names.contains(d) {
+            return Err(BenchError::Options(format!(
+                "--dim {d}: the model has no dim of that name (its dims: {})",
+                names.join(", ")
+            )));
+        }
+        if values.is_empty() || values.iter().any(|&v| v < 1) {
+            return Err(BenchError::Options(format!(
+                "--dim {d}: values must be at least 1"
+            )));
+        }
+    }
+    if let Some(missing) = names.iter().find(|n| !dims.iter().any(|(d, _)| d == *n)) {
+        return Err(BenchError::Options(format!(
+            "give the values of every dim of the model ({}): --dim {missing}=… is missing",
+            names.join(", ")
+        )));
+    }
+    let mut out = vec![Vec::<(String, i64)>::new()];
+    for (d, values) in dims {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| {
+                values.iter().map(move |&v| {
+                    let mut p = prefix.clone();
+                    p.push((d.clone(), v));
+                    p
+                })
+            })
+            .collect();
+    }
+    Ok(out
+        .iter()
+        .map(|p| Bindings::from_pairs(p.iter().map(|(d, v)| (d.as_str(), *v))))
+        .collect())
+}
+
+/// Race the model module in `dir` against its peers; returns the summary and the
+/// files written.
+pub fn compare_model(
+    dir: &Path,
+    o: &ModelCompareOptions,
+    h: &Harness,
+    progress: &mut dyn Progress,
+) -> Result<(String, Vec<String>)> {
+    let model = anyshape_runtime::Model::load(dir)?;
+    let g = model.graph().clone();
+    let instances = instances(&g, o.dims)?;
+    // The generated inputs (and onnxruntime's outputs) live only as long as the run.
+    let scratch = tempfile::Builder::new()
+        .prefix("anyshape-bench-model")
+        .tempdir()
+        .map_err(|e| BenchError::Environment(format!("a temporary directory: {e}")))?;
+    let case_dir = scratch.path().to_path_buf();
+    progress.note("measuring the FMA peak ...");
+    let peak = peak::measure(&h.target, &h.builder, 0.3)?
+        .last()
+        .map_or(f64::NAN, |p| p.1);
+    let source = dir.join(anyshape_abi::MODEL_SOURCE);
+    let outputs: Vec<String> = g.outputs.iter().map(|&v| g.values[v].clone()).collect();
+    let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
+    let mut unavailable = Vec::new();
+    match Onnxruntime::start(o.python, &source, o.threads, outputs, &case_dir) {
+        Ok(p) => peers.push(Box::new(p)),
+        Err(e) => unavailable.push(format!("{e} (pip install onnxruntime)")),
+    }
+    #[cfg(feature = "tract")]
+    match crate::peers::Tract::load(&source) {
+        Ok(t) => {
+            if let Some(why) = &t.why_concrete {
+                progress.note(&format!(
+                    "tract cannot optimize the model with symbolic dims ({why}): it is optimized per shape, outside the timed runs"
+                ));
+            }
+            peers.push(Box::new(t))
+        }
+        Err(e) => unavailable.push(e.to_string()),
+    }
+    #[cfg(not(feature = "tract"))]
+    unavailable.push(
+        "tract: not built in (build anyshape with --features tract; scripts/bench-model.sh does)"
+            .into(),
+    );
+    for u in &unavailable {
+        progress.note(&format!("warning: {u}"));
+    }
+    let names: Vec<String> = peers.iter().map(|p| p.name()).collect();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    progress.start("instances", instances.len());
+    for (i, b) in instances.iter().enumerate() {
+        progress.message(&b.to_string());
+        let npz = case_dir.join(format!("case-{i}.npz"));
+        let tensors = inputs(&g, b)?;
+        anyshape_graph::npz::write(&npz, &tensors)
+            .map_err(|e| BenchError::Environment(e.to_string()))?;
+        let case = Case { tensors, npz };
+        let n = peers.len();
+        let mut row = Row {
+            bindings: b.clone(),
+            latency: vec![None; n],
+            error: vec![None; n],
+        };
+        // The first run of each: its outputs, checked against anyshape's.
+        let mut want = None;
+        let mut ok = vec![false; n];
+        for (p, peer) in peers.iter_mut().enumerate() {
+            match peer.time(&case, 0.0, true) {
+                Ok((_, Some(outs))) => {
+                    let reference = want.get_or_insert(outs.clone());
+                    row.error[p] = Some(rel_error(&outs, reference));
+                    ok[p] = true;
+                }
+                Ok((_, None)) => {}
+                Err(e) => failures.push(format!("{} at {b}: {e}", names[p])),
+            }
+        }
+        for r in 0..o.rounds {
+            for k in 0..n {
+                let p = (k + r) % n;
+                if !ok[p] {
+                    continue;
+                }
+                match peers[p].time(&case, o.seconds, false) {
+                    Ok((times, _)) => {
+                        let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+                        row.latency[p] = Some(row.latency[p].map_or(best, |l: f64| l.min(best)));
+                    }
+                    Err(e) => {
+                        failures.push(format!("{} at {b}: {e}", names[p]));
+                        ok[p] = false;
+                        row.latency[p] = None;
+                    }
+                }
+            }
+        }
+        let line: Vec<String> = names
+            .iter()
+            .zip(&row.latency)
+            .map(|(s, l)| match l {
+                Some(l) => format!("{s} {} ms", significant(l * 1e3)),
+                None => format!("{s} failed"),
+            })
+            .collect();
+        progress.note(&format!("{b}: {}", line.join(", ")));
+        rows.push(row);
+        progress.inc(1);
+    }
+    progress.finish();
+    for f in &failures {
+        progress.note(&format!("warning: {f}"));
+    }
+    let report = ModelReport {
+        dir,
+        target: &h.target.describe(),
+        peak,
+        o,
+        names: &names,
+        rows: &rows,
+        unavailable: &unavailable,
+        failures: &failures,
+    };
+    write_all(&report)
+}
+
+struct ModelReport<'a> {
+    dir: &'a Path,
+    target: &'a str,
+    peak: f64,
+    o: &'a ModelCompareOptions<'a>,
+    names: &'a [String],
+    rows: &'a [Row],
+    unavailable: &'a [String],
+    failures: &'a [String],
+}
+
+impl ModelReport<'_> {
+    /// Per peer (not anyshape): the speedups of anyshape over it, instance by instance.
+    fn speedups(&self, p: usize) -> Vec<Option<f64>> {
+        self.rows
+            .iter()
+            .map(|r| match (r.latency[0], r.latency[p]) {
+                (Some(a), Some(x)) => Some(x / a),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let _ = writeln!(s, "# anyshape bench --model: {}\n", self.dir.display());
+        let _ = writeln!(s, "Command: `{command}`\n");
+        let _ = writeln!(
+            s,
+            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
+            self.target, self.peak
+        );
+        let _ = writeln!(
+            s,
+            "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster). Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.\n",
+            self.o.rounds, self.o.seconds
+        );
+        let mut head = "| instance |".to_string();
+        let mut rule = "|---|".to_string();
+        for n in self.names {
+            let _ = write!(head, " {n} ms |");
+            rule.push_str("---:|");
+        }
+        for n in &self.names[1..] {
+            let _ = write!(head, " speedup vs {n} | error of {n} |");
+            rule.push_str("---:|---:|");
+        }
+        let _ = writeln!(s, "{head}\n{rule}");
+        let speedups: Vec<Vec<Option<f64>>> =
+            (1..self.names.len()).map(|p| self.speedups(p)).collect();
+        for (i, r) in self.rows.iter().enumerate() {
+            let _ = write!(s, "| {} |", r.bindings);
+            for l in &r.latency {
+                let _ = write!(
+                    s,
+                    " {} |",
+                    l.map_or("failed".into(), |l| significant(l * 1e3))
+                );
+            }
+            for (p, sp) in speedups.iter().enumerate() {
+                let _ = write!(
+                    s,
+                    " {} | {} |",
+                    sp[i].map_or("-".into(), |x| format!("{x:.2}x")),
+                    r.error[p + 1].map_or("-".into(), |e| format!("{e:.1e}"))
+                );
+            }
+            s.push('\n');
+        }
+        s.push('\n');
+        for (p, sp) in speedups.iter().enumerate() {
+            let v: Vec<f64> = sp.iter().flatten().copied().collect();
+            if v.is_empty() {
+                continue;
+            }
+            let (lo, at) = sp
+                .iter()
+                .enumerate()
+                .filter_map(|(i, x)| x.map(|x| (x, i)))
+                .fold((f64::INFINITY, 0), |a, b| if b.0 < a.0 { b } else { a });
+            let _ = writeln!(
+                s,
+                "- anyshape vs {}: geomean speedup **{:.2}x** over {} instances (lowest {:.2}x at {}).",
+                self.names[p + 1],
+                geomean(&v),
+                v.len(),
+                lo,
+                self.rows[at].bindings
+            );
+        }
+        for u in self.unavailable {
+            let _ = writeln!(s, "- not compared: {u}");
+        }
+        for f in self.failures {
+            let _ = writeln!(s, "- failed: {f}");
+        }
+        s
+    }
+
+    fn csv(&self) -> String {
+        let dims: Vec<&str> = self.o.dims.iter().map(|(d, _)| d.as_str()).collect();
+        let mut s = format!(
+            "{},system,latency_ms,speedup_of_anyshape,max_rel_error_vs_anyshape\n",
+            dims.join(",")
+        );
+        for r in self.rows {
+            let at: Vec<String> = dims
+                .iter()
+                .map(|d| r.bindings.get(d).map_or(String::new(), |v| v.to_string()))
+                .collect();
+            for (p, n) in self.names.iter().enumerate() {
+                let l = r.latency[p];
+                let sp = match (r.latency[0], l) {
+                    (Some(a), Some(x)) if p > 0 => format!("{:.4}", x / a),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    s,
+                    "{},\"{n}\",{},{sp},{}",
+                    at.join(","),
+                    l.map_or(String::new(), |l| format!("{:.6}", l * 1e3)),
+                    r.error[p].map_or(String::new(), |e| format!("{e:.3e}"))
+                );
+            }
+        }
+        s
+    }
+
+    /// Latency against the dim that varies (the instance number if several do).
+    fn plot(&self, path: &Path) -> std::result::Result<(), crate::plot::PlotError> {
+        let varying: Vec<&str> = self
+            .o
+            .dims
+            .iter()
+            .filter(|(_, v)| v.len() > 1)
+            .map(|(d, _)| d.as_str())
+            .collect();
+        let x = |i: usize, r: &Row| match varying.as_slice() {
+            [d] => r.bindings.get(d).map_or(i as f64, |v| v as f64),
+            _ => i as f64,
+        };
+        let series: Vec<Series> = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(p, n)| Series {
+                name: n.clone(),
+                points: self
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| r.latency[p].map(|l| (x(i, r), l * 1e3)))
+                    .collect(),
+            })
+            .collect();
+        let x_label = match varying.as_slice() {
+            [d] => *d,
+            _ => "instance",
+        };
+        lines_svg(
+            path,
+            &format!("{}: latency", self.dir.display()),
+            (x_label, "latency (ms, log)"),
+            true,
+            &series,
+        )
+    }
+}
+
+fn write_all(r: &ModelReport) -> Result<(String, Vec<String>)> {
+    let out = r.o.out_dir;
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut written = Vec::new();
+    let md = r.markdown();
+    for (name, text) in [("model.md", md.clone()), ("model.csv", r.csv())] {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(io(&path))?;
+        written.push(path.display().to_string());
+    }
+    let svg = out.join("model-latency.svg");
+    let mut summary = md;
+    match r.plot(&svg) {
+        Ok(()) => written.push(svg.display().to_string()),
+        Err(e) => {
+            let _ = writeln!(summary, "- plot not written: {e}");
+        }
+    }
+    Ok((summary, written))
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A full-size model end to end against its peers: exported with PyTorch (once, by
+# scripts/export-models.sh), compiled for sequence 1..512 at batch 1, then raced in one
+# run against onnxruntime (2 threads) and tract at sequence 1, 8, ..., 512.
+# Usage: scripts/bench-model.sh [bert_base.ts | bert_base.dynamo | gpt2_small.ts | ...]
+# ANYSHAPE_MODEL_TRIALS (default 0: default micro-kernels) sets the tuning trials;
+# ANYSHAPE_PYTHON the Python with onnxruntime (default: the export venv's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-bert_base.ts}
+scripts/setup.sh
+[ -f "models/full/$model.onnx" ] || scripts/export-models.sh "${model%%.*}"
+cargo build --release -p anyshape --features tract
+bin=target/release/anyshape
+out=benchmarks/results/$model
+mkdir -p "$out"
+python=${ANYSHAPE_PYTHON:-${ANYSHAPE_EXPORT_VENV:-.venv-export}/bin/python}
+[ -x "$python" ] || python=python3
+trials=${ANYSHAPE_MODEL_TRIALS:-0}
+start=$(date +%s.%N)
+$bin compile "models/full/$model.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" \
+  --records "$out/records" --resume --out "$out/model.module" 2>&1 | tee "$out/compile.log"
+end=$(date +%s.%N)
+{
+  echo "compile: $(echo "$end - $start" | bc) s (--trials $trials)"
+  echo "module size: $(du -sh "$out/model.module" | cut -f1) (of which the model's own .onnx: $(du -sh "$out/model.module/model.onnx" | cut -f1))"
+} | tee "$out/compile-summary.txt"
+$bin bench --model "$out/model.module" --compare --python "$python" --threads 2 \
+  --dim batch=1 --dim sequence=1,8,16,32,64,128,256,384,512 --rounds 3 --seconds 0.2 \
+  --out-dir "$out"
