@@ -170,6 +170,65 @@ impl Plan {
     /// Run on `inputs` (by input name); `kernel` runs kernel steps. Returns the
     /// outputs in the graph's order.
     pub fn run(&self, inputs: &[(&str, Tensor)], kernel: &mut KernelFn) -> Result<Vec<Tensor>> {
+        self.execute(inputs, kernel, None)
+    }
+
+    /// [`Plan::run`], adding each step's wall time (seconds) to `seconds[step]`
+    /// (`seconds` has one entry per step).
+    pub fn run_profiled(
+        &self,
+        inputs: &[(&str, Tensor)],
+        kernel: &mut KernelFn,
+        seconds: &mut [f64],
+    ) -> Result<Vec<Tensor>> {
+        if seconds.len() != self.fusion.steps.len() {
+            return Err(GraphError::Shape(format!(
+                "{} step times for {} steps",
+                seconds.len(),
+                self.fusion.steps.len()
+            )));
+        }
+        self.execute(inputs, kernel, Some(seconds))
+    }
+
+    /// What step `k` computes, for profiles: its task's workload, `layer_norm`,
+    /// `softmax`, or its ops.
+    pub fn step_label(&self, k: usize) -> String {
+        match &self.fusion.steps[k].kind {
+            StepKind::Kernel(w) => w.clone(),
+            StepKind::LayerNorm(rows) => format!("layer_norm{rows} (host)"),
+            StepKind::Elementwise(ops) => format!("{ops} (host)"),
+            StepKind::Movement(op) => format!("{op} (host)"),
+            StepKind::View => "view".into(),
+        }
+    }
+
+    /// A view step whose input no later step reads: the buffer moves to the output
+    /// under its new shape instead of being copied. `false` where that does not apply.
+    fn view_in_place(&self, k: usize, values: &mut [Option<Tensor>], b: &Bindings) -> Result<bool> {
+        let step = &self.fusion.steps[k];
+        let (StepKind::View, [n]) = (&step.kind, &step.nodes[..]) else {
+            return Ok(false);
+        };
+        let node = &self.graph.nodes[*n];
+        let (Some(&Some(x)), [y]) = (node.inputs.first(), &node.outputs[..]) else {
+            return Ok(false);
+        };
+        if self.last_use[x] != k || values[x].is_none() {
+            return Ok(false);
+        }
+        let shape = fact(&self.facts, *y).shape_at(b)?;
+        let t = values[x].take().expect("checked");
+        values[*y] = Some(Tensor::new(shape, t.data)?);
+        Ok(true)
+    }
+
+    fn execute(
+        &self,
+        inputs: &[(&str, Tensor)],
+        kernel: &mut KernelFn,
+        mut seconds: Option<&mut [f64]>,
+    ) -> Result<Vec<Tensor>> {
         let g = &self.graph;
         let (given, b) = bind_inputs(g, inputs)?;
         // Run-time values; constants are read from the facts.
@@ -198,6 +257,7 @@ impl Plan {
                 .or_else(|| facts[v].as_ref().and_then(|f| f.value.as_ref()))
         }
         for (k, step) in self.fusion.steps.iter().enumerate() {
+            let started = seconds.is_some().then(std::time::Instant::now);
             match (&self.workloads[k], step.output) {
                 (Some(w), Some(out)) => {
                     let bound = w.bind(&b)?;
@@ -237,6 +297,7 @@ impl Plan {
                     let shape = fact(facts, out).shape_at(&b)?;
                     values[out] = Some(Tensor::f32(shape, y)?);
                 }
+                _ if self.view_in_place(k, &mut values, &b)? => {}
                 _ => {
                     for &n in &step.nodes {
                         let node = &g.nodes[n];
@@ -261,6 +322,9 @@ impl Plan {
                         }
                     }
                 }
+            }
+            if let (Some(t), Some(s)) = (started, seconds.as_deref_mut()) {
+                s[k] += t.elapsed().as_secs_f64();
             }
             // Free what no later step reads.
             for &(v, _) in &step.inputs {

@@ -25,24 +25,41 @@ pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
             .by_name(&name)
             .map_err(|e| format(path, format_args!("array {name}: {e}")))?
             .ok_or_else(|| format(path, format_args!("no array {name}")))?;
-        let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
-        let bad = |e: std::io::Error| format(path, format_args!("array {name}: {e}"));
-        let t = match arr.dtype().descr().as_str() {
-            "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().map_err(bad)?)?,
-            "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().map_err(bad)?)?,
-            "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>().map_err(bad)?)?,
-            d => {
-                return Err(format(
-                    path,
-                    format_args!(
-                        "array {name} has dtype {d}; anyshape takes float32, int64 and bool"
-                    ),
-                ))
-            }
-        };
+        let t = tensor(arr, path, &name)?;
         out.push((name, t));
     }
     Ok(out)
+}
+
+/// One NumPy array as a tensor (float32, int64 or bool).
+fn tensor<R: std::io::Read>(arr: npyz::NpyFile<R>, path: &Path, name: &str) -> Result<Tensor> {
+    let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
+    let bad = |e: std::io::Error| format(path, format_args!("array {name}: {e}"));
+    Ok(match arr.dtype().descr().as_str() {
+        "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().map_err(bad)?)?,
+        "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().map_err(bad)?)?,
+        "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>().map_err(bad)?)?,
+        d => {
+            return Err(format(
+                path,
+                format_args!("array {name} has dtype {d}; anyshape takes float32, int64 and bool"),
+            ))
+        }
+    })
+}
+
+/// The array of a `.npy` file as a tensor.
+pub fn read_npy(path: &Path) -> Result<Tensor> {
+    let file = std::fs::File::open(path).map_err(|source| GraphError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let arr = npyz::NpyFile::new(std::io::BufReader::new(file))
+        .map_err(|e| format(path, format_args!("not a .npy file ({e})")))?;
+    let name = path
+        .file_stem()
+        .map_or(String::new(), |s| s.to_string_lossy().into_owned());
+    tensor(arr, path, &name)
 }
 
 /// Write tensors to a `.npz` file.

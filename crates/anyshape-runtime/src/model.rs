@@ -102,6 +102,35 @@ impl Model {
     /// Run the model on `inputs` (by input name); returns the outputs in the model's
     /// order.
     pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
+        self.execute(inputs, None)
+    }
+
+    /// Where a run on `inputs` spends its time: per kind of step (a task's workload,
+    /// a host op), its number of steps and total seconds, slowest first.
+    pub fn profile(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, usize, f64)>> {
+        let n = self.plan.fusion().steps.len();
+        let mut seconds = vec![0.0; n];
+        self.execute(inputs, Some(&mut seconds))?;
+        let mut by_label: Vec<(String, usize, f64)> = Vec::new();
+        for (k, s) in seconds.iter().enumerate() {
+            let label = self.plan.step_label(k);
+            match by_label.iter_mut().find(|(l, _, _)| *l == label) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += s;
+                }
+                None => by_label.push((label, 1, *s)),
+            }
+        }
+        by_label.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(by_label)
+    }
+
+    fn execute(
+        &self,
+        inputs: &[(&str, Tensor)],
+        seconds: Option<&mut [f64]>,
+    ) -> Result<Vec<Tensor>> {
         let mut kernel = |w: &Workload,
                           b: &Bindings,
                           _: &anyshape_ir::BoundWorkload,
@@ -117,7 +146,11 @@ impl Model {
             m.run(&own, ins, &mut [out])
                 .map_err(|e| GraphError::Shape(format!("{w}: {e}")))
         };
-        self.plan.run(inputs, &mut kernel).map_err(model_error)
+        match seconds {
+            Some(s) => self.plan.run_profiled(inputs, &mut kernel, s),
+            None => self.plan.run(inputs, &mut kernel),
+        }
+        .map_err(model_error)
     }
 }
 

@@ -106,19 +106,67 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     Ok(())
 }
 
-/// `anyshape run --module M` for a model module: its inputs from `.npz`, its outputs
-/// printed (and written with `--output`), the latency of a run; outputs that the file
-/// also records are compared, and an error past `max_error` fails the run.
-pub fn run_model(
-    dir: &Path,
-    inputs: &Path,
-    output: Option<&Path>,
-    seconds: f64,
-    max_error: f64,
-) -> Result<()> {
+/// What `anyshape run --module M` does with a model module.
+pub struct ModelRun<'a> {
+    /// A `.npz` of inputs by name (outputs of the same names are compared).
+    pub inputs: Option<&'a Path>,
+    /// `NAME=FILE.npy` inputs (they win over the `.npz`'s arrays of the same name).
+    pub input: &'a [String],
+    /// Where to write the outputs (`.npz`).
+    pub output: Option<&'a Path>,
+    /// Keep timing for this many seconds.
+    pub seconds: f64,
+    /// The largest relative error from recorded outputs that passes.
+    pub max_error: f64,
+    /// Print where a run spends its time.
+    pub profile: bool,
+}
+
+/// `anyshape run --module M` for a model module: its inputs from `.npz`/`.npy`, its
+/// outputs printed (and written with `--output`), the latency of a run; outputs that
+/// the `.npz` also records are compared, and an error past `max_error` fails the run.
+pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
+    let ModelRun {
+        inputs,
+        output,
+        seconds,
+        max_error,
+        profile,
+        ..
+    } = *r;
     let model = anyshape_runtime::Model::load(dir)?;
-    let arrays = anyshape_graph::npz::read(inputs)?;
     let g = model.graph();
+    let input_names: Vec<&str> = g
+        .inputs
+        .iter()
+        .map(|i| g.values[i.value].as_str())
+        .collect();
+    for spec in r.input {
+        let name = spec.split('=').next().unwrap_or_default();
+        if !input_names.contains(&name) {
+            bail!(
+                "--input {name}: the model has no input of that name (its inputs: {})",
+                input_names.join(", ")
+            );
+        }
+    }
+    let mut arrays = match inputs {
+        Some(p) => anyshape_graph::npz::read(p)?,
+        None => Vec::new(),
+    };
+    for spec in r.input {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+        let t = anyshape_graph::npz::read_npy(Path::new(file))?;
+        arrays.retain(|(n, _)| n != name);
+        arrays.push((name.to_string(), t));
+    }
+    let sources = match (inputs, r.input.is_empty()) {
+        (Some(p), true) => p.display().to_string(),
+        (Some(p), false) => format!("{} and --input", p.display()),
+        (None, _) => "--input".to_string(),
+    };
     let given: Vec<(&str, Tensor)> = g
         .inputs
         .iter()
@@ -129,10 +177,7 @@ pub fn run_model(
                 .find(|(n, _)| n == name)
                 .map(|(_, t)| (name, t.clone()))
                 .with_context(|| {
-                    format!(
-                        "{} has no array `{name}` (the model's input)",
-                        inputs.display()
-                    )
+                    format!("the model's input `{name}` is not given ({sources} has no array of that name)")
                 })
         })
         .collect::<Result<_>>()?;
@@ -153,6 +198,18 @@ pub fn run_model(
         runs,
         best * 1e3
     );
+    if profile {
+        let steps = model.profile(&given)?;
+        let total: f64 = steps.iter().map(|s| s.2).sum();
+        println!("profile      one run, {:.3} ms in steps:", total * 1e3);
+        for (label, n, s) in steps.iter().filter(|s| s.2 >= total * 1e-3) {
+            println!(
+                "  {:>9.3} ms {:>5.1}%  {n:>3}x  {label}",
+                s * 1e3,
+                100.0 * s / total.max(1e-30)
+            );
+        }
+    }
     let mut named = Vec::new();
     let mut mismatched = Vec::new();
     for (&o, t) in g.outputs.iter().zip(outs) {
@@ -178,10 +235,7 @@ pub fn run_model(
                     .zip(want)
                     .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
                     / scale;
-                println!(
-                    "check        {name}: max relative error {e:.2e} against {}",
-                    inputs.display()
-                );
+                println!("check        {name}: max relative error {e:.2e} against {sources}");
                 if e.is_nan() || e > max_error as f32 {
                     mismatched.push(format!("{name} ({e:.2e})"));
                 }
@@ -200,8 +254,7 @@ pub fn run_model(
     }
     if !mismatched.is_empty() {
         bail!(
-            "outputs differ from those recorded in {} by more than {max_error:e}: {}",
-            inputs.display(),
+            "outputs differ from those recorded in {sources} by more than {max_error:e}: {}",
             mismatched.join(", ")
         );
     }

@@ -1,5 +1,6 @@
 //! `anyshape inspect`: what a module holds and where each instance goes; for an ONNX
-//! model, its inputs and outputs with symbolic shapes and the tasks fusion makes.
+//! model or a model module, its inputs and outputs with symbolic shapes, the tasks
+//! fusion makes and (module) how each task was compiled.
 use anyhow::Result;
 use anyshape_codegen::{CpuTarget, Target as _};
 use anyshape_ir::Bindings;
@@ -86,12 +87,56 @@ pub fn inspect(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Print what a model module holds: its dims and domains, each task with its count,
+/// trials and task module, then the model as [`inspect_model`] shows it.
+pub fn inspect_model_module(dir: &Path) -> Result<()> {
+    let model = anyshape_runtime::Model::load(dir)?;
+    let m = model.manifest();
+    println!(
+        "model module {} (anyshape {}, format {}; checksums verified)",
+        dir.display(),
+        m.anyshape,
+        m.format
+    );
+    for v in &m.dims {
+        let (lo, hi) = v.domain.bounds().unwrap_or((0, 0));
+        println!("dim          {} compiled for {lo}..{hi}", v.name);
+    }
+    println!(
+        "
+tasks ({}):",
+        m.tasks.len()
+    );
+    for t in &m.tasks {
+        let module = Module::load(dir.join(&t.module))?;
+        let tm = module.manifest();
+        println!(
+            "  {:>3} x  {}   [{}: {} micro-kernel(s), dispatch depth {}, {}]",
+            t.count,
+            t.workload,
+            t.module,
+            tm.micro_kernels.len(),
+            tm.dispatch.depth(),
+            if t.trials == 0 {
+                "default micro-kernel".to_string()
+            } else {
+                format!("{} trials", t.trials)
+            }
+        );
+    }
+    println!();
+    print_graph(model.graph(), &dir.join(anyshape_abi::MODEL_SOURCE))
+}
+
 /// Print what an ONNX model is: inputs and outputs with their symbolic shapes, and the
 /// steps and tasks fusion makes of it.
 pub fn inspect_model(path: &Path) -> Result<()> {
-    use anyshape_graph::{fact, fuse, infer, onnx, shape_text};
-    let g = onnx::load(path)?;
-    let facts = infer(&g)?;
+    print_graph(&anyshape_graph::onnx::load(path)?, path)
+}
+
+fn print_graph(g: &anyshape_graph::Graph, path: &Path) -> Result<()> {
+    use anyshape_graph::{fact, fuse, infer, shape_text};
+    let facts = infer(g)?;
     println!(
         "model        {} (opset {}, {} nodes)",
         path.display(),
@@ -116,7 +161,7 @@ pub fn inspect_model(path: &Path) -> Result<()> {
             shape_text(&f.shape)
         );
     }
-    let fusion = fuse(&g, &facts);
+    let fusion = fuse(g, &facts);
     let runtime: usize = fusion.steps.iter().map(|s| s.nodes.len()).sum();
     println!(
         "\n{} run-time nodes in {} steps ({} nodes known at compile time)",

@@ -34,7 +34,8 @@ enum Command {
     /// Print what a module holds (micro-kernels, dispatch tree, where each instance
     /// goes) or what an ONNX model is (symbolic shapes, fused steps and tasks).
     Inspect {
-        /// The module directory (from `anyshape tune --out`), or an `.onnx` file.
+        /// The module directory (from `anyshape tune --out` or `anyshape compile`), or
+        /// an `.onnx` file.
         module: PathBuf,
     },
     /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
@@ -215,6 +216,9 @@ fn main() -> Result<()> {
         Command::Tune(args) => tune::tune(args),
         Command::Compile(args) => compile::compile(args),
         Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
+        Command::Inspect { module } if module.join(anyshape_abi::MODEL_FILE).is_file() => {
+            inspect::inspect_model_module(&module)
+        }
         Command::Inspect { module } => inspect::inspect(&module),
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),

@@ -27,13 +27,20 @@ pub struct RunArgs {
     /// outputs, where also present, are compared).
     #[arg(long, value_name = "FILE.npz", requires = "module")]
     inputs: Option<PathBuf>,
+    /// A model module's input from a NumPy `.npy` file, by the input's name (repeat
+    /// for each input; wins over the `--inputs` array of the same name).
+    #[arg(long = "input", value_name = "NAME=FILE.npy", requires = "module")]
+    input: Vec<String>,
     /// Write a model module's outputs to this `.npz` file.
-    #[arg(long, value_name = "FILE.npz", requires = "inputs")]
+    #[arg(long, value_name = "FILE.npz", requires = "module")]
     output: Option<PathBuf>,
     /// A model's outputs recorded in the `--inputs` file must match within this
     /// relative error (max |error| ÷ max |recorded|), or the run fails.
-    #[arg(long, default_value_t = 1e-4, value_parser = relative_error, requires = "inputs")]
+    #[arg(long, default_value_t = 1e-4, value_parser = relative_error, requires = "module")]
     max_error: f64,
+    /// With a model module: print where a run spends its time, per task and host op.
+    #[arg(long, requires = "module")]
+    profile: bool,
     /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Vec<String>,
@@ -73,19 +80,21 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     if let Some(module) = &args.module {
         if module.join(anyshape_abi::MODEL_FILE).is_file() {
-            let inputs = args.inputs.as_deref().ok_or_else(|| {
-                anyhow::anyhow!(
-                    "{} is a model module: give its inputs with --inputs FILE.npz",
+            if args.inputs.is_none() && args.input.is_empty() {
+                bail!(
+                    "{} is a model module: give its inputs with --inputs FILE.npz or --input NAME=FILE.npy",
                     module.display()
-                )
-            })?;
-            return crate::compile::run_model(
-                module,
-                inputs,
-                args.output.as_deref(),
-                args.seconds,
-                args.max_error,
-            );
+                );
+            }
+            let run = crate::compile::ModelRun {
+                inputs: args.inputs.as_deref(),
+                input: &args.input,
+                output: args.output.as_deref(),
+                seconds: args.seconds,
+                max_error: args.max_error,
+                profile: args.profile,
+            };
+            return crate::compile::run_model(module, &run);
         }
         let bindings = bindings(&args.set, None)?;
         return run_module(module, &bindings, args.check, options);

@@ -842,6 +842,20 @@ fn compile_run_and_bench_a_model() {
             "outputs differ from those recorded",
         ),
         (
+            &["run", "--module", m, "--input", "ids=/nonexistent.npy"],
+            "no input of that name",
+        ),
+        (
+            &[
+                "run",
+                "--module",
+                m,
+                "--input",
+                "input_ids=/nonexistent.npy",
+            ],
+            "nonexistent.npy",
+        ),
+        (
             &["bench", "--model", m, "--compare", "--dim", "batch=1"],
             "--dim sequence=… is missing",
         ),

@@ -257,29 +257,30 @@ fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let op = node.op.as_str();
     let data = match (&a.data, &b.data) {
         (Data::F32(x), Data::F32(y)) => {
-            let f: fn(f32, f32) -> f32 = match op {
-                "Add" => |p, q| p + q,
-                "Sub" => |p, q| p - q,
-                "Mul" => |p, q| p * q,
-                "Div" => |p, q| p / q,
-                "Pow" => |p, q| if q == 2.0 { p * p } else { p.powf(q) },
-                "Max" => |p, q| {
-                    if p.is_nan() || q.is_nan() {
-                        f32::NAN
-                    } else {
-                        p.max(q)
-                    }
-                },
-                "Min" => |p, q| {
-                    if p.is_nan() || q.is_nan() {
-                        f32::NAN
-                    } else {
-                        p.min(q)
-                    }
-                },
+            // One monomorphized loop per op (a function pointer would not vectorize).
+            macro_rules! op {
+                ($f:expr) => {
+                    Data::F32(zip(x, &a.shape, y, &b.shape, &out, $f))
+                };
+            }
+            match op {
+                "Add" => op!(|p: f32, q: f32| p + q),
+                "Sub" => op!(|p: f32, q: f32| p - q),
+                "Mul" => op!(|p: f32, q: f32| p * q),
+                "Div" => op!(|p: f32, q: f32| p / q),
+                "Pow" => op!(|p: f32, q: f32| if q == 2.0 { p * p } else { p.powf(q) }),
+                "Max" => op!(|p: f32, q: f32| if p.is_nan() || q.is_nan() {
+                    f32::NAN
+                } else {
+                    p.max(q)
+                }),
+                "Min" => op!(|p: f32, q: f32| if p.is_nan() || q.is_nan() {
+                    f32::NAN
+                } else {
+                    p.min(q)
+                }),
                 _ => return fail(node, "unsupported for float"),
-            };
-            Data::F32(zip(x, &a.shape, y, &b.shape, &out, f))
+            }
         }
         (Data::F32(x), Data::I64(y)) if op == "Pow" => {
             Data::F32(zip(x, &a.shape, y, &b.shape, &out, |p, q| p.powi(q as i32)))

@@ -15,7 +15,7 @@ mod reduce;
 mod resize;
 
 use crate::graph::Node;
-use crate::{Fact, GraphError, Result, Tensor};
+use crate::{Data, Fact, GraphError, Result, Tensor};
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -131,6 +131,31 @@ pub(crate) fn for_each_row<const N: usize>(
     }
 }
 
+/// The elements of `data` read with `strides` over the shape `out` (row-major order):
+/// a transpose or a broadcast, copied row by row without an index vector.
+pub(crate) fn strided(data: &Data, out: &[usize], strides: &[usize]) -> Data {
+    fn walk<T: Copy>(v: &[T], out: &[usize], strides: &[usize]) -> Vec<T> {
+        let Some(&inner) = out.last() else {
+            return v[..1].to_vec();
+        };
+        let step = strides[out.len() - 1];
+        let mut r = Vec::with_capacity(out.iter().product());
+        for_each_row(out, [strides], |[at]| {
+            if step == 1 {
+                r.extend_from_slice(&v[at..at + inner]);
+            } else {
+                r.extend((0..inner).map(|j| v[at + j * step]));
+            }
+        });
+        r
+    }
+    match data {
+        Data::F32(v) => Data::F32(walk(v, out, strides)),
+        Data::I64(v) => Data::I64(walk(v, out, strides)),
+        Data::Bool(v) => Data::Bool(walk(v, out, strides)),
+    }
+}
+
 /// For each element of a tensor of shape `out` (row-major order), the flat index
 /// `Σ counter[d] · strides[d]` it reads.
 pub(crate) fn strided_walk(out: &[usize], strides: &[usize]) -> Vec<usize> {
@@ -204,4 +229,45 @@ pub fn unsupported(node: &Node) -> GraphError {
         "op {} (node `{}`) is not one anyshape imports yet",
         node.op, node.name
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row-wise strided copies read what the index walk reads: every transpose of a
+    /// 2×3×4 tensor, broadcasts, and rank 0.
+    #[test]
+    fn strided_copies_match_the_index_walk() {
+        let shape = [2usize, 3, 4];
+        let data = Data::I64((0..24).collect());
+        let st = crate::strides(&shape);
+        for p in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let out: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
+            let strides: Vec<usize> = p.iter().map(|&a| st[a]).collect();
+            let want = data.pick(&strided_walk(&out, &strides));
+            assert_eq!(strided(&data, &out, &strides), want, "{p:?}");
+        }
+        for (inp, out) in [
+            (vec![3, 1], vec![2, 3, 5]),
+            (vec![1], vec![4, 2]),
+            (vec![], vec![3]),
+        ] {
+            let n: usize = inp.iter().product();
+            let d = Data::F32((0..n).map(|i| i as f32).collect());
+            let s = broadcast_strides(&inp, out.len());
+            assert_eq!(
+                strided(&d, &out, &s),
+                d.pick(&broadcast_indices(&inp, &out))
+            );
+        }
+        assert_eq!(strided(&data, &[], &[]), Data::I64(vec![0]));
+    }
 }

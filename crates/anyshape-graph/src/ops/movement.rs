@@ -3,7 +3,7 @@
 //! `ConstantOfShape`, `Transpose`, `Split`, `Constant`. Shapes they compute from other
 //! shapes stay expressions over the shape vars (folded at compile time), so the
 //! runtime only evaluates expressions.
-use super::{axis, broadcast_indices, broadcast_shape, const_ints, fail, req, sized, OpSpec};
+use super::{axis, broadcast_shape, broadcast_strides, const_ints, fail, req, sized, OpSpec};
 use crate::fact::{broadcast, exact_quotient};
 use crate::graph::{Attr, Node};
 use crate::tensor::strides;
@@ -701,8 +701,8 @@ fn eval_expand(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let out = broadcast_shape(&x.shape, &target)
         .ok_or_else(|| node.error(format!("{:?} does not expand to {target:?}", x.shape)))?;
     sized(node, &out)?;
-    let idx = broadcast_indices(&x.shape, &out);
-    Ok(vec![Tensor::new(out, x.data.pick(&idx))?])
+    let data = super::strided(&x.data, &out, &broadcast_strides(&x.shape, out.len()));
+    Ok(vec![Tensor::new(out, data)?])
 }
 
 fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -811,22 +811,14 @@ fn infer_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     )])
 }
 
-/// The flat source index of every element of `x` transposed by `p`.
-pub(crate) fn transpose_order(shape: &[usize], p: &[usize]) -> Vec<usize> {
-    let st = strides(shape);
-    let out: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
-    let permuted: Vec<usize> = p.iter().map(|&a| st[a]).collect();
-    super::strided_walk(&out, &permuted)
-}
-
 fn eval_transpose(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let p = perm(node, x.shape.len())?;
+    let st = strides(&x.shape);
     let out: Vec<usize> = p.iter().map(|&a| x.shape[a]).collect();
-    Ok(vec![Tensor::new(
-        out,
-        x.data.pick(&transpose_order(&x.shape, &p)),
-    )?])
+    let permuted: Vec<usize> = p.iter().map(|&a| st[a]).collect();
+    let data = super::strided(&x.data, &out, &permuted);
+    Ok(vec![Tensor::new(out, data)?])
 }
 
 /// The sizes of a `Split` along its axis of `dim`, as `T`s.
