@@ -3,7 +3,8 @@
 # scripts/export-models.sh), compiled for sequence 1..512 at batch 1, then raced in one
 # run against onnxruntime (2 threads) and tract at sequence 1, 8, ..., 512.
 # Usage: scripts/bench-model.sh [bert_base.ts | bert_base.dynamo | gpt2_small.ts | ...]
-# ANYSHAPE_MODEL_TRIALS (default 0: default micro-kernels) sets the tuning trials;
+# ANYSHAPE_MODEL_TRIALS (default 0: default micro-kernels) sets the tuning trials per
+# task (results in benchmarks/results/<model>/trials<N>/);
 # ANYSHAPE_PYTHON the Python with onnxruntime (default: the export venv's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +13,11 @@ scripts/setup.sh
 [ -f "models/full/$model.onnx" ] || scripts/export-models.sh "${model%%.*}"
 cargo build --release -p anyshape --features tract
 bin=target/release/anyshape
-out=benchmarks/results/$model
+trials=${ANYSHAPE_MODEL_TRIALS:-0}
+out=benchmarks/results/$model/trials$trials
 mkdir -p "$out"
 python=${ANYSHAPE_PYTHON:-${ANYSHAPE_EXPORT_VENV:-.venv-export}/bin/python}
 [ -x "$python" ] || python=python3
-trials=${ANYSHAPE_MODEL_TRIALS:-0}
 start=$(date +%s.%N)
 $bin compile "models/full/$model.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" \
   --records "$out/records" --resume --out "$out/model.module" 2>&1 | tee "$out/compile.log"
