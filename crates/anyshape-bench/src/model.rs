@@ -147,7 +147,9 @@ pub fn compare_model(
     h: &Harness,
     progress: &mut dyn Progress,
 ) -> Result<(String, Vec<String>)> {
+    let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
+    let load_seconds = loading.elapsed().as_secs_f64();
     let g = model.graph().clone();
     let instances = instances(&g, o.dims)?;
     // The generated inputs (and onnxruntime's outputs) live only as long as the run.
@@ -258,6 +260,7 @@ pub fn compare_model(
         dir,
         target: &h.target.describe(),
         peak,
+        load_seconds,
         o,
         names: &names,
         rows: &rows,
@@ -271,6 +274,7 @@ struct ModelReport<'a> {
     dir: &'a Path,
     target: &'a str,
     peak: f64,
+    load_seconds: f64,
     o: &'a ModelCompareOptions<'a>,
     names: &'a [String],
     rows: &'a [Row],
@@ -299,6 +303,11 @@ impl ModelReport<'_> {
             s,
             "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
             self.target, self.peak
+        );
+        let _ = writeln!(
+            s,
+            "Loading the module took {:.2} s (checksums, import, fusion, weights laid out), once per process.\n",
+            self.load_seconds
         );
         let _ = writeln!(
             s,

@@ -72,33 +72,24 @@ pub fn write(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
     let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
     for (name, t) in arrays {
         let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
-        match &t.data {
-            Data::F32(v) => npz
-                .array::<f32>(name, Default::default())
-                .map_err(io)?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()
-                .map_err(io)?
-                .extend(v.iter().copied()),
-            Data::I64(v) => npz
-                .array::<i64>(name, Default::default())
-                .map_err(io)?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()
-                .map_err(io)?
-                .extend(v.iter().copied()),
-            Data::Bool(v) => npz
-                .array::<bool>(name, Default::default())
-                .map_err(io)?
-                .default_dtype()
-                .shape(&shape)
-                .begin_nd()
-                .map_err(io)?
-                .extend(v.iter().copied()),
+        // One writer per element type.
+        macro_rules! put {
+            ($t:ty, $v:expr) => {
+                npz.array::<$t>(name, Default::default())
+                    .map_err(io)?
+                    .default_dtype()
+                    .shape(&shape)
+                    .begin_nd()
+                    .map_err(io)?
+                    .extend($v.iter().copied())
+                    .map_err(io)?
+            };
         }
-        .map_err(io)?;
+        match &t.data {
+            Data::F32(v) => put!(f32, v),
+            Data::I64(v) => put!(i64, v),
+            Data::Bool(v) => put!(bool, v),
+        }
     }
     Ok(())
 }

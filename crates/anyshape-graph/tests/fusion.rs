@@ -1,6 +1,7 @@
 //! Fusion of the test models into steps and tasks: every run-time node in exactly one
 //! step; the contractions with their epilogues (bias, GELU in both decompositions, a
 //! residual, tanh) found alike in both exporters' graphs; layer norms and softmaxes.
+mod common;
 use anyshape_graph::{fuse, infer, onnx, StepKind};
 use std::path::Path;
 
@@ -145,18 +146,7 @@ fn a_transposed_constant_weight_is_read_in_place() {
         let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
         let inputs = [("x", Tensor::f32(vec![m, k], x).unwrap())];
         let want = exec::run(&g, &inputs).unwrap();
-        let mut reference = |w: &anyshape_ir::Workload,
-                             _: &anyshape_ir::Bindings,
-                             bound: &anyshape_ir::BoundWorkload,
-                             ins: &[&[f32]],
-                             out: &mut [f32]| {
-            let r = anyshape_measure::reference_output(w, bound, ins);
-            for (y, x) in out.iter_mut().zip(&r.output) {
-                *y = *x as f32;
-            }
-            Ok(())
-        };
-        let got = plan.run(&inputs, &mut reference).unwrap();
+        let got = plan.run(&inputs, &mut common::reference_kernel).unwrap();
         assert_eq!(got[0].shape, vec![m, n]);
         let (a, b) = (got[0].as_f32().unwrap(), want[0].as_f32().unwrap());
         let err = a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs()));

@@ -4,6 +4,7 @@
 //! are the recorded ones), and both the reference executor and the fused steps (kernel
 //! steps computed by the workloads' own reference, `anyshape_measure::reference_output`)
 //! reproduce onnxruntime's outputs.
+mod common;
 use anyshape_graph::{fact, infer, onnx, Tensor};
 use anyshape_ir::{Bindings, Expr};
 use std::path::{Path, PathBuf};
@@ -53,19 +54,8 @@ fn check(model: &str, cases: &[&str]) {
         let outs = anyshape_graph::exec::run(&g, &inputs)
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
         let plan = anyshape_graph::exec::Plan::new(g.clone()).unwrap();
-        let mut reference = |w: &anyshape_ir::Workload,
-                             _: &Bindings,
-                             bound: &anyshape_ir::BoundWorkload,
-                             ins: &[&[f32]],
-                             out: &mut [f32]| {
-            let r = anyshape_measure::reference_output(w, bound, ins);
-            for (y, x) in out.iter_mut().zip(&r.output) {
-                *y = *x as f32;
-            }
-            Ok(())
-        };
         let fused = plan
-            .run(&inputs, &mut reference)
+            .run(&inputs, &mut common::reference_kernel)
             .unwrap_or_else(|e| panic!("{model} {case} fused: {e}"));
         for (&o, got) in g.outputs.iter().zip(&fused) {
             let name = &g.values[o];

@@ -90,6 +90,17 @@ impl Unary {
         }
     }
 
+    /// The absolute error of the generated code's evaluation beyond f32 rounding: erf
+    /// and tanh are rational approximations there (`as_erf` < 5e-7, `as_tanh` < 4e-7),
+    /// which GELU scales by `0.5·|x|` with `|x| ≤ 4` where it matters.
+    fn approximation(self) -> f64 {
+        match self {
+            Unary::Relu => 0.0,
+            Unary::Tanh => 4e-7,
+            Unary::Gelu | Unary::GeluTanh => 1e-6,
+        }
+    }
+
     /// Its name in the text form.
     pub fn name(self) -> &'static str {
         match self {
@@ -140,7 +151,9 @@ impl EpilogueOp {
         let eps = f32::EPSILON as f64;
         let rounding = 4.0 * eps * y.abs();
         match self {
-            EpilogueOp::Unary(u) => u.lipschitz() * before + rounding + eps * 1e-6,
+            EpilogueOp::Unary(u) => {
+                u.lipschitz() * before + rounding + eps * 1e-6 + u.approximation()
+            }
             EpilogueOp::Scale(s) => s.0.abs() * before + rounding,
             EpilogueOp::With {
                 op: Binary::Add, ..

@@ -183,7 +183,7 @@ impl Printer {
                 let f = match op {
                     UnaryOp::Relu if vector => "as_vrelu",
                     UnaryOp::Relu => "as_relu",
-                    UnaryOp::Tanh => "tanhf",
+                    UnaryOp::Tanh => "as_tanh",
                     UnaryOp::Gelu => "as_gelu",
                     UnaryOp::GeluTanh => "as_gelu_tanh",
                     UnaryOp::Exp if vector => "as_vexp",
