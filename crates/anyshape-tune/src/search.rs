@@ -338,9 +338,19 @@ impl<B: Backend> Tuner<B> {
                 cur[i] = cur[i].min(pred[c][i]);
             }
         }
-        // Exploration: random micro-kernels on instances drawn by weight.
-        for _ in 0..n_random {
-            let mk = self.backend.sample(rng);
+        // Exploration: random micro-kernels on instances drawn by weight; before any
+        // measurement, the seed (the sketch's default) first, so that tuning starts
+        // from what an untuned module runs.
+        let seed = if model.samples == 0 {
+            self.backend.seed()
+        } else {
+            None
+        };
+        for r in 0..n_random {
+            let mk = match seed {
+                Some(d) if r == 0 => d,
+                _ => self.backend.sample(rng),
+            };
             for _ in 0..self.options.instances_per_kernel {
                 trials.push((mk, weighted_pick(&w, rng)));
             }
