@@ -10,8 +10,13 @@ use tract_onnx::prelude::*;
 
 type Runnable = Box<dyn Fn(TVec<TValue>) -> TractResult<TVec<TValue>>>;
 
-fn runnable(model: InferenceModel) -> TractResult<Runnable> {
-    let plan = model.into_optimized()?.into_runnable()?;
+/// The model optimized and made runnable; a panic inside tract is an error here.
+fn runnable(model: InferenceModel) -> std::result::Result<Runnable, String> {
+    let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        model.into_optimized()?.into_runnable()
+    }))
+    .map_err(|_| "tract panicked while optimizing the model".to_string())?
+    .map_err(|e| format!("{e:#}"))?;
     Ok(Box::new(move |inputs| plan.run(inputs)))
 }
 
@@ -67,7 +72,7 @@ impl Tract {
                     .with_input_fact(i, InferenceFact::dt_shape(dt, &t.shape))
                     .map_err(|e| env(format!("{e:#}")))?;
             }
-            let r = runnable(m).map_err(|e| env(format!("{e:#}")))?;
+            let r = runnable(m).map_err(env)?;
             self.concrete.insert(shapes.clone(), r);
         }
         Ok(&self.concrete[&shapes])
@@ -121,9 +126,14 @@ impl Peer for Tract {
             .map(|(_, t)| to_tract(t))
             .collect::<Result<_>>()?;
         let plan = self.plan(case)?;
-        let (times, first) = time_loop(seconds, || {
-            plan(inputs.clone()).map_err(|e| env(format!("{e:#}")))
-        })?;
+        // tract asserts on some models (seen: a packing assertion on a GPT-2 export):
+        // a panic fails this peer at this instance, never the benchmark.
+        let run = |inputs: TVec<TValue>| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan(inputs)))
+                .map_err(|_| env("panicked (see above)"))?
+                .map_err(|e| env(format!("{e:#}")))
+        };
+        let (times, first) = time_loop(seconds, || run(inputs.clone()))?;
         let outs = if outputs {
             Some(first.iter().map(from_tract).collect::<Result<_>>()?)
         } else {
