@@ -62,10 +62,23 @@ pub fn prelude(dialect: Dialect, lanes: usize) -> String {
     }
     // Vector helpers: lane-wise maximum, ReLU and exp, horizontal sum and maximum.
     if lanes > 1 {
+        // exp in every lane at once (Cody-Waite reduction, Cephes' polynomial, the
+        // exponent added to the bits): within 2 ulp of expf; 0 below the smallest
+        // normal, NaN kept (softmax's fully masked rows rely on it).
+        let vexp = "static inline as_vf as_vexp(as_vf x) { \
+as_vi nan = x != x, under = x < -87.3365478515625f, over = x > 88.3762626647949f; \
+x = (as_vf)((over & (as_vi)((as_vf){0} + 88.3762626647949f)) | (~over & (as_vi)x)); \
+as_vf k = x * 1.44269504088896341f + 12582912.0f, n = k - 12582912.0f; \
+as_vf r = x - n * 0.693359375f + n * 2.12194440e-4f; \
+as_vf p = r * 1.9875691500e-4f + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; \
+p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f; \
+p = p * r * r + r + 1.0f; \
+as_vi bits = (as_vi)p + ((as_vi)k - 0x4B400000) * 8388608; \
+return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
         s.push_str(&format!(
             "static inline as_vf as_vmax(as_vf a, as_vf b) {{ as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }}\n\
              static inline as_vf as_vrelu(as_vf x) {{ return as_vmax(x, (as_vf){{0}}); }}\n\
-             static inline as_vf as_vexp(as_vf x) {{ as_vf r; for (int i = 0; i < {lanes}; i++) r[i] = expf(x[i]); return r; }}\n\
+             {vexp}\
              static inline float as_hsum(as_vf v) {{ float s = 0.0f; for (int i = 0; i < {lanes}; i++) s += v[i]; return s; }}\n\
              static inline float as_hmax(as_vf v) {{ float s = v[0]; for (int i = 1; i < {lanes}; i++) s = s > v[i] ? s : v[i]; return s; }}\n"
         ));
