@@ -246,8 +246,23 @@ fn zip<A: Copy, B: Copy, C>(
     let (ta, tb) = (broadcast_strides(sa, r), broadcast_strides(sb, r));
     let (inner, ia, ib) = (out[r - 1], ta[r - 1], tb[r - 1]);
     let mut v = Vec::with_capacity(out.iter().product());
-    for_each_row(out, [&ta, &tb], |[oa, ob]| {
-        v.extend((0..inner).map(|j| f(a[oa + j * ia], b[ob + j * ib])))
+    // Rows read whole or as one broadcast element take slice loops (they vectorize).
+    for_each_row(out, [&ta, &tb], |[oa, ob]| match (ia, ib) {
+        (1, 1) => v.extend(
+            a[oa..oa + inner]
+                .iter()
+                .zip(&b[ob..ob + inner])
+                .map(|(&x, &y)| f(x, y)),
+        ),
+        (1, 0) => {
+            let y = b[ob];
+            v.extend(a[oa..oa + inner].iter().map(|&x| f(x, y)))
+        }
+        (0, 1) => {
+            let x = a[oa];
+            v.extend(b[ob..ob + inner].iter().map(|&y| f(x, y)))
+        }
+        _ => v.extend((0..inner).map(|j| f(a[oa + j * ia], b[ob + j * ib]))),
     });
     v
 }
@@ -310,8 +325,13 @@ fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 fn eval_arith(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    let mut acc = req(node, ins, 0)?.clone();
-    for t in ins[1..].iter().flatten() {
+    let first = req(node, ins, 0)?;
+    let mut rest = ins[1..].iter().flatten();
+    let Some(second) = rest.next() else {
+        return Ok(vec![first.clone()]);
+    };
+    let mut acc = binary(node, first, second)?;
+    for t in rest {
         acc = binary(node, &acc, t)?;
     }
     Ok(vec![acc])
@@ -430,14 +450,42 @@ fn eval_where(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         };
         let step = s.map(|st| st[st.len() - 1]);
         let mut v = Vec::with_capacity(out.iter().product());
+        // The common rows (a whole condition row, branches whole or broadcast) as
+        // slice loops.
         for_each_row(out, s, |[oc, oa, ob]| {
-            v.extend((0..inner).map(|j| {
-                if cond[oc + j * step[0]] {
-                    a[oa + j * step[1]]
-                } else {
-                    b[ob + j * step[2]]
+            let c = || cond[oc..oc + inner].iter();
+            match step {
+                [1, 1, 1] => v.extend(
+                    c().zip(&a[oa..oa + inner])
+                        .zip(&b[ob..ob + inner])
+                        .map(|((&k, &x), &y)| if k { x } else { y }),
+                ),
+                [1, 0, 1] => {
+                    let x = a[oa];
+                    v.extend(
+                        c().zip(&b[ob..ob + inner])
+                            .map(|(&k, &y)| if k { x } else { y }),
+                    )
                 }
-            }))
+                [1, 1, 0] => {
+                    let y = b[ob];
+                    v.extend(
+                        c().zip(&a[oa..oa + inner])
+                            .map(|(&k, &x)| if k { x } else { y }),
+                    )
+                }
+                [1, 0, 0] => {
+                    let (x, y) = (a[oa], b[ob]);
+                    v.extend(c().map(|&k| if k { x } else { y }))
+                }
+                _ => v.extend((0..inner).map(|j| {
+                    if cond[oc + j * step[0]] {
+                        a[oa + j * step[1]]
+                    } else {
+                        b[ob + j * step[2]]
+                    }
+                })),
+            }
         });
         v
     }
