@@ -8,10 +8,11 @@ use crate::ops::{op, unsupported};
 use crate::{fact, Fact, Fusion, GraphError, Result, StepKind, Tensor};
 use anyshape_ir::{Bindings, BoundWorkload, Expr, Workload};
 
-/// Runs one kernel step: the workload, the shape vars' values, its instance, its inputs
-/// (in the workload's order, contiguous) and the output to fill.
-pub type KernelFn<'a> =
-    dyn FnMut(&Workload, &Bindings, &BoundWorkload, &[&[f32]], &mut [f32]) -> Result<()> + 'a;
+/// Runs one kernel step: the step's index (in [`Fusion::steps`]), the workload, the
+/// shape vars' values, its instance, its inputs (in the workload's order, contiguous)
+/// and the output to fill.
+pub type KernelFn<'a> = dyn FnMut(usize, &Workload, &Bindings, &BoundWorkload, &[&[f32]], &mut [f32]) -> Result<()>
+    + 'a;
 
 /// The given inputs, checked against the graph's (names, element types, ranks, and
 /// dims that must agree), and the shape vars' values they imply.
@@ -292,7 +293,7 @@ impl Plan {
                         }
                     }
                     let mut y = vec![0f32; bound.lens[ins.len()]];
-                    kernel(w, &b, &bound, &ins, &mut y)?;
+                    kernel(k, w, &b, &bound, &ins, &mut y)?;
                     drop(ins);
                     let shape = fact(facts, out).shape_at(&b)?;
                     values[out] = Some(Tensor::f32(shape, y)?);

@@ -4,7 +4,7 @@
 //! inputs checked (names, element types, ranks, dims that agree).
 use crate::{Module, Result, RuntimeError};
 use anyshape_abi::{sha256_hex, ModelManifest, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};
-use anyshape_graph::{exec::Plan, onnx, Graph, GraphError, Tensor};
+use anyshape_graph::{exec::Plan, onnx, Graph, GraphError, StepKind, Tensor};
 use anyshape_ir::{Bindings, Workload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,11 @@ pub struct Model {
     dir: PathBuf,
     manifest: ModelManifest,
     plan: Plan,
-    /// Each task's module, by its workload's text form.
-    modules: HashMap<String, Module>,
+    /// Each task's module.
+    modules: Vec<Module>,
+    /// Per step of the plan, for kernel steps: its task's module (an index into
+    /// `modules`) and the task's shape vars — resolved once, not on every call.
+    step_modules: Vec<Option<(usize, Vec<String>)>>,
 }
 
 impl Model {
@@ -52,7 +55,8 @@ impl Model {
         }
         let graph = onnx::decode(&bytes, Some(&dir)).map_err(model_error)?;
         let plan = Plan::new(graph).map_err(model_error)?;
-        let mut modules = HashMap::new();
+        let mut by_workload = HashMap::new();
+        let mut modules = Vec::new();
         for t in &manifest.tasks {
             if t.module.contains("..") || Path::new(&t.module).is_absolute() {
                 return Err(bad(format!(
@@ -69,18 +73,30 @@ impl Model {
                     m.workload()
                 )));
             }
-            modules.insert(w, m);
+            by_workload.insert(w, modules.len());
+            modules.push(m);
         }
-        for t in plan.fusion().tasks() {
-            if !modules.contains_key(&t.workload) {
-                return Err(bad(format!("no module for the task {}", t.workload)));
-            }
-        }
+        let step_modules = plan
+            .fusion()
+            .steps
+            .iter()
+            .map(|step| match &step.kind {
+                StepKind::Kernel(text) => {
+                    let Some(&m) = by_workload.get(text) else {
+                        return Err(bad(format!("no module for the task {text}")));
+                    };
+                    let vars = Workload::parse(text)?.shape_vars();
+                    Ok(Some((m, vars)))
+                }
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
         Ok(Model {
             dir,
             manifest,
             plan,
             modules,
+            step_modules,
         })
     }
 
@@ -131,19 +147,21 @@ impl Model {
         inputs: &[(&str, Tensor)],
         seconds: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
-        let mut kernel = |w: &Workload,
+        let mut kernel = |k: usize,
+                          w: &Workload,
                           b: &Bindings,
                           _: &anyshape_ir::BoundWorkload,
                           ins: &[&[f32]],
                           out: &mut [f32]|
          -> anyshape_graph::Result<()> {
-            let m = self
-                .modules
-                .get(&w.to_string())
-                .ok_or_else(|| GraphError::Unsupported(format!("no module for the task {w}")))?;
-            let vars = w.shape_vars();
+            let Some((m, vars)) = &self.step_modules[k] else {
+                return Err(GraphError::Unsupported(format!(
+                    "no module for the task {w}"
+                )));
+            };
             let own = Bindings::from_pairs(b.iter().filter(|(n, _)| vars.iter().any(|v| v == n)));
-            m.run(&own, ins, &mut [out])
+            self.modules[*m]
+                .run(&own, ins, &mut [out])
                 .map_err(|e| GraphError::Shape(format!("{w}: {e}")))
         };
         match seconds {

@@ -60,7 +60,8 @@ fn check(model: &str, cases: &[&str]) {
                 )
             })
             .collect();
-        let mut run = |w: &Workload,
+        let mut run = |_: usize,
+                       w: &Workload,
                        b: &Bindings,
                        _: &anyshape_ir::BoundWorkload,
                        ins: &[&[f32]],

@@ -4,6 +4,7 @@ use anyshape_ir::{Bindings, BoundWorkload, Workload};
 /// Kernel steps computed by the workloads' own reference
 /// (`anyshape_measure::reference_output`), for `exec::Plan::run`.
 pub fn reference_kernel(
+    _: usize,
     w: &Workload,
     _: &Bindings,
     bound: &BoundWorkload,
