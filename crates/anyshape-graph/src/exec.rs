@@ -3,7 +3,7 @@
 //! steps of [`crate::fuse`], kernel steps through a caller's kernel function (compiled
 //! kernels, or a reference of the workload), the others with the operators' `eval`s.
 //! Tests compare both with onnxruntime's recorded outputs.
-use crate::graph::{Graph, Input};
+use crate::graph::{Graph, Input, Node, ValueId};
 use crate::ops::{op, unsupported};
 use crate::{fact, Fact, Fusion, GraphError, Result, StepKind, Tensor};
 use anyshape_ir::{Bindings, BoundWorkload, Expr, Workload};
@@ -302,22 +302,7 @@ impl Plan {
                 _ => {
                     for &n in &step.nodes {
                         let node = &g.nodes[n];
-                        let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
-                        let ins: Vec<Option<&Tensor>> = node
-                            .inputs
-                            .iter()
-                            .map(|i| i.and_then(|id| get(&values, facts, id)))
-                            .collect();
-                        if node
-                            .inputs
-                            .iter()
-                            .zip(&ins)
-                            .any(|(i, t)| i.is_some() && t.is_none())
-                        {
-                            return Err(node.error("an input has no value"));
-                        }
-                        let outs = (spec.eval)(node, &ins)?;
-                        drop(ins);
+                        let outs = eval_node(node, |id| get(&values, facts, id))?;
                         for (&id, t) in node.outputs.iter().zip(outs) {
                             values[id] = Some(t);
                         }
@@ -355,6 +340,24 @@ impl Plan {
     }
 }
 
+/// One node evaluated by its op's reference `eval`, its inputs read through `value`.
+fn eval_node<'a>(
+    node: &Node,
+    value: impl Fn(ValueId) -> Option<&'a Tensor>,
+) -> Result<Vec<Tensor>> {
+    let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
+    let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|i| i.and_then(&value)).collect();
+    if node
+        .inputs
+        .iter()
+        .zip(&ins)
+        .any(|(i, t)| i.is_some() && t.is_none())
+    {
+        return Err(node.error("an input has no value"));
+    }
+    (spec.eval)(node, &ins)
+}
+
 /// Run `g` on `inputs` (by input name); returns the outputs in the graph's order.
 pub fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
     let (given, _) = bind_inputs(g, inputs)?;
@@ -376,21 +379,7 @@ pub fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
         last[o] = usize::MAX;
     }
     for (k, node) in g.nodes.iter().enumerate() {
-        let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
-        let ins: Vec<Option<&Tensor>> = node
-            .inputs
-            .iter()
-            .map(|i| i.and_then(|id| values[id].as_ref()))
-            .collect();
-        if node
-            .inputs
-            .iter()
-            .zip(&ins)
-            .any(|(i, t)| i.is_some() && t.is_none())
-        {
-            return Err(node.error("an input has no value"));
-        }
-        let outs = (spec.eval)(node, &ins)?;
+        let outs = eval_node(node, |id| values[id].as_ref())?;
         for (&id, t) in node.outputs.iter().zip(outs) {
             values[id] = Some(t);
         }
