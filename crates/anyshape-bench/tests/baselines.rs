@@ -110,6 +110,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         nc: 2 * lanes,
         kc: 8,
         uk: 4,
+        dot: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

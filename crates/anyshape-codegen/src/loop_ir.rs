@@ -158,7 +158,7 @@ pub enum Value {
     Unary(UnaryOp, Box<Value>),
     /// A function of two values, lane by lane (a scalar operand is broadcast).
     Binary(BinaryOp, Box<Value>, Box<Value>),
-    /// `a * b + c`, with a scalar `b` broadcast over the lanes of `a`.
+    /// `a * b + c`, with `b` of `a`'s lanes or a scalar broadcast over them.
     Fma(Box<Value>, Box<Value>, Box<Value>),
     /// The sum (`Add`) or maximum (`Max`) of a vector's lanes, a scalar.
     Horizontal(BinaryOp, Box<Value>),

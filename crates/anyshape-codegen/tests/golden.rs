@@ -146,6 +146,29 @@ fn cpu_kernels_are_unchanged() {
             Simd::Sse,
         ),
     );
+    // The dot variant: a dense layer read in place, and a batch matmul whose B is
+    // packed K-major (its K axis is not contiguous).
+    let dot = MicroKernel::parse("mr=2,nr=3,mc=8,nc=24,kc=32,uk=2,dot=1").unwrap();
+    check(
+        "dense-gelu-dot-local-pad-symbolic-avx2.c",
+        &cpu(
+            "dense(M=T,N=3072,K=768)+bias+gelu",
+            dot,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx2,
+        ),
+    );
+    check(
+        "bmm_nn-dot-local-pad-symbolic-avx2.c",
+        &cpu(
+            "batch_matmul_nn(B=192,M=T,N=64,K=T)",
+            dot,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx2,
+        ),
+    );
 }
 
 #[test]

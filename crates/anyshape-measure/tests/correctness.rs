@@ -40,6 +40,22 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
         nc: 2 * lanes,
         kc: 8,
         uk: 4,
+        dot: false,
+    }
+}
+
+/// The dot variant with small tiles: several register tiles per cache tile, reduction
+/// tiles of one vector (so that K has several tiles and a tail), a tile wider than
+/// tall.
+fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
+    MicroKernel {
+        mr: 2,
+        nr: 3,
+        mc: 4,
+        nc: 6,
+        kc: target.lanes_f32(),
+        uk: 1,
+        dot: true,
     }
 }
 
@@ -154,6 +170,8 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
     check_programs(&target, runs);
 }
 
+/// `workload` with both variants of the contraction sketch (vectors along N, packed;
+/// dot products along K, read in place), each by its default and a small micro-kernel.
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let mks = [
@@ -161,11 +179,16 @@ fn contraction(workload: &str, every: usize) {
         small_micro_kernel(&target),
     ];
     matrix(workload, mks, every);
+    let dots = [
+        MicroKernel::default_dot_for(&target),
+        small_dot_micro_kernel(&target),
+    ];
+    matrix(workload, dots, every);
 }
 
 #[test]
 fn dense_all_strategies_and_modes() {
-    contraction("dense(M=16*T,N=80,K=40)", 1);
+    contraction("dense(M=16*T,N=80,K=42)", 1);
 }
 
 #[test]
@@ -214,19 +237,23 @@ fn random_micro_kernels_are_correct() {
         "batch_matmul_nt(B=T,M=5,N=T,K=7)+relu",
     ];
     let mut runs = Vec::new();
-    while runs.len() < 16 {
+    while runs.len() < 24 {
         let nv = rng.random_range(1..=3usize);
+        // Every third one the dot variant: any column count, K tiles of whole vectors.
+        let dot = runs.len() % 3 == 2;
+        let col = if dot { 1 } else { lanes };
         let mk = MicroKernel {
             mr: rng.random_range(1..=8),
-            nr: nv * lanes,
+            nr: nv * col,
             mc: 0,
-            nc: nv * lanes * rng.random_range(1..=4usize),
+            nc: nv * col * rng.random_range(1..=4usize),
             kc: 0,
             uk: [1, 2, 4, 8][rng.random_range(0..4usize)],
+            dot,
         };
         let mk = MicroKernel {
             mc: mk.mr * rng.random_range(1..=5usize),
-            kc: mk.uk * rng.random_range(1..=6usize),
+            kc: mk.k_granule(lanes) * rng.random_range(1..=6usize),
             ..mk
         };
         if mk.validate(&target).is_err() {

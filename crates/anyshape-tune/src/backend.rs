@@ -60,10 +60,11 @@ pub trait Backend {
     fn target(&self) -> &<Self::MicroKernel as Sketch>::Target;
     /// A reasonable micro-kernel (what an instance gets before anything ran).
     fn default_kernel(&self) -> Self::MicroKernel;
-    /// The micro-kernel the search measures first: the sketch's default (what an
-    /// untuned module runs), where the space holds it; `None` to start at random.
-    fn seed(&self) -> Option<Self::MicroKernel> {
-        None
+    /// The micro-kernels the search measures first: the sketch's default (what an
+    /// untuned module runs) and its variants' defaults, those the space holds; none to
+    /// start at random.
+    fn seeds(&self) -> Vec<Self::MicroKernel> {
+        Vec::new()
     }
     /// Narrow the space to tiles that divide one instance's extents (per-shape tuning).
     fn restrict_to_factors(&mut self, factors: Factors);
@@ -143,9 +144,11 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
         K::default_for(&self.target)
     }
 
-    fn seed(&self) -> Option<K> {
-        let d = K::default_for(&self.target);
-        self.space.contains(&d).then_some(d)
+    fn seeds(&self) -> Vec<K> {
+        K::seeds(&self.target)
+            .into_iter()
+            .filter(|mk| self.space.contains(mk))
+            .collect()
     }
 
     fn restrict_to_factors(&mut self, factors: Factors) {

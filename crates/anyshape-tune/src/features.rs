@@ -430,6 +430,7 @@ mod tests {
             nc: 2 * lanes,
             kc: 8,
             uk: 2,
+            dot: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

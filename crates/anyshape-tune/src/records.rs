@@ -293,6 +293,7 @@ mod tests {
                 nc: 16,
                 kc: 4,
                 uk: 4,
+                dot: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

@@ -339,17 +339,17 @@ impl<B: Backend> Tuner<B> {
             }
         }
         // Exploration: random micro-kernels on instances drawn by weight; before any
-        // measurement, the seed (the sketch's default) first, so that tuning starts
+        // measurement, the seeds (the sketch's defaults) first, so that tuning starts
         // from what an untuned module runs.
-        let seed = if model.samples == 0 {
-            self.backend.seed()
+        let seeds = if model.samples == 0 {
+            self.backend.seeds()
         } else {
-            None
+            Vec::new()
         };
-        for r in 0..n_random {
-            let mk = match seed {
-                Some(d) if r == 0 => d,
-                _ => self.backend.sample(rng),
+        for r in 0..n_random.max(seeds.len()) {
+            let mk = match seeds.get(r) {
+                Some(&d) => d,
+                None => self.backend.sample(rng),
             };
             for _ in 0..self.options.instances_per_kernel {
                 trials.push((mk, weighted_pick(&w, rng)));

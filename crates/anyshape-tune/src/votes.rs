@@ -282,6 +282,7 @@ mod tests {
                     nc: 16,
                     kc: 8,
                     uk: 1,
+                    dot: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

@@ -38,6 +38,7 @@ fn build_voted(
         nc: nr * lanes * 2,
         kc,
         uk: 2,
+        dot: false,
     };
     let micro_kernels = vec![mk(2, 1, 8), mk(4, 2, 16), mk(3, 1, 12)];
     let var = ShapeVar::parse("T=1..128").unwrap();

@@ -13,6 +13,7 @@
 //!   [epilogue over the task's output tile]                             (epilogue.rs)
 //! [global padding: copy the padded output back, with the epilogue]   (global_pad.rs)
 //! ```
+//! The dot variant replaces the task's body below the cache tile (dot.rs).
 //! Where each stage checks for tiles that overhang the tensors comes from the padding
 //! strategy's policy.
 use super::{c, renamed, shape_vars, v};
@@ -195,6 +196,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
 }
 
 impl Nest<'_> {
+    /// The task's cache tile (origin, extent, register tiles) and its body by variant.
     fn task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
         let mut s = vec![
@@ -204,6 +206,19 @@ impl Nest<'_> {
             let_("nlen", Expr::min(c(mk.nc), v("p_n") - v("n0"))),
             let_("nmb", Expr::ceil_div(v("mlen"), c(mk.mr))),
             let_("nnb", Expr::ceil_div(v("nlen"), c(mk.nr))),
+        ];
+        if mk.dot {
+            s.extend(self.dot_task_body(ops));
+        } else {
+            s.extend(self.packed_task_body(ops));
+        }
+        s
+    }
+
+    /// The usual variant: both operands packed, vectors along N.
+    fn packed_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mk = self.mk;
+        let mut s = vec![
             Stmt::Alloc {
                 buf: "Ap".into(),
                 len: c(mk.mc * mk.kc),

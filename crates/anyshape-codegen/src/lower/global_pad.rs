@@ -13,7 +13,10 @@ impl Nest<'_> {
         let mut body = vec![
             let_("p_m", Expr::round_up(v("e_m"), mk.mr as i64)),
             let_("p_n", Expr::round_up(v("e_n"), mk.nr as i64)),
-            let_("p_k", Expr::round_up(v("e_k"), mk.uk as i64)),
+            let_(
+                "p_k",
+                Expr::round_up(v("e_k"), mk.k_granule(self.lanes) as i64),
+            ),
         ];
         for (buf, slot, rows) in [("Ag", 2, "p_m"), ("Bg", 3, "p_n")] {
             body.push(Stmt::Alloc {

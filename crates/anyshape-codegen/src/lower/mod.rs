@@ -3,7 +3,8 @@
 //! - `contraction.rs`: the CPU contraction sketch's loop nest (tasks, cache tiles,
 //!   register tiles), whose stages each have a file: `fetch.rs` (packing),
 //!   `compute.rs` (register tiles), `writeback.rs` (stores), `global_pad.rs` (the
-//!   copies of global padding), `epilogue.rs` (the fused epilogue);
+//!   copies of global padding), `epilogue.rs` (the fused epilogue), `dot.rs` (the
+//!   dot variant's task body: vectors along K, operands read in place);
 //! - `rows.rs`: the row-wise (normalization) sketch;
 //! - what a padding strategy does in each stage comes from its policy
 //!   ([`crate::padding`]), never from matching the strategy here.
@@ -11,6 +12,7 @@
 //! Every lowered function passes the loop-IR verifier in debug builds and tests.
 mod compute;
 mod contraction;
+mod dot;
 mod epilogue;
 pub(crate) mod fetch;
 mod global_pad;

@@ -7,6 +7,12 @@
 //! N, unrolled) over each pair of packed micro-panels, with the reduction loop unrolled
 //! by `uk`; the fused epilogue runs over each finished output tile.
 //!
+//! The **dot** variant (`dot=1`) vectorizes the reduction instead: each accumulator is a
+//! vector of partial dot products along K, `nr` counts output columns (any number, not
+//! a multiple of the vector), operands whose K axis is contiguous are read in place
+//! (no packing: what small M needs, where a packed element of B is used once) and only
+//! the others are packed, and each finished accumulator is summed across its lanes.
+//!
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]).
@@ -23,19 +29,25 @@ use std::fmt;
 pub struct MicroKernel {
     /// Register tile rows (along M).
     pub mr: usize,
-    /// Register tile columns (along N, vectorized; a multiple of the vector lanes).
+    /// Register tile columns (along N, vectorized: a multiple of the vector lanes; in
+    /// the dot variant any number of columns).
     pub nr: usize,
     /// Cache tile along M (a multiple of `mr`).
     pub mc: usize,
     /// Cache tile along N (a multiple of `nr`).
     pub nc: usize,
-    /// Cache tile along the reduction (a multiple of `uk`).
+    /// Cache tile along the reduction (a multiple of `uk`; in the dot variant of
+    /// `uk` vectors).
     pub kc: usize,
-    /// Unroll factor of the reduction loop.
+    /// Unroll factor of the reduction loop (in the dot variant, in vectors).
     pub uk: usize,
+    /// The dot variant: vectorized along K, operands read in place where K is
+    /// contiguous. Absent from the text and JSON forms when false (older records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dot: bool,
 }
 
-const FIELDS: [&str; 6] = ["mr", "nr", "mc", "nc", "kc", "uk"];
+const FIELDS: [&str; 7] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot"];
 
 impl MicroKernel {
     /// A reasonable micro-kernel for `target`, used when none is given.
@@ -53,14 +65,65 @@ impl MicroKernel {
             nc: (12 * nr).min(384.max(nr)),
             kc,
             uk: 4,
+            dot: false,
         }
     }
 
-    fn values(&self) -> [usize; 6] {
-        [self.mr, self.nr, self.mc, self.nc, self.kc, self.uk]
+    /// The dot variant's default, for the smallest M: one row by as many columns as
+    /// the registers allow (each vector of A reused across the columns), the reduction
+    /// in tiles whose rows fit L1 together.
+    pub fn default_dot_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = 1;
+        let nr = max_multiple(1, |nr| limits.registers(mr, nr)).clamp(1, 8);
+        let uk = 2;
+        let kc = (uk * lanes) * max_multiple(uk * lanes, |kc| limits.l1(kc, nr + mr));
+        MicroKernel {
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: 16 * nr,
+            kc,
+            uk,
+            dot: true,
+        }
     }
 
-    /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` or the JSON form.
+    fn values(&self) -> [usize; 7] {
+        [
+            self.mr,
+            self.nr,
+            self.mc,
+            self.nc,
+            self.kc,
+            self.uk,
+            usize::from(self.dot),
+        ]
+    }
+
+    /// Vector lanes of one register-tile column: the vector in the usual variant, one
+    /// column in the dot variant.
+    fn column_granule(&self, lanes: usize) -> usize {
+        if self.dot {
+            1
+        } else {
+            lanes
+        }
+    }
+
+    /// What the reduction tile is a multiple of: the unroll (`uk` vectors in the dot
+    /// variant).
+    pub fn k_granule(&self, lanes: usize) -> usize {
+        if self.dot {
+            self.uk * lanes
+        } else {
+            self.uk
+        }
+    }
+
+    /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
+    /// the dot variant) or the JSON form.
     pub fn parse(text: &str) -> Result<MicroKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
@@ -69,7 +132,7 @@ impl MicroKernel {
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
-        let mut v: [Option<usize>; 6] = [None; 6];
+        let mut v: [Option<usize>; 7] = [None; 7];
         for part in text.split(',') {
             let (k, val) = part
                 .split_once('=')
@@ -90,7 +153,12 @@ impl MicroKernel {
             }
             v[slot] = Some(val);
         }
-        let missing: Vec<_> = FIELDS
+        let dot = match v[6].take() {
+            None | Some(0) => false,
+            Some(1) => true,
+            Some(other) => return Err(bad(format!("dot = {other} is neither 0 nor 1"))),
+        };
+        let missing: Vec<_> = FIELDS[..6]
             .iter()
             .zip(&v)
             .filter(|(_, x)| x.is_none())
@@ -99,7 +167,7 @@ impl MicroKernel {
         if !missing.is_empty() {
             return Err(bad(format!("missing {}", missing.join(", "))));
         }
-        let [mr, nr, mc, nc, kc, uk] = v.map(|x| x.unwrap_or(0));
+        let [mr, nr, mc, nc, kc, uk, _] = v.map(|x| x.unwrap_or(0));
         Ok(MicroKernel {
             mr,
             nr,
@@ -107,12 +175,14 @@ impl MicroKernel {
             nc,
             kc,
             uk,
+            dot,
         })
     }
 
-    /// Vector registers the register tile needs: accumulators, one row of B, one broadcast.
+    /// Vector registers the register tile needs: accumulators, one row of B, one of A
+    /// (a broadcast element, or in the dot variant a vector).
     pub fn registers_needed(&self, lanes: usize) -> usize {
-        let nv = self.nr / lanes.max(1);
+        let nv = self.nr / self.column_granule(lanes.max(1));
         self.mr * nv + nv + 1
     }
 
@@ -125,19 +195,20 @@ impl MicroKernel {
             })
         };
         let lanes = target.lanes_f32();
-        if self.values().contains(&0) {
+        if self.values()[..6].contains(&0) {
             return fail("every parameter must be at least 1".into());
         }
-        if !self.nr.is_multiple_of(lanes) {
+        if !self.nr.is_multiple_of(self.column_granule(lanes)) {
             return fail(format!(
                 "nr = {} is not a multiple of the {lanes} vector lanes",
                 self.nr
             ));
         }
+        let kc_unit = if self.dot { "uk vectors" } else { "uk" };
         for (tile, reg, name) in [
             (self.mc, self.mr, "mc/mr"),
             (self.nc, self.nr, "nc/nr"),
-            (self.kc, self.uk, "kc/uk"),
+            (self.kc, self.k_granule(lanes), &*format!("kc/{kc_unit}")),
         ] {
             if !tile.is_multiple_of(reg) {
                 return fail(format!("{name}: {tile} is not a multiple of {reg}"));
@@ -147,7 +218,7 @@ impl MicroKernel {
             return fail("uk must be <= 16 and mr <= 32 (code size)".into());
         }
         let limits = Limits(target);
-        if !limits.registers(self.mr, self.nr) {
+        if !limits.registers(self.mr, self.nr / self.column_granule(lanes)) {
             return fail(format!(
                 "the {}x{} register tile needs {} vector registers; the target has {}",
                 self.mr,
@@ -197,10 +268,9 @@ impl MicroKernel {
 pub(crate) struct Limits<'a>(pub &'a CpuTarget);
 
 impl Limits<'_> {
-    /// The `mr x nr` register tile fits the vector registers, with `nv` for a row of B
-    /// and one for the broadcast A element.
-    pub fn registers(&self, mr: usize, nr: usize) -> bool {
-        let nv = nr / self.0.lanes_f32().max(1);
+    /// A register tile of `mr` rows by `nv` vectors fits the vector registers, with `nv`
+    /// for a row of B and one for A.
+    pub fn registers(&self, mr: usize, nv: usize) -> bool {
         mr * nv + nv < self.0.vector_registers
     }
 
@@ -221,11 +291,12 @@ impl Limits<'_> {
 }
 
 impl fmt::Display for MicroKernel {
-    /// The compact form [`MicroKernel::parse`] reads.
+    /// The compact form [`MicroKernel::parse`] reads (`dot` only where set).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<_> = FIELDS
             .iter()
             .zip(self.values())
+            .take(if self.dot { 7 } else { 6 })
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         write!(f, "{}", parts.join(","))
@@ -279,6 +350,14 @@ impl Sketch for MicroKernel {
         MicroKernel::default_for(target)
     }
 
+    /// The usual default, then the dot variant's (small M).
+    fn seeds(target: &CpuTarget) -> Vec<Self> {
+        vec![
+            MicroKernel::default_for(target),
+            MicroKernel::default_dot_for(target),
+        ]
+    }
+
     fn parse(text: &str) -> Result<Self> {
         MicroKernel::parse(text)
     }
@@ -291,8 +370,9 @@ impl Sketch for MicroKernel {
         crate::lower::contraction(p, target)
     }
 
-    /// Local padding pads each axis to its register-tile granularity (`mr`, `nr`, `uk`);
-    /// a task is one cache tile of M and N of one batch item.
+    /// Local padding pads each axis to its register-tile granularity (`mr`, `nr`, `uk`;
+    /// the dot variant's K to the vector, whose tail runs element by element); a task is
+    /// one cache tile of M and N of one batch item.
     fn adaptation(&self, target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Adaptation {
         let Ok(g) = GemmView::of(w) else {
             return Adaptation {
@@ -306,7 +386,12 @@ impl Sketch for MicroKernel {
         let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
         let (m, n, k) = (e(g.m), e(g.n), e(g.k));
         let tasks = batch * (m / self.mc as f64).ceil() * (n / self.nc as f64).ceil();
-        let padded = up(m, self.mr) * up(n, self.nr) * up(k, self.uk);
+        let k_unit = if self.dot {
+            target.lanes_f32()
+        } else {
+            self.uk
+        };
+        let padded = up(m, self.mr) * up(n, self.nr) * up(k, k_unit);
         let pad = if padded > 0.0 {
             (m * n * k) / padded
         } else {
@@ -319,18 +404,28 @@ impl Sketch for MicroKernel {
         }
     }
 
-    /// Register tile `nv` vectors wide with as many rows as registers allow; cache tiles
-    /// up to what the caches hold.
+    /// Register tile `nv` vectors wide (the dot variant, a third of the time: `nv`
+    /// columns) with as many rows as registers allow; cache tiles up to what the caches
+    /// hold.
     fn sample(target: &CpuTarget, rng: &mut impl Rng) -> Self {
         let lanes = target.lanes_f32();
         let limits = Limits(target);
-        let max_nv = ((target.vector_registers - 2) / 2).clamp(1, 6);
+        let dot = rng.random_bool(1.0 / 3.0);
+        let max_nv = if dot {
+            max_multiple(1, |nv| limits.registers(1, nv)).min(8)
+        } else {
+            ((target.vector_registers - 2) / 2).clamp(1, 6)
+        };
         let nv = rng.random_range(1..=max_nv);
-        let nr = nv * lanes;
-        let max_mr = max_multiple(1, |mr| limits.registers(mr, nr)).clamp(1, 32);
+        let nr = if dot { nv } else { nv * lanes };
+        let max_mr = max_multiple(1, |mr| limits.registers(mr, nv)).clamp(1, 32);
         let mr = rng.random_range(1..=max_mr);
         let uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
-        let kc = uk * rng.random_range(1..=max_multiple(uk, |kc| limits.l1(kc, nr)));
+        let k_unit = if dot { uk * lanes } else { uk };
+        // The dot variant's B micro-panel is `nr` rows of `kc`, its A rows `mr` more.
+        let panel_rows = if dot { nr + mr } else { nr };
+        let kc =
+            k_unit * rng.random_range(1..=max_multiple(k_unit, |kc| limits.l1(kc, panel_rows)));
         let mc = mr * rng.random_range(1..=max_multiple(mr, |mc| limits.l2(mc, kc)).min(64));
         let nc = nr * rng.random_range(1..=max_multiple(nr, |nc| limits.l3(kc, nc)).min(96));
         let mk = MicroKernel {
@@ -340,52 +435,64 @@ impl Sketch for MicroKernel {
             nc,
             kc,
             uk,
+            dot,
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
         mk
     }
 
-    /// One parameter changed, the tiles of the others kept where they stay multiples.
+    /// One parameter changed, the tiles of the others kept where they stay multiples;
+    /// or the variant switched, the register tile keeping its registers.
     fn neighbour(&self, target: &CpuTarget, rng: &mut impl Rng) -> Self {
         let lanes = target.lanes_f32();
+        let col = self.column_granule(lanes);
         let mut m = *self;
-        match rng.random_range(0..6) {
+        match rng.random_range(0..7) {
             0 => {
                 let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
                 m.mc = (m.mc / m.mr).max(1) * mr;
                 m.mr = mr;
             }
             1 => {
-                let nv = (m.nr / lanes) as i64 + [-1, 1][rng.random_range(0..2)];
-                let nr = nv.max(1) as usize * lanes;
+                let nv = (m.nr / col) as i64 + [-1, 1][rng.random_range(0..2)];
+                let nr = nv.max(1) as usize * col;
                 m.nc = (m.nc / m.nr).max(1) * nr;
                 m.nr = nr;
             }
             2 => m.mc = scale(m.mc, m.mr, rng),
             3 => m.nc = scale(m.nc, m.nr, rng),
-            4 => m.kc = scale(m.kc, m.uk, rng),
-            _ => {
+            4 => m.kc = scale(m.kc, m.k_granule(lanes), rng),
+            5 => {
                 m.uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
-                m.kc = (m.kc / m.uk).max(1) * m.uk;
+                m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
+            }
+            _ => {
+                m.dot = !m.dot;
+                let nr = m.nr / col * m.column_granule(lanes);
+                m.nc = (m.nc / m.nr).max(1) * nr;
+                m.nr = nr;
+                m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
             }
         }
         m
     }
 
-    /// The register tile of one parent, the cache tiles of the other.
-    fn child(&self, other: &Self, _target: &CpuTarget, rng: &mut impl Rng) -> Self {
+    /// The register tile (and variant) of one parent, the cache tiles of the other.
+    fn child(&self, other: &Self, target: &CpuTarget, rng: &mut impl Rng) -> Self {
         let (reg, other) = if rng.random_bool(0.5) {
             (self, other)
         } else {
             (other, self)
         };
+        let k_unit = reg.k_granule(target.lanes_f32());
         MicroKernel {
             mr: reg.mr,
             nr: reg.nr,
             mc: (other.mc / other.mr).max(1) * reg.mr,
             nc: (other.nc / other.nr).max(1) * reg.nr,
-            kc: (other.kc / reg.uk).max(1) * reg.uk,
+            kc: (other.kc / k_unit).max(1) * k_unit,
             uk: reg.uk,
+            dot: reg.dot,
         }
     }
 
@@ -404,14 +511,21 @@ impl Sketch for MicroKernel {
     /// Every tile shrunk to the nearest size dividing its extent.
     fn snap(&self, target: &CpuTarget, f: &Factors) -> Self {
         let lanes = target.lanes_f32();
+        let col = self.column_granule(lanes);
         let [m, n, k] = [f.0[0], f.0[1], f.0[2]];
         let mr = largest_factor(m, 1, self.mr).unwrap_or(1);
         let mc = largest_factor(m, mr, self.mc.max(mr)).unwrap_or(mr);
-        let nr = largest_factor(n, lanes, self.nr).unwrap_or(lanes);
+        let nr = largest_factor(n, col, self.nr).unwrap_or(col);
         let nc = largest_factor(n, nr, self.nc.max(nr)).unwrap_or(nr);
-        let (kc, uk) = match largest_factor(k, self.uk, self.kc) {
+        // The reduction tile in whole unrolled steps (vectors in the dot variant), or
+        // without unrolling; a K no tile divides gives a kernel the space refuses.
+        let vector = if self.dot { lanes } else { 1 };
+        let (kc, uk) = match largest_factor(k, self.uk * vector, self.kc) {
             Some(kc) => (kc, self.uk),
-            None => (largest_factor(k, 1, self.kc.max(1)).unwrap_or(1), 1),
+            None => (
+                largest_factor(k, vector, self.kc.max(vector)).unwrap_or(vector),
+                1,
+            ),
         };
         MicroKernel {
             mr,
@@ -420,6 +534,7 @@ impl Sketch for MicroKernel {
             nc,
             kc,
             uk,
+            dot: self.dot,
         }
     }
 
@@ -448,6 +563,44 @@ mod tests {
             l2_bytes: 2 << 20,
             l3_bytes: 32 << 20,
         }
+    }
+
+    #[test]
+    fn dot_variant_text_form_and_limits() {
+        let t = avx512();
+        let mk = MicroKernel::default_dot_for(&t);
+        mk.validate(&t).unwrap();
+        assert!(mk.to_string().ends_with(",dot=1"), "{mk}");
+        assert_eq!(MicroKernel::parse(&mk.to_string()).unwrap(), mk);
+        let json = serde_json::to_string(&MicroKernel::default_for(&t)).unwrap();
+        assert!(!json.contains("dot"), "{json}");
+        // Any column count; K tiles of whole unrolled vectors.
+        MicroKernel::parse("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1")
+            .unwrap()
+            .validate(&t)
+            .unwrap();
+        for bad in [
+            "mr=3,nr=5,mc=6,nc=10,kc=24,uk=2,dot=1",
+            "mr=3,nr=5,mc=6,nc=10,kc=32,uk=2",
+        ] {
+            assert!(
+                MicroKernel::parse(bad).unwrap().validate(&t).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(MicroKernel::parse("mr=3,nr=16,mc=6,nc=16,kc=32,uk=2,dot=2").is_err());
+        let mut rng = rand::rng();
+        let mut dots = 0;
+        for _ in 0..300 {
+            let mk = MicroKernel::sample(&t, &mut rng);
+            dots += usize::from(mk.dot);
+            for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
+                if m.validate(&t).is_ok() {
+                    assert_eq!(MicroKernel::parse(&m.to_string()).unwrap(), m);
+                }
+            }
+        }
+        assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
     }
 
     #[test]

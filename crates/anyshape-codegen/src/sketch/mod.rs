@@ -61,6 +61,11 @@ pub trait Sketch:
     fn applies(w: &Workload) -> Result<()>;
     /// A reasonable micro-kernel for `target` (what runs before anything is tuned).
     fn default_for(target: &Self::Target) -> Self;
+    /// The micro-kernels a search measures before any other: the default first, then
+    /// the defaults of the sketch's other variants.
+    fn seeds(target: &Self::Target) -> Vec<Self> {
+        vec![Self::default_for(target)]
+    }
     /// Parse the text form (what `Display` writes) or JSON.
     fn parse(text: &str) -> Result<Self>;
     /// Check every limit of the target; the error names the broken one.
