@@ -66,6 +66,40 @@ pub struct ShapeVar {
 }
 
 impl ShapeVar {
+    /// At most `n` (at least 2) of the var's values, spread geometrically from the
+    /// smallest to the largest (both kept; dense where relative changes are large),
+    /// each with its weight; the var itself where it has no more than `n`.
+    pub fn spread(&self, n: usize) -> ShapeVar {
+        let n = n.max(2);
+        if self.domain.len() <= n as u64 {
+            return self.clone();
+        }
+        // Positions in the domain's ascending values, 0-based: 1 + position grows
+        // geometrically from 1 to the domain's size.
+        let size = self.domain.len();
+        let mut picked: Vec<u64> = Vec::with_capacity(n);
+        for k in 0..n {
+            let x = (size as f64).powf(k as f64 / (n - 1) as f64).round() as u64;
+            let pos = x.clamp(1, size) - 1;
+            let pos = picked.last().map_or(pos, |&p| pos.max(p + 1)).min(size - 1);
+            if picked.last() != Some(&pos) {
+                picked.push(pos);
+            }
+        }
+        let value = |pos: u64| match &self.domain {
+            Domain::Range { lo, .. } => lo + pos as i64,
+            Domain::List(v) => v[pos as usize],
+        };
+        ShapeVar {
+            name: self.name.clone(),
+            domain: Domain::List(picked.iter().map(|&p| value(p)).collect()),
+            weights: self
+                .weights
+                .as_ref()
+                .map(|w| picked.iter().map(|&p| w[p as usize]).collect()),
+        }
+    }
+
     /// Parse `T=1..128` (inclusive range) or `T=1,8,16` (list). Values must be >= 0.
     pub fn parse(text: &str) -> Result<ShapeVar> {
         let err = |pos: usize, message: &str| {
@@ -209,6 +243,24 @@ impl std::fmt::Display for Bindings {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn spread_keeps_the_ends_and_thins_the_large_values() {
+        let t = super::ShapeVar::parse("sequence=1..512").unwrap();
+        let s = t.spread(24);
+        let values: Vec<i64> = s.domain.iter().collect();
+        assert_eq!(values.len(), 24, "{values:?}");
+        assert_eq!((values[0], values[23]), (1, 512));
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+        assert!(values[..8].iter().all(|&v| v <= 8), "{values:?}");
+        let small = super::ShapeVar::parse("T=3,5,9").unwrap();
+        assert_eq!(small.spread(24), small);
+        let mut listed = super::ShapeVar::parse("T=2,4,6,8,10").unwrap();
+        listed.weights = Some(vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+        let s = listed.spread(3);
+        assert_eq!(s.domain.iter().collect::<Vec<_>>(), vec![2, 4, 10]);
+        assert_eq!(s.weights, Some(vec![1.0, 2.0, 5.0]));
+    }
+
     use super::*;
 
     #[test]

@@ -23,6 +23,9 @@ pub struct ModelOptions {
     /// Trials for each task's joint search; 0: every task gets its sketch's default
     /// micro-kernel (a quick, untuned module).
     pub trials: usize,
+    /// Each dim is tuned on at most this many of its values ([`ShapeVar::spread`]);
+    /// the dispatch trees cover the rest.
+    pub tune_values: usize,
     /// Where each task's records go (`tNN.jsonl`); needed when `trials > 0`.
     pub records: Option<PathBuf>,
     /// Continue the tasks' records.
@@ -103,7 +106,7 @@ pub fn compile_model(
         let vars: Vec<ShapeVar> = dims
             .iter()
             .filter(|d| w.shape_vars().contains(&d.name))
-            .cloned()
+            .map(|d| d.spread(options.tune_values))
             .collect();
         let module = format!("tasks/t{i:02}");
         let job = TaskJob {

@@ -26,6 +26,11 @@ pub struct CompileArgs {
     /// with its sketch's default micro-kernel).
     #[arg(long, default_value_t = 0)]
     trials: u64,
+    /// With --trials: each dim is tuned (searched and voted) on at most this many of
+    /// its values, spread geometrically from its smallest to its largest; each task's
+    /// dispatch tree covers the values between (and past) them.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(2..))]
+    tune_values: u64,
     /// A directory for the tasks' records (needed with --trials > 0).
     #[arg(long, value_name = "DIR")]
     records: Option<PathBuf>,
@@ -64,6 +69,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     let target = args.common.target()?;
     let options = ModelOptions {
         trials: args.trials as usize,
+        tune_values: args.tune_values as usize,
         records: args.records.clone(),
         resume: args.resume,
         tune: TuneOptions {

@@ -75,11 +75,12 @@ p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.000000
 p = p * r * r + r + 1.0f; \
 as_vi bits = (as_vi)p + ((as_vi)k - 0x4B400000) * 8388608; \
 return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
+        let hsum = hsum(lanes);
         s.push_str(&format!(
             "static inline as_vf as_vmax(as_vf a, as_vf b) {{ as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }}\n\
              static inline as_vf as_vrelu(as_vf x) {{ return as_vmax(x, (as_vf){{0}}); }}\n\
              {vexp}\
-             static inline float as_hsum(as_vf v) {{ float s = 0.0f; for (int i = 0; i < {lanes}; i++) s += v[i]; return s; }}\n\
+             {hsum}\
              static inline float as_hmax(as_vf v) {{ float s = v[0]; for (int i = 1; i < {lanes}; i++) s = s > v[i] ? s : v[i]; return s; }}\n"
         ));
     } else {
@@ -118,4 +119,39 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
 "#,
     );
     s
+}
+
+/// `as_hsum` for `lanes` (a power of two, at least 4): the vector halved and added until
+/// four lanes are left (a vector extract and one add per halving), those added as two
+/// pairs — a few instructions where a loop over the lanes compiles to a chain of
+/// shuffles per lane (the dot variant sums every accumulator so).
+fn hsum(lanes: usize) -> String {
+    let mut body = String::new();
+    let mut width = lanes;
+    let mut var = "v".to_string();
+    let mut types = String::new();
+    while width > 4 {
+        let half = width / 2;
+        types.push_str(&format!(
+            "typedef float as_vf{half} __attribute__((vector_size({})));\n",
+            half * 4
+        ));
+        let next = format!("h{half}");
+        body.push_str(&format!(
+            "as_vf{half} {next}a, {next}b; memcpy(&{next}a, &{var}, sizeof {next}a); \
+             memcpy(&{next}b, (const char *)&{var} + sizeof {next}a, sizeof {next}b); \
+             as_vf{half} {next} = {next}a + {next}b; "
+        ));
+        var = next;
+        width = half;
+    }
+    let sum = if width == 4 {
+        format!("({var}[0] + {var}[2]) + ({var}[1] + {var}[3])")
+    } else {
+        (0..width)
+            .map(|l| format!("{var}[{l}]"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    format!("{types}static inline float as_hsum(as_vf v) {{ {body}return {sum}; }}\n")
 }
