@@ -142,6 +142,7 @@ pub fn serve_with(builtins: Builtins) -> i32 {
             emit(Event::Start(*last));
         }
         let o = &job.options;
+        let mut flush = vec![0u8; o.flush_bytes];
         let start = Instant::now();
         let mut round = 0;
         while !ready.is_empty()
@@ -151,6 +152,7 @@ pub fn serve_with(builtins: Builtins) -> i32 {
         {
             let mut failed = Vec::new();
             for (n, (_, t)) in ready.iter_mut().enumerate() {
+                evict_caches(&mut flush, round);
                 if let Err(why) = t.call() {
                     failed.push((n, why));
                 }
@@ -167,6 +169,15 @@ pub fn serve_with(builtins: Builtins) -> i32 {
         i = j;
     }
     0
+}
+
+/// Write one byte of every cache line of `buffer` (nothing when it is empty), so that
+/// what the caches held before is evicted.
+fn evict_caches(buffer: &mut [u8], round: usize) {
+    for i in (0..buffer.len()).step_by(64) {
+        // SAFETY: `i` is inside the buffer; volatile so that the writes happen.
+        unsafe { std::ptr::write_volatile(buffer.as_mut_ptr().add(i), round as u8) };
+    }
 }
 
 /// The candidate's kernel, from the library, the builtins or the GPU.

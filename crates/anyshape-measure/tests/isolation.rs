@@ -73,6 +73,8 @@ fn crashing_and_hanging_candidates_fail_alone() {
                 min_seconds: 0.0,
                 timeout_seconds: 2.0,
                 interleave,
+                // Evicting the caches between calls (as model tuning does) on one pass.
+                flush_bytes: if interleave { 1 << 20 } else { 0 },
             },
         };
         let t0 = std::time::Instant::now();

@@ -7,7 +7,7 @@ use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
 use anyshape_graph::{Data, Tensor};
 use anyshape_ir::ShapeVar;
-use anyshape_measure::Measurer;
+use anyshape_measure::{MeasureOptions, Measurer};
 use anyshape_tune::{compile_model, ModelObserver, ModelOptions, PipelineOptions, TuneOptions};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,11 @@ pub struct CompileArgs {
     /// Where the model module goes.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// Time candidates with warm caches (each call finding its inputs cached by the
+    /// previous one) instead of evicting the caches before every call, as happens to a
+    /// model's weights between their layer's calls.
+    #[arg(long)]
+    warm_cache: bool,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -67,6 +72,13 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .map(|d| ShapeVar::parse(d))
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
+    let defaults = TuneOptions::default();
+    // Twice the last-level cache evicts it (and the smaller ones).
+    let flush_bytes = if args.warm_cache {
+        0
+    } else {
+        (2 * target.l3_bytes).max(8 << 20)
+    };
     let options = ModelOptions {
         trials: args.trials as usize,
         tune_values: args.tune_values as usize,
@@ -74,7 +86,11 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         resume: args.resume,
         tune: TuneOptions {
             interrupt: Some(interrupt_flag()),
-            ..TuneOptions::default()
+            measure: MeasureOptions {
+                flush_bytes,
+                ..defaults.measure.clone()
+            },
+            ..defaults
         },
         pipeline: PipelineOptions {
             votes: Default::default(),
