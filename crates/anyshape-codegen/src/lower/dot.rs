@@ -17,11 +17,18 @@ use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, BinaryOp, Cond, LoopKind, Scope, Stmt, Value};
 use anyshape_ir::Expr;
 
-/// How the tile reads one operand: where row `r` starts at the current reduction tile.
-struct Rows<'a> {
-    buf: &'a str,
-    /// Element index of row `r` at the first element of the reduction tile.
-    start: Box<dyn Fn(Expr) -> Expr + 'a>,
+/// How the tile reads one operand: row `r` starts, at the current reduction tile, at
+/// element `offset + r * stride` of `buf` (its K axis contiguous).
+struct Rows {
+    buf: &'static str,
+    offset: Expr,
+    stride: Expr,
+}
+
+impl Rows {
+    fn start(&self, r: Expr) -> Expr {
+        self.offset.clone() + r * self.stride.clone()
+    }
 }
 
 impl Nest<'_> {
@@ -42,11 +49,11 @@ impl Nest<'_> {
                 0 => ("m0", "mlen", mk.mc),
                 _ => ("n0", "nlen", mk.nc),
             };
-            let base = v(&format!("base{which}"));
             if op.s_col.simplify().as_const() == Some(1) {
                 rows.push(Rows {
                     buf: op.buf,
-                    start: Box::new(move |r| base.clone() + r * op.s_row.clone() + v("k0")),
+                    offset: v(&format!("base{which}")) + v("k0"),
+                    stride: op.s_row.clone(),
                 });
             } else {
                 let dst = ["Ap", "Bp"][which];
@@ -55,10 +62,11 @@ impl Nest<'_> {
                     len: c(tile * mk.kc),
                     scope: Scope::Scratch(which as u8),
                 });
-                kt_body.push(self.pack_k_major(dst, op, origin, len));
+                kt_body.push(self.pack_k_major(which, dst, op, origin, len));
                 rows.push(Rows {
                     buf: dst,
-                    start: Box::new(move |r| (r - v(origin)) * c(mk.kc)),
+                    offset: v(origin) * Expr::Const(-(mk.kc as i64)),
+                    stride: c(mk.kc),
                 });
             }
         }
@@ -73,11 +81,10 @@ impl Nest<'_> {
         body
     }
 
-    /// Copy the task's `len` rows of `op` (from `origin`) at the current reduction tile
-    /// into `dst`, each row's `klen` elements contiguous (rows `kc` apart); the loop
-    /// order follows whichever of the source's axes is contiguous.
-    fn pack_k_major(&self, dst: &str, op: &Operand, origin: &str, len: &str) -> Stmt {
-        let which = if dst == "Ap" { 0 } else { 1 };
+    /// Copy the task's `len` rows of operand `which` (`op`, from `origin`) at the
+    /// current reduction tile into `dst`, each row's `klen` elements contiguous (rows
+    /// `kc` apart); the loop order follows whichever of the source's axes is contiguous.
+    fn pack_k_major(&self, which: usize, dst: &str, op: &Operand, origin: &str, len: &str) -> Stmt {
         let src = v(&format!("base{which}"))
             + (v(origin) + v("r")) * op.s_row.clone()
             + (v("k0") + v("kk")) * op.s_col.clone();
@@ -110,11 +117,11 @@ impl Nest<'_> {
         ];
         for i in 0..mk.mr {
             let row = Expr::min(v("mi") + c(i), v("p_m") - c(1));
-            s.push(let_(&format!("pa{i}"), (a.start)(row)));
+            s.push(let_(&format!("pa{i}"), a.start(row)));
         }
         for j in 0..mk.nr {
             let row = Expr::min(v("nj") + c(j), v("p_n") - c(1));
-            s.push(let_(&format!("pb{j}"), (b.start)(row)));
+            s.push(let_(&format!("pb{j}"), b.start(row)));
         }
         let acc = |i: usize, j: usize| format!("dacc_{i}_{j}");
         let tail = |i: usize, j: usize| format!("dtail_{i}_{j}");

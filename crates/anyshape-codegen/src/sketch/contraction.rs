@@ -15,13 +15,13 @@
 //!
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
-//! space of micro-kernels is bounded by the same limits ([`Limits`]).
+//! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is
+//! in `contraction_text.rs`.
 use crate::sketch::{Adaptation, Factors, Sketch};
 use crate::{CodegenError, CpuTarget, GemmView, Program, Result};
 use anyshape_ir::{BoundWorkload, Workload};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// Every parameter of the contraction sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -46,8 +46,6 @@ pub struct MicroKernel {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dot: bool,
 }
-
-const FIELDS: [&str; 7] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot"];
 
 impl MicroKernel {
     /// A reasonable micro-kernel for `target`, used when none is given.
@@ -90,18 +88,6 @@ impl MicroKernel {
         }
     }
 
-    fn values(&self) -> [usize; 7] {
-        [
-            self.mr,
-            self.nr,
-            self.mc,
-            self.nc,
-            self.kc,
-            self.uk,
-            usize::from(self.dot),
-        ]
-    }
-
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -120,63 +106,6 @@ impl MicroKernel {
         } else {
             self.uk
         }
-    }
-
-    /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
-    /// the dot variant) or the JSON form.
-    pub fn parse(text: &str) -> Result<MicroKernel> {
-        let bad = |reason: String| CodegenError::BadMicroKernelText {
-            text: text.into(),
-            reason,
-        };
-        if text.trim_start().starts_with('{') {
-            return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
-        }
-        let mut v: [Option<usize>; 7] = [None; 7];
-        for part in text.split(',') {
-            let (k, val) = part
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
-            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| {
-                bad(format!(
-                    "unknown parameter `{}` (known: {})",
-                    k.trim(),
-                    FIELDS.join(", ")
-                ))
-            })?;
-            let val = val
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
-            if v[slot].is_some() {
-                return Err(bad(format!("`{}` is given twice", FIELDS[slot])));
-            }
-            v[slot] = Some(val);
-        }
-        let dot = match v[6].take() {
-            None | Some(0) => false,
-            Some(1) => true,
-            Some(other) => return Err(bad(format!("dot = {other} is neither 0 nor 1"))),
-        };
-        let missing: Vec<_> = FIELDS[..6]
-            .iter()
-            .zip(&v)
-            .filter(|(_, x)| x.is_none())
-            .map(|(f, _)| *f)
-            .collect();
-        if !missing.is_empty() {
-            return Err(bad(format!("missing {}", missing.join(", "))));
-        }
-        let [mr, nr, mc, nc, kc, uk, _] = v.map(|x| x.unwrap_or(0));
-        Ok(MicroKernel {
-            mr,
-            nr,
-            mc,
-            nc,
-            kc,
-            uk,
-            dot,
-        })
     }
 
     /// Vector registers the register tile needs: accumulators, one row of B, one of A
@@ -287,19 +216,6 @@ impl Limits<'_> {
     /// A packed `kc x nc` block of B fits L3.
     pub fn l3(&self, kc: usize, nc: usize) -> bool {
         kc.saturating_mul(nc).saturating_mul(4) <= self.0.l3_bytes
-    }
-}
-
-impl fmt::Display for MicroKernel {
-    /// The compact form [`MicroKernel::parse`] reads (`dot` only where set).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<_> = FIELDS
-            .iter()
-            .zip(self.values())
-            .take(if self.dot { 7 } else { 6 })
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        write!(f, "{}", parts.join(","))
     }
 }
 

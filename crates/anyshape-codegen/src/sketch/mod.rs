@@ -4,13 +4,15 @@
 //! serves, its micro-kernel's limits on a target (never on a shape), the space of its
 //! micro-kernels, how a program lowers, and how an instance maps onto a micro-kernel.
 //!
-//! - `contraction.rs`: contractions on the CPU ([`MicroKernel`], BLIS-like);
+//! - `contraction.rs`: contractions on the CPU ([`MicroKernel`], BLIS-like; its text
+//!   form in `contraction_text.rs`);
 //! - `rows.rs`: normalizations on the CPU ([`RowKernel`]);
 //! - `gpu.rs`: contractions on CUDA GPUs ([`GpuMicroKernel`]).
 //!
 //! A new class needs its sketch file here, its lowering in `lower/`, and the renderer's
 //! table where it uses something new.
 mod contraction;
+mod contraction_text;
 mod gemm;
 mod gpu;
 mod rows;

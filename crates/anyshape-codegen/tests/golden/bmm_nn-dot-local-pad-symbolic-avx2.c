@@ -100,11 +100,11 @@ int32_t as_947addbc970be7cb(const int64_t *restrict vars, const float *const *re
         for (int64_t ib = 0; ib < nmb; ib++) {
           const int64_t mi = (m0 + (ib * 2));
           const int64_t nj = (n0 + (jb * 3));
-          const int64_t pa0 = ((base0 + (as_min(mi, (p_m + (-1))) * sa_m)) + k0);
-          const int64_t pa1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * sa_m)) + k0);
-          const int64_t pb0 = ((as_min(nj, (p_n + (-1))) - n0) * 32);
-          const int64_t pb1 = ((as_min((nj + 1), (p_n + (-1))) - n0) * 32);
-          const int64_t pb2 = ((as_min((nj + 2), (p_n + (-1))) - n0) * 32);
+          const int64_t pa0 = ((base0 + k0) + (as_min(mi, (p_m + (-1))) * sa_m));
+          const int64_t pa1 = ((base0 + k0) + (as_min((mi + 1), (p_m + (-1))) * sa_m));
+          const int64_t pb0 = ((n0 * (-32)) + (as_min(nj, (p_n + (-1))) * 32));
+          const int64_t pb1 = ((n0 * (-32)) + (as_min((nj + 1), (p_n + (-1))) * 32));
+          const int64_t pb2 = ((n0 * (-32)) + (as_min((nj + 2), (p_n + (-1))) * 32));
           as_vf dacc_0_0 = (as_vf){0};
           float dtail_0_0 = 0.0f;
           as_vf dacc_0_1 = (as_vf){0};

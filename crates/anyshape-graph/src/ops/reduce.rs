@@ -84,7 +84,7 @@ fn eval_layer_norm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> 
         .map(|b| b.as_f32())
         .transpose()
         .map_err(|e| node.error(e))?;
-    let eps = node.float("epsilon", 1e-5)? as f64;
+    let eps = node.float("epsilon", 1e-5)?;
     let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
     let rows: usize = x.shape[..a].iter().product();
     let n: usize = x.shape[a..].iter().product();
@@ -97,7 +97,6 @@ fn eval_layer_norm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> 
     let v = x.as_f32().map_err(|e| node.error(e))?;
     let mut out = vec![0f32; v.len()];
     let (mut means, mut invs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    let eps = eps as f32;
     for (row, out) in v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
         let mean = lane_sum(row, |x| x) / n as f32;
         let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n as f32;

@@ -1,0 +1,93 @@
+//! The contraction micro-kernel's text form: `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`
+//! (`,dot=1` for the dot variant), as the command line takes it and messages print it,
+//! or the JSON form of records.
+use super::contraction::MicroKernel;
+use crate::{CodegenError, Result};
+use std::fmt;
+
+const FIELDS: [&str; 7] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot"];
+
+impl MicroKernel {
+    /// Every parameter in [`FIELDS`] order (`dot` as 0 or 1).
+    pub(super) fn values(&self) -> [usize; 7] {
+        [
+            self.mr,
+            self.nr,
+            self.mc,
+            self.nc,
+            self.kc,
+            self.uk,
+            usize::from(self.dot),
+        ]
+    }
+
+    /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
+    /// the dot variant) or the JSON form.
+    pub fn parse(text: &str) -> Result<MicroKernel> {
+        let bad = |reason: String| CodegenError::BadMicroKernelText {
+            text: text.into(),
+            reason,
+        };
+        if text.trim_start().starts_with('{') {
+            return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
+        }
+        let mut v: [Option<usize>; 7] = [None; 7];
+        for part in text.split(',') {
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
+            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| {
+                bad(format!(
+                    "unknown parameter `{}` (known: {})",
+                    k.trim(),
+                    FIELDS.join(", ")
+                ))
+            })?;
+            let val = val
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
+            if v[slot].is_some() {
+                return Err(bad(format!("`{}` is given twice", FIELDS[slot])));
+            }
+            v[slot] = Some(val);
+        }
+        let dot = match v[6].take() {
+            None | Some(0) => false,
+            Some(1) => true,
+            Some(other) => return Err(bad(format!("dot = {other} is neither 0 nor 1"))),
+        };
+        let missing: Vec<_> = FIELDS[..6]
+            .iter()
+            .zip(&v)
+            .filter(|(_, x)| x.is_none())
+            .map(|(f, _)| *f)
+            .collect();
+        if !missing.is_empty() {
+            return Err(bad(format!("missing {}", missing.join(", "))));
+        }
+        let [mr, nr, mc, nc, kc, uk, _] = v.map(|x| x.unwrap_or(0));
+        Ok(MicroKernel {
+            mr,
+            nr,
+            mc,
+            nc,
+            kc,
+            uk,
+            dot,
+        })
+    }
+}
+
+impl fmt::Display for MicroKernel {
+    /// The compact form [`MicroKernel::parse`] reads (`dot` only where set).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<_> = FIELDS
+            .iter()
+            .zip(self.values())
+            .take(if self.dot { 7 } else { 6 })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        write!(f, "{}", parts.join(","))
+    }
+}
