@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and CUDA 12 (driver, NVRTC, cuBLAS): the GPU test suite
+# On a machine with an NVIDIA GPU and CUDA 12 or 13 (driver, NVRTC, cuBLAS): the GPU test suite
 # (the generated CUDA kernels and cuBLAS, compiled by NVRTC, run in isolated workers and
 # checked against the reference for every T in 1..=128 and past it; ignored by a plain
 # `cargo test`), the same kernels under CPU emulation, then the GPU benchmark: joint

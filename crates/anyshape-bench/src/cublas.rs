@@ -29,7 +29,7 @@ fn prepare(
     }
     // SAFETY: only probes whether the shared library can be loaded.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err("cuBLAS (libcublas.so, CUDA 12) is not installed".into());
+        return Err("cuBLAS (libcublas.so, CUDA 12 or 13) is not installed".into());
     }
     let g = StridedGemm::of(w, bound).map_err(|e| e.to_string())?;
     let cfg = cublas_config(&g)?;

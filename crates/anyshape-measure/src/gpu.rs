@@ -73,7 +73,7 @@ impl GpuDevice {
         }
         if !nvrtc {
             return Err(MeasureError::NoGpu(
-                "NVRTC (libnvrtc.so, CUDA 12) is not installed".into(),
+                "NVRTC (libnvrtc.so, CUDA 12 or 13) is not installed".into(),
             ));
         }
         let ctx = CudaContext::new(ordinal)

@@ -44,7 +44,7 @@ pub(crate) fn build<T: Target>(
     // SAFETY: only probes whether the shared library can be loaded.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(MeasureError::NoGpu(
-            "NVRTC (libnvrtc.so, CUDA 12) is not installed".into(),
+            "NVRTC (libnvrtc.so, CUDA 12 or 13) is not installed".into(),
         ));
     }
     let compile = |src: &str| {

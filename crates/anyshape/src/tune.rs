@@ -247,7 +247,7 @@ fn tune_done<K: Packaged>(job: Job, target: &K::Target) -> Result<()> {
 pub fn gpu_target() -> Result<GpuTarget> {
     // GPU 0, as the workers use it; CUDA_VISIBLE_DEVICES picks another.
     let dev = GpuDevice::open(0).context(
-        "tuning for CUDA needs an NVIDIA GPU with a CUDA 12 driver (tuning on the CPU is `--device cpu`)",
+        "tuning for CUDA needs an NVIDIA GPU with a CUDA 12 or 13 driver (tuning on the CPU is `--device cpu`)",
     )?;
     Ok(dev.target.clone())
 }

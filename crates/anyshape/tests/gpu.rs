@@ -100,7 +100,7 @@ fn small() -> GpuMicroKernel {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU with CUDA 12: run scripts/gpu.sh"]
+#[ignore = "needs an NVIDIA GPU with CUDA 12 or 13: run scripts/gpu.sh"]
 fn generated_cuda_kernels_and_cublas_are_correct_on_the_gpu() {
     let dev = GpuDevice::open(0).expect("this test needs a GPU");
     eprintln!("GPU: {:?}", dev.target);
