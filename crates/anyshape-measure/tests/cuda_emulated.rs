@@ -28,6 +28,8 @@ static std::barrier<> *as_bar;
 #define __restrict__ __restrict
 #define __launch_bounds__(n)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+struct float4 { float x, y, z, w; };
 #define __syncthreads() as_bar->arrive_and_wait()
 "#;
 
@@ -71,13 +73,10 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
         return;
     }
     let target = GpuTarget::h100_sxm();
-    let mk = GpuMicroKernel {
-        bm: 32,
-        bn: 32,
-        bk: 4,
-        tm: 2,
-        tn: 4,
-    };
+    // Scalar and float4 shared reads on either side, thread tiles of 1 to 8, and slices
+    // that the threads do not divide (48 and 96 elements over 128 threads).
+    let micro_kernels = [(32, 32, 4, 2, 4), (16, 32, 3, 4, 1), (64, 32, 4, 8, 8)]
+        .map(|(bm, bn, bk, tm, tn)| GpuMicroKernel { bm, bn, bk, tm, tn });
     let mut programs = Vec::new();
     for w in [
         "dense(M=T,N=40,K=24)+relu",
@@ -86,11 +85,14 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
         "batch_matmul_nn(B=2,M=T,N=16,K=T)",
     ] {
         let w = Workload::parse(w).unwrap();
-        for strategy in [
-            PaddingStrategy::LocalPad,
-            PaddingStrategy::BoundaryCheck,
-            PaddingStrategy::LoopPartition,
-        ] {
+        for (mk, strategy) in micro_kernels.iter().flat_map(|&mk| {
+            [
+                PaddingStrategy::LocalPad,
+                PaddingStrategy::BoundaryCheck,
+                PaddingStrategy::LoopPartition,
+            ]
+            .map(|s| (mk, s))
+        }) {
             programs.push(Program::symbolic(&w, mk, strategy));
             let mut p = Program::symbolic(&w, mk, strategy);
             p.mode = KernelMode::Specialized;

@@ -164,26 +164,47 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
             }
         }
     }
-    let mut ratios = Vec::new();
-    for (x, best) in domain.iter().zip(&report.best) {
-        let opt = space
-            .iter()
-            .map(|mk| truth.latency(&w, mk, &x.bound))
-            .fold(f64::INFINITY, f64::min);
-        let got = truth.latency(&w, &best.micro_kernel, &x.bound);
-        assert!(!crashes(&best.micro_kernel));
-        ratios.push(got / opt);
+    let quality_of = |best: &[anyshape_tune::InstanceBest<GpuMicroKernel>]| {
+        let mut ratios = Vec::new();
+        for (x, best) in domain.iter().zip(best) {
+            let opt = space
+                .iter()
+                .map(|mk| truth.latency(&w, mk, &x.bound))
+                .fold(f64::INFINITY, f64::min);
+            let got = truth.latency(&w, &best.micro_kernel, &x.bound);
+            assert!(!crashes(&best.micro_kernel));
+            ratios.push(got / opt);
+        }
+        let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+        let worst = ratios.iter().copied().fold(0.0, f64::max);
+        (geo, worst)
+    };
+    // The search is random: its quality is judged on the median of three seeds.
+    let mut geos = vec![quality_of(&report.best).0];
+    for seed in [1, 2] {
+        let path = dir.path().join(format!("r{seed}.jsonl"));
+        let (log, previous) = RecordLog::open(&path, false).unwrap();
+        let options = TuneOptions {
+            seed,
+            ..options.clone()
+        };
+        let other = Synthetic {
+            gpu: GpuBackend::new(&target, &measurer),
+            measured: Rc::new(Cell::new(0)),
+        };
+        let mut t = Tuner::with_backend(other, &w, domain.clone(), options, log, previous).unwrap();
+        geos.push(quality_of(&t.run(&mut |_| {}, &mut |_| {}).unwrap().best).0);
     }
-    let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
-    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    let (geo, worst) = quality_of(&report.best);
     eprintln!(
-        "{} trials ({} failed) over {} valid micro-kernels × 64 instances: best found / optimum geomean {geo:.3}, worst {worst:.3}",
+        "{} trials ({} failed) over {} valid micro-kernels × 64 instances: best found / optimum geomean {geo:.3}, worst {worst:.3}; geomeans of seeds 0, 1, 2: {geos:.3?}",
         report.trials,
         report.failed_trials,
         space.len()
     );
+    geos.sort_by(f64::total_cmp);
+    assert!(geos[1] < 1.15, "median geomean {}", geos[1]);
     assert!(report.failed_trials > 0, "crashing candidates were tried");
-    assert!(geo < 1.15, "geomean {geo}");
 
     // Votes and the tree.
     let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();

@@ -16,7 +16,10 @@ const CUBLAS: Kernels = Kernels::Builtin(DeviceKind::Cuda);
 fn runner() -> Runner {
     Runner {
         worker: WorkerCommand {
-            program: env!("CARGO_BIN_EXE_anyshape").into(),
+            // `scripts/gpu.sh` names a prebuilt binary on a machine without Rust.
+            program: std::env::var_os("ANYSHAPE_WORKER")
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_anyshape").into())
+                .into(),
             args: vec!["__worker".into()],
         },
         options: MeasureOptions {

@@ -3,13 +3,17 @@
 //! ```text
 //! block (n tile, m tile, batch item) = blockIdx (x, y, z); thread = threadIdx.x
 //! acc[tm x tn] = 0
-//! for each bk-deep reduction tile:
-//!   fetch:   stage the A and B slices in shared memory, threads striding over them
+//! load tile 0 into registers; stash it in shared buffer 0; barrier
+//! for each bk-deep reduction tile kt (double-buffered):
+//!   load:    the next tile's A and B slices into registers (global loads in flight...)
+//!   compute: acc += a column of A x a row of B, bk times, from shared buffer kt % 2
+//!   stash:   (...while this computes) the registers into the other shared buffer
 //!   barrier
-//!   compute: acc += a column of A x a row of B, bk times (registers)
-//!   barrier
-//! write-back: epilogue(acc) into the output, thread tile strided over the block tile
+//! write-back: epilogue(acc) into the output
 //! ```
+//! A thread's tile rows (columns) come in groups of 4 contiguous ones where its tile is
+//! a multiple of 4, read from shared memory as one `float4`; the groups, or single rows
+//! otherwise, are strided across the block so that a warp's reads are contiguous.
 //! The policy decides, as on the CPU, what each stage checks: local padding zero-fills
 //! the fetch and leaves compute unchecked; boundary checks guard the fetch and check
 //! the reduction index in the compute stage; loop partitioning runs blocks wholly inside
@@ -58,6 +62,26 @@ struct Block<'a> {
 
 fn u(x: u32) -> Expr {
     c(x as usize)
+}
+
+/// Lanes of a thread's shared reads along an axis where its tile has `count` elements:
+/// one `float4` where they come in groups of 4, else single floats.
+fn lanes(count: u32) -> u32 {
+    if count.is_multiple_of(4) {
+        4
+    } else {
+        1
+    }
+}
+
+/// The offset in the block tile of element `i` of a thread's tile along an axis, for the
+/// thread at `coord` of `threads` along it: groups of `lanes` contiguous elements, the
+/// groups `threads * lanes` apart (so a warp's threads read neighbouring groups).
+fn spread(i: Expr, coord: &str, threads: u32, lanes: u32) -> Expr {
+    if lanes == 1 {
+        return v(coord) + i * u(threads);
+    }
+    (i.clone() / u(lanes)) * u(threads * lanes) + v(coord) * u(lanes) + i % u(lanes)
 }
 
 impl Block<'_> {
@@ -115,17 +139,22 @@ impl Block<'_> {
                 ));
             }
         }
-        s.push(Stmt::Alloc {
-            buf: "As".into(),
-            len: u(mk.bk * (mk.bm + SHARED_PAD)),
-            scope: Scope::Shared,
-        });
-        s.push(Stmt::Alloc {
-            buf: "Bs".into(),
-            len: u(mk.bk * (mk.bn + SHARED_PAD)),
-            scope: Scope::Shared,
-        });
-        for (buf, len) in [("acc", mk.tm * mk.tn), ("a", mk.tm), ("b", mk.tn)] {
+        // Two buffers per operand (double buffering).
+        for (t, buf) in [(0, "As"), (1, "Bs")] {
+            s.push(Stmt::Alloc {
+                buf: buf.into(),
+                len: u(2 * self.buffer_len(t)),
+                scope: Scope::Shared,
+            });
+        }
+        let [na, nb] = mk.staged_per_thread();
+        for (buf, len) in [
+            ("acc", mk.tm * mk.tn),
+            ("a", mk.tm),
+            ("b", mk.tn),
+            ("pa", na),
+            ("pb", nb),
+        ] {
             s.push(Stmt::Alloc {
                 buf: buf.into(),
                 len: u(len),
@@ -137,201 +166,262 @@ impl Block<'_> {
             self.acc_index(),
             Value::Zero { lanes: 1 },
         )]));
+        // The staging registers start at zero: a guarded fetch leaves some unwritten.
+        for (buf, len) in [("pa", na), ("pb", nb)] {
+            s.push(for_(
+                "z",
+                u(len),
+                LoopKind::Unrolled(len as usize),
+                vec![store(buf, v("z"), Value::Zero { lanes: 1 })],
+            ));
+        }
         s
     }
 
     /// The reduction loop and the write-back, as the policy splits blocks.
     fn main(&self) -> Vec<Stmt> {
-        let checked = self.reduction(
-            Expr::ceil_div(v("e_k"), u(self.mk.bk)),
+        let mk = self.mk;
+        let checked = self.pipeline(
+            Expr::ceil_div(v("e_k"), u(mk.bk)),
             self.policy.fetch,
             self.policy.compute != Compute::Unchecked,
         );
         if self.policy.compute != Compute::Partitioned {
-            return vec![checked, self.write_back(self.policy.checked_store)];
+            return [checked, vec![self.write_back(self.policy.checked_store)]].concat();
         }
         // A block inside the output runs its whole reduction tiles unchecked, the last
         // partial one (if any) checked; other blocks run checked throughout.
         let inside = Cond::and(
-            Cond::Le(v("m0") + u(self.mk.bm), v("e_m")),
-            Cond::Le(v("n0") + u(self.mk.bn), v("e_n")),
+            Cond::Le(v("m0") + u(mk.bm), v("e_m")),
+            Cond::Le(v("n0") + u(mk.bn), v("e_n")),
         );
-        let whole = v("e_k") / u(self.mk.bk);
-        let fast = vec![
-            self.reduction(whole.clone(), Fetch::Unchecked, false),
-            if_(
-                Cond::Lt(whole * u(self.mk.bk), v("e_k")),
-                [
-                    vec![let_("kt0", v("e_k") / u(self.mk.bk))],
-                    self.reduction_tile(v("kt0"), self.policy.fetch, true),
-                ]
-                .concat(),
-            ),
-            self.write_back(false),
-        ];
+        let whole = v("e_k") / u(mk.bk);
+        let tail = [
+            vec![let_("k0", whole.clone() * u(mk.bk))],
+            self.load(self.policy.fetch, "k0"),
+            self.stash(c(0)),
+            vec![Stmt::Barrier, self.compute(true, c(0))],
+        ]
+        .concat();
+        let fast = [
+            self.pipeline(whole.clone(), Fetch::Unchecked, false),
+            vec![
+                if_(Cond::Lt(whole * u(mk.bk), v("e_k")), tail),
+                self.write_back(false),
+            ],
+        ]
+        .concat();
         vec![Stmt::If {
             cond: inside,
             then: fast,
-            otherwise: vec![checked, self.write_back(true)],
+            otherwise: [checked, vec![self.write_back(true)]].concat(),
         }]
     }
 
-    /// `tiles` reduction tiles from the first.
-    fn reduction(&self, tiles: Expr, fetch: Fetch, check_k: bool) -> Stmt {
+    /// `tiles` reduction tiles from the first, double-buffered: the next tile's global
+    /// loads are issued before the current tile's compute and stashed after it, so one
+    /// barrier per tile suffices. Ends on a barrier (the shared buffers are free).
+    fn pipeline(&self, tiles: Expr, fetch: Fetch, check_k: bool) -> Vec<Stmt> {
+        let mk = self.mk;
+        let next = Cond::Lt(v("kt") + c(1), v("nt"));
+        let body = [vec![
+            let_("k0", v("kt") * u(mk.bk)),
+            let_("cur", v("kt") % c(2)),
+            let_("kn", v("k0") + u(mk.bk)),
+            if_(next.clone(), self.load(fetch, "kn")),
+            self.compute(check_k, v("cur")),
+            if_(next, self.stash(c(1) - v("cur"))),
+            Stmt::Barrier,
+        ]]
+        .concat();
+        vec![
+            let_("nt", tiles),
+            if_(
+                Cond::Lt(c(0), v("nt")),
+                [
+                    vec![let_("kz", c(0))],
+                    self.load(fetch, "kz"),
+                    self.stash(c(0)),
+                ]
+                .concat(),
+            ),
+            Stmt::Barrier,
+            for_("kt", v("nt"), LoopKind::Serial, body),
+        ]
+    }
+
+    /// The A (`bm x bk`) and B (`bk x bn`) slices at reduction origin `k0` (a variable's
+    /// name), per operand: its register array, rows, columns, origins, extents, strides
+    /// and whether its rows are the unit-stride axis (then a warp walks them).
+    #[allow(clippy::type_complexity)]
+    fn slices<'k>(
+        &self,
+        k0: &'k str,
+    ) -> [(
+        usize,
+        &'static str,
+        u32,
+        u32,
+        &'k str,
+        &'k str,
+        &'static str,
+        &'static str,
+    ); 2] {
+        let mk = self.mk;
+        [
+            (0, "pa", mk.bm, mk.bk, "m0", k0, "e_m", "e_k"),
+            (1, "pb", mk.bk, mk.bn, k0, "n0", "e_k", "e_n"),
+        ]
+    }
+
+    /// The thread's share of the slices (`it`-th element: `e = it * threads + tid`, at
+    /// row `r`, column `q`), `body` run on each element of operand `t` of `nrows x ncols`.
+    fn each_element(&self, t: usize, nrows: u32, ncols: u32, body: Stmt) -> Stmt {
+        let threads = self.mk.threads();
+        let n = nrows * ncols;
+        let (row, col) = if t == 0 { ("m", "k") } else { ("k", "n") };
+        let (row_unit, col_unit) = self.unit(t, row, col);
+        let (r, q) = if row_unit && !col_unit {
+            (v("e") % u(nrows), v("e") / u(nrows))
+        } else {
+            (v("e") / u(ncols), v("e") % u(ncols))
+        };
+        let element = vec![let_("r", r), let_("q", q), body];
+        let element = if n.is_multiple_of(threads) {
+            element
+        } else {
+            vec![if_(Cond::Lt(v("e"), u(n)), element)]
+        };
         for_(
-            "kt",
-            tiles,
-            LoopKind::Serial,
-            self.reduction_tile(v("kt"), fetch, check_k),
+            "it",
+            u(n.div_ceil(threads)),
+            LoopKind::Unrolled(n.div_ceil(threads) as usize),
+            [vec![let_("e", v("it") * u(threads) + v("tid"))], element].concat(),
         )
     }
 
-    /// One reduction tile (number `kt`): fetch, barrier, compute, barrier.
-    fn reduction_tile(&self, kt: Expr, fetch: Fetch, check_k: bool) -> Vec<Stmt> {
-        let mut s = vec![let_("k0", kt * u(self.mk.bk))];
-        s.extend(self.fetch(fetch));
-        s.push(Stmt::Barrier);
-        s.push(self.compute(check_k));
-        s.push(Stmt::Barrier);
-        s
+    /// Load the slices at reduction origin `k0` into the registers `pa` and `pb`, as the
+    /// fetch policy checks them. A warp's loads follow the unit-stride axis, so they are
+    /// contiguous.
+    fn load(&self, fetch: Fetch, k0: &str) -> Vec<Stmt> {
+        self.slices(k0)
+            .into_iter()
+            .map(|(t, regs, nrows, ncols, r0, q0, rext, qext)| {
+                let (row, col) = if t == 0 { ("m", "k") } else { ("k", "n") };
+                let load = Value::load(
+                    &format!("in{t}"),
+                    v(&format!("base{t}"))
+                        + (v(r0) + v("r")) * v(&format!("s{t}_{row}"))
+                        + (v(q0) + v("q")) * v(&format!("s{t}_{col}")),
+                );
+                let valid = Cond::and(
+                    Cond::Lt(v(r0) + v("r"), v(rext)),
+                    Cond::Lt(v(q0) + v("q"), v(qext)),
+                );
+                let copy = super::fetch::checked_copy(
+                    fetch,
+                    valid,
+                    regs,
+                    v("it"),
+                    load,
+                    Value::Zero { lanes: 1 },
+                );
+                self.each_element(t, nrows, ncols, copy)
+            })
+            .collect()
     }
 
-    /// Stage the A (`bm x bk`) and B (`bk x bn`) slices in shared memory. A warp's loads
-    /// follow the unit-stride axis, so they are contiguous.
-    fn fetch(&self, fetch: Fetch) -> Vec<Stmt> {
+    /// Store the registers `pa` and `pb` into shared buffer `buf` (0 or 1): As is stored
+    /// `[k][m]` (transposed), Bs `[k][n]`.
+    fn stash(&self, buf: Expr) -> Vec<Stmt> {
         let mk = self.mk;
-        let threads = mk.threads();
-        let mut out = Vec::new();
-        // (tile, operand, rows, cols, row origin, col origin, row extent, col extent,
-        //  row stride, col stride, slot(r, q))
-        let a_unit = self.unit(0, "m");
-        let b_unit = self.unit(1, "k");
-        for (tile, t, nrows, ncols, r0, q0, rext, qext, rs, qs, rows_fast) in [
-            (
-                "As",
-                0,
-                mk.bm,
-                mk.bk,
-                "m0",
-                "k0",
-                "e_m",
-                "e_k",
-                "s0_m",
-                "s0_k",
-                a_unit.0 && !a_unit.1,
-            ),
-            (
-                "Bs",
-                1,
-                mk.bk,
-                mk.bn,
-                "k0",
-                "n0",
-                "e_k",
-                "e_n",
-                "s1_k",
-                "s1_n",
-                b_unit.0 && !b_unit.1,
-            ),
-        ] {
-            let n = nrows * ncols;
-            let (r, q) = if rows_fast {
-                (v("e") % u(nrows), v("e") / u(nrows))
-            } else {
-                (v("e") / u(ncols), v("e") % u(ncols))
-            };
-            // As is stored [k][m] (transposed), Bs [k][n].
-            let slot = if tile == "As" {
-                v("q") * u(mk.bm + SHARED_PAD) + v("r")
-            } else {
-                v("r") * u(mk.bn + SHARED_PAD) + v("q")
-            };
-            let load = Value::load(
-                &format!("in{t}"),
-                v(&format!("base{t}")) + (v(r0) + v("r")) * v(rs) + (v(q0) + v("q")) * v(qs),
-            );
-            let valid = Cond::and(
-                Cond::Lt(v(r0) + v("r"), v(rext)),
-                Cond::Lt(v(q0) + v("q"), v(qext)),
-            );
-            let copy = super::fetch::checked_copy(
-                fetch,
-                valid,
-                tile,
-                slot,
-                load,
-                Value::Zero { lanes: 1 },
-            );
-            let mut element = vec![
-                let_("e", v("it") * u(threads) + v("tid")),
-                let_("r", r),
-                let_("q", q),
-            ];
-            element.push(copy);
-            let element = if n.is_multiple_of(threads) {
-                element
-            } else {
-                let (lets, rest) = element.split_at(1);
-                [
-                    lets.to_vec(),
-                    vec![if_(Cond::Lt(v("e"), u(n)), rest.to_vec())],
-                ]
-                .concat()
-            };
-            out.push(for_(
-                "it",
-                u(n.div_ceil(threads)),
-                LoopKind::Unrolled(n.div_ceil(threads) as usize),
-                element,
-            ));
-        }
-        out
+        self.slices("k0")
+            .into_iter()
+            .map(|(t, regs, nrows, ncols, ..)| {
+                let (tile, slot) = if t == 0 {
+                    ("As", v("q") * u(mk.bm + SHARED_PAD) + v("r"))
+                } else {
+                    ("Bs", v("r") * u(mk.bn + SHARED_PAD) + v("q"))
+                };
+                let at = buf.clone() * u(self.buffer_len(t)) + slot;
+                self.each_element(t, nrows, ncols, store(tile, at, Value::load(regs, v("it"))))
+            })
+            .collect()
     }
 
-    /// Whether tensor `t`'s rows (M or K) and columns (K or N) are its unit-stride axes.
-    fn unit(&self, t: usize, row: &str) -> (bool, bool) {
+    /// Floats of one shared buffer of operand `t`.
+    fn buffer_len(&self, t: usize) -> u32 {
+        let mk = self.mk;
+        mk.bk * (if t == 0 { mk.bm } else { mk.bn } + SHARED_PAD)
+    }
+
+    /// Whether tensor `t`'s `row` and `col` axes (`m`, `n` or `k`) are unit-stride.
+    fn unit(&self, t: usize, row: &str, col: &str) -> (bool, bool) {
         let tensor = &self.w.inputs[t];
-        let (ra, ca) = if row == "m" {
-            (self.g.m, self.g.k)
-        } else {
-            (self.g.k, self.g.n)
+        let axis = |name: &str| match name {
+            "m" => self.g.m,
+            "n" => self.g.n,
+            _ => self.g.k,
         };
+        let (ra, ca) = (axis(row), axis(col));
         let one = |a: usize| tensor.axis_stride(a).simplify() == Expr::Const(1);
         (one(ra), one(ca))
     }
 
-    /// `acc[i][j] += A[kk][ty + i rows] * B[kk][tx + j cols]` over the tile's `bk` steps,
-    /// each step checked against the reduction's extent with `check_k`.
-    fn compute(&self, check_k: bool) -> Stmt {
+    /// `acc[i][j] += A[kk][row i] * B[kk][column j]` over the tile's `bk` steps from
+    /// shared buffer `buf`, each step checked against the reduction's extent with
+    /// `check_k`. A thread's rows (columns) are read 4 at a time where they come in
+    /// groups of 4 ([`spread`]).
+    fn compute(&self, check_k: bool, buf: Expr) -> Stmt {
         let mk = self.mk;
-        let (rows, cols) = (self.rows(), self.cols());
+        let read = |tile: &str, regs: &str, var: &str, t: usize, tile_len: u32, coord: &str| {
+            let threads = tile_len / if t == 0 { mk.tm } else { mk.tn };
+            let count = if t == 0 { mk.tm } else { mk.tn };
+            let row = buf.clone() * u(self.buffer_len(t)) + v("kk") * u(tile_len + SHARED_PAD);
+            if lanes(count) == 1 {
+                return for_(
+                    var,
+                    u(count),
+                    LoopKind::Unrolled(count as usize),
+                    vec![store(
+                        regs,
+                        v(var),
+                        Value::load(tile, row + spread(v(var), coord, threads, 1)),
+                    )],
+                );
+            }
+            let group = format!("{var}g");
+            let reg = format!("{tile}4");
+            for_(
+                &group,
+                u(count / 4),
+                LoopKind::Unrolled(count as usize / 4),
+                vec![
+                    Stmt::Reg {
+                        name: reg.clone(),
+                        lanes: 4,
+                        init: Value::vload(
+                            tile,
+                            row + spread(v(&group) * c(4), coord, threads, 4),
+                            4,
+                        ),
+                    },
+                    for_(
+                        "l",
+                        c(4),
+                        LoopKind::Unrolled(4),
+                        vec![store(
+                            regs,
+                            v(&group) * c(4) + v("l"),
+                            Value::Lane(reg, v("l")),
+                        )],
+                    ),
+                ],
+            )
+        };
         let mut step = vec![
-            for_(
-                "i",
-                u(mk.tm),
-                LoopKind::Unrolled(mk.tm as usize),
-                vec![store(
-                    "a",
-                    v("i"),
-                    Value::load(
-                        "As",
-                        v("kk") * u(mk.bm + SHARED_PAD) + v("ty") + v("i") * u(rows),
-                    ),
-                )],
-            ),
-            for_(
-                "j",
-                u(mk.tn),
-                LoopKind::Unrolled(mk.tn as usize),
-                vec![store(
-                    "b",
-                    v("j"),
-                    Value::load(
-                        "Bs",
-                        v("kk") * u(mk.bn + SHARED_PAD) + v("tx") + v("j") * u(cols),
-                    ),
-                )],
-            ),
+            read("As", "a", "i", 0, mk.bm, "ty"),
+            read("Bs", "b", "j", 1, mk.bn, "tx"),
         ];
         step.push(self.each_acc(vec![store(
             "acc",
@@ -374,8 +464,14 @@ impl Block<'_> {
     fn write_back(&self, checked: bool) -> Stmt {
         let out = self.w.inputs.len();
         let mut st = vec![
-            let_("m", v("m0") + v("ty") + v("i") * u(self.rows())),
-            let_("n", v("n0") + v("tx") + v("j") * u(self.cols())),
+            let_(
+                "m",
+                v("m0") + spread(v("i"), "ty", self.rows(), lanes(self.mk.tm)),
+            ),
+            let_(
+                "n",
+                v("n0") + spread(v("j"), "tx", self.cols(), lanes(self.mk.tn)),
+            ),
         ];
         let at = |t: usize| {
             v(&format!("base{t}")) + v("m") * v(&format!("s{t}_m")) + v("n") * v(&format!("s{t}_n"))

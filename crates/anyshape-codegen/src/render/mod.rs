@@ -137,6 +137,9 @@ impl Printer {
             }
             Value::Load { buf, index, .. } => format!("{buf}[{}]", expr(index)),
             Value::Reg { name, .. } => name.clone(),
+            Value::Lane(r, l) if self.dialect == Dialect::Cuda => {
+                format!("as_lane({r}, {})", expr(l))
+            }
             Value::Lane(r, _) if self.lanes == 1 => r.clone(),
             Value::Lane(r, l) => format!("{r}[{}]", expr(l)),
             Value::Const { value, lanes } => {
@@ -276,7 +279,10 @@ impl Printer {
                 buf,
                 len,
                 scope: Scope::Shared,
-            } => self.line(&format!("__shared__ float {buf}[{}];", expr(len))),
+            } => self.line(&format!(
+                "__shared__ __align__(16) float {buf}[{}];",
+                expr(len)
+            )),
             Stmt::Alloc {
                 buf,
                 len,

@@ -1,7 +1,7 @@
 //! The prelude of a translation unit: the helpers rendered code calls, written once for
 //! both dialects (their qualifiers and integer type from the dialect's table), plus what
 //! only one dialect has (C: vector types, per-thread scratch memory; CUDA: the integer
-//! type itself).
+//! type itself and `float4` reads).
 use super::Dialect;
 
 /// What every translation unit of kernels in `dialect` starts with; `lanes` are the
@@ -22,7 +22,12 @@ pub fn prelude(dialect: Dialect, lanes: usize) -> String {
                 s.push_str("typedef float as_vf;\n");
             }
         }
-        Dialect::Cuda => s.push_str("typedef long long as_i64;\n"),
+        Dialect::Cuda => s.push_str(
+            "typedef long long as_i64;\n\
+             typedef float4 as_vf;\n\
+             static __device__ __forceinline__ as_vf as_vload(const float *p) { return *(const as_vf *)p; }\n\
+             static __device__ __forceinline__ float as_lane(as_vf v, as_i64 l) { return l == 0 ? v.x : (l == 1 ? v.y : (l == 2 ? v.z : v.w)); }\n",
+        ),
     }
     // Integer helpers of the printed index expressions (floor semantics, as `Expr`).
     s.push_str(&format!(

@@ -41,8 +41,9 @@ impl fmt::Display for GpuMicroKernel {
     }
 }
 
-/// Shared-memory rows are padded by one float against bank conflicts.
-pub const SHARED_PAD: u32 = 1;
+/// Shared-memory rows are padded by four floats: rows stay 16-byte aligned for `float4`
+/// reads, and a warp's transposing stores of a `bk = 8` slice hit 32 distinct banks.
+pub const SHARED_PAD: u32 = 4;
 
 impl GpuMicroKernel {
     /// Threads per block.
@@ -50,15 +51,26 @@ impl GpuMicroKernel {
         (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
     }
 
-    /// Static shared memory per block, bytes: both staged tiles.
+    /// Static shared memory per block, bytes: both staged tiles, double-buffered.
     pub fn shared_bytes(&self) -> u32 {
-        4 * self.bk * (self.bm + self.bn + 2 * SHARED_PAD)
+        2 * 4 * self.bk * (self.bm + self.bn + 2 * SHARED_PAD)
     }
 
-    /// Registers per thread, estimated: accumulators, one column of A and row of B, and
-    /// a fixed allowance for addresses and loop counters.
+    /// Elements of the A and B slices each thread loads per reduction tile (its staging
+    /// registers).
+    pub fn staged_per_thread(&self) -> [u32; 2] {
+        let threads = self.threads().max(1);
+        [
+            (self.bm * self.bk).div_ceil(threads),
+            (self.bk * self.bn).div_ceil(threads),
+        ]
+    }
+
+    /// Registers per thread, estimated: accumulators, one column of A and row of B, the
+    /// staging registers, and a fixed allowance for addresses and loop counters.
     pub fn registers_per_thread(&self) -> u32 {
-        self.tm * self.tn + self.tm + self.tn + 32
+        let [na, nb] = self.staged_per_thread();
+        self.tm * self.tn + self.tm + self.tn + na + nb + 32
     }
 
     /// Check the micro-kernel against the target's limits (never against a shape).
