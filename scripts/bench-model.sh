@@ -5,7 +5,9 @@
 # Usage: scripts/bench-model.sh [bert_base.ts | bert_base.dynamo | gpt2_small.ts | ...]
 # ANYSHAPE_MODEL_TRIALS (default 0: default micro-kernels) sets the tuning trials per
 # task (results in benchmarks/results/<model>/trials<N>/);
-# ANYSHAPE_PYTHON the Python with onnxruntime (default: the export venv's).
+# ANYSHAPE_MODEL_EQUAL=1 gives every task the same trials instead of scheduling them
+# (results in .../trials<N>-equal/); ANYSHAPE_PYTHON the Python with onnxruntime
+# (default: the export venv's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-bert_base.ts}
@@ -14,14 +16,27 @@ scripts/setup.sh
 cargo build --release -p anyshape --features tract
 bin=target/release/anyshape
 trials=${ANYSHAPE_MODEL_TRIALS:-0}
+equal=()
 out=benchmarks/results/$model/trials$trials
+if [ -n "${ANYSHAPE_MODEL_EQUAL:-}" ]; then equal=(--equal-shares); out=$out-equal; fi
 mkdir -p "$out"
 python=${ANYSHAPE_PYTHON:-${ANYSHAPE_EXPORT_VENV:-.venv-export}/bin/python}
 [ -x "$python" ] || python=python3
 start=$(date +%s.%N)
-$bin compile "models/full/$model.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" \
+$bin compile "models/full/$model.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" "${equal[@]}" \
   --records "$out/records" --resume --out "$out/model.module" 2>&1 | tee "$out/compile.log"
 end=$(date +%s.%N)
+# The tuning curve: the model's expected latency as the scheduler gives out trials (a
+# slice's line shows the latency before it; the last line the latency after all).
+awk 'BEGIN { print "trials_given,expected_model_ms" }
+  /^scheduler: / {
+    match($0, /[0-9]+\/[0-9]+ trials given|done, [0-9]+ trials given/); g = substr($0, RSTART, RLENGTH)
+    gsub(/done, |\/.*| trials given/, "", g)
+    if (match($0, /expected model latency [0-9.]+/)) {
+      ms = substr($0, RSTART + 23, RLENGTH - 23)
+      if (/done,/) print g "," ms; else if (prev != "") print prev "," ms
+    }
+    prev = g }' "$out/compile.log" > "$out/schedule.csv"
 {
   echo "compile: $(echo "$end - $start" | bc) s (--trials $trials)"
   echo "module size: $(du -sh "$out/model.module" | cut -f1) (of which the model's own .onnx: $(du -sh "$out/model.module/model.onnx" | cut -f1))"

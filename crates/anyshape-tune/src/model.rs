@@ -1,11 +1,14 @@
 //! Compiling a model: the ONNX graph imported and fused into tasks (`anyshape-graph`),
-//! every task tuned jointly over the model's dims by the compile pipeline (or, with no
-//! trials, given its sketch's default micro-kernel), each into a module of its own,
-//! and the model module written: `model.onnx`, `tasks/tNN/`, `model.json` — replaced
-//! whole, as a module is (`output.rs`).
+//! every task tuned jointly over the model's dims — the tasks' searches sharing one
+//! trial budget, given out by the task scheduler (`schedule.rs`) — then voted and
+//! packaged by the compile pipeline (or, with no trials, given its sketch's default
+//! micro-kernel), each into a module of its own, and the model module written:
+//! `model.onnx`, `tasks/tNN/`, `model.json` — replaced whole, as a module is
+//! (`output.rs`).
+use crate::schedule::Scheduler;
 use crate::{
     compile, instances, output, write_module, ModuleSpec, Observer, Packaged, PipelineOptions,
-    RecordLog, Result, SketchBackend, Specialize, TuneError, TuneOptions, Tuner, Votes,
+    RecordLog, Result, SketchBackend, Specialize, StopReason, TuneError, TuneOptions, Tuner, Votes,
 };
 use anyshape_abi::{
     sha256_hex, DispatchTree, FileEntry, ModelManifest, ModelTask, Vote, MODEL_FILE, MODEL_FORMAT,
@@ -20,9 +23,12 @@ use std::path::{Path, PathBuf};
 /// How a model is compiled.
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
-    /// Trials for each task's joint search; 0: every task gets its sketch's default
-    /// micro-kernel (a quick, untuned module).
+    /// Trials per task, on average: the tasks share `trials × tasks`, given out by the
+    /// task scheduler; 0: every task gets its sketch's default micro-kernel (a quick,
+    /// untuned module).
     pub trials: usize,
+    /// Give every task `trials` (equal shares) instead of scheduling the budget.
+    pub equal_shares: bool,
     /// Each dim is tuned on at most this many of its values ([`ShapeVar::spread`]);
     /// the dispatch trees cover the rest.
     pub tune_values: usize,
@@ -38,8 +44,32 @@ pub struct ModelOptions {
 
 /// Hears a model's compilation.
 pub trait ModelObserver: Observer {
-    /// Task `index` of `total` (run `count` times by the model) starts.
+    /// Task `index` of `total` (run `count` times by the model) starts its votes and
+    /// module (or, untuned, its module).
     fn task(&mut self, index: usize, total: usize, workload: &str, count: usize);
+    /// The task scheduler gives a task a slice of the model's budget.
+    fn slice(&mut self, slice: &Slice);
+    /// The scheduler is done: `given` trials given out, the model's expected latency
+    /// after them (seconds per call).
+    fn scheduled(&mut self, given: usize, expected_seconds: f64);
+}
+
+/// A slice of a model's trial budget, as the task scheduler gives it out.
+#[derive(Clone, Debug)]
+pub struct Slice<'a> {
+    /// The task (index).
+    pub task: usize,
+    /// Its workload.
+    pub workload: &'a str,
+    /// Its search runs until its records hold this many trials.
+    pub budget: usize,
+    /// The model's trials given out so far, this slice's included.
+    pub given: usize,
+    /// The model's trial budget.
+    pub total: usize,
+    /// The model's expected latency before this slice, seconds per call (the tasks with
+    /// a measured latency; see `schedule.rs`).
+    pub expected_seconds: f64,
 }
 
 /// Compile the model at `source` for the dims' domains into the model module `out`.
@@ -99,36 +129,79 @@ pub fn compile_model(
     if let Some(r) = &options.records {
         std::fs::create_dir_all(r).map_err(io(r))?;
     }
-    let mut entries = Vec::new();
-    for (i, t) in tasks.iter().enumerate() {
-        observer.task(i, tasks.len(), &t.workload, t.count);
-        let w = Workload::parse(&t.workload)?;
-        let vars: Vec<ShapeVar> = dims
-            .iter()
-            .filter(|d| w.shape_vars().contains(&d.name))
-            .map(|d| d.spread(options.tune_values))
-            .collect();
-        let module = format!("tasks/t{i:02}");
-        let job = TaskJob {
-            workload: &w,
-            vars: &vars,
-            target,
-            measurer,
-            options,
-            records: options
-                .records
-                .as_ref()
-                .map(|r| r.join(format!("t{i:02}.jsonl"))),
-            dir: tmp.join(&module),
+    let jobs: Vec<(Workload, Vec<ShapeVar>)> = tasks
+        .iter()
+        .map(|t| {
+            let w = Workload::parse(&t.workload)?;
+            let vars = dims
+                .iter()
+                .filter(|d| w.shape_vars().contains(&d.name))
+                .map(|d| d.spread(options.tune_values))
+                .collect();
+            Ok((w, vars))
+        })
+        .collect::<Result<_>>()?;
+    let job = |i: usize| TaskJob {
+        workload: &jobs[i].0,
+        vars: &jobs[i].1,
+        target,
+        measurer,
+        options,
+        records: options
+            .records
+            .as_ref()
+            .map(|r| r.join(format!("t{i:02}.jsonl"))),
+        dir: tmp.join(format!("tasks/t{i:02}")),
+    };
+    let mut trials = vec![0; tasks.len()];
+    if options.trials == 0 {
+        for (i, t) in tasks.iter().enumerate() {
+            observer.task(i, tasks.len(), &t.workload, t.count);
+            cpu_sketch!(jobs[i].0.class, default_module(&job(i)))?;
+        }
+    } else {
+        let mut runs = (0..tasks.len())
+            .map(|i| cpu_sketch!(jobs[i].0.class, task_run(job(i))))
+            .collect::<Result<Vec<_>>>()?;
+        let counts: Vec<usize> = tasks.iter().map(|t| t.count).collect();
+        let held: Vec<usize> = runs.iter().map(|r| r.trials()).collect();
+        // Equal shares: one slice per task, its whole share.
+        let slice = if options.equal_shares {
+            options.trials
+        } else {
+            (options.trials / 2).max(1)
         };
-        let trials = cpu_sketch!(w.class, task_module(&job, &mut *observer))?;
-        entries.push(ModelTask {
+        let mut scheduler = Scheduler::new(&counts, &held, slice, options.trials * tasks.len());
+        while let Some(a) = scheduler.next_slice() {
+            observer.slice(&Slice {
+                task: a.task,
+                workload: &tasks[a.task].workload,
+                budget: a.budget,
+                given: scheduler.given(),
+                total: options.trials * tasks.len(),
+                expected_seconds: scheduler.expected_latency(),
+            });
+            let (latency, stalled) = runs[a.task].search_to(a.budget, observer)?;
+            // Equal shares: each task's one slice is its whole share.
+            scheduler.record(a.task, latency, stalled || options.equal_shares);
+        }
+        observer.scheduled(scheduler.given(), scheduler.expected_latency());
+        for (i, t) in tasks.iter().enumerate() {
+            observer.task(i, tasks.len(), &t.workload, t.count);
+            trials[i] = runs[i].finish(observer)?;
+        }
+    }
+    let entries = tasks
+        .iter()
+        .zip(trials)
+        .enumerate()
+        .map(|(i, (t, trials))| ModelTask {
             workload: t.workload.clone(),
             count: t.count,
-            module,
+            module: format!("tasks/t{i:02}"),
             trials,
-        });
-    }
+        })
+        .collect();
     let src = tmp.join(MODEL_SOURCE);
     std::fs::write(&src, &bytes).map_err(io(&src))?;
     let manifest = ModelManifest {
@@ -159,70 +232,135 @@ struct TaskJob<'a> {
     dir: PathBuf,
 }
 
-/// Write the task's module with the sketch `K`: tuned by the pipeline, or with the
-/// default micro-kernel for every instance; returns the trials measured.
-fn task_module<K: Packaged + Sketch<Target = CpuTarget>>(
-    job: &TaskJob,
-    observer: &mut dyn ModelObserver,
-) -> Result<usize> {
+/// A task's module with its sketch's default micro-kernel for every instance.
+fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(job: &TaskJob) -> Result<()> {
     let domain = instances(job.workload, job.vars)?;
-    if job.options.trials == 0 {
-        let votes = Votes {
-            micro_kernels: vec![K::default_for(job.target)],
-            votes: domain
-                .iter()
-                .map(|x| Vote {
-                    bindings: x.bindings.clone(),
-                    micro_kernel: 0,
-                    latency_seconds: 0.0,
-                    measured: false,
-                })
-                .collect(),
-        };
-        write_module(
-            &ModuleSpec {
-                workload: job.workload,
-                shape_vars: job.vars,
-                target: job.target,
-                strategy: job.options.tune.strategy,
-                votes: &votes,
-                tree: &DispatchTree::Leaf { kernel: 0 },
-                tree_accuracy: 1.0,
-                specialize: &[],
-                tuning: None,
-            },
-            &job.measurer.builder,
-            &job.dir,
-        )?;
-        return Ok(0);
-    }
+    let votes = Votes {
+        micro_kernels: vec![K::default_for(job.target)],
+        votes: domain
+            .iter()
+            .map(|x| Vote {
+                bindings: x.bindings.clone(),
+                micro_kernel: 0,
+                latency_seconds: 0.0,
+                measured: false,
+            })
+            .collect(),
+    };
+    write_module(
+        &ModuleSpec {
+            workload: job.workload,
+            shape_vars: job.vars,
+            target: job.target,
+            strategy: job.options.tune.strategy,
+            votes: &votes,
+            tree: &DispatchTree::Leaf { kernel: 0 },
+            tree_accuracy: 1.0,
+            specialize: &[],
+            tuning: None,
+        },
+        &job.measurer.builder,
+        &job.dir,
+    )?;
+    Ok(())
+}
+
+/// A task's search, run slice by slice, and its votes and module after; whatever its
+/// sketch.
+trait TaskSearch {
+    /// Search until the records hold `budget` trials; the task's weighted latency then
+    /// (seconds) and whether the search stalled.
+    fn search_to(&mut self, budget: usize, observer: &mut dyn ModelObserver)
+        -> Result<(f64, bool)>;
+    /// Trials in the records.
+    fn trials(&self) -> usize;
+    /// The votes, the tree and the module (in the task's directory); the trials
+    /// measured, votes included.
+    fn finish(&mut self, observer: &mut dyn ModelObserver) -> Result<usize>;
+}
+
+/// A task's tuner, with its job.
+struct TaskRun<'a, K: Packaged> {
+    job: TaskJob<'a>,
+    tuner: Tuner<SketchBackend<'a, K>>,
+}
+
+/// The task's tuner on its records (continued with `--resume`).
+fn task_run<'a, K: Packaged + Sketch<Target = CpuTarget> + 'a>(
+    job: TaskJob<'a>,
+) -> Result<Box<dyn TaskSearch + 'a>> {
     let records = job.records.as_ref().expect("checked by compile_model");
     let (log, previous) = RecordLog::open(records, job.options.resume)?;
     let backend = SketchBackend::<K>::new(job.target, job.measurer);
-    let mut tuner = Tuner::with_backend(
+    let tuner = Tuner::with_backend(
         backend,
         job.workload,
-        domain,
+        instances(job.workload, job.vars)?,
         TuneOptions {
-            trials: job.options.trials,
+            trials: 0,
             ..job.options.tune.clone()
         },
         log,
         previous,
     )?;
-    let pipeline = PipelineOptions {
-        out: Some(job.dir.clone()),
-        specialize: Specialize::None,
-        ..job.options.pipeline.clone()
-    };
-    let compiled = compile(&mut tuner, job.vars, job.measurer, &pipeline, observer)?;
-    if compiled.module.is_none() {
-        return Err(TuneError::Environment(format!(
-            "tuning {} stopped before its module was written ({}); run again with --resume",
-            job.workload, compiled.report.stop
-        )));
+    Ok(Box::new(TaskRun { job, tuner }))
+}
+
+/// The stop of a search the user interrupted, as the error that ends the compile.
+fn interrupted(workload: &Workload, stop: StopReason) -> TuneError {
+    TuneError::Environment(format!(
+        "tuning {workload} stopped before its module was written ({stop}); run again with --resume"
+    ))
+}
+
+impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
+    fn search_to(
+        &mut self,
+        budget: usize,
+        observer: &mut dyn ModelObserver,
+    ) -> Result<(f64, bool)> {
+        self.tuner.set_budget(budget);
+        let obs = std::cell::RefCell::new(observer);
+        let report = self
+            .tuner
+            .run(&mut |s| obs.borrow_mut().round(s), &mut |n| {
+                obs.borrow_mut().trials(n)
+            })?;
+        if report.stop == StopReason::Interrupted {
+            return Err(interrupted(self.job.workload, report.stop));
+        }
+        let weight: f64 = report.best.iter().map(|b| b.weight).sum();
+        let latency = report
+            .best
+            .iter()
+            .map(|b| b.weight * b.latency_seconds)
+            .sum::<f64>()
+            / weight.max(f64::MIN_POSITIVE);
+        Ok((latency, report.stop == StopReason::Stalled))
     }
-    Ok(tuner.trials())
+
+    fn trials(&self) -> usize {
+        self.tuner.trials()
+    }
+
+    fn finish(&mut self, observer: &mut dyn ModelObserver) -> Result<usize> {
+        let pipeline = PipelineOptions {
+            out: Some(self.job.dir.clone()),
+            specialize: Specialize::None,
+            ..self.job.options.pipeline.clone()
+        };
+        let compiled = compile(
+            &mut self.tuner,
+            self.job.vars,
+            self.job.measurer,
+            &pipeline,
+            observer,
+        )?;
+        if compiled.module.is_none() {
+            return Err(interrupted(self.job.workload, compiled.report.stop));
+        }
+        Ok(self.tuner.trials())
+    }
 }
 
 fn graph_error(e: anyshape_graph::GraphError) -> TuneError {

@@ -163,6 +163,12 @@ impl<B: Backend> Tuner<B> {
         self.options.trials
     }
 
+    /// Set the trial budget: [`Tuner::run`] goes on until the records hold this many
+    /// (the task scheduler raises it slice by slice).
+    pub fn set_budget(&mut self, trials: usize) {
+        self.options.trials = trials;
+    }
+
     /// The workload being tuned.
     pub fn workload(&self) -> &Workload {
         &self.workload

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use anyshape_graph::{Data, Tensor};
 use anyshape_ir::ShapeVar;
 use anyshape_measure::{MeasureOptions, Measurer};
-use anyshape_tune::{compile_model, ModelObserver, ModelOptions, PipelineOptions, TuneOptions};
+use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, TuneOptions};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -22,10 +22,14 @@ pub struct CompileArgs {
     /// dim the model's inputs name (`anyshape inspect model.onnx` lists them).
     #[arg(long = "dim", value_name = "NAME=DOMAIN", required = true)]
     dims: Vec<String>,
-    /// Trials of each task's joint search; 0 gives a quick untuned module (every task
-    /// with its sketch's default micro-kernel).
+    /// Trials per task on average: the tasks' joint searches share trials × tasks,
+    /// which the task scheduler gives out where they cut the model's latency most; 0
+    /// gives a quick untuned module (every task with its sketch's default micro-kernel).
     #[arg(long, default_value_t = 0)]
     trials: u64,
+    /// Give every task the same trials instead of scheduling them (for comparison).
+    #[arg(long)]
+    equal_shares: bool,
     /// With --trials: each dim is tuned (searched and voted) on at most this many of
     /// its values, spread geometrically from its smallest to its largest; each task's
     /// dispatch tree covers the values between (and past) them.
@@ -52,18 +56,6 @@ pub struct CompileArgs {
     common: Common,
 }
 
-impl ModelObserver for Reporter {
-    fn task(&mut self, index: usize, total: usize, workload: &str, count: usize) {
-        anyshape_measure::Progress::note(
-            self,
-            &format!(
-                "task {}/{total}: {workload} (run {count}x per call)",
-                index + 1
-            ),
-        );
-    }
-}
-
 /// Run `anyshape compile`.
 pub fn compile(args: CompileArgs) -> Result<()> {
     let dims: Vec<ShapeVar> = args
@@ -81,6 +73,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     };
     let options = ModelOptions {
         trials: args.trials as usize,
+        equal_shares: args.equal_shares,
         tune_values: args.tune_values as usize,
         records: args.records.clone(),
         resume: args.resume,

@@ -2,7 +2,7 @@
 //! log file, CI). One [`Reporter`] hears both the libraries' counted work
 //! ([`Progress`]) and the compile pipeline's steps and rounds ([`Observer`]).
 use anyshape_measure::Progress;
-use anyshape_tune::{Observer, RoundSummary, Step};
+use anyshape_tune::{ModelObserver, Observer, RoundSummary, Slice, Step};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -159,6 +159,47 @@ impl Observer for Reporter {
         if let Some(bar) = &self.bar {
             bar.set_position(n as u64);
         }
+    }
+}
+
+impl ModelObserver for Reporter {
+    fn task(&mut self, index: usize, total: usize, workload: &str, count: usize) {
+        self.note(&format!(
+            "task {}/{total}: {workload} (run {count}x per call)",
+            index + 1
+        ));
+    }
+
+    fn slice(&mut self, s: &Slice) {
+        self.finish();
+        let expected = if s.expected_seconds > 0.0 {
+            format!(
+                "; expected model latency {:.3} ms",
+                s.expected_seconds * 1e3
+            )
+        } else {
+            String::new()
+        };
+        self.note(&format!(
+            "scheduler: {}/{} trials given; task {} to {} trials: {}{expected}",
+            s.given,
+            s.total,
+            s.task + 1,
+            s.budget,
+            s.workload
+        ));
+        self.bar(
+            Some(s.budget),
+            "{bar:40} {pos}/{len} trials  {elapsed_precise}",
+        );
+    }
+
+    fn scheduled(&mut self, given: usize, expected_seconds: f64) {
+        self.finish();
+        self.note(&format!(
+            "scheduler: done, {given} trials given; expected model latency {:.3} ms",
+            expected_seconds * 1e3
+        ));
     }
 }
 

@@ -243,3 +243,113 @@ fn killed_at_random_moments_nothing_is_lost() {
         full.as_secs_f64()
     );
 }
+
+/// Every records file of a model's compile (`dir/rec/tNN.jsonl`): its lines, each a
+/// whole JSON record, no trial twice.
+fn model_records(dir: &Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut files = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir.join("rec")).unwrap() {
+        let path = e.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        for l in &lines {
+            let r: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{}: not a whole record ({e}): {l}", path.display()));
+            let key = format!("{} {} {}", r["micro_kernel"], r["bindings"], r["round"]);
+            assert!(
+                seen.insert(key),
+                "{}: a trial recorded twice: {l}",
+                path.display()
+            );
+        }
+        files.insert(path.file_name().unwrap().to_string_lossy().into(), lines);
+    }
+    files
+}
+
+/// A tuned model compile killed (SIGKILL) in the middle of its scheduled search: its
+/// records are whole, and the resumed compile keeps every one of them, measures none
+/// twice, gives out the rest of the budget (a scheduler line per slice, with the
+/// model's expected latency) and writes a module that runs the recorded cases right.
+#[test]
+fn a_killed_model_compile_resumes_from_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("bert_tiny.dynamo.onnx");
+    let compile = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_anyshape"));
+        cmd.arg("compile")
+            .arg(&onnx)
+            .args([
+                "--dim",
+                "batch=1",
+                "--dim",
+                "sequence=1..16",
+                "--trials",
+                "8",
+            ])
+            .args([
+                "--tune-values",
+                "4",
+                "--records",
+                "rec",
+                "--resume",
+                "--out",
+                "m",
+            ])
+            .current_dir(dir.path())
+            .env("ANYSHAPE_CACHE", &cache)
+            .env("RUST_BACKTRACE", "0");
+        cmd
+    };
+    let mut run = Run::start(compile());
+    let start = Instant::now();
+    // Records so far (whole lines; the run may be writing one).
+    let lines = |d: &Path| -> usize {
+        std::fs::read_dir(d.join("rec")).map_or(0, |files| {
+            files
+                .map(|e| std::fs::read(e.unwrap().path()).unwrap_or_default())
+                .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+                .sum()
+        })
+    };
+    while run.child_running() && lines(dir.path()) < 30 {
+        assert!(start.elapsed().as_secs() < 300, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (done, stderr) = run.kill();
+    assert!(!done, "the compile ended before the kill: {stderr}");
+    let before = model_records(dir.path());
+    let o = compile().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("scheduler: done") && err.contains("expected model latency"),
+        "{err}"
+    );
+    let after = model_records(dir.path());
+    for (file, lines) in &before {
+        assert!(
+            after[file].starts_with(lines),
+            "{file}: the resumed compile lost records"
+        );
+    }
+    for case in ["s1", "s37"] {
+        let npz = models.join(format!("bert_tiny.dynamo.{case}.npz"));
+        let o = Command::new(env!("CARGO_BIN_EXE_anyshape"))
+            .args(["run", "--module", "m", "--seconds", "0", "--inputs"])
+            .arg(&npz)
+            .current_dir(dir.path())
+            .env("ANYSHAPE_CACHE", &cache)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("max relative error"),
+            "{case}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! The task scheduler of a model's tuning (after Ansor §6 and FamilySeer): the tasks
+//! share one trial budget, given out a slice at a time. Every task first gets one slice
+//! (so each has a measured latency); then each slice goes to the task whose next slice
+//! is expected to cut the model's latency most: the task's runs per model call times
+//! the mean drop of its weighted latency over its last three slices, but at least a
+//! small fraction of its current latency that shrinks as the task gets trials (a
+//! search's returns diminish; without the decay, the task with the largest share would
+//! take every slice once the drops are noise). A task whose search stalls (nothing new
+//! to measure) gets no more.
+//!
+//! The model's expected latency is `Σ count · weighted latency` over the tasks, each
+//! task's latency the mean over its tuned instances (measured where measured, the cost
+//! model's prediction elsewhere): what the scheduler minimizes, and what progress shows.
+
+/// The least a task's next slice is expected to gain, as a fraction of its latency,
+/// after its first slice; divided by its slices since.
+const OPTIMISM: f64 = 0.02;
+
+/// Slices whose drops the expected gain averages.
+const WINDOW: usize = 3;
+
+/// What the scheduler knows of one task.
+#[derive(Clone, Debug)]
+struct TaskState {
+    /// Runs per model call.
+    count: usize,
+    /// Trials given to it (its search runs until its records hold this many).
+    budget: usize,
+    /// Its weighted latency after its last slice (seconds); `None` before its first.
+    latency: Option<f64>,
+    /// The drops of that latency over its last slices (at most [`WINDOW`]).
+    drops: Vec<f64>,
+    /// Its search stalled: it gets no more slices.
+    stalled: bool,
+}
+
+/// Gives out a model's trial budget, slice by slice (see the module doc).
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    tasks: Vec<TaskState>,
+    slice: usize,
+    total: usize,
+}
+
+/// A slice given to a task.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Allotment {
+    /// The task (index).
+    pub task: usize,
+    /// The trials its records reach with this slice.
+    pub budget: usize,
+}
+
+impl Scheduler {
+    /// `total` trials for tasks run `counts` times per model call, `slice` at a time;
+    /// `trials` are those each task's records already hold (a resumed run), counted
+    /// against the total.
+    pub fn new(counts: &[usize], trials: &[usize], slice: usize, total: usize) -> Scheduler {
+        Scheduler {
+            tasks: counts
+                .iter()
+                .zip(trials)
+                .map(|(&count, &budget)| TaskState {
+                    count,
+                    budget,
+                    latency: None,
+                    drops: Vec::new(),
+                    stalled: false,
+                })
+                .collect(),
+            slice: slice.max(1),
+            total,
+        }
+    }
+
+    /// Trials given out so far.
+    pub fn given(&self) -> usize {
+        self.tasks.iter().map(|t| t.budget).sum()
+    }
+
+    /// The next slice, or `None` when the budget is spent or every task stalled. A task
+    /// without a latency yet comes first (in order); then the largest expected gain.
+    pub fn next_slice(&mut self) -> Option<Allotment> {
+        let left = self.total.saturating_sub(self.given());
+        let open = |t: &TaskState| !t.stalled;
+        let pick = match self
+            .tasks
+            .iter()
+            .position(|t| open(t) && t.latency.is_none())
+        {
+            // Its first slice (one already held by a resumed run counts as given).
+            Some(i) if self.tasks[i].budget > 0 => {
+                return Some(Allotment {
+                    task: i,
+                    budget: self.tasks[i].budget,
+                })
+            }
+            Some(i) => i,
+            None => {
+                self.tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| open(t))
+                    .max_by(|(_, a), (_, b)| self.gain(a).total_cmp(&self.gain(b)))?
+                    .0
+            }
+        };
+        if left == 0 {
+            return None;
+        }
+        let t = &mut self.tasks[pick];
+        t.budget += self.slice.min(left);
+        Some(Allotment {
+            task: pick,
+            budget: t.budget,
+        })
+    }
+
+    /// The expected gain of a task's next slice, seconds per model call.
+    fn gain(&self, t: &TaskState) -> f64 {
+        let latency = t.latency.unwrap_or(f64::INFINITY);
+        let slices = (t.budget as f64 / self.slice as f64).max(1.0);
+        let drop = t.drops.iter().sum::<f64>() / t.drops.len().max(1) as f64;
+        t.count as f64 * drop.max(OPTIMISM * latency / slices)
+    }
+
+    /// The task's search after its slice: its weighted latency, and whether it stalled.
+    pub fn record(&mut self, task: usize, latency: f64, stalled: bool) {
+        let t = &mut self.tasks[task];
+        if let Some(l) = t.latency {
+            if t.drops.len() == WINDOW {
+                t.drops.remove(0);
+            }
+            t.drops.push((l - latency).max(0.0));
+        }
+        t.latency = Some(latency);
+        t.stalled = stalled;
+    }
+
+    /// The model's expected latency: `Σ count · latency` over the tasks with one.
+    pub fn expected_latency(&self) -> f64 {
+        self.tasks
+            .iter()
+            .filter_map(|t| t.latency.map(|l| t.count as f64 * l))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the scheduler on tasks whose latency falls by `drops[task]` per slice.
+    fn run(
+        counts: &[usize],
+        start: &[f64],
+        drops: &[f64],
+        slice: usize,
+        total: usize,
+    ) -> Vec<usize> {
+        let mut s = Scheduler::new(counts, &vec![0; counts.len()], slice, total);
+        let mut lat = start.to_vec();
+        let mut order = Vec::new();
+        while let Some(a) = s.next_slice() {
+            order.push(a.task);
+            lat[a.task] = (lat[a.task] - drops[a.task]).max(0.0);
+            s.record(a.task, lat[a.task], false);
+        }
+        assert_eq!(s.given(), total);
+        order
+    }
+
+    #[test]
+    fn every_task_first_then_the_largest_gain() {
+        // Task 1 runs 12x and keeps improving; task 2 runs once.
+        let order = run(&[1, 12, 1], &[1.0, 1.0, 1.0], &[0.01, 0.05, 0.2], 10, 100);
+        assert_eq!(&order[..3], &[0, 1, 2]);
+        let to_1 = order[3..].iter().filter(|&&t| t == 1).count();
+        assert!(to_1 >= 5, "{order:?}");
+        // The budget is spent exactly, the last slice cut to what is left.
+        let order = run(&[1, 1], &[1.0, 1.0], &[0.1, 0.1], 30, 100);
+        assert_eq!(order.len(), 4);
+    }
+
+    #[test]
+    fn a_large_task_that_stopped_improving_does_not_take_every_slice() {
+        // Task 0: 12 runs of 4 s; task 1: 36 runs of 1 s; neither improves.
+        let order = run(&[12, 36], &[4.0, 1.0], &[0.0, 0.0], 10, 200);
+        let to_0 = order.iter().filter(|&&t| t == 0).count();
+        assert!((8..=12).contains(&to_0), "{order:?}");
+    }
+
+    #[test]
+    fn stalled_tasks_get_nothing_more_and_resumed_trials_count() {
+        let mut s = Scheduler::new(&[5, 1], &[40, 0], 20, 100);
+        // The resumed task's first slice is the trials it holds.
+        assert_eq!(
+            s.next_slice(),
+            Some(Allotment {
+                task: 0,
+                budget: 40
+            })
+        );
+        s.record(0, 1.0, true);
+        assert_eq!(
+            s.next_slice(),
+            Some(Allotment {
+                task: 1,
+                budget: 20
+            })
+        );
+        s.record(1, 1.0, false);
+        // Task 0 stalled: every further slice goes to task 1, up to the total.
+        let mut last = None;
+        while let Some(a) = s.next_slice() {
+            assert_eq!(a.task, 1);
+            s.record(1, 0.9, false);
+            last = Some(a.budget);
+        }
+        assert_eq!(last, Some(60));
+        assert!((s.expected_latency() - (5.0 + 0.9)).abs() < 1e-12);
+        // Every task stalled: nothing more, whatever is left.
+        let mut s = Scheduler::new(&[1], &[0], 10, 100);
+        assert!(s.next_slice().is_some());
+        s.record(0, 1.0, true);
+        assert_eq!(s.next_slice(), None);
+    }
+}
