@@ -31,27 +31,7 @@ impl MicroKernel {
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
-        let mut v: [Option<usize>; 7] = [None; 7];
-        for part in text.split(',') {
-            let (k, val) = part
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
-            let slot = FIELDS.iter().position(|f| *f == k.trim()).ok_or_else(|| {
-                bad(format!(
-                    "unknown parameter `{}` (known: {})",
-                    k.trim(),
-                    FIELDS.join(", ")
-                ))
-            })?;
-            let val = val
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("`{}` is not a positive whole number", val.trim())))?;
-            if v[slot].is_some() {
-                return Err(bad(format!("`{}` is given twice", FIELDS[slot])));
-            }
-            v[slot] = Some(val);
-        }
+        let mut v: Vec<Option<usize>> = super::parse_fields(text, &FIELDS).map_err(bad)?;
         let dot = match v[6].take() {
             None | Some(0) => false,
             Some(1) => true,
@@ -66,7 +46,7 @@ impl MicroKernel {
         if !missing.is_empty() {
             return Err(bad(format!("missing {}", missing.join(", "))));
         }
-        let [mr, nr, mc, nc, kc, uk, _] = v.map(|x| x.unwrap_or(0));
+        let [mr, nr, mc, nc, kc, uk] = [0, 1, 2, 3, 4, 5].map(|i| v[i].unwrap_or(0));
         Ok(MicroKernel {
             mr,
             nr,

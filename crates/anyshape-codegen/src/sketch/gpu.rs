@@ -202,27 +202,8 @@ impl GpuMicroKernel {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
         const NAMES: [&str; 5] = ["bm", "bn", "bk", "tm", "tn"];
-        let mut v: [Option<u32>; 5] = [None; 5];
-        for part in text.split(',') {
-            let (k, val) = part
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
-            let slot = NAMES.iter().position(|n| *n == k.trim()).ok_or_else(|| {
-                bad(format!(
-                    "unknown parameter `{}` (known: {})",
-                    k.trim(),
-                    NAMES.join(", ")
-                ))
-            })?;
-            let val = val
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("`{}` is not a whole number", val.trim())))?;
-            if v[slot].replace(val).is_some() {
-                return Err(bad(format!("`{}` is given twice", NAMES[slot])));
-            }
-        }
-        match v {
+        let v: Vec<Option<u32>> = super::parse_fields(text, &NAMES).map_err(bad)?;
+        match v[..] {
             [Some(bm), Some(bn), Some(bk), Some(tm), Some(tn)] => {
                 Ok(GpuMicroKernel { bm, bn, bk, tm, tn })
             }

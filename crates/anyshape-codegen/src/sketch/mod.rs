@@ -31,6 +31,35 @@ use serde::Serialize;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
 
+/// The compact text form of a micro-kernel, `NAME=VALUE,…`: the whole-number value of
+/// each of `names`, in their order (`None` where not given). Unknown or repeated names
+/// and values that are not whole numbers are errors: the reason, for the caller's error
+/// that names the text.
+pub(crate) fn parse_fields<T: std::str::FromStr>(
+    text: &str,
+    names: &[&str],
+) -> std::result::Result<Vec<Option<T>>, String> {
+    let mut values: Vec<Option<T>> = names.iter().map(|_| None).collect();
+    for part in text.split(',') {
+        let (k, val) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}` is not `NAME=VALUE`"))?;
+        let k = k.trim();
+        let slot = names
+            .iter()
+            .position(|n| *n == k)
+            .ok_or_else(|| format!("unknown parameter `{k}` (known: {})", names.join(", ")))?;
+        let val = val
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{}` is not a whole number", val.trim()))?;
+        if values[slot].replace(val).is_some() {
+            return Err(format!("`{k}` is given twice"));
+        }
+    }
+    Ok(values)
+}
+
 /// How an instance maps onto a micro-kernel: what `f_occ` and `f_pad` of the cost
 /// model take.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -69,28 +69,8 @@ impl RowKernel {
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
-        let (mut rows, mut vectors) = (None, None);
-        for part in text.split(',') {
-            let (k, val) = part
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{part}` is not `NAME=VALUE`")))?;
-            let val: usize = val
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("`{}` is not a whole number", val.trim())))?;
-            let slot = match k.trim() {
-                "rows" => &mut rows,
-                "vectors" => &mut vectors,
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter `{other}` (known: rows, vectors)"
-                    )))
-                }
-            };
-            if slot.replace(val).is_some() {
-                return Err(bad(format!("`{}` is given twice", k.trim())));
-            }
-        }
+        let v = super::parse_fields(text, &["rows", "vectors"]).map_err(bad)?;
+        let (rows, vectors) = (v[0], v[1]);
         match (rows, vectors) {
             (Some(rows), Some(vectors)) => Ok(RowKernel { rows, vectors }),
             _ => Err(bad("need rows and vectors".into())),
