@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # A full-size model end to end against its peers: exported with PyTorch (once, by
-# scripts/export-models.sh), compiled for sequence 1..512 at batch 1, then raced in one
+# scripts/export-models.sh), compiled (default: sequence 1..512 at batch 1), then raced in one
 # run against onnxruntime (2 threads) and tract at sequence 1, 8, ..., 512.
 # Usage: scripts/bench-model.sh [bert_base.ts | bert_base.dynamo | gpt2_small.ts | ...]
 # ANYSHAPE_MODEL_TRIALS (default 0: default micro-kernels) sets the tuning trials per
 # task (results in benchmarks/results/<model>/trials<N>/);
+# ANYSHAPE_MODEL_DIMS sets the compiled domain (default "batch=1 sequence=1..512"),
+# ANYSHAPE_BENCH_DIMS the raced instances (default "batch=1
+# sequence=1,8,16,32,64,128,256,384,512"), ANYSHAPE_TUNE_VALUES compile's --tune-values;
 # ANYSHAPE_MODEL_EQUAL=1 gives every task the same trials instead of scheduling them
 # (results in .../trials<N>-equal/); ANYSHAPE_PYTHON the Python with onnxruntime
 # (default: the export venv's).
@@ -16,14 +19,21 @@ scripts/setup.sh
 cargo build --release -p anyshape --features tract
 bin=target/release/anyshape
 trials=${ANYSHAPE_MODEL_TRIALS:-0}
-equal=()
+extra=()
 out=benchmarks/results/$model/trials$trials
-if [ -n "${ANYSHAPE_MODEL_EQUAL:-}" ]; then equal=(--equal-shares); out=$out-equal; fi
+if [ -n "${ANYSHAPE_MODEL_EQUAL:-}" ]; then extra=(--equal-shares); out=$out-equal; fi
 mkdir -p "$out"
 python=${ANYSHAPE_PYTHON:-${ANYSHAPE_EXPORT_VENV:-.venv-export}/bin/python}
 [ -x "$python" ] || python=python3
 start=$(date +%s.%N)
-$bin compile "models/full/$model.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" "${equal[@]}" \
+dims=()
+for d in ${ANYSHAPE_MODEL_DIMS:-batch=1 sequence=1..512}; do dims+=(--dim "$d"); done
+bench_dims=()
+for d in ${ANYSHAPE_BENCH_DIMS:-batch=1 sequence=1,8,16,32,64,128,256,384,512}; do
+  bench_dims+=(--dim "$d")
+done
+[ -n "${ANYSHAPE_TUNE_VALUES:-}" ] && extra+=(--tune-values "$ANYSHAPE_TUNE_VALUES")
+$bin compile "models/full/$model.onnx" "${dims[@]}" --trials "$trials" "${extra[@]}" \
   --records "$out/records" --resume --out "$out/model.module" 2>&1 | tee "$out/compile.log"
 end=$(date +%s.%N)
 # The tuning curve: the model's expected latency as the scheduler gives out trials (a
@@ -42,5 +52,5 @@ awk 'BEGIN { print "trials_given,expected_model_ms" }
   echo "module size: $(du -sh "$out/model.module" | cut -f1) (of which the model's own .onnx: $(du -sh "$out/model.module/model.onnx" | cut -f1))"
 } | tee "$out/compile-summary.txt"
 $bin bench --model "$out/model.module" --compare --python "$python" --threads 2 \
-  --dim batch=1 --dim sequence=1,8,16,32,64,128,256,384,512 --rounds 3 --seconds 0.2 \
+  "${bench_dims[@]}" --rounds 3 --seconds 0.2 \
   --out-dir "$out"
