@@ -419,14 +419,16 @@ mod tests {
     /// dilations, bias or none, batch 2, a kernel as large as the image.
     #[test]
     fn conv_matches_the_loop_nest() {
-        let cases: &[(
+        /// Input NCHW, (out channels, kh, kw), strides, pads, dilations, with a bias.
+        type Case = (
             [usize; 4],
             [usize; 3],
             [usize; 2],
             [usize; 4],
             [usize; 2],
             bool,
-        )] = &[
+        );
+        let cases: &[Case] = &[
             ([1, 3, 32, 48], [8, 16, 16], [16, 16], [0; 4], [1, 1], true),
             ([2, 2, 7, 9], [3, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], false),
             (
