@@ -22,7 +22,8 @@ pub enum Step {
         instances: usize,
         /// The trial budget.
         budget: usize,
-        /// Trials taken from the records.
+        /// Trials the records hold as it starts (resumed from the file, or run by this
+        /// process before, as a model's task scheduler does).
         resumed: usize,
     },
     /// The candidates of the votes are measured on every instance.
@@ -138,7 +139,7 @@ where
     observer.step(&Step::Search {
         instances: tuner.instances().len(),
         budget: tuner.budget(),
-        resumed: tuner.resumed().trials,
+        resumed: tuner.trials(),
     });
     let obs = std::cell::RefCell::new(observer);
     let report = tuner.run(&mut |s| obs.borrow_mut().round(s), &mut |n| {
