@@ -269,14 +269,20 @@ impl Nest<'_> {
                 otherwise: self.checked_tile(out),
             }),
         }
-        kt_body.push(for_(
+        kt_body.push(self.register_tiles(tile));
+        s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        s
+    }
+
+    /// `tile` on every register tile of the task's cache tile: N blocks outer, M blocks
+    /// inner (a B micro-panel stays in L1 across the M blocks).
+    pub(super) fn register_tiles(&self, tile: Vec<Stmt>) -> Stmt {
+        for_(
             "jb",
             v("nnb"),
             LoopKind::Serial,
             vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
-        ));
-        s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
-        s
+        )
     }
 
     /// Whether the register tile at (`mi`, `nj`) lies wholly inside the output.

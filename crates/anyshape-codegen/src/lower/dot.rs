@@ -71,12 +71,7 @@ impl Nest<'_> {
             }
         }
         let tile = self.dot_tile(&rows, &ops[2]);
-        kt_body.push(for_(
-            "jb",
-            v("nnb"),
-            LoopKind::Serial,
-            vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
-        ));
+        kt_body.push(self.register_tiles(tile));
         body.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
         body
     }

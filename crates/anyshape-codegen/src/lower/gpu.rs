@@ -60,6 +60,46 @@ struct Block<'a> {
     policy: Policy,
 }
 
+/// One operand's staging: A (`bm x bk`, shared `[k][m]`) or B (`bk x bn`, `[k][n]`).
+struct Side {
+    /// Input index.
+    t: usize,
+    /// The shared tile, the staging registers and the thread's compute registers.
+    tile: &'static str,
+    staged: &'static str,
+    regs: &'static str,
+    /// The slice's row and column axes (`m`, `n` or `k`) and sizes.
+    axes: [&'static str; 2],
+    dims: [u32; 2],
+    /// Along the operand's non-reduction axis: the block tile, the thread tile, the
+    /// thread coordinate, and the compute loop's variable.
+    width: u32,
+    per_thread: u32,
+    coord: &'static str,
+    var: &'static str,
+}
+
+impl Side {
+    /// Threads along the non-reduction axis.
+    fn threads(&self) -> u32 {
+        self.width / self.per_thread
+    }
+
+    /// Floats of one shared buffer.
+    fn buffer_len(&self, bk: u32) -> u32 {
+        bk * (self.width + SHARED_PAD)
+    }
+
+    /// The origin variable of `axis` in the block, the reduction's being `k0`.
+    fn origin<'a>(axis: &str, k0: &'a str) -> &'a str {
+        match axis {
+            "m" => "m0",
+            "n" => "n0",
+            _ => k0,
+        }
+    }
+}
+
 fn u(x: u32) -> Expr {
     c(x as usize)
 }
@@ -85,12 +125,35 @@ fn spread(i: Expr, coord: &str, threads: u32, lanes: u32) -> Expr {
 }
 
 impl Block<'_> {
-    fn rows(&self) -> u32 {
-        self.mk.bm / self.mk.tm
-    }
-
-    fn cols(&self) -> u32 {
-        self.mk.bn / self.mk.tn
+    /// A's and B's staging.
+    fn sides(&self) -> [Side; 2] {
+        let mk = self.mk;
+        [
+            Side {
+                t: 0,
+                tile: "As",
+                staged: "pa",
+                regs: "a",
+                axes: ["m", "k"],
+                dims: [mk.bm, mk.bk],
+                width: mk.bm,
+                per_thread: mk.tm,
+                coord: "ty",
+                var: "i",
+            },
+            Side {
+                t: 1,
+                tile: "Bs",
+                staged: "pb",
+                regs: "b",
+                axes: ["k", "n"],
+                dims: [mk.bk, mk.bn],
+                width: mk.bn,
+                per_thread: mk.tn,
+                coord: "tx",
+                var: "j",
+            },
+        ]
     }
 
     /// Extents, strides, the thread's coordinates, the block's origin and bases, the
@@ -105,8 +168,8 @@ impl Block<'_> {
                 var: "tid".into(),
                 index: GpuIndex::Thread,
             },
-            let_("tx", v("tid") % u(self.cols())),
-            let_("ty", v("tid") / u(self.cols())),
+            let_("tx", v("tid") % u(self.sides()[1].threads())),
+            let_("ty", v("tid") / u(self.sides()[1].threads())),
             Stmt::GpuIndex {
                 var: "bx".into(),
                 index: GpuIndex::Block(0),
@@ -140,10 +203,10 @@ impl Block<'_> {
             }
         }
         // Two buffers per operand (double buffering).
-        for (t, buf) in [(0, "As"), (1, "Bs")] {
+        for side in self.sides() {
             s.push(Stmt::Alloc {
-                buf: buf.into(),
-                len: u(2 * self.buffer_len(t)),
+                buf: side.tile.into(),
+                len: u(2 * side.buffer_len(mk.bk)),
                 scope: Scope::Shared,
             });
         }
@@ -224,7 +287,7 @@ impl Block<'_> {
     fn pipeline(&self, tiles: Expr, fetch: Fetch, check_k: bool) -> Vec<Stmt> {
         let mk = self.mk;
         let next = Cond::Lt(v("kt") + c(1), v("nt"));
-        let body = [vec![
+        let body = vec![
             let_("k0", v("kt") * u(mk.bk)),
             let_("cur", v("kt") % c(2)),
             let_("kn", v("k0") + u(mk.bk)),
@@ -232,8 +295,7 @@ impl Block<'_> {
             self.compute(check_k, v("cur")),
             if_(next, self.stash(c(1) - v("cur"))),
             Stmt::Barrier,
-        ]]
-        .concat();
+        ];
         vec![
             let_("nt", tiles),
             if_(
@@ -250,38 +312,14 @@ impl Block<'_> {
         ]
     }
 
-    /// The A (`bm x bk`) and B (`bk x bn`) slices at reduction origin `k0` (a variable's
-    /// name), per operand: its register array, rows, columns, origins, extents, strides
-    /// and whether its rows are the unit-stride axis (then a warp walks them).
-    #[allow(clippy::type_complexity)]
-    fn slices<'k>(
-        &self,
-        k0: &'k str,
-    ) -> [(
-        usize,
-        &'static str,
-        u32,
-        u32,
-        &'k str,
-        &'k str,
-        &'static str,
-        &'static str,
-    ); 2] {
-        let mk = self.mk;
-        [
-            (0, "pa", mk.bm, mk.bk, "m0", k0, "e_m", "e_k"),
-            (1, "pb", mk.bk, mk.bn, k0, "n0", "e_k", "e_n"),
-        ]
-    }
-
-    /// The thread's share of the slices (`it`-th element: `e = it * threads + tid`, at
-    /// row `r`, column `q`), `body` run on each element of operand `t` of `nrows x ncols`.
-    fn each_element(&self, t: usize, nrows: u32, ncols: u32, body: Stmt) -> Stmt {
+    /// The thread's share of a side's slice (`it`-th element: `e = it * threads + tid`,
+    /// at row `r`, column `q`), `body` run on each. Where the rows are the tensor's
+    /// unit-stride axis a warp walks them, else the columns: its loads are contiguous.
+    fn each_element(&self, side: &Side, body: Stmt) -> Stmt {
         let threads = self.mk.threads();
+        let [nrows, ncols] = side.dims;
         let n = nrows * ncols;
-        let (row, col) = if t == 0 { ("m", "k") } else { ("k", "n") };
-        let (row_unit, col_unit) = self.unit(t, row, col);
-        let (r, q) = if row_unit && !col_unit {
+        let (r, q) = if self.unit(side.t, side.axes[0]) && !self.unit(side.t, side.axes[1]) {
             (v("e") % u(nrows), v("e") / u(nrows))
         } else {
             (v("e") / u(ncols), v("e") % u(ncols))
@@ -300,14 +338,15 @@ impl Block<'_> {
         )
     }
 
-    /// Load the slices at reduction origin `k0` into the registers `pa` and `pb`, as the
-    /// fetch policy checks them. A warp's loads follow the unit-stride axis, so they are
-    /// contiguous.
+    /// Load the slices at reduction origin `k0` (a variable's name) into the staging
+    /// registers, as the fetch policy checks them.
     fn load(&self, fetch: Fetch, k0: &str) -> Vec<Stmt> {
-        self.slices(k0)
-            .into_iter()
-            .map(|(t, regs, nrows, ncols, r0, q0, rext, qext)| {
-                let (row, col) = if t == 0 { ("m", "k") } else { ("k", "n") };
+        self.sides()
+            .iter()
+            .map(|side| {
+                let t = side.t;
+                let [row, col] = side.axes;
+                let (r0, q0) = (Side::origin(row, k0), Side::origin(col, k0));
                 let load = Value::load(
                     &format!("in{t}"),
                     v(&format!("base{t}"))
@@ -315,57 +354,52 @@ impl Block<'_> {
                         + (v(q0) + v("q")) * v(&format!("s{t}_{col}")),
                 );
                 let valid = Cond::and(
-                    Cond::Lt(v(r0) + v("r"), v(rext)),
-                    Cond::Lt(v(q0) + v("q"), v(qext)),
+                    Cond::Lt(v(r0) + v("r"), v(&format!("e_{row}"))),
+                    Cond::Lt(v(q0) + v("q"), v(&format!("e_{col}"))),
                 );
                 let copy = super::fetch::checked_copy(
                     fetch,
                     valid,
-                    regs,
+                    side.staged,
                     v("it"),
                     load,
                     Value::Zero { lanes: 1 },
                 );
-                self.each_element(t, nrows, ncols, copy)
+                self.each_element(side, copy)
             })
             .collect()
     }
 
-    /// Store the registers `pa` and `pb` into shared buffer `buf` (0 or 1): As is stored
-    /// `[k][m]` (transposed), Bs `[k][n]`.
+    /// Store the staging registers into shared buffer `buf` (0 or 1), `[k][m]` for A
+    /// (transposed) and `[k][n]` for B.
     fn stash(&self, buf: Expr) -> Vec<Stmt> {
-        let mk = self.mk;
-        self.slices("k0")
-            .into_iter()
-            .map(|(t, regs, nrows, ncols, ..)| {
-                let (tile, slot) = if t == 0 {
-                    ("As", v("q") * u(mk.bm + SHARED_PAD) + v("r"))
+        self.sides()
+            .iter()
+            .map(|side| {
+                let (k, other) = if side.axes[0] == "k" {
+                    (v("r"), v("q"))
                 } else {
-                    ("Bs", v("r") * u(mk.bn + SHARED_PAD) + v("q"))
+                    (v("q"), v("r"))
                 };
-                let at = buf.clone() * u(self.buffer_len(t)) + slot;
-                self.each_element(t, nrows, ncols, store(tile, at, Value::load(regs, v("it"))))
+                let at = buf.clone() * u(side.buffer_len(self.mk.bk))
+                    + k * u(side.width + SHARED_PAD)
+                    + other;
+                self.each_element(
+                    side,
+                    store(side.tile, at, Value::load(side.staged, v("it"))),
+                )
             })
             .collect()
     }
 
-    /// Floats of one shared buffer of operand `t`.
-    fn buffer_len(&self, t: usize) -> u32 {
-        let mk = self.mk;
-        mk.bk * (if t == 0 { mk.bm } else { mk.bn } + SHARED_PAD)
-    }
-
-    /// Whether tensor `t`'s `row` and `col` axes (`m`, `n` or `k`) are unit-stride.
-    fn unit(&self, t: usize, row: &str, col: &str) -> (bool, bool) {
-        let tensor = &self.w.inputs[t];
-        let axis = |name: &str| match name {
+    /// Whether input `t`'s `axis` (`m`, `n` or `k`) is unit-stride.
+    fn unit(&self, t: usize, axis: &str) -> bool {
+        let a = match axis {
             "m" => self.g.m,
             "n" => self.g.n,
             _ => self.g.k,
         };
-        let (ra, ca) = (axis(row), axis(col));
-        let one = |a: usize| tensor.axis_stride(a).simplify() == Expr::Const(1);
-        (one(ra), one(ca))
+        self.w.inputs[t].axis_stride(a).simplify() == Expr::Const(1)
     }
 
     /// `acc[i][j] += A[kk][row i] * B[kk][column j]` over the tile's `bk` steps from
@@ -374,24 +408,27 @@ impl Block<'_> {
     /// groups of 4 ([`spread`]).
     fn compute(&self, check_k: bool, buf: Expr) -> Stmt {
         let mk = self.mk;
-        let read = |tile: &str, regs: &str, var: &str, t: usize, tile_len: u32, coord: &str| {
-            let threads = tile_len / if t == 0 { mk.tm } else { mk.tn };
-            let count = if t == 0 { mk.tm } else { mk.tn };
-            let row = buf.clone() * u(self.buffer_len(t)) + v("kk") * u(tile_len + SHARED_PAD);
+        let read = |side: &Side| {
+            let (var, count) = (side.var, side.per_thread);
+            let row =
+                buf.clone() * u(side.buffer_len(mk.bk)) + v("kk") * u(side.width + SHARED_PAD);
             if lanes(count) == 1 {
                 return for_(
                     var,
                     u(count),
                     LoopKind::Unrolled(count as usize),
                     vec![store(
-                        regs,
+                        side.regs,
                         v(var),
-                        Value::load(tile, row + spread(v(var), coord, threads, 1)),
+                        Value::load(
+                            side.tile,
+                            row + spread(v(var), side.coord, side.threads(), 1),
+                        ),
                     )],
                 );
             }
             let group = format!("{var}g");
-            let reg = format!("{tile}4");
+            let reg = format!("{}4", side.tile);
             for_(
                 &group,
                 u(count / 4),
@@ -401,8 +438,8 @@ impl Block<'_> {
                         name: reg.clone(),
                         lanes: 4,
                         init: Value::vload(
-                            tile,
-                            row + spread(v(&group) * c(4), coord, threads, 4),
+                            side.tile,
+                            row + spread(v(&group) * c(4), side.coord, side.threads(), 4),
                             4,
                         ),
                     },
@@ -411,7 +448,7 @@ impl Block<'_> {
                         c(4),
                         LoopKind::Unrolled(4),
                         vec![store(
-                            regs,
+                            side.regs,
                             v(&group) * c(4) + v("l"),
                             Value::Lane(reg, v("l")),
                         )],
@@ -419,10 +456,7 @@ impl Block<'_> {
                 ],
             )
         };
-        let mut step = vec![
-            read("As", "a", "i", 0, mk.bm, "ty"),
-            read("Bs", "b", "j", 1, mk.bn, "tx"),
-        ];
+        let mut step: Vec<Stmt> = self.sides().iter().map(read).collect();
         step.push(self.each_acc(vec![store(
             "acc",
             self.acc_index(),
@@ -463,15 +497,18 @@ impl Block<'_> {
     /// The epilogue on the accumulators, stored into the output (checked with `checked`).
     fn write_back(&self, checked: bool) -> Stmt {
         let out = self.w.inputs.len();
+        let [a, b] = self.sides();
+        let at_thread = |side: &Side| {
+            spread(
+                v(side.var),
+                side.coord,
+                side.threads(),
+                lanes(side.per_thread),
+            )
+        };
         let mut st = vec![
-            let_(
-                "m",
-                v("m0") + spread(v("i"), "ty", self.rows(), lanes(self.mk.tm)),
-            ),
-            let_(
-                "n",
-                v("n0") + spread(v("j"), "tx", self.cols(), lanes(self.mk.tn)),
-            ),
+            let_("m", v("m0") + at_thread(&a)),
+            let_("n", v("n0") + at_thread(&b)),
         ];
         let at = |t: usize| {
             v(&format!("base{t}")) + v("m") * v(&format!("s{t}_m")) + v("n") * v(&format!("s{t}_n"))

@@ -146,14 +146,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_506d64adcedbd240(const flo
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 8);
         const as_i64 q = as_fmod(e, 8);
-        As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+        As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
       }
       #pragma unroll
       for (as_i64 it = 0; it < 2; it++) {
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 64);
         const as_i64 q = as_fmod(e, 64);
-        Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+        Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
       }
     }
     __syncthreads();
@@ -302,14 +302,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_94a56050b51ad93c(const flo
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 8);
         const as_i64 q = as_fmod(e, 8);
-        As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+        As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
       }
       #pragma unroll
       for (as_i64 it = 0; it < 2; it++) {
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 64);
         const as_i64 q = as_fmod(e, 64);
-        Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+        Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
       }
     }
     __syncthreads();
@@ -468,14 +468,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_73e57466e3d59c7b(const flo
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 8);
         const as_i64 q = as_fmod(e, 8);
-        As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+        As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
       }
       #pragma unroll
       for (as_i64 it = 0; it < 2; it++) {
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 64);
         const as_i64 q = as_fmod(e, 64);
-        Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+        Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
       }
     }
     __syncthreads();
@@ -634,14 +634,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_3559dbc875c878a1(const flo
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 8);
         const as_i64 q = as_fmod(e, 8);
-        As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+        As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
       }
       #pragma unroll
       for (as_i64 it = 0; it < 2; it++) {
         const as_i64 e = ((it * 256) + tid);
         const as_i64 r = as_fdiv(e, 64);
         const as_i64 q = as_fmod(e, 64);
-        Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+        Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
       }
     }
     __syncthreads();
@@ -791,14 +791,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const flo
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 8);
           const as_i64 q = as_fmod(e, 8);
-          As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+          As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
         }
         #pragma unroll
         for (as_i64 it = 0; it < 2; it++) {
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 64);
           const as_i64 q = as_fmod(e, 64);
-          Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+          Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
         }
       }
       __syncthreads();
@@ -972,14 +972,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const flo
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 8);
           const as_i64 q = as_fmod(e, 8);
-          As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+          As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
         }
         #pragma unroll
         for (as_i64 it = 0; it < 2; it++) {
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 64);
           const as_i64 q = as_fmod(e, 64);
-          Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+          Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
         }
       }
       __syncthreads();
@@ -1130,14 +1130,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_4f0a6acbd6cb642c(const flo
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 8);
           const as_i64 q = as_fmod(e, 8);
-          As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+          As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
         }
         #pragma unroll
         for (as_i64 it = 0; it < 2; it++) {
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 64);
           const as_i64 q = as_fmod(e, 64);
-          Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+          Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
         }
       }
       __syncthreads();
@@ -1311,14 +1311,14 @@ extern "C" __global__ void __launch_bounds__(256) asg_4f0a6acbd6cb642c(const flo
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 8);
           const as_i64 q = as_fmod(e, 8);
-          As[(((1 - cur) * 544) + ((q * 68) + r))] = pa[it];
+          As[((((1 - cur) * 544) + (q * 68)) + r)] = pa[it];
         }
         #pragma unroll
         for (as_i64 it = 0; it < 2; it++) {
           const as_i64 e = ((it * 256) + tid);
           const as_i64 r = as_fdiv(e, 64);
           const as_i64 q = as_fmod(e, 64);
-          Bs[(((1 - cur) * 544) + ((r * 68) + q))] = pb[it];
+          Bs[((((1 - cur) * 544) + (r * 68)) + q)] = pb[it];
         }
       }
       __syncthreads();
