@@ -165,25 +165,25 @@ pub fn compile_model(
             .collect::<Result<Vec<_>>>()?;
         let counts: Vec<usize> = tasks.iter().map(|t| t.count).collect();
         let held: Vec<usize> = runs.iter().map(|r| r.trials()).collect();
-        // Equal shares: one slice per task, its whole share.
+        // Equal shares: each task's first slice is its whole share, and nothing is left.
         let slice = if options.equal_shares {
             options.trials
         } else {
             (options.trials / 2).max(1)
         };
-        let mut scheduler = Scheduler::new(&counts, &held, slice, options.trials * tasks.len());
+        let total = options.trials * tasks.len();
+        let mut scheduler = Scheduler::new(&counts, &held, slice, total);
         while let Some(a) = scheduler.next_slice() {
             observer.slice(&Slice {
                 task: a.task,
                 workload: &tasks[a.task].workload,
                 budget: a.budget,
                 given: scheduler.given(),
-                total: options.trials * tasks.len(),
+                total,
                 expected_seconds: scheduler.expected_latency(),
             });
             let (latency, stalled) = runs[a.task].search_to(a.budget, observer)?;
-            // Equal shares: each task's one slice is its whole share.
-            scheduler.record(a.task, latency, stalled || options.equal_shares);
+            scheduler.record(a.task, latency, stalled);
         }
         observer.scheduled(scheduler.given(), scheduler.expected_latency());
         for (i, t) in tasks.iter().enumerate() {

@@ -79,37 +79,32 @@ impl Scheduler {
     }
 
     /// The next slice, or `None` when the budget is spent or every task stalled. A task
-    /// without a latency yet comes first (in order); then the largest expected gain.
+    /// without a latency yet comes first (in order), its first slice topping up what a
+    /// resumed run's records already hold; then the largest expected gain.
     pub fn next_slice(&mut self) -> Option<Allotment> {
         let left = self.total.saturating_sub(self.given());
-        let open = |t: &TaskState| !t.stalled;
-        let pick = match self
+        let first = self
             .tasks
             .iter()
-            .position(|t| open(t) && t.latency.is_none())
-        {
-            // Its first slice (one already held by a resumed run counts as given).
-            Some(i) if self.tasks[i].budget > 0 => {
-                return Some(Allotment {
-                    task: i,
-                    budget: self.tasks[i].budget,
-                })
-            }
-            Some(i) => i,
+            .position(|t| !t.stalled && t.latency.is_none());
+        let (pick, more) = match first {
+            // Even past the total (records of an earlier, larger run): every task is
+            // searched before its module is built.
+            Some(i) => (i, self.slice.saturating_sub(self.tasks[i].budget)),
+            None if left == 0 => return None,
             None => {
-                self.tasks
+                let i = self
+                    .tasks
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| open(t))
+                    .filter(|(_, t)| !t.stalled)
                     .max_by(|(_, a), (_, b)| self.gain(a).total_cmp(&self.gain(b)))?
-                    .0
+                    .0;
+                (i, self.slice.min(left))
             }
         };
-        if left == 0 {
-            return None;
-        }
         let t = &mut self.tasks[pick];
-        t.budget += self.slice.min(left);
+        t.budget += more;
         Some(Allotment {
             task: pick,
             budget: t.budget,
@@ -219,6 +214,25 @@ mod tests {
         }
         assert_eq!(last, Some(60));
         assert!((s.expected_latency() - (5.0 + 0.9)).abs() < 1e-12);
+        // Records past the total: every task still gets its first slice, then nothing.
+        let mut s = Scheduler::new(&[1, 1], &[100, 0], 20, 100);
+        assert_eq!(
+            s.next_slice(),
+            Some(Allotment {
+                task: 0,
+                budget: 100
+            })
+        );
+        s.record(0, 1.0, false);
+        assert_eq!(
+            s.next_slice(),
+            Some(Allotment {
+                task: 1,
+                budget: 20
+            })
+        );
+        s.record(1, 1.0, false);
+        assert_eq!(s.next_slice(), None);
         // Every task stalled: nothing more, whatever is left.
         let mut s = Scheduler::new(&[1], &[0], 10, 100);
         assert!(s.next_slice().is_some());
