@@ -129,7 +129,10 @@ pub struct Builder {
 
 impl Builder {
     /// A builder caching in `cache_dir` (made absolute, so libraries are never looked up
-    /// on the system's library path), with `-O3 -march=native -fopenmp`.
+    /// on the system's library path), with `-O3 -march=native -fopenmp`, and
+    /// `-fno-trapping-math`: no kernel reads the floating-point exception flags, and
+    /// without it GCC keeps the clamps of `as_erf`/`as_tanh` as branches, so the
+    /// epilogue loops over GELU and tanh stay scalar (measured: 4.4 ns per GELU).
     pub fn new(cache_dir: impl Into<PathBuf>) -> Builder {
         let cache_dir: PathBuf = cache_dir.into();
         let cache_dir = std::path::absolute(&cache_dir).unwrap_or(cache_dir);
@@ -138,6 +141,7 @@ impl Builder {
             "-march=native",
             "-fPIC",
             "-fopenmp",
+            "-fno-trapping-math",
             "-std=gnu11",
             "-w",
         ];
