@@ -99,6 +99,12 @@ pub struct TensorRef {
     pub shape: Vec<Expr>,
     /// One affine index per dimension.
     pub index: Vec<AffineIndex>,
+    /// Stored in panels (pre-packed weights): a 2-D tensor `[R, C]` whose rows are
+    /// grouped by this many, each group stored column by column, so element `(r, c)`
+    /// lies at `(r / w)·w·C + c·w + r % w` and the rows are padded to a multiple of `w`
+    /// (the padding is zero). `None`: row-major.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub panels: Option<i64>,
 }
 
 impl TensorRef {
@@ -108,11 +114,17 @@ impl TensorRef {
             name: name.into(),
             shape: which.iter().map(|&a| axes[a].extent.clone()).collect(),
             index: which.iter().map(|&a| AffineIndex::axis(a)).collect(),
+            panels: None,
         }
     }
 
-    /// Row-major strides of each dimension, in elements.
+    /// Strides of each dimension, in elements: row-major, or for a tensor in panels
+    /// those inside one panel (`1` along the rows, the panel width along the columns;
+    /// a row's panel is [`TensorRef::panel_stride`] apart).
     pub fn strides(&self) -> Vec<Expr> {
+        if let Some(w) = self.panels {
+            return vec![Expr::Const(1), Expr::Const(w)];
+        }
         let mut strides = vec![Expr::Const(1); self.shape.len()];
         for d in (0..self.shape.len().saturating_sub(1)).rev() {
             strides[d] = &strides[d + 1] * &self.shape[d + 1];
@@ -120,7 +132,14 @@ impl TensorRef {
         strides
     }
 
-    /// How far one step along `axis` moves in memory, in elements.
+    /// For a tensor in panels: the elements from one panel to the next (`w·C`).
+    pub fn panel_stride(&self) -> Option<Expr> {
+        let w = self.panels?;
+        Some(&self.shape[1] * &Expr::Const(w))
+    }
+
+    /// How far one step along `axis` moves in memory, in elements (inside a panel for a
+    /// tensor in panels).
     pub fn axis_stride(&self, axis: usize) -> Expr {
         self.strides()
             .into_iter()
@@ -226,6 +245,40 @@ pub struct BoundWorkload {
     pub offsets: Vec<i64>,
     /// Per tensor: number of elements.
     pub lens: Vec<usize>,
+    /// Per tensor: how its rows are grouped when it is stored in panels.
+    pub panels: Vec<Option<BoundPanels>>,
+}
+
+/// A bound tensor in panels (see [`TensorRef::panels`]): the axis of its rows, the
+/// panel width and the distance between panels; its `axis_strides` are those inside a
+/// panel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundPanels {
+    /// The axis indexing the rows.
+    pub axis: usize,
+    /// Rows per panel.
+    pub width: i64,
+    /// Elements from one panel to the next.
+    pub stride: i64,
+}
+
+impl BoundWorkload {
+    /// The element offset of tensor `t` at `point` (one value per axis).
+    pub fn offset(&self, t: usize, point: &[i64]) -> i64 {
+        let strided: i64 = point
+            .iter()
+            .zip(&self.axis_strides[t])
+            .map(|(p, s)| p * s)
+            .sum();
+        match self.panels[t] {
+            // The row axis's stride is 1 inside a panel: move whole panels apart.
+            Some(p) => {
+                let r = point[p.axis];
+                self.offsets[t] + strided - r + r / p.width * p.stride + r % p.width
+            }
+            None => self.offsets[t] + strided,
+        }
+    }
 }
 
 fn product(name: &str, dims: &[i64]) -> Result<usize> {
@@ -271,6 +324,16 @@ impl Workload {
                     "tensor {} names an axis that does not exist",
                     t.name
                 ));
+            }
+        }
+        for t in self.inputs.iter().chain([&self.output]) {
+            if let Some(w) = t.panels {
+                if w < 1 || t.shape.len() != 2 || t.index[0].plain_axis().is_none() {
+                    return bad(format!(
+                        "tensor {} in panels of {w} rows must be 2-D, its rows a plain axis, the width at least 1",
+                        t.name
+                    ));
+                }
             }
         }
         let spatial = |a: usize| self.axes[a].kind == AxisKind::Spatial;
@@ -374,8 +437,8 @@ impl Workload {
             .map(|a| nonneg(&|| format!("extent of axis {}", a.name), &a.extent))
             .collect::<Result<Vec<_>>>()?;
         let empty = extents.contains(&0);
-        let (mut shapes, mut axis_strides, mut offsets, mut lens) =
-            (vec![], vec![], vec![], vec![]);
+        let (mut shapes, mut axis_strides, mut offsets, mut lens, mut panels) =
+            (vec![], vec![], vec![], vec![], vec![]);
         for t in self.tensors() {
             let shape = t
                 .shape
@@ -383,7 +446,20 @@ impl Workload {
                 .enumerate()
                 .map(|(d, e)| nonneg(&|| format!("{}.shape[{d}]", t.name), e))
                 .collect::<Result<Vec<_>>>()?;
-            let len = product(&t.name, &shape)?;
+            let bound_panels = match t.panels {
+                Some(width) => Some(BoundPanels {
+                    axis: t.index[0].plain_axis().unwrap_or(0),
+                    width,
+                    stride: width
+                        .checked_mul(shape[1])
+                        .ok_or_else(|| IrError::TooLarge(t.name.clone()))?,
+                }),
+                None => None,
+            };
+            let len = match bound_panels {
+                Some(p) => product(&t.name, &[(shape[0] + p.width - 1) / p.width, p.stride])?,
+                None => product(&t.name, &shape)?,
+            };
             for (d, ix) in t.index.iter().enumerate() {
                 let (mut lo, mut hi) = (ix.offset, ix.offset);
                 for &(a, c) in &ix.terms {
@@ -408,8 +484,13 @@ impl Workload {
             // Numerically from the bound shape (the same values `axis_stride` and
             // `base_offset` give symbolically, without building expressions).
             let mut strides = vec![1i64; shape.len()];
-            for d in (0..shape.len().saturating_sub(1)).rev() {
-                strides[d] = strides[d + 1] * shape[d + 1];
+            match bound_panels {
+                Some(p) => strides[1] = p.width,
+                None => {
+                    for d in (0..shape.len().saturating_sub(1)).rev() {
+                        strides[d] = strides[d + 1] * shape[d + 1];
+                    }
+                }
             }
             let dot = |f: &dyn Fn(&AffineIndex) -> i64| -> Result<i64> {
                 strides.iter().zip(&t.index).try_fold(0i64, |acc, (s, ix)| {
@@ -426,6 +507,7 @@ impl Workload {
             offsets.push(dot(&|ix| ix.offset)?);
             shapes.push(shape);
             lens.push(len);
+            panels.push(bound_panels);
         }
         Ok(BoundWorkload {
             extents,
@@ -433,6 +515,7 @@ impl Workload {
             axis_strides,
             offsets,
             lens,
+            panels,
         })
     }
 

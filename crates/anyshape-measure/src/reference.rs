@@ -83,8 +83,8 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
         let out_t = w.inputs.len();
         let mut point = vec![0i64; w.axes.len()];
         loop {
-            let o = offset(bound, out_t, &point) as usize;
-            let operand = |t: usize| inputs[t][offset(bound, t, &point) as usize] as f64;
+            let o = bound.offset(out_t, &point) as usize;
+            let operand = |t: usize| inputs[t][bound.offset(t, &point) as usize] as f64;
             let (y, tol) = w
                 .epilogue
                 .apply_with_bound(output[o], tolerance[o], &operand);
@@ -96,16 +96,6 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
         }
     }
     Reference { output, tolerance }
-}
-
-/// The element offset of tensor `t` at `point` (one value per axis).
-fn offset(bound: &BoundWorkload, t: usize, point: &[i64]) -> i64 {
-    bound.offsets[t]
-        + point
-            .iter()
-            .zip(&bound.axis_strides[t])
-            .map(|(p, s)| p * s)
-            .sum::<i64>()
 }
 
 /// A contraction: for every point of the iteration domain, the product of the two
@@ -134,12 +124,12 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
     if terms > 0 && !spatial.iter().any(|&a| bound.extents[a] == 0) {
         let mut point = vec![0i64; w.axes.len()];
         loop {
-            let o = offset(bound, out_t, &point) as usize;
+            let o = bound.offset(out_t, &point) as usize;
             for &a in outer_red {
                 point[a] = 0;
             }
             loop {
-                let mut offs: Vec<i64> = (0..n_in).map(|t| offset(bound, t, &point)).collect();
+                let mut offs: Vec<i64> = (0..n_in).map(|t| bound.offset(t, &point)).collect();
                 let (extent, strides) = match inner {
                     Some(r) => (
                         bound.extents[r],
@@ -196,7 +186,7 @@ fn softmax(w: &Workload, bound: &BoundWorkload, x: &[f32], axis: usize) -> (Vec<
     let mut point = vec![0i64; w.axes.len()];
     loop {
         let at = |t: usize, j: i64| {
-            (offset(bound, t, &point) + j * bound.axis_strides[t][axis]) as usize
+            (bound.offset(t, &point) + j * bound.axis_strides[t][axis]) as usize
         };
         let max = (0..n)
             .map(|j| x[at(0, j)] as f64)

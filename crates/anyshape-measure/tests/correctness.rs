@@ -192,6 +192,14 @@ fn dense_all_strategies_and_modes() {
     contraction("dense(M=16*T,N=80,K=42)", 1);
 }
 
+/// Weights pre-packed in panels: of whole vectors (read in place by the packed
+/// variant), and of a width that is not (packed like any operand), rows padded.
+#[test]
+fn dense_packed_all_strategies_and_modes() {
+    contraction("dense_packed(M=16*T,N=80,K=42,P=16)", 1);
+    contraction("dense_packed(M=T,N=T+3,K=T+1,P=5)+bias+gelu", 3);
+}
+
 #[test]
 fn batch_matmul_nt_all_strategies_and_modes() {
     contraction("batch_matmul_nt(B=3,M=T,N=T,K=64)", 1);
@@ -236,9 +244,10 @@ fn random_micro_kernels_are_correct() {
         "dense(M=T,N=2*T+3,K=T+1)+relu",
         "batch_matmul_nn(B=2,M=T+1,N=T,K=3*T)",
         "batch_matmul_nt(B=T,M=5,N=T,K=7)+relu",
+        "dense_packed(M=T,N=2*T+3,K=T+1,P=16)+relu",
     ];
     let mut runs = Vec::new();
-    while runs.len() < 24 {
+    while runs.len() < 32 {
         let nv = rng.random_range(1..=3usize);
         // Every third one the dot variant: any column count, K tiles of whole vectors.
         let dot = runs.len() % 3 == 2;

@@ -24,12 +24,27 @@ use anyshape_ir::{Expr, Workload};
 use std::collections::HashMap;
 
 /// How the main loop nest addresses one operand: buffer, per-batch base offset and the
-/// strides of its two GEMM axes (row = M or N, col = K or N).
+/// strides of its two GEMM axes (row = M or N, col = K or N); for weights in panels
+/// (`dense_packed`) the panel width, the row stride being the one inside a panel and
+/// the panels `sb_p` apart.
 pub(super) struct Operand {
     pub buf: &'static str,
     pub base: Expr,
     pub s_row: Expr,
     pub s_col: Expr,
+    pub panels: Option<i64>,
+}
+
+impl Operand {
+    /// The offset of row `r` from the base.
+    pub fn row(&self, r: Expr) -> Expr {
+        match self.panels {
+            Some(w) => {
+                r.clone() / Expr::Const(w) * v("sb_p") + r % Expr::Const(w) * self.s_row.clone()
+            }
+            None => r * self.s_row.clone(),
+        }
+    }
 }
 
 /// Everything the stages of the loop nest need to know.
@@ -118,6 +133,9 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         );
         body.push(let_(name, e));
     }
+    if let Some(ps) = b.panel_stride() {
+        body.push(let_("sb_p", renamed(&ps)));
+    }
     body.extend(nest.epilogue_strides());
 
     if nest.policy.copy {
@@ -152,18 +170,21 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
                 base: bases[0].clone(),
                 s_row: strides["sa_m"].clone(),
                 s_col: strides["sa_k"].clone(),
+                panels: None,
             },
             Operand {
                 buf: "in1",
                 base: bases[1].clone(),
                 s_row: strides["sb_n"].clone(),
                 s_col: strides["sb_k"].clone(),
+                panels: b.panels,
             },
             Operand {
                 buf: "out0",
                 base: bases[w.inputs.len()].clone(),
                 s_row: strides["sc_m"].clone(),
                 s_col: strides["sc_n"].clone(),
+                panels: None,
             },
         ]
     };

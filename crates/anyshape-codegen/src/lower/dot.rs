@@ -81,7 +81,7 @@ impl Nest<'_> {
     /// `kc` apart); the loop order follows whichever of the source's axes is contiguous.
     fn pack_k_major(&self, which: usize, dst: &str, op: &Operand, origin: &str, len: &str) -> Stmt {
         let src = v(&format!("base{which}"))
-            + (v(origin) + v("r")) * op.s_row.clone()
+            + op.row(v(origin) + v("r"))
             + (v("k0") + v("kk")) * op.s_col.clone();
         let copy = store(
             dst,

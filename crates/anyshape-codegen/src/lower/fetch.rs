@@ -42,7 +42,7 @@ impl Nest<'_> {
         };
         let row = v(origin) + v(rb) * c(reg) + v("rr");
         let src_idx = v(&format!("base{which}"))
-            + row.clone() * op.s_row.clone()
+            + op.row(row.clone())
             + (v("k0") + v("kk")) * op.s_col.clone();
         let panel = if which == 0 { c(0) } else { v("bofs") };
         let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");

@@ -37,10 +37,17 @@ impl Nest<'_> {
             let mut task = vec![let_("bt", v("t") / v(rows)), let_("r", v("t") % v(rows))];
             let bases = self.batch_bases("bt", &mut task);
             let valid = Cond::and(Cond::Lt(v("r"), v(ext)), Cond::Lt(v("kk"), v("e_k")));
-            let src_idx = bases[which].clone() + v("r") * v(s_row) + v("kk") * v(s_col);
+            let op = Operand {
+                buf: src,
+                base: bases[which].clone(),
+                s_row: v(s_row),
+                s_col: v(s_col),
+                panels: self.w.inputs[which].panels,
+            };
+            let src_idx = op.base.clone() + op.row(v("r")) + v("kk") * op.s_col.clone();
             let value = Value::Select(
                 valid,
-                Box::new(Value::load(src, src_idx)),
+                Box::new(Value::load(op.buf, src_idx)),
                 Box::new(Value::Zero { lanes: 1 }),
             );
             task.push(for_(
@@ -62,18 +69,21 @@ impl Nest<'_> {
                 base: v("bt") * v("p_m") * v("p_k"),
                 s_row: v("p_k"),
                 s_col: c(1),
+                panels: None,
             },
             Operand {
                 buf: "Bg",
                 base: v("bt") * v("p_n") * v("p_k"),
                 s_row: v("p_k"),
                 s_col: c(1),
+                panels: None,
             },
             Operand {
                 buf: "Cg",
                 base: v("bt") * v("p_m") * v("p_n"),
                 s_row: v("p_n"),
                 s_col: c(1),
+                panels: None,
             },
         ]
     }

@@ -104,6 +104,12 @@ impl StridedGemm {
     /// batch axis (the epilogue and its inputs are the caller's to refuse or apply).
     pub fn of(w: &Workload, bound: &BoundWorkload) -> Result<StridedGemm> {
         let g = GemmView::of(w)?;
+        if w.tensors().any(|t| t.panels.is_some()) {
+            return Err(CodegenError::SketchNotApplicable {
+                workload: w.to_string(),
+                reason: "a strided GEMM reads no tensor in panels (pre-packed weights)".into(),
+            });
+        }
         if g.batch.len() > 1 {
             return Err(CodegenError::SketchNotApplicable {
                 workload: w.to_string(),

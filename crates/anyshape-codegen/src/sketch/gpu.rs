@@ -224,6 +224,12 @@ impl Sketch for GpuMicroKernel {
                 reason: "the GPU sketch takes at most one batch axis (the grid's z)".into(),
             });
         }
+        if w.tensors().any(|t| t.panels.is_some()) {
+            return Err(CodegenError::SketchNotApplicable {
+                workload: w.to_string(),
+                reason: "the GPU sketch reads no tensor in panels (pre-packed weights)".into(),
+            });
+        }
         Ok(())
     }
 

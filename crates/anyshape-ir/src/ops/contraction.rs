@@ -25,6 +25,18 @@ pub fn dense(a: &[Expr]) -> Workload {
     )
 }
 
+/// `dense_packed(M, N, K, P)`: `dense` whose weights are pre-packed in panels of `P`
+/// rows (stored `[⌈N/P⌉, K, P]`, see [`TensorRef::panels`]): a model lays out its
+/// constant weights so once, at load time, and the kernels read them in place.
+pub fn dense_packed(a: &[Expr]) -> Workload {
+    let mut w = dense(&a[..3]);
+    w.op = "dense_packed".into();
+    w.args.push(("P".into(), a[3].clone()));
+    // A panel width that is not a positive constant fails validation.
+    w.inputs[1].panels = Some(a[3].as_const().unwrap_or(0));
+    w
+}
+
 fn batch_axes(a: &[Expr]) -> Vec<crate::Axis> {
     let [b, m, n, k] = [&a[0], &a[1], &a[2], &a[3]];
     vec![

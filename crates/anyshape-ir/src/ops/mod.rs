@@ -35,6 +35,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::dense,
     },
     OpDef {
+        name: "dense_packed",
+        args: &["M", "N", "K", "P"],
+        doc: "dense with W pre-packed in panels of P rows: stored [ceil(N/P), K, P]",
+        class: "contraction",
+        build: contraction::dense_packed,
+    },
+    OpDef {
         name: "batch_matmul_nt",
         args: &["B", "M", "N", "K"],
         doc: "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]",
@@ -104,8 +111,12 @@ mod tests {
     #[test]
     fn every_operator_builds_a_valid_workload_of_its_class() {
         for op in OPERATORS {
+            // Panel widths are constants; every other argument an expression.
             let args: Vec<Expr> = (0..op.args.len())
-                .map(|i| Expr::var("T") + i as i64)
+                .map(|i| match op.args[i] {
+                    "P" => Expr::Const(16),
+                    _ => Expr::var("T") + i as i64,
+                })
                 .collect();
             let w = (op.build)(&args);
             w.validate().unwrap_or_else(|e| panic!("{}: {e}", op.name));
@@ -113,5 +124,21 @@ mod tests {
             assert_eq!(operator(op.name).map(|o| o.name), Some(op.name));
         }
         assert!(operator("conv9d").is_none());
+    }
+
+    #[test]
+    fn packed_weights_lie_in_panels() {
+        let w = crate::Workload::parse("dense_packed(M=2,N=5,K=3,P=4)").unwrap();
+        assert_eq!(w.to_string(), "dense_packed(M=2,N=5,K=3,P=4)");
+        let b = w.bind(&crate::Bindings::default()).unwrap();
+        // Two panels of 4 rows (the 5 rows padded to 8) by 3 columns.
+        assert_eq!(b.lens, vec![6, 24, 10]);
+        // (r, c) at (r / 4)·12 + c·4 + r % 4; axes are m, n, k.
+        for (n, k, at) in [(0, 0, 0), (3, 0, 3), (0, 2, 8), (4, 0, 12), (4, 2, 20)] {
+            assert_eq!(b.offset(1, &[0, n, k]), at, "W[{n},{k}]");
+        }
+        for bad in ["dense_packed(M=2,N=5,K=3,P=0)", "dense_packed(M=2,N=5,K=3,P=T)"] {
+            assert!(crate::Workload::parse(bad).is_err(), "{bad}");
+        }
     }
 }
