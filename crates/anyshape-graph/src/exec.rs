@@ -5,7 +5,7 @@
 //! Tests compare both with onnxruntime's recorded outputs.
 use crate::graph::{Graph, Input, Node, ValueId};
 use crate::ops::{op, unsupported};
-use crate::{fact, Fact, Fusion, GraphError, Result, StepKind, Tensor};
+use crate::{fact, Fact, Fusion, GraphError, Layout, Result, StepKind, Tensor};
 use anyshape_ir::{Bindings, BoundWorkload, Expr, Workload};
 
 /// Runs one kernel step: the step's index (in [`Fusion::steps`]), the workload, the
@@ -78,33 +78,43 @@ fn check_input(name: &str, i: &Input, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// A 2-D tensor transposed.
-fn transpose_2d(t: &Tensor) -> Result<Tensor> {
+/// A 2-D weight laid out in panels of `width` rows of `W[n, k]` (`dense_packed`'s
+/// layout, see `anyshape_ir::TensorRef::panels`): `transposed` when `t` is `[K, N]`.
+/// The last panel's rows past `N` are zero.
+fn panels(t: &Tensor, width: usize, transposed: bool) -> Result<Tensor> {
     let [r, c] = t.shape[..] else {
         return Err(GraphError::Shape(format!(
             "a weight of shape {:?} is not 2-D",
             t.shape
         )));
     };
+    let (n, k) = if transposed { (c, r) } else { (r, c) };
     let v = t.as_f32()?;
-    let mut out = vec![0f32; v.len()];
-    for i in 0..r {
-        for j in 0..c {
-            out[j * r + i] = v[i * c + j];
+    let tiles = n.div_ceil(width);
+    let mut out = vec![0f32; tiles * k * width];
+    for row in 0..n {
+        let panel = &mut out[row / width * k * width..];
+        for col in 0..k {
+            let x = if transposed {
+                v[col * n + row]
+            } else {
+                v[row * k + col]
+            };
+            panel[col * width + row % width] = x;
         }
     }
-    Tensor::f32(vec![c, r], out)
+    Tensor::f32(vec![tiles, k, width], out)
 }
 
 /// A model's fused steps, ready to run any number of times: the graph, its facts and
 /// steps ([`crate::fuse`]), each kernel step's parsed workload and the weights its
-/// kernels read transposed — all made once.
+/// kernels read laid out in panels — all made once.
 pub struct Plan {
     graph: Graph,
     facts: Vec<Option<Fact>>,
     fusion: Fusion,
     workloads: Vec<Option<Workload>>,
-    transposed: std::collections::HashMap<usize, Tensor>,
+    laid_out: std::collections::HashMap<usize, Tensor>,
     /// The last step that reads each value (values are freed after it).
     last_use: Vec<usize>,
 }
@@ -115,22 +125,24 @@ impl Plan {
         let facts = crate::infer(&graph)?;
         let fusion = crate::fuse(&graph, &facts);
         let mut workloads = Vec::new();
-        let mut transposed = std::collections::HashMap::new();
+        let mut laid_out = std::collections::HashMap::new();
         let mut last_use = vec![usize::MAX; graph.values.len()];
         for (k, step) in fusion.steps.iter().enumerate() {
             workloads.push(match &step.kind {
                 StepKind::Kernel(text) => Some(Workload::parse(text)?),
                 _ => None,
             });
-            for &(v, t) in &step.inputs {
-                if t && !transposed.contains_key(&v) {
-                    let w = fact(&facts, v).value.as_ref().ok_or_else(|| {
-                        GraphError::Shape(format!(
-                            "`{}` is transposed but not a constant",
-                            graph.values[v]
-                        ))
-                    })?;
-                    transposed.insert(v, transpose_2d(w)?);
+            for &(v, layout) in &step.inputs {
+                if let Layout::Panels { width, transposed } = layout {
+                    if !laid_out.contains_key(&v) {
+                        let w = fact(&facts, v).value.as_ref().ok_or_else(|| {
+                            GraphError::Shape(format!(
+                                "`{}` is laid out in panels but not a constant",
+                                graph.values[v]
+                            ))
+                        })?;
+                        laid_out.insert(v, panels(w, width, transposed)?);
+                    }
                 }
                 last_use[v] = k;
             }
@@ -148,7 +160,7 @@ impl Plan {
             facts,
             fusion,
             workloads,
-            transposed,
+            laid_out,
             last_use,
         })
     }
@@ -263,9 +275,9 @@ impl Plan {
                 (Some(w), Some(out)) => {
                     let bound = w.bind(&b)?;
                     let mut ins: Vec<&[f32]> = Vec::with_capacity(step.inputs.len());
-                    for &(v, transpose) in &step.inputs {
-                        let t: &Tensor = if transpose {
-                            &self.transposed[&v]
+                    for &(v, layout) in &step.inputs {
+                        let t: &Tensor = if layout != Layout::AsIs {
+                            &self.laid_out[&v]
                         } else {
                             get(&values, facts, v).ok_or_else(|| {
                                 GraphError::Shape(format!(

@@ -2,8 +2,9 @@
 //! steps that are kernels into **tasks** — workloads over the model's shape vars,
 //! identical ones counted once.
 //!
-//! - A contraction (`MatMul`, `Gemm`) is a backbone: `dense` when one operand is a
-//!   weight (a 2-D constant; ONNX's `[K, N]` is transposed once at compile time),
+//! - A contraction (`MatMul`, `Gemm`) is a backbone: `dense_packed` when one operand is
+//!   a weight (a 2-D constant, laid out once in panels of [`PANEL_WIDTH`] rows of
+//!   `W[n, k]` whether ONNX holds it as `[K, N]` or `[N, K]`: [`Layout`]),
 //!   `batch_matmul_nn` when both are activations. The elementwise ops that follow it,
 //!   through views (reshapes of contiguous data), become its epilogue while they fit: a
 //!   bias along the last axis, a constant scale, GELU in its erf and tanh
@@ -43,11 +44,40 @@ pub struct Step {
     /// The nodes (indices into [`Graph::nodes`]).
     pub nodes: Vec<usize>,
     /// A kernel's tensors in the order its workload takes them (operands, then the
-    /// epilogue's inputs), each with whether a 2-D weight is transposed for it (ONNX's
-    /// `[K, N]` for `dense`'s `W[n, k]`); empty for other steps.
-    pub inputs: Vec<(ValueId, bool)>,
+    /// epilogue's inputs), each with how the kernel reads it; empty for other steps.
+    pub inputs: Vec<(ValueId, Layout)>,
     /// The value a kernel step writes.
     pub output: Option<ValueId>,
+}
+
+/// Rows per panel of the weights of `dense_packed` kernels: two AVX2 vectors, one
+/// AVX-512 vector, so the kernels read whole vectors of a panel in place.
+pub const PANEL_WIDTH: usize = 16;
+
+/// How a kernel reads one of its tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// As the graph holds it.
+    AsIs,
+    /// A 2-D constant weight laid out once, before any run, in panels of `width` rows
+    /// of `W[n, k]` (what `dense_packed` reads); `transposed`: the graph holds it as
+    /// ONNX's `[K, N]`.
+    Panels {
+        /// Rows per panel.
+        width: usize,
+        /// Whether the graph holds the weight as `[K, N]`.
+        transposed: bool,
+    },
+}
+
+impl Layout {
+    /// The weight of a `dense_packed` kernel, held by the graph as `[K, N]` or not.
+    fn panels(transposed: bool) -> Layout {
+        Layout::Panels {
+            width: PANEL_WIDTH,
+            transposed,
+        }
+    }
 }
 
 /// A kernel task and how often the model runs it.
@@ -287,7 +317,7 @@ impl Fuser<'_> {
             return None;
         }
         let mut epilogue = String::new();
-        let mut inputs = vec![(a, false)];
+        let mut inputs = vec![(a, Layout::AsIs)];
         let mut extra = Vec::new();
         let text = if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0
@@ -303,7 +333,7 @@ impl Fuser<'_> {
             } else {
                 (&sb[1], &sb[0])
             };
-            inputs.push((b, !trans_b));
+            inputs.push((b, Layout::panels(!trans_b)));
             if let Some(c) = node.optional_input(2) {
                 let cs = self.shape(c);
                 if node.float("beta", 1.0).ok()? != 1.0
@@ -313,9 +343,9 @@ impl Fuser<'_> {
                     return None;
                 }
                 epilogue.push_str("+bias");
-                inputs.push((c, false));
+                inputs.push((c, Layout::AsIs));
             }
-            format!("dense(M={},N={n},K={kk})", sa[0])
+            format!("dense_packed(M={},N={n},K={kk},P={PANEL_WIDTH})", sa[0])
         } else if (self.constant(b).is_some() || self.transposed.contains_key(&b))
             && sb.len() == 2
             && sa.len() >= 2
@@ -326,12 +356,15 @@ impl Fuser<'_> {
                 .simplify();
             match self.transposed.get(&b) {
                 Some(&(src, t)) => {
-                    inputs.push((src, false));
+                    inputs.push((src, Layout::panels(false)));
                     extra.push(t);
                 }
-                None => inputs.push((b, true)),
+                None => inputs.push((b, Layout::panels(true))),
             }
-            format!("dense(M={m},N={},K={})", sb[1], sb[0])
+            format!(
+                "dense_packed(M={m},N={},K={},P={PANEL_WIDTH})",
+                sb[1], sb[0]
+            )
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
             let r = sa.len();
@@ -339,7 +372,7 @@ impl Fuser<'_> {
                 .iter()
                 .fold(Expr::Const(1), |acc, d| acc * d.clone())
                 .simplify();
-            inputs.push((b, false));
+            inputs.push((b, Layout::AsIs));
             format!(
                 "batch_matmul_nn(B={batch},M={},N={},K={})",
                 sa[r - 2],
@@ -371,7 +404,7 @@ impl Fuser<'_> {
                         && os.len() == 1
                         && Some(&os[0]) == out_shape.last()
                     {
-                        inputs.push((o, false));
+                        inputs.push((o, Layout::AsIs));
                         if epilogue.contains("+bias") {
                             "+add(n)".to_string()
                         } else {
@@ -381,7 +414,7 @@ impl Fuser<'_> {
                         && numel(os) == numel(&out_shape)
                         && os == self.shape(v)
                     {
-                        inputs.push((o, false));
+                        inputs.push((o, Layout::AsIs));
                         "+residual".to_string()
                     } else {
                         break;
@@ -515,7 +548,7 @@ impl Fuser<'_> {
         Some(Step {
             kind: StepKind::Kernel(w.to_string()),
             nodes: vec![k],
-            inputs: vec![(node.input(0).ok()?, false)],
+            inputs: vec![(node.input(0).ok()?, Layout::AsIs)],
             output: Some(node.outputs[0]),
         })
     }

@@ -21,7 +21,7 @@ mod tensor;
 
 pub use error::{GraphError, Result};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
-pub use fusion::{fuse, Fusion, Step, StepKind, Task};
+pub use fusion::{fuse, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};
 pub use graph::{Attr, Graph, Input, Node, ValueId};
 pub use infer::{fact, infer};
 pub use tensor::{numel, strides, DType, Data, Tensor};

@@ -2,7 +2,7 @@
 //! step; the contractions with their epilogues (bias, GELU in both decompositions, a
 //! residual, tanh) found alike in both exporters' graphs; layer norms and softmaxes.
 mod common;
-use anyshape_graph::{fuse, infer, onnx, StepKind};
+use anyshape_graph::{fuse, infer, onnx, Layout, StepKind};
 use std::path::Path;
 
 fn tasks(file: &str) -> (Vec<(String, usize)>, anyshape_graph::Fusion, usize) {
@@ -38,12 +38,21 @@ fn bert_fuses_alike_from_both_exporters() {
     steps_cover_each_node_once(&f2, n2);
     assert_eq!(ts, dynamo);
     let want = [
-        ("dense(M=batch*sequence,N=64,K=64)+add(n)", 6),
-        ("dense(M=batch*sequence,N=128,K=64)+add(n)+gelu", 2),
-        ("dense(M=batch*sequence,N=64,K=128)+add(n)+add(m,n)", 2),
-        ("dense(M=batch*sequence,N=64,K=64)+add(n)+add(m,n)", 2),
+        ("dense_packed(M=batch*sequence,N=64,K=64,P=16)+add(n)", 6),
+        (
+            "dense_packed(M=batch*sequence,N=128,K=64,P=16)+add(n)+gelu",
+            2,
+        ),
+        (
+            "dense_packed(M=batch*sequence,N=64,K=128,P=16)+add(n)+add(m,n)",
+            2,
+        ),
+        (
+            "dense_packed(M=batch*sequence,N=64,K=64,P=16)+add(n)+add(m,n)",
+            2,
+        ),
         ("softmax(M=4*batch*sequence,N=sequence)", 2),
-        ("dense(M=batch,N=64,K=64)+add(n)+tanh", 1),
+        ("dense_packed(M=batch,N=64,K=64,P=16)+add(n)+tanh", 1),
     ];
     for (w, c) in want {
         assert!(
@@ -66,13 +75,16 @@ fn gpt2_fuses_the_tanh_gelu() {
     assert_eq!(ts, dynamo);
     assert!(
         ts.contains(&(
-            "dense(M=batch*sequence,N=256,K=64)+add(n)+gelu_tanh".to_string(),
+            "dense_packed(M=batch*sequence,N=256,K=64,P=16)+add(n)+gelu_tanh".to_string(),
             2
         )),
         "{ts:#?}"
     );
     assert!(
-        ts.contains(&("dense(M=batch*sequence,N=1000,K=64)".to_string(), 1)),
+        ts.contains(&(
+            "dense_packed(M=batch*sequence,N=1000,K=64,P=16)".to_string(),
+            1
+        )),
         "{ts:#?}"
     );
 }
@@ -137,9 +149,21 @@ fn a_transposed_constant_weight_is_read_in_place() {
     assert_eq!(kernels.len(), 1, "{:#?}", f.steps);
     assert_eq!(
         kernels[0].kind,
-        StepKind::Kernel(format!("dense(M=m,N={n},K={k})"))
+        StepKind::Kernel(format!("dense_packed(M=m,N={n},K={k},P=16)"))
     );
-    assert_eq!(kernels[0].inputs, vec![(0, false), (1, false)]);
+    assert_eq!(
+        kernels[0].inputs,
+        vec![
+            (0, Layout::AsIs),
+            (
+                1,
+                Layout::Panels {
+                    width: 16,
+                    transposed: false
+                }
+            )
+        ]
+    );
     steps_cover_each_node_once(&f, g.nodes.len());
     let plan = exec::Plan::new(g.clone()).unwrap();
     for m in [1usize, 2, 7, 31] {

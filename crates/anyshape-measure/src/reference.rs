@@ -185,9 +185,8 @@ fn softmax(w: &Workload, bound: &BoundWorkload, x: &[f32], axis: usize) -> (Vec<
     let eps = f32::EPSILON as f64;
     let mut point = vec![0i64; w.axes.len()];
     loop {
-        let at = |t: usize, j: i64| {
-            (bound.offset(t, &point) + j * bound.axis_strides[t][axis]) as usize
-        };
+        let at =
+            |t: usize, j: i64| (bound.offset(t, &point) + j * bound.axis_strides[t][axis]) as usize;
         let max = (0..n)
             .map(|j| x[at(0, j)] as f64)
             .fold(f64::NEG_INFINITY, f64::max);

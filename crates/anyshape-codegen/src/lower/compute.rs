@@ -1,9 +1,10 @@
 //! The compute stage of the CPU contraction sketch: an `mr x nr` register tile
 //! accumulated over the packed panels, either vectorized and unchecked (the panels are
 //! padded, or the tile is whole) or element by element with a check on each.
-use super::contraction::Nest;
+use super::contraction::{panel_row, Nest};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
+use anyshape_ir::Expr;
 
 /// The name of accumulator `(i, j)` of a vector register tile.
 pub(super) fn acc(i: usize, j: usize) -> String {
@@ -28,11 +29,31 @@ impl Nest<'_> {
         }
         let mut step = vec![];
         for j in 0..nv {
-            let idx = v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes);
+            let init = match self.b_in_place {
+                // Each vector lies in one panel (the tile starts on a whole vector).
+                Some(pw) => {
+                    s.push(let_(
+                        &format!("bq_{j}"),
+                        v("base1")
+                            + panel_row(v("nj") + c(j * lanes), pw, c(1))
+                            + v("k0") * Expr::Const(pw),
+                    ));
+                    Value::vload(
+                        "in1",
+                        v(&format!("bq_{j}")) + v("kk") * Expr::Const(pw),
+                        lanes,
+                    )
+                }
+                None => Value::vload(
+                    "Bp",
+                    v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + c(j * lanes),
+                    lanes,
+                ),
+            };
             step.push(Stmt::Reg {
                 name: format!("b_{j}"),
                 lanes,
-                init: Value::vload("Bp", idx, lanes),
+                init,
             });
         }
         for i in 0..mk.mr {
@@ -49,7 +70,8 @@ impl Nest<'_> {
                 });
             }
         }
-        if self.policy.fetch.pads() {
+        // B read in place ends at the reduction's end: no padded tail.
+        if self.policy.fetch.pads() && self.b_in_place.is_none() {
             // kp is a multiple of uk: an outer loop and a fully unrolled inner one.
             let mut inner = vec![let_("kk", v("kq") * c(mk.uk) + v("u"))];
             inner.extend(step);
@@ -82,10 +104,18 @@ impl Nest<'_> {
             "Ap",
             v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
         );
-        let b = Value::load(
-            "Bp",
-            v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
-        );
+        let b = match self.b_in_place {
+            Some(pw) => Value::load(
+                "in1",
+                v("base1")
+                    + panel_row(v("nj") + v("j"), pw, c(1))
+                    + (v("k0") + v("kk")) * Expr::Const(pw),
+            ),
+            None => Value::load(
+                "Bp",
+                v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
+            ),
+        };
         let fma = Value::Fma(
             Box::new(b),
             Box::new(a),

@@ -39,12 +39,16 @@ impl Operand {
     /// The offset of row `r` from the base.
     pub fn row(&self, r: Expr) -> Expr {
         match self.panels {
-            Some(w) => {
-                r.clone() / Expr::Const(w) * v("sb_p") + r % Expr::Const(w) * self.s_row.clone()
-            }
+            Some(w) => panel_row(r, w, self.s_row.clone()),
             None => r * self.s_row.clone(),
         }
     }
+}
+
+/// The offset of row `r` of an operand in panels of width `w` (`sb_p` apart), rows
+/// `s_row` apart inside a panel.
+pub(super) fn panel_row(r: Expr, w: i64, s_row: Expr) -> Expr {
+    r.clone() / Expr::Const(w) * v("sb_p") + r % Expr::Const(w) * s_row
 }
 
 /// Everything the stages of the loop nest need to know.
@@ -54,6 +58,9 @@ pub(super) struct Nest<'a> {
     pub mk: MicroKernel,
     pub policy: Policy,
     pub lanes: usize,
+    /// The packed variant reads B in place from its panels of this width (whole
+    /// vectors): weights pre-packed by the model (`dense_packed`).
+    pub b_in_place: Option<i64>,
 }
 
 impl Nest<'_> {
@@ -88,12 +95,18 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     let g = GemmView::of(w)?;
     let (shape_vars, specialized) = shape_vars(p)?;
     let mk = p.micro_kernel;
+    let policy = p.strategy.policy();
+    let lanes = target.lanes_f32();
+    let b_in_place = w.inputs[1]
+        .panels
+        .filter(|&pw| !mk.dot && !policy.copy && pw % lanes as i64 == 0);
     let nest = Nest {
         w,
         g: g.clone(),
         mk,
-        policy: p.strategy.policy(),
-        lanes: target.lanes_f32(),
+        policy,
+        lanes,
+        b_in_place,
     };
     let mut body = Vec::new();
 
@@ -135,6 +148,10 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     }
     if let Some(ps) = b.panel_stride() {
         body.push(let_("sb_p", renamed(&ps)));
+    }
+    if let Some(pw) = nest.b_in_place {
+        // Columns up to here lie in B's panels (the last one padded).
+        body.push(let_("e_np", Expr::round_up(v("e_n"), pw)));
     }
     body.extend(nest.epilogue_strides());
 
@@ -239,18 +256,11 @@ impl Nest<'_> {
     /// The usual variant: both operands packed, vectors along N.
     fn packed_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
-        let mut s = vec![
-            Stmt::Alloc {
-                buf: "Ap".into(),
-                len: c(mk.mc * mk.kc),
-                scope: Scope::Scratch(0),
-            },
-            Stmt::Alloc {
-                buf: "Bp".into(),
-                len: v("tiles_k") * c(mk.kc * mk.nc),
-                scope: Scope::Scratch(1),
-            },
-        ];
+        let mut s = vec![Stmt::Alloc {
+            buf: "Ap".into(),
+            len: c(mk.mc * mk.kc),
+            scope: Scope::Scratch(0),
+        }];
         let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
         // Zero-filled blocks are padded to the unroll, so the compute has no tail.
         let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
@@ -264,16 +274,23 @@ impl Nest<'_> {
             let_("kp", kp),
             let_("bofs", v("kt") * c(mk.kc * mk.nc)),
         ];
-        // The whole K x nc panel of B is packed once per thread and (batch, N tile).
-        let pack_b = [kt_lets.clone(), vec![self.pack(1, &ops[1])]].concat();
-        let claim = Cond::Claim {
-            slot: 1,
-            key: v("bt") * v("tiles_n") + v("jt"),
-        };
-        s.push(if_(
-            claim,
-            vec![for_("kt", v("tiles_k"), LoopKind::Serial, pack_b)],
-        ));
+        if self.b_in_place.is_none() {
+            // The whole K x nc panel of B is packed once per thread and (batch, N tile).
+            s.push(Stmt::Alloc {
+                buf: "Bp".into(),
+                len: v("tiles_k") * c(mk.kc * mk.nc),
+                scope: Scope::Scratch(1),
+            });
+            let pack_b = [kt_lets.clone(), vec![self.pack(1, &ops[1])]].concat();
+            let claim = Cond::Claim {
+                slot: 1,
+                key: v("bt") * v("tiles_n") + v("jt"),
+            };
+            s.push(if_(
+                claim,
+                vec![for_("kt", v("tiles_k"), LoopKind::Serial, pack_b)],
+            ));
+        }
         let mut kt_body = kt_lets;
         kt_body.push(self.pack(0, &ops[0]));
         let mut tile = vec![
@@ -282,6 +299,12 @@ impl Nest<'_> {
         ];
         let out = &ops[2];
         match self.policy.compute {
+            // B read in place: a tile past its last panel is checked.
+            Compute::Unchecked if self.b_in_place.is_some() => tile.push(Stmt::If {
+                cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
+                then: self.fast_tile(out),
+                otherwise: self.checked_tile(out),
+            }),
             Compute::Unchecked => tile.extend(self.fast_tile(out)),
             Compute::Checked => tile.extend(self.checked_tile(out)),
             Compute::Partitioned => tile.push(Stmt::If {

@@ -137,7 +137,10 @@ mod tests {
         for (n, k, at) in [(0, 0, 0), (3, 0, 3), (0, 2, 8), (4, 0, 12), (4, 2, 20)] {
             assert_eq!(b.offset(1, &[0, n, k]), at, "W[{n},{k}]");
         }
-        for bad in ["dense_packed(M=2,N=5,K=3,P=0)", "dense_packed(M=2,N=5,K=3,P=T)"] {
+        for bad in [
+            "dense_packed(M=2,N=5,K=3,P=0)",
+            "dense_packed(M=2,N=5,K=3,P=T)",
+        ] {
             assert!(crate::Workload::parse(bad).is_err(), "{bad}");
         }
     }
