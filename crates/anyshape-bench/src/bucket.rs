@@ -15,14 +15,16 @@ use std::fmt::Write;
 /// ones get `STATUS_WRONG_SHAPE`. Padding buffers are per thread and kept across calls.
 pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> Result<String> {
     let plain = w.inputs.iter().chain([&w.output]).all(|t| {
-        t.index
-            .iter()
-            .all(|ix| ix.offset == 0 && ix.terms.len() == 1 && ix.terms[0].1 == 1)
+        t.panels.is_none()
+            && t.index
+                .iter()
+                .all(|ix| ix.offset == 0 && ix.terms.len() == 1 && ix.terms[0].1 == 1)
     });
     if !plain {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
-            reason: "global padding needs every tensor dimension indexed by one axis".into(),
+            reason: "global padding needs every tensor row-major, each dimension indexed by one axis"
+                .into(),
         });
     }
     let big = w.bind(bucket)?;

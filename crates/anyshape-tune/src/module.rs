@@ -243,8 +243,15 @@ fn header_text(
     ));
     for (i, t) in w.inputs.iter().enumerate() {
         let shape: Vec<String> = t.shape.iter().map(|e| e.to_string()).collect();
+        let layout = match t.panels {
+            Some(p) => format!(
+                "f32 in panels of {p} rows: [ceil({}/{p}), {}, {p}], rows padded",
+                shape[0], shape[1]
+            ),
+            None => "row-major f32".into(),
+        };
         h.push_str(&format!(
-            " * ins[{i}]  = {} [{}], row-major f32\n",
+            " * ins[{i}]  = {} [{}], {layout}\n",
             t.name,
             shape.join(", ")
         ));

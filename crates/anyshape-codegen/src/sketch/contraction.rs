@@ -88,6 +88,32 @@ impl MicroKernel {
         }
     }
 
+    /// The usual variant's default for one row (GEMV-like shapes, and the weights a
+    /// model packs in panels, which it reads in place): four vectors of columns, the
+    /// reduction in tiles whose micro-panel fits L1, the columns in tiles of 24
+    /// vectors (several tasks per core even for a 768-wide output).
+    pub fn default_row_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = 1;
+        let nv = (1..=4)
+            .rev()
+            .find(|&nv| limits.registers(mr, nv))
+            .unwrap_or(1);
+        let nr = nv * lanes;
+        let uk = 4;
+        let kc = uk * max_multiple(uk, |kc| limits.l1(kc, nr)).min(512 / uk);
+        MicroKernel {
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: 24 * lanes / nr * nr,
+            kc,
+            uk,
+            dot: false,
+        }
+    }
+
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -266,11 +292,12 @@ impl Sketch for MicroKernel {
         MicroKernel::default_for(target)
     }
 
-    /// The usual default, then the dot variant's (small M).
+    /// The usual default, then those for small M: the dot variant's and one row's.
     fn seeds(target: &CpuTarget) -> Vec<Self> {
         vec![
             MicroKernel::default_for(target),
             MicroKernel::default_dot_for(target),
+            MicroKernel::default_row_for(target),
         ]
     }
 
