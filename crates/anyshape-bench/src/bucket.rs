@@ -23,8 +23,9 @@ pub fn bucket_c(w: &Workload, bucket: &Bindings, symbol: &str, inner: &str) -> R
     if !plain {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
-            reason: "global padding needs every tensor row-major, each dimension indexed by one axis"
-                .into(),
+            reason:
+                "global padding needs every tensor row-major, each dimension indexed by one axis"
+                    .into(),
         });
     }
     let big = w.bind(bucket)?;

@@ -457,7 +457,15 @@ impl Workload {
                 None => None,
             };
             let len = match bound_panels {
-                Some(p) => product(&t.name, &[(shape[0] + p.width - 1) / p.width, p.stride])?,
+                // Whole panels: ⌈rows / width⌉ (without overflow for any width).
+                Some(p) => {
+                    let tiles = if shape[0] == 0 {
+                        0
+                    } else {
+                        (shape[0] - 1) / p.width + 1
+                    };
+                    product(&t.name, &[tiles, p.stride])?
+                }
                 None => product(&t.name, &shape)?,
             };
             for (d, ix) in t.index.iter().enumerate() {

@@ -201,6 +201,7 @@ fn fuzz_workloads_and_shapes() {
             "dense(M=16*T,N=2304,K=768)",
             "batch_matmul_nt(B=192,M=T,N=T,K=64)+relu",
             "batch_matmul_nn(192, T, 64, T)",
+            "dense_packed(M=T,N=3*T+1,K=768,P=16)+bias+gelu",
             "T=1..128",
             "T=1,8,16",
             "T=37,B=2",

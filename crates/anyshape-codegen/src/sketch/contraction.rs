@@ -114,6 +114,30 @@ impl MicroKernel {
         }
     }
 
+    /// The usual variant's default for a few rows (M of about 8 to 32): eight rows by
+    /// one vector (as many rows as the reduction's broadcasts can keep the FMA units
+    /// busy with, and no columns wasted on a narrow output), the reduction in tiles
+    /// whose micro-panel fits L1 several times over, 24 vectors of columns per task.
+    pub fn default_narrow_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = (1..=8)
+            .rev()
+            .find(|&mr| limits.registers(mr, 1))
+            .unwrap_or(1);
+        let uk = 4;
+        let kc = uk * max_multiple(uk, |kc| limits.l1(2 * kc, 2 * lanes)).min(384 / uk);
+        MicroKernel {
+            mr,
+            nr: lanes,
+            mc: 2 * mr,
+            nc: 24 * lanes,
+            kc,
+            uk,
+            dot: false,
+        }
+    }
+
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -292,12 +316,14 @@ impl Sketch for MicroKernel {
         MicroKernel::default_for(target)
     }
 
-    /// The usual default, then those for small M: the dot variant's and one row's.
+    /// The usual default, then those for small M: the dot variant's, one row's and a
+    /// few rows'.
     fn seeds(target: &CpuTarget) -> Vec<Self> {
         vec![
             MicroKernel::default_for(target),
             MicroKernel::default_dot_for(target),
             MicroKernel::default_row_for(target),
+            MicroKernel::default_narrow_for(target),
         ]
     }
 
@@ -505,6 +531,27 @@ mod tests {
             l1d_bytes: 48 << 10,
             l2_bytes: 2 << 20,
             l3_bytes: 32 << 20,
+        }
+    }
+
+    /// Every seed is valid on AVX2 (16 registers), AVX-512 and this machine, and they
+    /// differ (each one measurement a search spends).
+    #[test]
+    fn seeds_are_valid_and_distinct() {
+        let avx2 = CpuTarget {
+            simd: Simd::Avx2,
+            vector_registers: 16,
+            l1d_bytes: 32 << 10,
+            ..avx512()
+        };
+        for t in [avx2, avx512(), CpuTarget::detect()] {
+            let seeds = MicroKernel::seeds(&t);
+            for mk in &seeds {
+                mk.validate(&t)
+                    .unwrap_or_else(|e| panic!("{:?}: {e}", t.simd));
+            }
+            let distinct: std::collections::BTreeSet<_> = seeds.iter().collect();
+            assert_eq!(distinct.len(), seeds.len(), "{seeds:?}");
         }
     }
 
