@@ -206,7 +206,12 @@ impl<B: Backend> Tuner<B> {
         )
     }
 
-    /// The instances being tuned.
+    /// The sketch's seeds (its variants' defaults), which the search measures first.
+    pub fn seeds(&self) -> Vec<B::MicroKernel> {
+        self.backend.seeds()
+    }
+
+    /// The instances it tunes on.
     pub fn instances(&self) -> &[Instance] {
         &self.instances
     }
