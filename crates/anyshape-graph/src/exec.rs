@@ -134,14 +134,14 @@ impl Plan {
             });
             for &(v, layout) in &step.inputs {
                 if let Layout::Panels { width, transposed } = layout {
-                    if !laid_out.contains_key(&v) {
+                    if let std::collections::hash_map::Entry::Vacant(slot) = laid_out.entry(v) {
                         let w = fact(&facts, v).value.as_ref().ok_or_else(|| {
                             GraphError::Shape(format!(
                                 "`{}` is laid out in panels but not a constant",
                                 graph.values[v]
                             ))
                         })?;
-                        laid_out.insert(v, panels(w, width, transposed)?);
+                        slot.insert(panels(w, width, transposed)?);
                     }
                 }
                 last_use[v] = k;
