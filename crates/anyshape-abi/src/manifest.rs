@@ -42,8 +42,9 @@ pub struct Vote {
     pub bindings: Bindings,
     /// Index of the chosen micro-kernel.
     pub micro_kernel: usize,
-    /// Its latency on the instance, seconds.
-    pub latency_seconds: f64,
+    /// Its latency on the instance, seconds; none where no candidate could be measured
+    /// or predicted there (every one failed, e.g. timed out; or the module is untuned).
+    pub latency_seconds: Option<f64>,
     /// Measured (true) or predicted by the cost model (false).
     pub measured: bool,
 }

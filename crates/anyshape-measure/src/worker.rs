@@ -138,9 +138,6 @@ pub fn serve_with(builtins: Builtins) -> i32 {
                 Err(why) => emit(Event::Done(k, Outcome::Failed(why))),
             }
         }
-        if let Some((last, _)) = ready.last() {
-            emit(Event::Start(*last));
-        }
         let o = &job.options;
         let mut flush = vec![0u8; o.flush_bytes];
         let start = Instant::now();
@@ -151,8 +148,12 @@ pub fn serve_with(builtins: Builtins) -> i32 {
                     && round < o.max_repeats))
         {
             let mut failed = Vec::new();
-            for (n, (_, t)) in ready.iter_mut().enumerate() {
+            for (n, (k, t)) in ready.iter_mut().enumerate() {
                 evict_caches(&mut flush, round);
+                // The time limit is per call: a group of slow candidates timed in
+                // alternation would otherwise share one window, and the last one
+                // started would be blamed for the others' time.
+                emit(Event::Start(*k));
                 if let Err(why) = t.call() {
                     failed.push((n, why));
                 }

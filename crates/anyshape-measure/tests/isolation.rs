@@ -170,3 +170,46 @@ fn a_compile_the_environment_stops_is_not_a_failed_kernel() {
     assert!(!again.cached && again.unavailable.is_empty() && again.failed.is_empty());
     assert!(again.require_all().is_ok());
 }
+
+/// The time limit is per call: slow candidates timed in alternation on one instance,
+/// each call well under the limit but the group's rounds together far over it, are all
+/// measured (they once shared one window, and each restart blamed the last one started).
+#[test]
+fn slow_candidates_in_alternation_are_not_timed_out_together() {
+    let target = CpuTarget::detect();
+    let w = Workload::parse("dense(M=T,N=40,K=24)").unwrap();
+    let kernels = vec![KernelSource {
+        symbol: "as_test_slow".into(),
+        code: format!(
+            "int usleep(unsigned); int32_t as_test_slow{SIG} {{ usleep(300000); return 0; }}"
+        ),
+    }];
+    let dir = tempfile::tempdir().unwrap();
+    let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
+    let cand = Candidate {
+        symbol: "as_test_slow".into(),
+        workload: w,
+        bindings: Bindings::from_pairs([("T", 3)]),
+        check: false,
+        gpu: None,
+    };
+    let runner = Runner {
+        worker: WorkerCommand {
+            program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
+            args: vec![],
+        },
+        options: MeasureOptions {
+            min_repeats: 2,
+            max_repeats: 2,
+            min_seconds: 0.0,
+            // Each call takes 0.3 s; the group's 4 x 2 timed calls take 2.4 s.
+            timeout_seconds: 1.0,
+            interleave: true,
+            flush_bytes: 0,
+        },
+    };
+    let out = runner.measure(&lib.kernels(), &vec![cand; 4]).unwrap();
+    for o in &out {
+        assert!(matches!(o, Outcome::Measured(_)), "{out:#?}");
+    }
+}

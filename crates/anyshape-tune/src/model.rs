@@ -242,7 +242,7 @@ fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(job: &TaskJob) -> Re
             .map(|x| Vote {
                 bindings: x.bindings.clone(),
                 micro_kernel: 0,
-                latency_seconds: 0.0,
+                latency_seconds: None,
                 measured: false,
             })
             .collect(),

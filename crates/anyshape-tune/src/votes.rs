@@ -186,7 +186,7 @@ pub fn vote<K: Copy>(
                 .iter()
                 .position(|&o| o == k)
                 .expect("voted kernels are kept"),
-            latency_seconds: table.latency[k][i],
+            latency_seconds: Some(table.latency[k][i]).filter(|l| l.is_finite()),
             measured: table.measured[k][i],
         })
         .collect();
@@ -339,7 +339,7 @@ mod tests {
             .map(|t| Vote {
                 bindings: Bindings::from_pairs([("T", t)]),
                 micro_kernel: (t % 2) as usize,
-                latency_seconds: 1.0,
+                latency_seconds: Some(1.0),
                 measured: true,
             })
             .collect();
@@ -359,6 +359,13 @@ mod tests {
             Bindings::from_pairs([("T", 2)]),
         ];
         let v = vote(&t, &c, &inst, 0.02).unwrap();
-        assert!(v.votes[1].latency_seconds.is_finite());
+        assert!(v.votes[1].latency_seconds.is_some_and(f64::is_finite));
+        // Where every candidate failed, the vote still names one, with no latency.
+        let t = table(vec![vec![1.0, f64::INFINITY], vec![3.0, f64::INFINITY]]);
+        let c = cover(&t, &[0.5, 0.5], 0.02, 8);
+        let v = vote(&t, &c, &inst, 0.02).unwrap();
+        assert_eq!(v.votes[1].latency_seconds, None);
+        let json = serde_json::to_string(&v.votes).unwrap();
+        assert_eq!(serde_json::from_str::<Vec<Vote>>(&json).unwrap(), v.votes);
     }
 }

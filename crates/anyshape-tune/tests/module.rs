@@ -52,7 +52,7 @@ fn build_voted(
             .map(|b| Vote {
                 bindings: b.clone(),
                 micro_kernel: vote(b.get("T").unwrap()),
-                latency_seconds: 1.0,
+                latency_seconds: Some(1.0),
                 measured: true,
             })
             .collect(),
