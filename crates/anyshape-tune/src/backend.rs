@@ -63,7 +63,7 @@ pub trait Backend {
     /// The micro-kernels the search measures first: the sketch's default (what an
     /// untuned module runs) and its variants' defaults, those the space holds; none to
     /// start at random.
-    fn seeds(&self) -> Vec<Self::MicroKernel> {
+    fn seeds(&self, _w: &Workload) -> Vec<Self::MicroKernel> {
         Vec::new()
     }
     /// Narrow the space to tiles that divide one instance's extents (per-shape tuning).
@@ -144,8 +144,8 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
         K::default_for(&self.target)
     }
 
-    fn seeds(&self) -> Vec<K> {
-        K::seeds(&self.target)
+    fn seeds(&self, w: &Workload) -> Vec<K> {
+        K::seeds(&self.target, w)
             .into_iter()
             .filter(|mk| self.space.contains(mk))
             .collect()

@@ -208,7 +208,7 @@ impl<B: Backend> Tuner<B> {
 
     /// The sketch's seeds (its variants' defaults), which the search measures first.
     pub fn seeds(&self) -> Vec<B::MicroKernel> {
-        self.backend.seeds()
+        self.backend.seeds(&self.workload)
     }
 
     /// The instances it tunes on.
@@ -353,7 +353,7 @@ impl<B: Backend> Tuner<B> {
         // measurement, the seeds (the sketch's defaults) first, so that tuning starts
         // from what an untuned module runs.
         let seeds = if model.samples == 0 {
-            self.backend.seeds()
+            self.backend.seeds(&self.workload)
         } else {
             Vec::new()
         };

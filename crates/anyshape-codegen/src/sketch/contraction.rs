@@ -316,15 +316,20 @@ impl Sketch for MicroKernel {
         MicroKernel::default_for(target)
     }
 
-    /// The usual default, then those for small M: the dot variant's, one row's and a
+    /// The usual default, then those for small M: the dot variant's (not for weights
+    /// in panels, which it packs element by element: 20x slower there), one row's and a
     /// few rows'.
-    fn seeds(target: &CpuTarget) -> Vec<Self> {
-        vec![
-            MicroKernel::default_for(target),
-            MicroKernel::default_dot_for(target),
-            MicroKernel::default_row_for(target),
-            MicroKernel::default_narrow_for(target),
+    fn seeds(target: &CpuTarget, w: &Workload) -> Vec<Self> {
+        let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+        [
+            Some(MicroKernel::default_for(target)),
+            (!panels).then(|| MicroKernel::default_dot_for(target)),
+            Some(MicroKernel::default_row_for(target)),
+            Some(MicroKernel::default_narrow_for(target)),
         ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     fn parse(text: &str) -> Result<Self> {
@@ -544,8 +549,12 @@ mod tests {
             l1d_bytes: 32 << 10,
             ..avx512()
         };
+        let dense = Workload::parse("dense(M=T,N=64,K=64)").unwrap();
+        let packed = Workload::parse("dense_packed(M=T,N=64,K=64,P=16)").unwrap();
+        assert!(MicroKernel::seeds(&avx2, &dense).iter().any(|mk| mk.dot));
+        assert!(!MicroKernel::seeds(&avx2, &packed).iter().any(|mk| mk.dot));
         for t in [avx2, avx512(), CpuTarget::detect()] {
-            let seeds = MicroKernel::seeds(&t);
+            let seeds = MicroKernel::seeds(&t, &dense);
             for mk in &seeds {
                 mk.validate(&t)
                     .unwrap_or_else(|e| panic!("{:?}: {e}", t.simd));

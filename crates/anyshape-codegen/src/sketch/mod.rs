@@ -92,9 +92,9 @@ pub trait Sketch:
     fn applies(w: &Workload) -> Result<()>;
     /// A reasonable micro-kernel for `target` (what runs before anything is tuned).
     fn default_for(target: &Self::Target) -> Self;
-    /// The micro-kernels a search measures before any other: the default first, then
-    /// the defaults of the sketch's other variants.
-    fn seeds(target: &Self::Target) -> Vec<Self> {
+    /// The micro-kernels a search of `w` measures before any other: the default first,
+    /// then the defaults of the sketch's other variants that suit `w`.
+    fn seeds(target: &Self::Target, _w: &Workload) -> Vec<Self> {
         vec![Self::default_for(target)]
     }
     /// Parse the text form (what `Display` writes) or JSON.
