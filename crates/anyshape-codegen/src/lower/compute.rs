@@ -1,10 +1,9 @@
 //! The compute stage of the CPU contraction sketch: an `mr x nr` register tile
 //! accumulated over the packed panels, either vectorized and unchecked (the panels are
 //! padded, or the tile is whole) or element by element with a check on each.
-use super::contraction::{panel_row, Nest};
+use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
-use anyshape_ir::Expr;
 
 /// The name of accumulator `(i, j)` of a vector register tile.
 pub(super) fn acc(i: usize, j: usize) -> String {
@@ -12,9 +11,10 @@ pub(super) fn acc(i: usize, j: usize) -> String {
 }
 
 impl Nest<'_> {
-    /// Accumulators (`mr` rows of `nr / lanes` vectors) over the packed panels: a
-    /// broadcast of A times a vector of B, fused, per reduction step.
-    pub(super) fn vector_accumulate(&self) -> Vec<Stmt> {
+    /// Accumulators (`mr` rows of `nr / lanes` vectors) over the packed panels (B's
+    /// read in place from `b` where it is in panels of whole vectors): a broadcast of A
+    /// times a vector of B, fused, per reduction step.
+    pub(super) fn vector_accumulate(&self, b: &Operand) -> Vec<Stmt> {
         let mk = self.mk;
         let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
         let mut s = Vec::new();
@@ -31,16 +31,14 @@ impl Nest<'_> {
         for j in 0..nv {
             let init = match self.b_in_place {
                 // Each vector lies in one panel (the tile starts on a whole vector).
-                Some(pw) => {
+                Some(_) => {
                     s.push(let_(
                         &format!("bq_{j}"),
-                        v("base1")
-                            + panel_row(v("nj") + c(j * lanes), pw, c(1))
-                            + v("k0") * Expr::Const(pw),
+                        v("base1") + b.row(v("nj") + c(j * lanes)) + v("k0") * b.s_col.clone(),
                     ));
                     Value::vload(
-                        "in1",
-                        v(&format!("bq_{j}")) + v("kk") * Expr::Const(pw),
+                        b.buf,
+                        v(&format!("bq_{j}")) + v("kk") * b.s_col.clone(),
                         lanes,
                     )
                 }
@@ -97,7 +95,7 @@ impl Nest<'_> {
 
     /// A scalar `mr x nr` accumulator array on the stack, each element updated only
     /// where it lies in the output.
-    pub(super) fn checked_accumulate(&self) -> Vec<Stmt> {
+    pub(super) fn checked_accumulate(&self, b: &Operand) -> Vec<Stmt> {
         let mk = self.mk;
         let acc_idx = v("i") * c(mk.nr) + v("j");
         let a = Value::load(
@@ -105,11 +103,9 @@ impl Nest<'_> {
             v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
         );
         let b = match self.b_in_place {
-            Some(pw) => Value::load(
-                "in1",
-                v("base1")
-                    + panel_row(v("nj") + v("j"), pw, c(1))
-                    + (v("k0") + v("kk")) * Expr::Const(pw),
+            Some(_) => Value::load(
+                b.buf,
+                v("base1") + b.row(v("nj") + v("j")) + (v("k0") + v("kk")) * b.s_col.clone(),
             ),
             None => Value::load(
                 "Bp",

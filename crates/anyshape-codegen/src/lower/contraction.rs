@@ -39,16 +39,12 @@ impl Operand {
     /// The offset of row `r` from the base.
     pub fn row(&self, r: Expr) -> Expr {
         match self.panels {
-            Some(w) => panel_row(r, w, self.s_row.clone()),
+            Some(w) => {
+                r.clone() / Expr::Const(w) * v("sb_p") + r % Expr::Const(w) * self.s_row.clone()
+            }
             None => r * self.s_row.clone(),
         }
     }
-}
-
-/// The offset of row `r` of an operand in panels of width `w` (`sb_p` apart), rows
-/// `s_row` apart inside a panel.
-pub(super) fn panel_row(r: Expr, w: i64, s_row: Expr) -> Expr {
-    r.clone() / Expr::Const(w) * v("sb_p") + r % Expr::Const(w) * s_row
 }
 
 /// Everything the stages of the loop nest need to know.
@@ -297,20 +293,19 @@ impl Nest<'_> {
             let_("mi", v("m0") + v("ib") * c(mk.mr)),
             let_("nj", v("n0") + v("jb") * c(mk.nr)),
         ];
-        let out = &ops[2];
         match self.policy.compute {
             // B read in place: a tile past its last panel is checked.
             Compute::Unchecked if self.b_in_place.is_some() => tile.push(Stmt::If {
                 cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
-                then: self.fast_tile(out),
-                otherwise: self.checked_tile(out),
+                then: self.fast_tile(ops),
+                otherwise: self.checked_tile(ops),
             }),
-            Compute::Unchecked => tile.extend(self.fast_tile(out)),
-            Compute::Checked => tile.extend(self.checked_tile(out)),
+            Compute::Unchecked => tile.extend(self.fast_tile(ops)),
+            Compute::Checked => tile.extend(self.checked_tile(ops)),
             Compute::Partitioned => tile.push(Stmt::If {
                 cond: self.full_tile(),
-                then: self.fast_tile(out),
-                otherwise: self.checked_tile(out),
+                then: self.fast_tile(ops),
+                otherwise: self.checked_tile(ops),
             }),
         }
         kt_body.push(self.register_tiles(tile));
@@ -338,16 +333,16 @@ impl Nest<'_> {
     }
 
     /// A register tile with unchecked vectorized compute, stored by the policy.
-    fn fast_tile(&self, out: &Operand) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate();
-        s.extend(self.vector_store(out));
+    fn fast_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate(&ops[1]);
+        s.extend(self.vector_store(&ops[2]));
         s
     }
 
     /// A register tile with a boundary check on every element in the compute stage.
-    fn checked_tile(&self, out: &Operand) -> Vec<Stmt> {
-        let mut s = self.checked_accumulate();
-        s.push(self.checked_store(out));
+    fn checked_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mut s = self.checked_accumulate(&ops[1]);
+        s.push(self.checked_store(&ops[2]));
         s
     }
 }
