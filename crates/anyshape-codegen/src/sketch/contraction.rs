@@ -16,7 +16,8 @@
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is
-//! in `contraction_text.rs`.
+//! in `contraction_text.rs`, its defaults and the search's seeds in
+//! `contraction_seeds.rs`.
 use crate::sketch::{Adaptation, Factors, Sketch};
 use crate::{CodegenError, CpuTarget, GemmView, Program, Result};
 use anyshape_ir::{BoundWorkload, Workload};
@@ -48,96 +49,6 @@ pub struct MicroKernel {
 }
 
 impl MicroKernel {
-    /// A reasonable micro-kernel for `target`, used when none is given.
-    pub fn default_for(target: &CpuTarget) -> MicroKernel {
-        let lanes = target.lanes_f32();
-        let nv = 2;
-        let mr = ((target.vector_registers - nv - 1) / nv).clamp(1, 12);
-        let nr = nv * lanes;
-        let kc = (target.l1d_bytes / 2 / (4 * nr)).clamp(4, 512) / 4 * 4;
-        let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
-        MicroKernel {
-            mr,
-            nr,
-            mc: mc.min(8 * mr),
-            nc: (12 * nr).min(384.max(nr)),
-            kc,
-            uk: 4,
-            dot: false,
-        }
-    }
-
-    /// The dot variant's default, for the smallest M: one row by as many columns as
-    /// the registers allow (each vector of A reused across the columns), the reduction
-    /// in tiles whose rows fit L1 together.
-    pub fn default_dot_for(target: &CpuTarget) -> MicroKernel {
-        let lanes = target.lanes_f32();
-        let limits = Limits(target);
-        let mr = 1;
-        let nr = max_multiple(1, |nr| limits.registers(mr, nr)).clamp(1, 8);
-        let uk = 2;
-        let kc = (uk * lanes) * max_multiple(uk * lanes, |kc| limits.l1(kc, nr + mr));
-        MicroKernel {
-            mr,
-            nr,
-            mc: 16 * mr,
-            nc: 16 * nr,
-            kc,
-            uk,
-            dot: true,
-        }
-    }
-
-    /// The usual variant's default for one row (GEMV-like shapes, and the weights a
-    /// model packs in panels, which it reads in place): four vectors of columns, the
-    /// reduction in tiles whose micro-panel fits L1, the columns in tiles of 24
-    /// vectors (several tasks per core even for a 768-wide output).
-    pub fn default_row_for(target: &CpuTarget) -> MicroKernel {
-        let lanes = target.lanes_f32();
-        let limits = Limits(target);
-        let mr = 1;
-        let nv = (1..=4)
-            .rev()
-            .find(|&nv| limits.registers(mr, nv))
-            .unwrap_or(1);
-        let nr = nv * lanes;
-        let uk = 4;
-        let kc = uk * max_multiple(uk, |kc| limits.l1(kc, nr)).min(512 / uk);
-        MicroKernel {
-            mr,
-            nr,
-            mc: 16 * mr,
-            nc: 24 * lanes / nr * nr,
-            kc,
-            uk,
-            dot: false,
-        }
-    }
-
-    /// The usual variant's default for a few rows (M of about 8 to 32): eight rows by
-    /// one vector (as many rows as the reduction's broadcasts can keep the FMA units
-    /// busy with, and no columns wasted on a narrow output), the reduction in tiles
-    /// whose micro-panel fits L1 several times over, 24 vectors of columns per task.
-    pub fn default_narrow_for(target: &CpuTarget) -> MicroKernel {
-        let lanes = target.lanes_f32();
-        let limits = Limits(target);
-        let mr = (1..=8)
-            .rev()
-            .find(|&mr| limits.registers(mr, 1))
-            .unwrap_or(1);
-        let uk = 4;
-        let kc = uk * max_multiple(uk, |kc| limits.l1(2 * kc, 2 * lanes)).min(384 / uk);
-        MicroKernel {
-            mr,
-            nr: lanes,
-            mc: 2 * mr,
-            nc: 24 * lanes,
-            kc,
-            uk,
-            dot: false,
-        }
-    }
-
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -296,7 +207,7 @@ fn largest_factor(total: usize, unit: usize, at_most: usize) -> Option<usize> {
 }
 
 /// Largest multiplier `x` with `unit * x` passing `fits` (at least 1).
-fn max_multiple(unit: usize, fits: impl Fn(usize) -> bool) -> usize {
+pub(super) fn max_multiple(unit: usize, fits: impl Fn(usize) -> bool) -> usize {
     let mut x = 1;
     while x < 4096 && fits(unit * (x + 1)) {
         x += 1;
@@ -316,20 +227,9 @@ impl Sketch for MicroKernel {
         MicroKernel::default_for(target)
     }
 
-    /// The usual default, then those for small M: the dot variant's (not for weights
-    /// in panels, which it packs element by element: 20x slower there), one row's and a
-    /// few rows'.
+    /// See `contraction_seeds.rs`.
     fn seeds(target: &CpuTarget, w: &Workload) -> Vec<Self> {
-        let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
-        [
-            Some(MicroKernel::default_for(target)),
-            (!panels).then(|| MicroKernel::default_dot_for(target)),
-            Some(MicroKernel::default_row_for(target)),
-            Some(MicroKernel::default_narrow_for(target)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
+        super::contraction_seeds::seeds(target, w)
     }
 
     fn parse(text: &str) -> Result<Self> {

@@ -5,13 +5,14 @@
 //! micro-kernels, how a program lowers, and how an instance maps onto a micro-kernel.
 //!
 //! - `contraction.rs`: contractions on the CPU ([`MicroKernel`], BLIS-like; its text
-//!   form in `contraction_text.rs`);
+//!   form in `contraction_text.rs`, its defaults and seeds in `contraction_seeds.rs`);
 //! - `rows.rs`: normalizations on the CPU ([`RowKernel`]);
 //! - `gpu.rs`: contractions on CUDA GPUs ([`GpuMicroKernel`]).
 //!
 //! A new class needs its sketch file here, its lowering in `lower/`, and the renderer's
 //! table where it uses something new.
 mod contraction;
+mod contraction_seeds;
 mod contraction_text;
 mod gemm;
 mod gpu;

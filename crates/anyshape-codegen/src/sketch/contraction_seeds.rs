@@ -1,0 +1,115 @@
+//! The contraction sketch's defaults, one per regime of shapes (what an untuned module
+//! runs, and the micro-kernels a search measures first), and which of them a workload
+//! gets as seeds. Each is derived from the target's registers and caches, never from a
+//! shape.
+use super::contraction::{max_multiple, Limits, MicroKernel};
+use crate::CpuTarget;
+use anyshape_ir::Workload;
+
+impl MicroKernel {
+    /// A reasonable micro-kernel for `target`, used when none is given.
+    pub fn default_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let nv = 2;
+        let mr = ((target.vector_registers - nv - 1) / nv).clamp(1, 12);
+        let nr = nv * lanes;
+        let kc = (target.l1d_bytes / 2 / (4 * nr)).clamp(4, 512) / 4 * 4;
+        let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
+        MicroKernel {
+            mr,
+            nr,
+            mc: mc.min(8 * mr),
+            nc: (12 * nr).min(384.max(nr)),
+            kc,
+            uk: 4,
+            dot: false,
+        }
+    }
+
+    /// The dot variant's default, for the smallest M: one row by as many columns as
+    /// the registers allow (each vector of A reused across the columns), the reduction
+    /// in tiles whose rows fit L1 together.
+    pub fn default_dot_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = 1;
+        let nr = max_multiple(1, |nr| limits.registers(mr, nr)).clamp(1, 8);
+        let uk = 2;
+        let kc = (uk * lanes) * max_multiple(uk * lanes, |kc| limits.l1(kc, nr + mr));
+        MicroKernel {
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: 16 * nr,
+            kc,
+            uk,
+            dot: true,
+        }
+    }
+
+    /// The usual variant's default for one row (GEMV-like shapes, and the weights a
+    /// model packs in panels, which it reads in place): four vectors of columns, the
+    /// reduction in tiles whose micro-panel fits L1, the columns in tiles of 24
+    /// vectors (several tasks per core even for a 768-wide output).
+    pub fn default_row_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = 1;
+        let nv = (1..=4)
+            .rev()
+            .find(|&nv| limits.registers(mr, nv))
+            .unwrap_or(1);
+        let nr = nv * lanes;
+        let uk = 4;
+        let kc = uk * max_multiple(uk, |kc| limits.l1(kc, nr)).min(512 / uk);
+        MicroKernel {
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: 24 * lanes / nr * nr,
+            kc,
+            uk,
+            dot: false,
+        }
+    }
+
+    /// The usual variant's default for a few rows (M of about 8 to 32): eight rows by
+    /// one vector (as many rows as the reduction's broadcasts can keep the FMA units
+    /// busy with, and no columns wasted on a narrow output), the reduction in tiles
+    /// whose micro-panel fits L1 several times over, 24 vectors of columns per task.
+    pub fn default_narrow_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = (1..=8)
+            .rev()
+            .find(|&mr| limits.registers(mr, 1))
+            .unwrap_or(1);
+        let uk = 4;
+        let kc = uk * max_multiple(uk, |kc| limits.l1(2 * kc, 2 * lanes)).min(384 / uk);
+        MicroKernel {
+            mr,
+            nr: lanes,
+            mc: 2 * mr,
+            nc: 24 * lanes,
+            kc,
+            uk,
+            dot: false,
+        }
+    }
+}
+
+/// The usual default, then those for small M: the dot variant's (not for weights
+/// in panels, which it packs element by element: 20x slower there), one row's and a
+/// few rows'.
+pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
+    let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+    [
+        Some(MicroKernel::default_for(target)),
+        (!panels).then(|| MicroKernel::default_dot_for(target)),
+        Some(MicroKernel::default_row_for(target)),
+        Some(MicroKernel::default_narrow_for(target)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
