@@ -92,15 +92,20 @@ fn panels(t: &Tensor, width: usize, transposed: bool) -> Result<Tensor> {
     let v = t.as_f32()?;
     let tiles = n.div_ceil(width);
     let mut out = vec![0f32; tiles * k * width];
+    let layout = anyshape_ir::BoundPanels {
+        axis: 0,
+        width: width as i64,
+        stride: (k * width) as i64,
+    };
     for row in 0..n {
-        let panel = &mut out[row / width * k * width..];
+        let at = layout.row_offset(row as i64) as usize;
         for col in 0..k {
             let x = if transposed {
                 v[col * n + row]
             } else {
                 v[row * k + col]
             };
-            panel[col * width + row % width] = x;
+            out[at + col * width] = x;
         }
     }
     Tensor::f32(vec![tiles, k, width], out)

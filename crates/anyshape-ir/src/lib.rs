@@ -27,5 +27,6 @@ pub use ops::{operator, OpDef, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
 pub use workload::{
-    AffineIndex, Axis, AxisKind, BoundWorkload, DType, Normalization, OpClass, TensorRef, Workload,
+    AffineIndex, Axis, AxisKind, BoundPanels, BoundWorkload, DType, Normalization, OpClass,
+    TensorRef, Workload,
 };

@@ -262,6 +262,14 @@ pub struct BoundPanels {
     pub stride: i64,
 }
 
+impl BoundPanels {
+    /// The offset of row `r`: its panel's, then its place inside the panel (a column's
+    /// offset, `c · width`, comes on top).
+    pub fn row_offset(&self, r: i64) -> i64 {
+        r / self.width * self.stride + r % self.width
+    }
+}
+
 impl BoundWorkload {
     /// The element offset of tensor `t` at `point` (one value per axis).
     pub fn offset(&self, t: usize, point: &[i64]) -> i64 {
@@ -274,7 +282,7 @@ impl BoundWorkload {
             // The row axis's stride is 1 inside a panel: move whole panels apart.
             Some(p) => {
                 let r = point[p.axis];
-                self.offsets[t] + strided - r + r / p.width * p.stride + r % p.width
+                self.offsets[t] + strided - r + p.row_offset(r)
             }
             None => self.offsets[t] + strided,
         }
