@@ -23,6 +23,7 @@ pub mod plot;
 mod report;
 mod rust_gemm;
 mod tuned;
+mod tuning;
 mod vendor;
 
 pub use bucket::bucket_c;
@@ -33,6 +34,7 @@ pub use error::{BenchError, Result};
 pub use gpu::{compare_gpu, GpuComparison, GpuReport};
 pub use model::{compare_model, ModelCompareOptions};
 pub use rust_gemm::BUILTINS;
+pub use tuning::{read_tuning, Milestone, TuningComparison, MILESTONES};
 pub use vendor::{build_vendors, VendorKernel, VendorLibrary};
 
 use anyshape_codegen::CpuTarget;

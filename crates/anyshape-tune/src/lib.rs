@@ -13,7 +13,9 @@
 
 mod backend;
 mod cost_model;
+mod curve;
 mod error;
+mod family;
 mod features;
 mod instances;
 mod journal;
@@ -33,7 +35,9 @@ mod votes;
 pub use anyshape_codegen::Factors;
 pub use backend::{Backend, CpuBackend, GpuBackend, SketchBackend, Trial, TrialBatch};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
+pub use curve::{CurvePoint, TuningLog, TUNING_FILE};
 pub use error::{Result, TuneError};
+pub use family::{family_of, family_quality, FamilyQuality, Offer};
 pub use features::{extract, feature_names, Tunable};
 pub use instances::{instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;

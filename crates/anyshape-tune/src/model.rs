@@ -1,14 +1,17 @@
 //! Compiling a model: the ONNX graph imported and fused into tasks (`anyshape-graph`),
 //! every task tuned jointly over the model's dims — the tasks' searches sharing one
-//! trial budget, given out by the task scheduler (`schedule.rs`) — then voted and
+//! trial budget, given out by the task scheduler (`schedule.rs`), the members of a
+//! family sharing their cost model and best candidates (`family.rs`) — then voted and
 //! packaged by the compile pipeline (or, with no trials, given its sketch's default
 //! micro-kernel), each into a module of its own, and the model module written:
-//! `model.onnx`, `tasks/tNN/`, `model.json` — replaced whole, as a module is
-//! (`output.rs`).
+//! `model.onnx`, `tasks/tNN/`, `model.json`, and the tuning log `tuning.json`
+//! (`curve.rs`) — replaced whole, as a module is (`output.rs`).
 use crate::schedule::Scheduler;
 use crate::{
-    compile, instances, output, write_module, ModuleSpec, Observer, Packaged, PipelineOptions,
-    RecordLog, Result, SketchBackend, Specialize, StopReason, TuneError, TuneOptions, Tuner, Votes,
+    compile, family_of, family_quality, instances, output, write_module, CurvePoint, FamilyQuality,
+    ModuleSpec, Observer, Offer, Packaged, PipelineOptions, RecordLog, Result, SketchBackend,
+    Specialize, StopReason, TimeBreakdown, TuneError, TuneOptions, Tuner, TuningLog, Votes,
+    TUNING_FILE,
 };
 use anyshape_abi::{
     sha256_hex, DispatchTree, FileEntry, ModelManifest, ModelTask, Vote, MODEL_FILE, MODEL_FORMAT,
@@ -29,6 +32,8 @@ pub struct ModelOptions {
     pub trials: usize,
     /// Give every task `trials` (equal shares) instead of scheduling the budget.
     pub equal_shares: bool,
+    /// The members of a family share their cost model and best candidates.
+    pub families: bool,
     /// Each dim is tuned on at most this many of its values ([`ShapeVar::spread`]);
     /// the dispatch trees cover the rest.
     pub tune_values: usize,
@@ -52,6 +57,8 @@ pub trait ModelObserver: Observer {
     /// The scheduler is done: `given` trials given out, the model's expected latency
     /// after them (seconds per call).
     fn scheduled(&mut self, given: usize, expected_seconds: f64);
+    /// A family of tasks and how well its shared cost model ranks held-out trials.
+    fn family(&mut self, quality: &FamilyQuality);
 }
 
 /// A slice of a model's trial budget, as the task scheduler gives it out.
@@ -154,6 +161,7 @@ pub fn compile_model(
         dir: tmp.join(format!("tasks/t{i:02}")),
     };
     let mut trials = vec![0; tasks.len()];
+    let mut tuning = None;
     if options.trials == 0 {
         for (i, t) in tasks.iter().enumerate() {
             observer.task(i, tasks.len(), &t.workload, t.count);
@@ -163,33 +171,16 @@ pub fn compile_model(
         let mut runs = (0..tasks.len())
             .map(|i| cpu_sketch!(jobs[i].0.class, task_run(job(i))))
             .collect::<Result<Vec<_>>>()?;
-        let counts: Vec<usize> = tasks.iter().map(|t| t.count).collect();
-        let held: Vec<usize> = runs.iter().map(|r| r.trials()).collect();
-        // Equal shares: each task's first slice is its whole share, and nothing is left.
-        let slice = if options.equal_shares {
-            options.trials
-        } else {
-            (options.trials / 2).max(1)
-        };
-        let total = options.trials * tasks.len();
-        let mut scheduler = Scheduler::new(&counts, &held, slice, total);
-        while let Some(a) = scheduler.next_slice() {
-            observer.slice(&Slice {
-                task: a.task,
-                workload: &tasks[a.task].workload,
-                budget: a.budget,
-                given: scheduler.given(),
-                total,
-                expected_seconds: scheduler.expected_latency(),
-            });
-            let (latency, stalled) = runs[a.task].search_to(a.budget, observer)?;
-            scheduler.record(a.task, latency, stalled);
+        let families: Vec<String> = jobs.iter().map(|(w, _)| family_of(w)).collect();
+        let log = schedule(&mut runs, &tasks, &families, options, observer)?;
+        for q in &log.families {
+            observer.family(q);
         }
-        observer.scheduled(scheduler.given(), scheduler.expected_latency());
         for (i, t) in tasks.iter().enumerate() {
             observer.task(i, tasks.len(), &t.workload, t.count);
             trials[i] = runs[i].finish(observer)?;
         }
+        tuning = Some(log);
     }
     let entries = tasks
         .iter()
@@ -217,8 +208,107 @@ pub fn compile_model(
     let json = serde_json::to_string_pretty(&manifest).expect("manifests serialize");
     let mpath = tmp.join(MODEL_FILE);
     std::fs::write(&mpath, json).map_err(io(&mpath))?;
+    if let Some(log) = tuning {
+        let json = serde_json::to_string_pretty(&log).expect("tuning logs serialize");
+        let path = tmp.join(TUNING_FILE);
+        std::fs::write(&path, json).map_err(io(&path))?;
+    }
     output::swap_into_place(&tmp, out).map_err(io(out))?;
     Ok(manifest)
+}
+
+/// The tasks' searches, as the task scheduler gives out the model's budget; the
+/// families' offers moved between their members before every slice. Returns the tuning
+/// log.
+fn schedule(
+    runs: &mut [Box<dyn TaskSearch + '_>],
+    tasks: &[anyshape_graph::Task],
+    families: &[String],
+    options: &ModelOptions,
+    observer: &mut dyn ModelObserver,
+) -> Result<TuningLog> {
+    let start = std::time::Instant::now();
+    let counts: Vec<usize> = tasks.iter().map(|t| t.count).collect();
+    let held: Vec<usize> = runs.iter().map(|r| r.trials()).collect();
+    let resumed_seconds: f64 = runs.iter().map(|r| r.tuning_seconds()).sum();
+    // A quarter of a task's average share a slice: the first slices measure every
+    // task, the rest go where they cut the model's latency most (or round the tasks).
+    let slice = (options.trials / 4).max(1);
+    let total = options.trials * tasks.len();
+    let mut scheduler = Scheduler::new(&counts, &held, slice, total);
+    if options.equal_shares {
+        scheduler = scheduler.equal_shares();
+    }
+    // A resumed run's members offer what their records hold from the start.
+    let mut offers: Vec<Option<Offer>> = runs
+        .iter_mut()
+        .zip(&held)
+        .map(|(r, &n)| (options.families && n > 0).then(|| r.offer()))
+        .collect();
+    let mut curve = Vec::new();
+    while let Some(a) = scheduler.next_slice() {
+        observer.slice(&Slice {
+            task: a.task,
+            workload: &tasks[a.task].workload,
+            budget: a.budget,
+            given: scheduler.given(),
+            total,
+            expected_seconds: scheduler.expected_latency(),
+        });
+        if options.families {
+            let others: Vec<&Offer> = (0..runs.len())
+                .filter(|&j| j != a.task && families[j] == families[a.task])
+                .filter_map(|j| offers[j].as_ref())
+                .collect();
+            runs[a.task].adopt(&others);
+        }
+        let (latency, stalled) = runs[a.task].search_to(a.budget, observer)?;
+        scheduler.record(a.task, latency, stalled);
+        if options.families {
+            offers[a.task] = Some(runs[a.task].offer());
+        }
+        curve.push(CurvePoint {
+            seconds: resumed_seconds + start.elapsed().as_secs_f64(),
+            trials: runs.iter().map(|r| r.trials()).sum(),
+            expected_seconds: scheduler
+                .measured_all()
+                .then(|| scheduler.expected_latency()),
+        });
+    }
+    observer.scheduled(scheduler.given(), scheduler.expected_latency());
+    let mut time = TimeBreakdown::default();
+    for r in runs.iter() {
+        time += r.time();
+    }
+    let mut names: Vec<&String> = families.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut qualities = Vec::new();
+    for name in names {
+        let members: Vec<usize> = (0..runs.len()).filter(|&j| &families[j] == name).collect();
+        if members.len() > 1 {
+            let samples: Vec<_> = members.iter().map(|&j| runs[j].offer().samples).collect();
+            qualities.push(family_quality(name, &members, &samples));
+        }
+    }
+    Ok(TuningLog {
+        mode: format!(
+            "{}{}",
+            if options.equal_shares {
+                "equal shares"
+            } else {
+                "scheduler"
+            },
+            if options.families { " + families" } else { "" }
+        ),
+        trials_per_task: options.trials,
+        tasks: tasks.len(),
+        curve,
+        time,
+        wall_seconds: start.elapsed().as_secs_f64(),
+        new_trials: runs.iter().map(|r| r.trials()).sum::<usize>() - held.iter().sum::<usize>(),
+        families: qualities,
+    })
 }
 
 /// One task to compile.
@@ -274,6 +364,14 @@ trait TaskSearch {
         -> Result<(f64, bool)>;
     /// Trials in the records.
     fn trials(&self) -> usize;
+    /// Tuning seconds of the records.
+    fn tuning_seconds(&self) -> f64;
+    /// Where this process's search time went.
+    fn time(&self) -> TimeBreakdown;
+    /// What the task offers its family.
+    fn offer(&mut self) -> Offer;
+    /// Take what the other members of its family offer.
+    fn adopt(&mut self, offers: &[&Offer]);
     /// The votes, the tree and the module (in the task's directory); the trials
     /// measured, votes included.
     fn finish(&mut self, observer: &mut dyn ModelObserver) -> Result<usize>;
@@ -341,6 +439,22 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
 
     fn trials(&self) -> usize {
         self.tuner.trials()
+    }
+
+    fn tuning_seconds(&self) -> f64 {
+        self.tuner.tuning_seconds().0
+    }
+
+    fn time(&self) -> TimeBreakdown {
+        self.tuner.time
+    }
+
+    fn offer(&mut self) -> Offer {
+        self.tuner.offer()
+    }
+
+    fn adopt(&mut self, offers: &[&Offer]) {
+        self.tuner.adopt(offers)
     }
 
     fn finish(&mut self, observer: &mut dyn ModelObserver) -> Result<usize> {

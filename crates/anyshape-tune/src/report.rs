@@ -3,7 +3,7 @@
 use anyshape_codegen::{MicroKernel, PaddingStrategy};
 use anyshape_ir::Bindings;
 use anyshape_measure::MeasureOptions;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -59,7 +59,7 @@ impl Default for TuneOptions {
 }
 
 /// Where tuning wall time went, seconds.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeBreakdown {
     /// Compiling kernels.
     pub build: f64,
@@ -69,6 +69,15 @@ pub struct TimeBreakdown {
     pub model: f64,
     /// Evolving candidates and extracting features.
     pub search: f64,
+}
+
+impl std::ops::AddAssign for TimeBreakdown {
+    fn add_assign(&mut self, o: TimeBreakdown) {
+        self.build += o.build;
+        self.measure += o.measure;
+        self.model += o.model;
+        self.search += o.search;
+    }
 }
 
 /// What one round did.

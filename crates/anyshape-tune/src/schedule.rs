@@ -8,6 +8,9 @@
 //! take every slice once the drops are noise). A task whose search stalls (nothing new
 //! to measure) gets no more.
 //!
+//! With equal shares (the baseline FamilySeer compares with: independent per-task
+//! tuning), the slices go round the tasks instead, each task getting the same trials.
+//!
 //! The model's expected latency is `Σ count · weighted latency` over the tasks, each
 //! task's latency the mean over its tuned instances (measured where measured, the cost
 //! model's prediction elsewhere): what the scheduler minimizes, and what progress shows.
@@ -40,6 +43,8 @@ pub struct Scheduler {
     tasks: Vec<TaskState>,
     slice: usize,
     total: usize,
+    /// Round the tasks, the same trials each, instead of by expected gain.
+    equal: bool,
 }
 
 /// A slice given to a task.
@@ -70,6 +75,15 @@ impl Scheduler {
                 .collect(),
             slice: slice.max(1),
             total,
+            equal: false,
+        }
+    }
+
+    /// The same scheduler giving every task the same share, a slice at a time in turn.
+    pub fn equal_shares(self) -> Scheduler {
+        Scheduler {
+            equal: true,
+            ..self
         }
     }
 
@@ -92,6 +106,17 @@ impl Scheduler {
             // searched before its module is built.
             Some(i) => (i, self.slice.saturating_sub(self.tasks[i].budget)),
             None if left == 0 => return None,
+            None if self.equal => {
+                let share = self.total.div_ceil(self.tasks.len().max(1));
+                let i = self
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| !t.stalled && t.budget < share)
+                    .min_by_key(|(_, t)| t.budget)?
+                    .0;
+                (i, self.slice.min(left).min(share - self.tasks[i].budget))
+            }
             None => {
                 let i = self
                     .tasks
@@ -130,6 +155,11 @@ impl Scheduler {
         }
         t.latency = Some(latency);
         t.stalled = stalled;
+    }
+
+    /// Whether every task has a latency (the expected latency covers the model).
+    pub fn measured_all(&self) -> bool {
+        self.tasks.iter().all(|t| t.latency.is_some())
     }
 
     /// The model's expected latency: `Σ count · latency` over the tasks with one.
@@ -175,6 +205,19 @@ mod tests {
         // The budget is spent exactly, the last slice cut to what is left.
         let order = run(&[1, 1], &[1.0, 1.0], &[0.1, 0.1], 30, 100);
         assert_eq!(order.len(), 4);
+    }
+
+    #[test]
+    fn equal_shares_go_round_the_tasks() {
+        let mut s = Scheduler::new(&[1, 12, 1], &[0; 3], 10, 90).equal_shares();
+        let mut order = Vec::new();
+        while let Some(a) = s.next_slice() {
+            order.push(a.task);
+            // Task 1 keeps improving; equal shares ignore it.
+            s.record(a.task, 1.0 / (order.len() as f64), false);
+        }
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        assert_eq!(s.given(), 90);
     }
 
     #[test]

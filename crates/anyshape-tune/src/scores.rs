@@ -53,8 +53,10 @@ impl<B: Backend> Tuner<B> {
             .collect()
     }
 
+    /// The cost model trained on `records` and on what the task's family shares.
     pub(crate) fn train(&mut self, records: &[BackendRecord<B>], seed: u64) -> CostModel {
-        let samples = self.samples(records);
+        let own = self.samples(records);
+        let samples = self.with_shared(own);
         let t0 = Instant::now();
         let model = CostModel::fit(&samples, seed);
         self.time.model += t0.elapsed().as_secs_f64();

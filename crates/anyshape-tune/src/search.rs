@@ -8,6 +8,7 @@
 //! help most; append the records (`journal.rs`); retrain the model. The objective is
 //! `Σ_i w_i · latency_i` of the best micro-kernel known for each instance. The search
 //! stops when the budget is spent, when it stalls, or when interrupted ([`StopReason`]).
+use crate::family::Shared;
 use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
 use crate::{
     spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog, Result,
@@ -34,6 +35,8 @@ pub struct Tuner<B: Backend> {
     pub(crate) features: HashMap<B::MicroKernel, Vec<f64>>,
     pub(crate) index: HashMap<Bindings, usize>,
     pub(crate) time: TimeBreakdown,
+    /// What the task's family shares with it (nothing outside a model's compile).
+    pub(crate) shared: Shared<B::MicroKernel>,
 }
 
 impl<'a> Tuner<CpuBackend<'a>> {
@@ -130,6 +133,7 @@ impl<B: Backend> Tuner<B> {
             features: HashMap::new(),
             index,
             time: TimeBreakdown::default(),
+            shared: Shared::default(),
         })
     }
 
@@ -253,9 +257,11 @@ impl<B: Backend> Tuner<B> {
         }
     }
 
-    /// Evolve candidates from the best known micro-kernels.
+    /// Evolve candidates from the best known micro-kernels; the family's best ones
+    /// (foreseen, see `family.rs`) are candidates as they are.
     fn evolve(&self, elites: &[B::MicroKernel], rng: &mut ChaCha8Rng) -> Vec<B::MicroKernel> {
         let mut out: BTreeSet<B::MicroKernel> = elites.iter().copied().collect();
+        out.extend(self.shared.kernels.iter().copied());
         for _ in 0..64 {
             out.insert(self.backend.sample(rng));
         }
@@ -443,6 +449,8 @@ impl<B: Backend> Tuner<B> {
     ) -> Result<TuneReport<B::MicroKernel>> {
         let first_round = self.journal.next_round();
         let mut round = first_round;
+        // Time before this call is not this run's (a model's other tasks ran then).
+        self.journal.clock = Instant::now();
         let records = self.journal.records.clone();
         let mut model = self.train(&records, self.options.seed);
         let mut history = Vec::new();

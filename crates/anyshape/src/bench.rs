@@ -2,12 +2,13 @@
 //! dispatches (`--dispatch-loss`) and what dispatching costs (`--overhead`); the
 //! measuring is `anyshape-bench`'s, this parses the options and shows the reports. A
 //! model module (`--model`, from `anyshape compile`) is raced against onnxruntime and
-//! tract (`--compare`).
+//! tract (`--compare`), and its tuning against another compile's (`--tuning-against`).
 use crate::progress::Reporter;
 use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
-    compare, compare_model, dispatch_loss, overhead, CompareOptions, ModelCompareOptions,
+    compare, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
+    ModelCompareOptions, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -31,6 +32,13 @@ pub struct BenchArgs {
     /// --dim values; writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
+    /// With --model: compare its tuning with another compile of the same model (e.g.
+    /// `anyshape compile --equal-shares --no-families`): when each reached 80, 90 and
+    /// 100 % of that compile's final expected latency, trials per hour, build share,
+    /// the families' model quality; writes `tuning.md`, `tuning.csv` and
+    /// `tuning-curve.svg` to --out-dir.
+    #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
+    tuning_against: Option<PathBuf>,
     /// With --model: the values of a model dim, e.g. `--dim sequence=1,8,16,32
     /// --dim batch=1` (ranges such as `1..4` too); every dim of the model is named.
     #[arg(long = "dim", value_name = "NAME=VALUES", requires = "model")]
@@ -99,8 +107,8 @@ pub struct BenchArgs {
 
 /// Run `anyshape bench`.
 pub fn bench(args: BenchArgs) -> Result<()> {
-    if !args.dispatch_loss && !args.overhead && !args.compare {
-        bail!("nothing to measure: pass --compare, --dispatch-loss and/or --overhead");
+    if !args.dispatch_loss && !args.overhead && !args.compare && args.tuning_against.is_none() {
+        bail!("nothing to measure: pass --compare, --dispatch-loss, --overhead and/or --tuning-against");
     }
     let module = match (&args.model, &args.module) {
         (Some(model), _) => return bench_model(model, &args),
@@ -155,8 +163,18 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 /// `anyshape bench --model M --compare`.
 fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
-    if args.dispatch_loss || args.overhead || !args.compare {
-        bail!("a model module is benchmarked with --compare (against onnxruntime and tract)");
+    if args.dispatch_loss || args.overhead {
+        bail!("a model module is benchmarked with --compare (against onnxruntime and tract) and --tuning-against");
+    }
+    if let Some(baseline) = &args.tuning_against {
+        let c = TuningComparison::new(read_tuning(model)?, read_tuning(baseline)?)?;
+        let title = format!("Tuning {} against {}", model.display(), baseline.display());
+        let (summary, written) = c.write(&title, &args.out_dir)?;
+        print!("{summary}");
+        println!("written: {}", written.join(", "));
+    }
+    if !args.compare {
+        return Ok(());
     }
     let mut dims = Vec::new();
     for d in &args.dims {

@@ -30,6 +30,10 @@ pub struct CompileArgs {
     /// Give every task the same trials instead of scheduling them (for comparison).
     #[arg(long)]
     equal_shares: bool,
+    /// Tune every task on its own: no cost model and candidates shared by the tasks of
+    /// a family (same operator over the same dims; for comparison).
+    #[arg(long)]
+    no_families: bool,
     /// With --trials: each dim is tuned (searched and voted) on at most this many of
     /// its values, spread geometrically from its smallest to its largest; each task's
     /// dispatch tree covers the values between (and past) them.
@@ -74,6 +78,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     let options = ModelOptions {
         trials: args.trials as usize,
         equal_shares: args.equal_shares,
+        families: !args.no_families,
         tune_values: args.tune_values as usize,
         records: args.records.clone(),
         resume: args.resume,
@@ -118,6 +123,21 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         m.tasks.iter().map(|t| t.trials).sum::<usize>(),
         args.out.display()
     );
+    let log = args.out.join(anyshape_tune::TUNING_FILE);
+    if let Ok(text) = std::fs::read_to_string(&log) {
+        let t: anyshape_tune::TuningLog = serde_json::from_str(&text)
+            .with_context(|| format!("reading back {}", log.display()))?;
+        println!(
+            "tuning ({}): {} new trials in {:.1} s ({:.0} trials per hour), building kernels {:.0}% of it; expected model latency {} ms; the curve is in {}",
+            t.mode,
+            t.new_trials,
+            t.wall_seconds,
+            t.trials_per_hour(),
+            100.0 * t.build_share(),
+            t.final_latency().map_or("-".into(), |l| format!("{:.3}", l * 1e3)),
+            log.display()
+        );
+    }
     Ok(())
 }
 

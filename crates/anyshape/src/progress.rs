@@ -2,7 +2,7 @@
 //! log file, CI). One [`Reporter`] hears both the libraries' counted work
 //! ([`Progress`]) and the compile pipeline's steps and rounds ([`Observer`]).
 use anyshape_measure::Progress;
-use anyshape_tune::{ModelObserver, Observer, RoundSummary, Slice, Step};
+use anyshape_tune::{FamilyQuality, ModelObserver, Observer, RoundSummary, Slice, Step};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -199,6 +199,22 @@ impl ModelObserver for Reporter {
         self.note(&format!(
             "scheduler: done, {given} trials given; expected model latency {:.3} ms",
             expected_seconds * 1e3
+        ));
+    }
+
+    fn family(&mut self, q: &FamilyQuality) {
+        let rho = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.3}"));
+        self.note(&format!(
+            "family {}: tasks {}, {} trials; held-out Spearman {} (each task's own model: {})",
+            q.family,
+            q.members
+                .iter()
+                .map(|m| (m + 1).to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            q.samples,
+            rho(q.spearman),
+            rho(q.spearman_alone)
         ));
     }
 }

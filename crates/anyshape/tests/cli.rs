@@ -882,3 +882,118 @@ fn compile_run_and_bench_a_model() {
         );
     }
 }
+
+/// A tuned model compile with families (the default) and one without, equal shares:
+/// each writes its tuning log (a curve point per slice, trials rising to the budget);
+/// the families of more than one task are reported; equal shares give every task the
+/// same trials; and `bench --tuning-against` compares the two curves.
+#[test]
+fn tuning_logs_of_two_compiles_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("bert_tiny.ts.onnx");
+    let compile = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let records = dir.path().join(format!("{name}.records"));
+        let mut args = vec![
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..16",
+            "--trials",
+            "4",
+            "--tune-values",
+            "3",
+            "--records",
+            records.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let o = anyshape(&args, dir.path());
+        let said = text(&o);
+        assert!(o.status.success(), "{said}");
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tuning.json")).unwrap())
+                .unwrap();
+        (said, log, out)
+    };
+    let (said, fam, fam_dir) = compile("families", &[]);
+    assert!(
+        said.contains("family dense_packed[batch,sequence]: tasks ")
+            && said.contains("tuning (scheduler + families)"),
+        "{said}"
+    );
+    assert_eq!(fam["mode"], "scheduler + families");
+    let curve = fam["curve"].as_array().unwrap();
+    assert!(curve.len() >= 8, "{fam}");
+    let trials: Vec<u64> = curve
+        .iter()
+        .map(|p| p["trials"].as_u64().unwrap())
+        .collect();
+    assert!(trials.windows(2).all(|w| w[0] <= w[1]), "{trials:?}");
+    assert!(curve.last().unwrap()["expected_seconds"].as_f64().unwrap() > 0.0);
+    let (said, ind, ind_dir) = compile("independent", &["--equal-shares", "--no-families"]);
+    assert_eq!(ind["mode"], "equal shares", "{said}");
+    assert!(!ind["families"].as_array().unwrap().is_empty());
+    assert!(!said.contains("tuning (scheduler"), "{said}");
+    // Both within the budget of 8 tasks x 4 trials.
+    for log in [&fam, &ind] {
+        let last = log["curve"].as_array().unwrap().last().unwrap()["trials"]
+            .as_u64()
+            .unwrap();
+        assert!((16..=32).contains(&last), "{log}");
+    }
+    let report = dir.path().join("report");
+    let o = anyshape(
+        &[
+            "bench",
+            "--model",
+            fam_dir.to_str().unwrap(),
+            "--tuning-against",
+            ind_dir.to_str().unwrap(),
+            "--out-dir",
+            report.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for row in ["| 80 % |", "| 90 % |", "| 100 % |", "trials per hour"] {
+        assert!(out.contains(row), "{out}");
+    }
+    assert!(report.join("tuning.csv").exists() && report.join("tuning.md").exists());
+    // A module without a tuning log (untuned) is a clear error.
+    let o = anyshape(
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..16",
+            "--out",
+            dir.path().join("untuned").to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = anyshape(
+        &[
+            "bench",
+            "--model",
+            fam_dir.to_str().unwrap(),
+            "--tuning-against",
+            dir.path().join("untuned").to_str().unwrap(),
+            "--out-dir",
+            report.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("tuning.json"), "{out}");
+}
