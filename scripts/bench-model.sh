@@ -36,17 +36,9 @@ done
 $bin compile "models/full/$model.onnx" "${dims[@]}" --trials "$trials" "${extra[@]}" \
   --records "$out/records" --resume --out "$out/model.module" 2>&1 | tee "$out/compile.log"
 end=$(date +%s.%N)
-# The tuning curve: the model's expected latency as the scheduler gives out trials (a
-# slice's line shows the latency before it; the last line the latency after all).
-awk 'BEGIN { print "trials_given,expected_model_ms" }
-  /^scheduler: / {
-    match($0, /[0-9]+\/[0-9]+ trials given|done, [0-9]+ trials given/); g = substr($0, RSTART, RLENGTH)
-    gsub(/done, |\/.*| trials given/, "", g)
-    if (match($0, /expected model latency [0-9.]+/)) {
-      ms = substr($0, RSTART + 23, RLENGTH - 23)
-      if (/done,/) print g "," ms; else if (prev != "") print prev "," ms
-    }
-    prev = g }' "$out/compile.log" > "$out/schedule.csv"
+# The tuning log (the model's expected latency after each slice against tuning time,
+# where the time went, the families' model quality), kept beside the reports.
+if [ -f "$out/model.module/tuning.json" ]; then cp "$out/model.module/tuning.json" "$out/"; fi
 {
   echo "compile: $(echo "$end - $start" | bc) s (--trials $trials)"
   echo "module size: $(du -sh "$out/model.module" | cut -f1) (of which the model's own .onnx: $(du -sh "$out/model.module/model.onnx" | cut -f1))"

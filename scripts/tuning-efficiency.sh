@@ -5,7 +5,8 @@
 # benchmarks/results/<model>/trials<N>-independent/, then the task scheduler with
 # families (the default) by scripts/bench-model.sh into .../trials<N>/ (which also races
 # it against onnxruntime and tract); then `anyshape bench --tuning-against` compares the
-# two tuning curves into .../tuning<N>/ (tuning.md, tuning.csv, tuning-curve.svg).
+# two tuning curves into .../tuning<N>/ (tuning.md, tuning.csv, tuning-curve.svg); each
+# compile's tuning log is kept as tuning.json beside its reports.
 # Usage: scripts/tuning-efficiency.sh [bert_base.ts | gpt2_small.ts | ...]
 # ANYSHAPE_MODEL_TRIALS (default 64) trials per task; ANYSHAPE_MODEL_DIMS,
 # ANYSHAPE_BENCH_DIMS, ANYSHAPE_TUNE_VALUES and ANYSHAPE_PYTHON as for bench-model.sh.
@@ -32,6 +33,7 @@ trap 'rm -rf "$scratch"' EXIT
 ANYSHAPE_CACHE="$scratch/cache-independent" $bin compile "models/full/$model.onnx" "${dims[@]}" \
   --trials "$trials" "${extra[@]}" --equal-shares --no-families --records "$ind/records" \
   --resume --out "$ind/model.module" 2>&1 | tee "$ind/compile.log"
+cp "$ind/model.module/tuning.json" "$ind/"
 ANYSHAPE_CACHE="$scratch/cache-families" scripts/bench-model.sh "$model"
 $bin bench --model "$results/trials$trials/model.module" --tuning-against "$ind/model.module" \
   --out-dir "$results/tuning$trials"

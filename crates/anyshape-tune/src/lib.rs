@@ -41,7 +41,7 @@ pub use family::{family_of, family_quality, FamilyQuality, Offer};
 pub use features::{extract, feature_names, Tunable};
 pub use instances::{instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;
-pub use model::{compile_model, ModelObserver, ModelOptions, Slice};
+pub use model::{compile_model, CompiledModel, ModelObserver, ModelOptions, Slice};
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs, normalized};
 pub use pipeline::{compile, Compiled, Observer, Packaged, PipelineOptions, Step};

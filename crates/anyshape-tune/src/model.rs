@@ -79,6 +79,16 @@ pub struct Slice<'a> {
     pub expected_seconds: f64,
 }
 
+/// A compiled model: its manifest (`model.json`) and, where it was tuned, how
+/// (`tuning.json`).
+#[derive(Clone, Debug)]
+pub struct CompiledModel {
+    /// The model module's manifest.
+    pub manifest: ModelManifest,
+    /// The tuning log; none for an untuned module (`trials` 0).
+    pub tuning: Option<TuningLog>,
+}
+
 /// Compile the model at `source` for the dims' domains into the model module `out`.
 pub fn compile_model(
     source: &Path,
@@ -88,7 +98,7 @@ pub fn compile_model(
     options: &ModelOptions,
     out: &Path,
     observer: &mut dyn ModelObserver,
-) -> Result<ModelManifest> {
+) -> Result<CompiledModel> {
     let bytes = std::fs::read(source).map_err(|e| TuneError::Io {
         path: source.display().to_string(),
         source: e,
@@ -208,13 +218,13 @@ pub fn compile_model(
     let json = serde_json::to_string_pretty(&manifest).expect("manifests serialize");
     let mpath = tmp.join(MODEL_FILE);
     std::fs::write(&mpath, json).map_err(io(&mpath))?;
-    if let Some(log) = tuning {
-        let json = serde_json::to_string_pretty(&log).expect("tuning logs serialize");
+    if let Some(log) = &tuning {
+        let json = serde_json::to_string_pretty(log).expect("tuning logs serialize");
         let path = tmp.join(TUNING_FILE);
         std::fs::write(&path, json).map_err(io(&path))?;
     }
     output::swap_into_place(&tmp, out).map_err(io(out))?;
-    Ok(manifest)
+    Ok(CompiledModel { manifest, tuning })
 }
 
 /// The tasks' searches, as the task scheduler gives out the model's budget; the

@@ -104,7 +104,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     };
     let start = Instant::now();
     let mut reporter = Reporter::new(args.quiet);
-    let m = compile_model(
+    let compiled = compile_model(
         &args.model,
         &dims,
         &target,
@@ -114,6 +114,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         &mut reporter,
     )?;
     drop(reporter);
+    let m = &compiled.manifest;
     let runs: usize = m.tasks.iter().map(|t| t.count).sum();
     println!(
         "model module written to {} in {:.1} s: {} tasks ({runs} kernel calls per run), {} measurements (search and votes); run it with `anyshape run --module {} --inputs case.npz`",
@@ -123,10 +124,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         m.tasks.iter().map(|t| t.trials).sum::<usize>(),
         args.out.display()
     );
-    let log = args.out.join(anyshape_tune::TUNING_FILE);
-    if let Ok(text) = std::fs::read_to_string(&log) {
-        let t: anyshape_tune::TuningLog = serde_json::from_str(&text)
-            .with_context(|| format!("reading back {}", log.display()))?;
+    if let Some(t) = &compiled.tuning {
         println!(
             "tuning ({}): {} new trials in {:.1} s ({:.0} trials per hour), building kernels {:.0}% of it; expected model latency {} ms; the curve is in {}",
             t.mode,
@@ -135,7 +133,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             t.trials_per_hour(),
             100.0 * t.build_share(),
             t.final_latency().map_or("-".into(), |l| format!("{:.3}", l * 1e3)),
-            log.display()
+            args.out.join(anyshape_tune::TUNING_FILE).display()
         );
     }
     Ok(())
