@@ -111,6 +111,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         kc: 8,
         uk: 4,
         dot: false,
+        pf: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

@@ -297,6 +297,14 @@ pub enum Stmt {
     },
     /// Wait until every thread of the block reaches this point (GPU).
     Barrier,
+    /// Ask the caches for the line holding `buf[index]` (CPU): a hint, never a read,
+    /// so the index may lie past the buffer's end.
+    Prefetch {
+        /// Buffer.
+        buf: String,
+        /// Element.
+        index: Expr,
+    },
 }
 
 /// A lowered kernel: one C-ABI function.

@@ -213,6 +213,11 @@ impl Verifier<'_> {
             }
             Stmt::Barrier if !self.gpu => self.fail("a barrier in a CPU function".into()),
             Stmt::Barrier => Ok(()),
+            Stmt::Prefetch { .. } if self.gpu => self.fail("a prefetch in a GPU kernel".into()),
+            Stmt::Prefetch { buf, index } => {
+                self.buffer(buf)?;
+                self.expr(index)
+            }
             Stmt::Alloc { buf, len, scope } => {
                 self.expr(len)?;
                 match (scope, self.gpu) {
@@ -300,6 +305,13 @@ mod tests {
                 "twice",
             ),
             (func(vec![Stmt::Barrier]), "barrier"),
+            (
+                func(vec![Stmt::Prefetch {
+                    buf: "Bp".into(),
+                    index: Expr::Const(0),
+                }]),
+                "allocated",
+            ),
             (
                 func(vec![Stmt::Assign {
                     reg: "r".into(),

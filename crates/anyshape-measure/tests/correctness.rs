@@ -42,6 +42,7 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
         kc: 8,
         uk: 4,
         dot: false,
+        pf: false,
     }
 }
 
@@ -57,6 +58,7 @@ fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
         kc: target.lanes_f32(),
         uk: 1,
         dot: true,
+        pf: false,
     }
 }
 
@@ -172,12 +174,16 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
 }
 
 /// `workload` with both variants of the contraction sketch (vectors along N, packed;
-/// dot products along K, read in place), each by its default and a small micro-kernel.
+/// dot products along K, read in place), each by its default and a small micro-kernel
+/// (the usual variant's prefetching: its requests run past the tensors' ends).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let mks = [
         MicroKernel::default_for(&target),
-        small_micro_kernel(&target),
+        MicroKernel {
+            pf: true,
+            ..small_micro_kernel(&target)
+        },
     ];
     matrix(workload, mks, every);
     let dots = [
@@ -260,6 +266,7 @@ fn random_micro_kernels_are_correct() {
             kc: 0,
             uk: [1, 2, 4, 8][rng.random_range(0..4usize)],
             dot,
+            pf: !dot && rng.random_bool(0.5),
         };
         let mk = MicroKernel {
             mc: mk.mr * rng.random_range(1..=5usize),

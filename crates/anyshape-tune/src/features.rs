@@ -27,7 +27,7 @@ const PER_CLASS: [&str; 6] = [
     "contiguous_frac",
     "accesses",
 ];
-const TOTALS: [&str; 12] = [
+const TOTALS: [&str; 13] = [
     "flops",
     "vector_flop_frac",
     "lanes",
@@ -40,6 +40,7 @@ const TOTALS: [&str; 12] = [
     "unrolled_body",
     "parallel_extent",
     "inner_flops_per_iter",
+    "prefetches_per_flop",
 ];
 
 /// Names of the features, in vector order.
@@ -83,6 +84,7 @@ struct Walk {
     unrolled_body: f64,
     parallel_extent: f64,
     inner_flops: f64,
+    prefetches: f64,
     classes: [Access; 4],
 }
 
@@ -247,6 +249,7 @@ impl Walk {
                 }
             }
             Stmt::Alloc { .. } | Stmt::Barrier => {}
+            Stmt::Prefetch { .. } => self.prefetches += self.trip,
             Stmt::GpuIndex { var, .. } => self.env.set(var.clone(), 0),
             Stmt::Reg { init, .. } => self.value(init),
             Stmt::Assign { value, .. } => self.value(value),
@@ -309,6 +312,7 @@ pub fn extract(func: &Func, task: &[(&'static str, i64)], representative: &Bindi
         walk.unrolled_body,
         walk.parallel_extent,
         walk.inner_flops,
+        walk.prefetches / walk.flops.max(1.0),
     ];
     for c in walk.classes {
         f.extend([
@@ -431,6 +435,7 @@ mod tests {
             kc: 8,
             uk: 2,
             dot: false,
+            pf: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

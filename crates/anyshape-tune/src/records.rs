@@ -294,6 +294,7 @@ mod tests {
                 kc: 4,
                 uk: 4,
                 dot: false,
+                pf: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

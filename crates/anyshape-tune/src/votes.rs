@@ -291,6 +291,7 @@ mod tests {
                     kc: 8,
                     uk: 1,
                     dot: false,
+                    pf: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

@@ -5,6 +5,9 @@ use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
 
+/// Floats in a cache line: what one prefetch request brings.
+const CACHE_LINE_FLOATS: usize = 16;
+
 /// The name of accumulator `(i, j)` of a vector register tile.
 pub(super) fn acc(i: usize, j: usize) -> String {
     format!("acc_{i}_{j}")
@@ -54,6 +57,9 @@ impl Nest<'_> {
                 init,
             });
         }
+        if mk.pf {
+            step.splice(0..0, self.prefetch_next_panel(b, &mut s));
+        }
         for i in 0..mk.mr {
             let a = Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i));
             for j in 0..nv {
@@ -83,6 +89,47 @@ impl Nest<'_> {
             s.push(for_("kk", v("klen"), LoopKind::Unrolled(mk.uk), step));
         }
         s
+    }
+
+    /// Software prefetch of this reduction step's row of the next register-tile
+    /// column's B micro-panel (the columns from `nj + nr`), one request per cache line
+    /// of the row; where B is read in place, each line's start is named before the
+    /// loop (pushed onto `before`), as the loads' are.
+    fn prefetch_next_panel(&self, b: &Operand, before: &mut Vec<Stmt>) -> Vec<Stmt> {
+        let mk = self.mk;
+        let per_line = (CACHE_LINE_FLOATS / self.lanes).max(1);
+        (0..mk.nr / self.lanes)
+            .step_by(per_line)
+            .map(|j| {
+                let index = match self.b_in_place {
+                    Some(_) => {
+                        let name = format!("bn_{j}");
+                        before.push(let_(
+                            &name,
+                            v("base1")
+                                + b.row(v("nj") + c(mk.nr + j * self.lanes))
+                                + v("k0") * b.s_col.clone(),
+                        ));
+                        v(&name) + v("kk") * b.s_col.clone()
+                    }
+                    None => {
+                        v("bofs")
+                            + (v("jb") + c(1)) * c(mk.kc * mk.nr)
+                            + v("kk") * c(mk.nr)
+                            + c(j * self.lanes)
+                    }
+                };
+                Stmt::Prefetch {
+                    buf: if self.b_in_place.is_some() {
+                        b.buf
+                    } else {
+                        "Bp"
+                    }
+                    .into(),
+                    index,
+                }
+            })
+            .collect()
     }
 
     /// Whether element `(i, j)` of the register tile at (`mi`, `nj`) is in the output.

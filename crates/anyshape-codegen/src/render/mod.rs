@@ -267,6 +267,12 @@ impl Printer {
                 self.line(&format!("const {int} {var} = ({int}){what};"))
             }
             Stmt::Barrier => self.line("__syncthreads();"),
+            // Integer arithmetic: the address may lie past the buffer, which a pointer
+            // may not.
+            Stmt::Prefetch { buf, index } => self.line(&format!(
+                "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)));",
+                expr(index)
+            )),
             Stmt::Alloc {
                 buf,
                 len,

@@ -46,6 +46,12 @@ pub struct MicroKernel {
     /// contiguous. Absent from the text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dot: bool,
+    /// Software prefetch (usual variant only): each reduction step also asks the
+    /// caches for the B micro-panel of the next register-tile column, one request per
+    /// cache line, so that weights streaming from memory arrive while this tile
+    /// computes. Absent from the text and JSON forms when false (older records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pf: bool,
 }
 
 impl MicroKernel {
@@ -103,6 +109,9 @@ impl MicroKernel {
             if !tile.is_multiple_of(reg) {
                 return fail(format!("{name}: {tile} is not a multiple of {reg}"));
             }
+        }
+        if self.dot && self.pf {
+            return fail("prefetch (pf=1) is for the usual variant, not the dot one".into());
         }
         if self.uk > 16 || self.mr > 32 {
             return fail("uk must be <= 16 and mr <= 32 (code size)".into());
@@ -310,6 +319,7 @@ impl Sketch for MicroKernel {
             kc,
             uk,
             dot,
+            pf: !dot && rng.random_bool(0.5),
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
         mk
@@ -321,7 +331,7 @@ impl Sketch for MicroKernel {
         let lanes = target.lanes_f32();
         let col = self.column_granule(lanes);
         let mut m = *self;
-        match rng.random_range(0..7) {
+        match rng.random_range(0..8) {
             0 => {
                 let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
                 m.mc = (m.mc / m.mr).max(1) * mr;
@@ -340,8 +350,10 @@ impl Sketch for MicroKernel {
                 m.uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
                 m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
             }
+            6 if !m.dot => m.pf = !m.pf,
             _ => {
                 m.dot = !m.dot;
+                m.pf = false;
                 let nr = m.nr / col * m.column_granule(lanes);
                 m.nc = (m.nc / m.nr).max(1) * nr;
                 m.nr = nr;
@@ -367,6 +379,7 @@ impl Sketch for MicroKernel {
             kc: (other.kc / k_unit).max(1) * k_unit,
             uk: reg.uk,
             dot: reg.dot,
+            pf: reg.pf,
         }
     }
 
@@ -409,6 +422,7 @@ impl Sketch for MicroKernel {
             kc,
             uk,
             dot: self.dot,
+            pf: self.pf,
         }
     }
 
@@ -500,6 +514,38 @@ mod tests {
             }
         }
         assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
+    }
+
+    #[test]
+    fn prefetch_text_form_and_limits() {
+        let t = avx512();
+        let mk = MicroKernel::parse("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=1").unwrap();
+        assert!(mk.pf && !mk.dot);
+        mk.validate(&t).unwrap();
+        assert_eq!(mk.to_string(), "mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=1");
+        let json = serde_json::to_string(&mk).unwrap();
+        assert!(json.contains("\"pf\":true"), "{json}");
+        assert_eq!(MicroKernel::parse(&json).unwrap(), mk);
+        // Older records have no `pf`: no prefetch.
+        let old = MicroKernel::parse(&json.replace(",\"pf\":true", "")).unwrap();
+        assert_eq!(old, MicroKernel { pf: false, ..mk });
+        assert!(MicroKernel::parse("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=2").is_err());
+        let both = MicroKernel::parse("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1,pf=1").unwrap();
+        assert!(
+            both.validate(&t).is_err(),
+            "the dot variant does not prefetch"
+        );
+        // The search reaches both settings, and never a prefetching dot kernel.
+        let mut rng = rand::rng();
+        let mut pf = 0;
+        for _ in 0..300 {
+            let mk = MicroKernel::sample(&t, &mut rng);
+            pf += usize::from(mk.pf);
+            for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
+                assert!(!(m.dot && m.pf), "{m}");
+            }
+        }
+        assert!((50..200).contains(&pf), "{pf} prefetching kernels of 300");
     }
 
     #[test]

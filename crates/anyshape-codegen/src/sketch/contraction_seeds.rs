@@ -7,13 +7,15 @@ use crate::CpuTarget;
 use anyshape_ir::Workload;
 
 impl MicroKernel {
-    /// A reasonable micro-kernel for `target`, used when none is given.
+    /// A reasonable micro-kernel for `target`, used when none is given: the B
+    /// micro-panel fills three quarters of L1 (fewer passes over the output than half
+    /// of it: 2-8 % faster on BERT's feed-forward matmul, weights cold, Zen 3).
     pub fn default_for(target: &CpuTarget) -> MicroKernel {
         let lanes = target.lanes_f32();
         let nv = 2;
         let mr = ((target.vector_registers - nv - 1) / nv).clamp(1, 12);
         let nr = nv * lanes;
-        let kc = (target.l1d_bytes / 2 / (4 * nr)).clamp(4, 512) / 4 * 4;
+        let kc = (target.l1d_bytes * 3 / 4 / (4 * nr)).clamp(4, 512) / 4 * 4;
         let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
         MicroKernel {
             mr,
@@ -23,6 +25,7 @@ impl MicroKernel {
             kc,
             uk: 4,
             dot: false,
+            pf: false,
         }
     }
 
@@ -44,6 +47,7 @@ impl MicroKernel {
             kc,
             uk,
             dot: true,
+            pf: false,
         }
     }
 
@@ -70,6 +74,7 @@ impl MicroKernel {
             kc,
             uk,
             dot: false,
+            pf: false,
         }
     }
 
@@ -94,13 +99,15 @@ impl MicroKernel {
             kc,
             uk,
             dot: false,
+            pf: false,
         }
     }
 }
 
 /// The usual default, then those for small M: the dot variant's (not for weights
 /// in panels, which it packs element by element: 20x slower there), one row's and a
-/// few rows'.
+/// few rows'. Weights in panels are read in place, and in a model they come from
+/// memory: their seeds prefetch (`pf`).
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
     let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
     [
@@ -111,5 +118,9 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
     ]
     .into_iter()
     .flatten()
+    .map(|mk| MicroKernel {
+        pf: panels && !mk.dot,
+        ..mk
+    })
     .collect()
 }

@@ -1,15 +1,15 @@
 //! The contraction micro-kernel's text form: `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`
-//! (`,dot=1` for the dot variant), as the command line takes it and messages print it,
+//! (`,dot=1` for the dot variant, `,pf=1` for software prefetch), as the command line takes it and messages print it,
 //! or the JSON form of records.
 use super::contraction::MicroKernel;
 use crate::{CodegenError, Result};
 use std::fmt;
 
-const FIELDS: [&str; 7] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot"];
+const FIELDS: [&str; 8] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf"];
 
 impl MicroKernel {
-    /// Every parameter in [`FIELDS`] order (`dot` as 0 or 1).
-    pub(super) fn values(&self) -> [usize; 7] {
+    /// Every parameter in [`FIELDS`] order (`dot` and `pf` as 0 or 1).
+    pub(super) fn values(&self) -> [usize; 8] {
         [
             self.mr,
             self.nr,
@@ -18,11 +18,12 @@ impl MicroKernel {
             self.kc,
             self.uk,
             usize::from(self.dot),
+            usize::from(self.pf),
         ]
     }
 
     /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
-    /// the dot variant) or the JSON form.
+    /// the dot variant, `,pf=1` for software prefetch) or the JSON form.
     pub fn parse(text: &str) -> Result<MicroKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
@@ -32,11 +33,12 @@ impl MicroKernel {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
         let mut v: Vec<Option<usize>> = super::parse_fields(text, &FIELDS).map_err(bad)?;
-        let dot = match v[6].take() {
-            None | Some(0) => false,
-            Some(1) => true,
-            Some(other) => return Err(bad(format!("dot = {other} is neither 0 nor 1"))),
+        let mut flag = |i: usize| match v[i].take() {
+            None | Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            Some(other) => Err(bad(format!("{} = {other} is neither 0 nor 1", FIELDS[i]))),
         };
+        let (dot, pf) = (flag(6)?, flag(7)?);
         let missing: Vec<_> = FIELDS[..6]
             .iter()
             .zip(&v)
@@ -55,18 +57,20 @@ impl MicroKernel {
             kc,
             uk,
             dot,
+            pf,
         })
     }
 }
 
 impl fmt::Display for MicroKernel {
-    /// The compact form [`MicroKernel::parse`] reads (`dot` only where set).
+    /// The compact form [`MicroKernel::parse`] reads (`dot` and `pf` only where set).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<_> = FIELDS
             .iter()
             .zip(self.values())
-            .take(if self.dot { 7 } else { 6 })
-            .map(|(k, v)| format!("{k}={v}"))
+            .enumerate()
+            .filter(|(i, (_, v))| *i < 6 || *v != 0)
+            .map(|(_, (k, v))| format!("{k}={v}"))
             .collect();
         write!(f, "{}", parts.join(","))
     }
