@@ -467,8 +467,20 @@ mod tests {
         let packed = Workload::parse("dense_packed(M=T,N=64,K=64,P=16)").unwrap();
         assert!(MicroKernel::seeds(&avx2, &dense).iter().any(|mk| mk.dot));
         assert!(!MicroKernel::seeds(&avx2, &packed).iter().any(|mk| mk.dot));
-        for t in [avx2, avx512(), CpuTarget::detect()] {
-            let seeds = MicroKernel::seeds(&t, &dense);
+        // Weights in panels get each seed with and without prefetch; others without.
+        let pf = |w: &Workload| {
+            MicroKernel::seeds(&avx2, w)
+                .iter()
+                .filter(|mk| mk.pf)
+                .count()
+        };
+        assert_eq!(2 * pf(&packed), MicroKernel::seeds(&avx2, &packed).len());
+        assert_eq!(pf(&dense), 0);
+        for (t, w) in [avx2, avx512(), CpuTarget::detect()]
+            .into_iter()
+            .flat_map(|t| [(t.clone(), &dense), (t, &packed)])
+        {
+            let seeds = MicroKernel::seeds(&t, w);
             for mk in &seeds {
                 mk.validate(&t)
                     .unwrap_or_else(|e| panic!("{:?}: {e}", t.simd));

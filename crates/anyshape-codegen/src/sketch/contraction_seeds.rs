@@ -107,20 +107,20 @@ impl MicroKernel {
 /// The usual default, then those for small M: the dot variant's (not for weights
 /// in panels, which it packs element by element: 20x slower there), one row's and a
 /// few rows'. Weights in panels are read in place, and in a model they come from
-/// memory: their seeds prefetch (`pf`).
+/// memory: each of their seeds also comes prefetching (`pf`), which pays from a few
+/// rows up (BERT-base's feed-forward matmul, M = 8: +15 %) but costs 8 % at one row,
+/// where the hardware's own prefetch keeps up with the stream.
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
     let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
-    [
+    let plain = [
         Some(MicroKernel::default_for(target)),
         (!panels).then(|| MicroKernel::default_dot_for(target)),
         Some(MicroKernel::default_row_for(target)),
         Some(MicroKernel::default_narrow_for(target)),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|mk| MicroKernel {
-        pf: panels && !mk.dot,
-        ..mk
-    })
-    .collect()
+    ];
+    let prefetching = plain.map(|mk| {
+        mk.filter(|_| panels)
+            .map(|mk| MicroKernel { pf: true, ..mk })
+    });
+    plain.into_iter().chain(prefetching).flatten().collect()
 }
