@@ -2,8 +2,8 @@
 //!
 //! In the spirit of Ansor's per-store features, but aggregated per buffer class so the
 //! vector has a fixed length: arithmetic by kind, loop structure (extents of serial,
-//! unrolled and parallel loops), branches, and per buffer class the bytes loaded and
-//! stored, unique bytes, reuse and contiguity. The walk is generic over whatever the
+//! unrolled and parallel loops), branches, prefetch requests, and per buffer class the
+//! bytes loaded and stored, unique bytes, reuse and contiguity. The walk is generic over whatever the
 //! lowering produced; it never reads the sketch's parameters directly.
 //!
 //! Features describe the micro-kernel, not an instance: the program is lowered in

@@ -101,7 +101,7 @@ impl Nest<'_> {
         (0..mk.nr / self.lanes)
             .step_by(per_line)
             .map(|j| {
-                let index = match self.b_in_place {
+                let (buf, index) = match self.b_in_place {
                     Some(_) => {
                         let name = format!("bn_{j}");
                         before.push(let_(
@@ -110,22 +110,18 @@ impl Nest<'_> {
                                 + b.row(v("nj") + c(mk.nr + j * self.lanes))
                                 + v("k0") * b.s_col.clone(),
                         ));
-                        v(&name) + v("kk") * b.s_col.clone()
+                        (b.buf, v(&name) + v("kk") * b.s_col.clone())
                     }
-                    None => {
+                    None => (
+                        "Bp",
                         v("bofs")
                             + (v("jb") + c(1)) * c(mk.kc * mk.nr)
                             + v("kk") * c(mk.nr)
-                            + c(j * self.lanes)
-                    }
+                            + c(j * self.lanes),
+                    ),
                 };
                 Stmt::Prefetch {
-                    buf: if self.b_in_place.is_some() {
-                        b.buf
-                    } else {
-                        "Bp"
-                    }
-                    .into(),
+                    buf: buf.into(),
                     index,
                 }
             })

@@ -13,6 +13,9 @@
 //! (no packing: what small M needs, where a packed element of B is used once) and only
 //! the others are packed, and each finished accumulator is summed across its lanes.
 //!
+//! With `pf=1` the usual variant's reduction loop also prefetches the next register
+//! tile column's B micro-panel (weights streaming from memory in a model).
+//!
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is

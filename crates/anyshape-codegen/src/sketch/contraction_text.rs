@@ -1,6 +1,6 @@
 //! The contraction micro-kernel's text form: `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`
-//! (`,dot=1` for the dot variant, `,pf=1` for software prefetch), as the command line takes it and messages print it,
-//! or the JSON form of records.
+//! (`,dot=1` for the dot variant, `,pf=1` for software prefetch), as the command line
+//! takes it and messages print it, or the JSON form of records.
 use super::contraction::MicroKernel;
 use crate::{CodegenError, Result};
 use std::fmt;
