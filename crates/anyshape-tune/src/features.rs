@@ -3,8 +3,8 @@
 //! In the spirit of Ansor's per-store features, but aggregated per buffer class so the
 //! vector has a fixed length: arithmetic by kind, loop structure (extents of serial,
 //! unrolled and parallel loops), branches, prefetch requests, and per buffer class the
-//! bytes loaded and stored, unique bytes, reuse and contiguity. The walk is generic over whatever the
-//! lowering produced; it never reads the sketch's parameters directly.
+//! bytes loaded and stored, unique bytes, reuse and contiguity. The walk is generic
+//! over whatever the lowering produced; it never reads the sketch's parameters directly.
 //!
 //! Features describe the micro-kernel, not an instance: the program is lowered in
 //! symbolic mode and walked over one full task (its sketch says what a task's extents
