@@ -112,6 +112,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         uk: 4,
         dot: false,
         pf: false,
+        ia: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

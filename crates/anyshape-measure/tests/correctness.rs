@@ -43,6 +43,7 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
         uk: 4,
         dot: false,
         pf: false,
+        ia: false,
     }
 }
 
@@ -59,6 +60,7 @@ fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
         uk: 1,
         dot: true,
         pf: false,
+        ia: false,
     }
 }
 
@@ -175,13 +177,19 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
 
 /// `workload` with both variants of the contraction sketch (vectors along N, packed;
 /// dot products along K, read in place), each by its default and a small micro-kernel
-/// (the usual variant's prefetching: its requests run past the tensors' ends).
+/// (the usual variant's default packing A; its small one prefetching, the requests
+/// running past the tensors' ends, and reading A in place, edge tiles past the last
+/// row).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let mks = [
-        MicroKernel::default_for(&target),
+        MicroKernel {
+            ia: false,
+            ..MicroKernel::default_for(&target)
+        },
         MicroKernel {
             pf: true,
+            ia: true,
             ..small_micro_kernel(&target)
         },
     ];
@@ -267,6 +275,7 @@ fn random_micro_kernels_are_correct() {
             uk: [1, 2, 4, 8][rng.random_range(0..4usize)],
             dot,
             pf: !dot && rng.random_bool(0.5),
+            ia: !dot && rng.random_bool(0.5),
         };
         let mk = MicroKernel {
             mc: mk.mr * rng.random_range(1..=5usize),

@@ -436,6 +436,7 @@ mod tests {
             uk: 2,
             dot: false,
             pf: false,
+            ia: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

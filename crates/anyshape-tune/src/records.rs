@@ -295,6 +295,7 @@ mod tests {
                 uk: 4,
                 dot: false,
                 pf: false,
+                ia: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

@@ -292,6 +292,7 @@ mod tests {
                     uk: 1,
                     dot: false,
                     pf: false,
+                    ia: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

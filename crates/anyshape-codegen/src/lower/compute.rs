@@ -1,9 +1,11 @@
 //! The compute stage of the CPU contraction sketch: an `mr x nr` register tile
-//! accumulated over the packed panels, either vectorized and unchecked (the panels are
-//! padded, or the tile is whole) or element by element with a check on each.
+//! accumulated over the packed panels (or A and B read in place), either vectorized
+//! and unchecked (the panels are padded, or the tile is whole) or element by element
+//! with a check on each.
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
+use anyshape_ir::Expr;
 
 /// Floats in a cache line: what one prefetch request brings.
 const CACHE_LINE_FLOATS: usize = 16;
@@ -15,9 +17,10 @@ pub(super) fn acc(i: usize, j: usize) -> String {
 
 impl Nest<'_> {
     /// Accumulators (`mr` rows of `nr / lanes` vectors) over the packed panels (B's
-    /// read in place from `b` where it is in panels of whole vectors): a broadcast of A
-    /// times a vector of B, fused, per reduction step.
-    pub(super) fn vector_accumulate(&self, b: &Operand) -> Vec<Stmt> {
+    /// read in place where it is in panels of whole vectors, A's where `ia=1`): a
+    /// broadcast of A times a vector of B, fused, per reduction step.
+    pub(super) fn vector_accumulate(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
         let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
         let mut s = Vec::new();
@@ -61,7 +64,19 @@ impl Nest<'_> {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         for i in 0..mk.mr {
-            let a = Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i));
+            let a = if self.a_in_place {
+                // Rows past the tensor's last read that row instead: the tile's rows
+                // there are never stored.
+                let name = format!("ar_{i}");
+                let row = Expr::min(v("mi") + c(i), v("p_m") - c(1));
+                s.push(let_(
+                    &name,
+                    v("base0") + a.row(row) + v("k0") * a.s_col.clone(),
+                ));
+                Value::load(a.buf, v(&name) + v("kk") * a.s_col.clone())
+            } else {
+                Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i))
+            };
             for j in 0..nv {
                 let value = Value::Fma(
                     Box::new(Value::reg(&format!("b_{j}"), lanes)),
@@ -74,8 +89,8 @@ impl Nest<'_> {
                 });
             }
         }
-        // B read in place ends at the reduction's end: no padded tail.
-        if self.policy.fetch.pads() && self.b_in_place.is_none() {
+        // An operand read in place ends at the reduction's end: no padded tail.
+        if self.policy.fetch.pads() && self.b_in_place.is_none() && !self.a_in_place {
             // kp is a multiple of uk: an outer loop and a fully unrolled inner one.
             let mut inner = vec![let_("kk", v("kq") * c(mk.uk) + v("u"))];
             inner.extend(step);
@@ -138,13 +153,21 @@ impl Nest<'_> {
 
     /// A scalar `mr x nr` accumulator array on the stack, each element updated only
     /// where it lies in the output.
-    pub(super) fn checked_accumulate(&self, b: &Operand) -> Vec<Stmt> {
+    pub(super) fn checked_accumulate(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
         let acc_idx = v("i") * c(mk.nr) + v("j");
-        let a = Value::load(
-            "Ap",
-            v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
-        );
+        let a = if self.a_in_place {
+            Value::load(
+                a.buf,
+                v("base0") + a.row(v("mi") + v("i")) + (v("k0") + v("kk")) * a.s_col.clone(),
+            )
+        } else {
+            Value::load(
+                "Ap",
+                v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + v("i"),
+            )
+        };
         let b = match self.b_in_place {
             Some(_) => Value::load(
                 b.buf,

@@ -6,7 +6,7 @@
 //!   if this thread does not hold the B panel of (batch, N tile) yet:
 //!     fetch: pack the K x nc panel of B                                (fetch.rs)
 //!   for kt in tiles_k:
-//!     fetch:   pack the A block (mc x kc)                              (fetch.rs)
+//!     fetch:   pack the A block (mc x kc), unless A is read in place   (fetch.rs)
 //!     for each register tile:
 //!       compute: mr x nr accumulators over the packed panels           (compute.rs)
 //!       write-back: store (kt == 0) or accumulate into the output      (writeback.rs)
@@ -57,6 +57,8 @@ pub(super) struct Nest<'a> {
     /// The packed variant reads B in place from its panels of this width (whole
     /// vectors): weights pre-packed by the model (`dense_packed`).
     pub b_in_place: Option<i64>,
+    /// The usual variant reads A in place (`ia=1`): no packed block of A.
+    pub a_in_place: bool,
 }
 
 impl Nest<'_> {
@@ -103,6 +105,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         policy,
         lanes,
         b_in_place,
+        a_in_place: mk.ia && !mk.dot,
     };
     let mut body = Vec::new();
 
@@ -252,11 +255,14 @@ impl Nest<'_> {
     /// The usual variant: both operands packed, vectors along N.
     fn packed_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
-        let mut s = vec![Stmt::Alloc {
-            buf: "Ap".into(),
-            len: c(mk.mc * mk.kc),
-            scope: Scope::Scratch(0),
-        }];
+        let mut s = Vec::new();
+        if !self.a_in_place {
+            s.push(Stmt::Alloc {
+                buf: "Ap".into(),
+                len: c(mk.mc * mk.kc),
+                scope: Scope::Scratch(0),
+            });
+        }
         let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
         // Zero-filled blocks are padded to the unroll, so the compute has no tail.
         let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
@@ -288,7 +294,9 @@ impl Nest<'_> {
             ));
         }
         let mut kt_body = kt_lets;
-        kt_body.push(self.pack(0, &ops[0]));
+        if !self.a_in_place {
+            kt_body.push(self.pack(0, &ops[0]));
+        }
         let mut tile = vec![
             let_("mi", v("m0") + v("ib") * c(mk.mr)),
             let_("nj", v("n0") + v("jb") * c(mk.nr)),
@@ -334,14 +342,14 @@ impl Nest<'_> {
 
     /// A register tile with unchecked vectorized compute, stored by the policy.
     fn fast_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(&ops[1]);
+        let mut s = self.vector_accumulate(ops);
         s.extend(self.vector_store(&ops[2]));
         s
     }
 
     /// A register tile with a boundary check on every element in the compute stage.
     fn checked_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
-        let mut s = self.checked_accumulate(&ops[1]);
+        let mut s = self.checked_accumulate(ops);
         s.push(self.checked_store(&ops[2]));
         s
     }

@@ -14,7 +14,8 @@
 //! the others are packed, and each finished accumulator is summed across its lanes.
 //!
 //! With `pf=1` the usual variant's reduction loop also prefetches the next register
-//! tile column's B micro-panel (weights streaming from memory in a model).
+//! tile column's B micro-panel (weights streaming from memory in a model); with `ia=1`
+//! it reads A in place instead of packing it.
 //!
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
@@ -55,6 +56,12 @@ pub struct MicroKernel {
     /// computes. Absent from the text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pf: bool,
+    /// A read in place (usual variant only): the register tile broadcasts A's elements
+    /// from the tensor itself instead of a packed `mc x kc` block, which saves a scalar
+    /// copy of A per N tile (for a K-contiguous A, each of the tile's `mr` rows is one
+    /// stream). Absent from the text and JSON forms when false (older records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ia: bool,
 }
 
 impl MicroKernel {
@@ -115,6 +122,13 @@ impl MicroKernel {
         }
         if self.dot && self.pf {
             return fail("prefetch (pf=1) is for the usual variant, not the dot one".into());
+        }
+        if self.dot && self.ia {
+            return fail(
+                "A in place (ia=1) is for the usual variant; the dot one reads it in place \
+                 wherever its K axis is contiguous"
+                    .into(),
+            );
         }
         if self.uk > 16 || self.mr > 32 {
             return fail("uk must be <= 16 and mr <= 32 (code size)".into());
@@ -323,6 +337,7 @@ impl Sketch for MicroKernel {
             uk,
             dot,
             pf: !dot && rng.random_bool(0.5),
+            ia: !dot && rng.random_bool(0.5),
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
         mk
@@ -334,7 +349,7 @@ impl Sketch for MicroKernel {
         let lanes = target.lanes_f32();
         let col = self.column_granule(lanes);
         let mut m = *self;
-        match rng.random_range(0..8) {
+        match rng.random_range(0..9) {
             0 => {
                 let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
                 m.mc = (m.mc / m.mr).max(1) * mr;
@@ -354,9 +369,11 @@ impl Sketch for MicroKernel {
                 m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
             }
             6 if !m.dot => m.pf = !m.pf,
+            7 if !m.dot => m.ia = !m.ia,
             _ => {
                 m.dot = !m.dot;
                 m.pf = false;
+                m.ia = false;
                 let nr = m.nr / col * m.column_granule(lanes);
                 m.nc = (m.nc / m.nr).max(1) * nr;
                 m.nr = nr;
@@ -383,6 +400,7 @@ impl Sketch for MicroKernel {
             uk: reg.uk,
             dot: reg.dot,
             pf: reg.pf,
+            ia: reg.ia,
         }
     }
 
@@ -426,6 +444,7 @@ impl Sketch for MicroKernel {
             uk,
             dot: self.dot,
             pf: self.pf,
+            ia: self.ia,
         }
     }
 
@@ -531,36 +550,52 @@ mod tests {
         assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
     }
 
+    /// The usual variant's flags (`pf`, `ia`): text and JSON forms (older records
+    /// without them read as unset), refused with the dot variant, and reached by the
+    /// search both ways, never with the dot variant.
     #[test]
-    fn prefetch_text_form_and_limits() {
+    fn flags_text_form_and_limits() {
+        type Get = fn(&MicroKernel) -> bool;
+        type Set = fn(MicroKernel, bool) -> MicroKernel;
+        let flags: [(&str, Get, Set); 2] = [
+            ("pf", |m| m.pf, |m, pf| MicroKernel { pf, ..m }),
+            ("ia", |m| m.ia, |m, ia| MicroKernel { ia, ..m }),
+        ];
         let t = avx512();
-        let mk = MicroKernel::parse("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=1").unwrap();
-        assert!(mk.pf && !mk.dot);
-        mk.validate(&t).unwrap();
-        assert_eq!(mk.to_string(), "mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=1");
-        let json = serde_json::to_string(&mk).unwrap();
-        assert!(json.contains("\"pf\":true"), "{json}");
-        assert_eq!(MicroKernel::parse(&json).unwrap(), mk);
-        // Older records have no `pf`: no prefetch.
-        let old = MicroKernel::parse(&json.replace(",\"pf\":true", "")).unwrap();
-        assert_eq!(old, MicroKernel { pf: false, ..mk });
-        assert!(MicroKernel::parse("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,pf=2").is_err());
-        let both = MicroKernel::parse("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1,pf=1").unwrap();
-        assert!(
-            both.validate(&t).is_err(),
-            "the dot variant does not prefetch"
-        );
-        // The search reaches both settings, and never a prefetching dot kernel.
         let mut rng = rand::rng();
-        let mut pf = 0;
-        for _ in 0..300 {
-            let mk = MicroKernel::sample(&t, &mut rng);
-            pf += usize::from(mk.pf);
-            for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
-                assert!(!(m.dot && m.pf), "{m}");
+        for (name, get, set) in flags {
+            let text = format!("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,{name}=1");
+            let mk = MicroKernel::parse(&text).unwrap();
+            assert!(get(&mk) && !mk.dot, "{name}");
+            mk.validate(&t).unwrap();
+            assert_eq!(mk.to_string(), text);
+            let json = serde_json::to_string(&mk).unwrap();
+            assert!(json.contains(&format!("\"{name}\":true")), "{json}");
+            assert_eq!(MicroKernel::parse(&json).unwrap(), mk);
+            let old = MicroKernel::parse(&json.replace(&format!(",\"{name}\":true"), "")).unwrap();
+            assert_eq!(old, set(mk, false), "{name}");
+            assert!(
+                MicroKernel::parse(&text.replace("=1", "=2")).is_err(),
+                "{name}"
+            );
+            let dot = format!("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1,{name}=1");
+            assert!(
+                MicroKernel::parse(&dot).unwrap().validate(&t).is_err(),
+                "{name} with the dot variant"
+            );
+            let mut set_count = 0;
+            for _ in 0..300 {
+                let mk = MicroKernel::sample(&t, &mut rng);
+                set_count += usize::from(get(&mk));
+                for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
+                    assert!(!(m.dot && get(&m)), "{m}");
+                }
             }
+            assert!(
+                (50..200).contains(&set_count),
+                "{set_count} kernels of 300 with {name}"
+            );
         }
-        assert!((50..200).contains(&pf), "{pf} prefetching kernels of 300");
     }
 
     #[test]

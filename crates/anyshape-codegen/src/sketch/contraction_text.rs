@@ -1,15 +1,16 @@
 //! The contraction micro-kernel's text form: `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`
-//! (`,dot=1` for the dot variant, `,pf=1` for software prefetch), as the command line
+//! (`,dot=1` for the dot variant, `,pf=1` for software prefetch, `,ia=1` for A read in
+//! place), as the command line
 //! takes it and messages print it, or the JSON form of records.
 use super::contraction::MicroKernel;
 use crate::{CodegenError, Result};
 use std::fmt;
 
-const FIELDS: [&str; 8] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf"];
+const FIELDS: [&str; 9] = ["mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf", "ia"];
 
 impl MicroKernel {
-    /// Every parameter in [`FIELDS`] order (`dot` and `pf` as 0 or 1).
-    pub(super) fn values(&self) -> [usize; 8] {
+    /// Every parameter in [`FIELDS`] order (the flags as 0 or 1).
+    pub(super) fn values(&self) -> [usize; 9] {
         [
             self.mr,
             self.nr,
@@ -19,11 +20,13 @@ impl MicroKernel {
             self.uk,
             usize::from(self.dot),
             usize::from(self.pf),
+            usize::from(self.ia),
         ]
     }
 
     /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
-    /// the dot variant, `,pf=1` for software prefetch) or the JSON form.
+    /// the dot variant, `,pf=1` for software prefetch, `,ia=1` for A in place) or the
+    /// JSON form.
     pub fn parse(text: &str) -> Result<MicroKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
@@ -38,7 +41,7 @@ impl MicroKernel {
             Some(1) => Ok(true),
             Some(other) => Err(bad(format!("{} = {other} is neither 0 nor 1", FIELDS[i]))),
         };
-        let (dot, pf) = (flag(6)?, flag(7)?);
+        let (dot, pf, ia) = (flag(6)?, flag(7)?, flag(8)?);
         let missing: Vec<_> = FIELDS[..6]
             .iter()
             .zip(&v)
@@ -58,12 +61,13 @@ impl MicroKernel {
             uk,
             dot,
             pf,
+            ia,
         })
     }
 }
 
 impl fmt::Display for MicroKernel {
-    /// The compact form [`MicroKernel::parse`] reads (`dot` and `pf` only where set).
+    /// The compact form [`MicroKernel::parse`] reads (the flags only where set).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<_> = FIELDS
             .iter()
