@@ -102,6 +102,11 @@ pub struct Record<K = MicroKernel, T = CpuTarget> {
     /// resumed: it is the sum over its records. 0 in records of older versions.
     #[serde(default)]
     pub seconds: f64,
+    /// Whether the trial belongs to a vote round (the votes' candidates measured on
+    /// every instance side by side), not a search round. Absent when false; records of
+    /// older versions have no vote rounds, so a run resumed from them votes again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub vote: bool,
 }
 
 impl<K, T> Record<K, T> {
@@ -306,6 +311,7 @@ mod tests {
             },
             round: 0,
             seconds: 0.5,
+            vote: false,
         }
     }
 

@@ -146,12 +146,17 @@ impl<B: Backend> Tuner<B> {
         self.scores_with(&model, kernels, None)
     }
 
-    /// The latest round that measured some micro-kernels on every instance (a vote
-    /// round, see [`Tuner::measure_everywhere`]), with those micro-kernels.
+    /// The last round, if it is a complete vote round (see [`Tuner::measure_everywhere`]):
+    /// its records are marked as votes and measured every one of its micro-kernels on
+    /// every instance; with those micro-kernels. (With one instance every search round
+    /// measures its candidates everywhere: the mark tells them apart.)
     pub fn vote_round(&self) -> Option<(usize, Vec<B::MicroKernel>)> {
         let last = self.journal.records.iter().map(|r| r.round).max()?;
         let mut seen: BTreeMap<B::MicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
         for r in self.journal.records.iter().filter(|r| r.round == last) {
+            if !r.vote {
+                return None;
+            }
             seen.entry(r.micro_kernel).or_default().insert(&r.bindings);
         }
         let everywhere =
@@ -176,7 +181,7 @@ impl<B: Backend> Tuner<B> {
             .flat_map(|mk| (0..self.instances.len()).map(move |i| (*mk, i)))
             .collect();
         let round = self.journal.next_round();
-        self.measure(&trials, round, on_trial)?;
+        self.measure(&trials, round, true, on_trial)?;
         Ok(round)
     }
 

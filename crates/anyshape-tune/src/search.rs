@@ -381,13 +381,15 @@ impl<B: Backend> Tuner<B> {
         trials
     }
 
-    /// Build and measure the trials, append their records; returns how many failed,
-    /// and how many the environment failed with the first reason. Each trial is recorded
-    /// as soon as it is measured, so a killed run loses none.
+    /// Build and measure the trials of a search round (or with `vote`, a vote round),
+    /// append their records; returns how many failed, and how many the environment
+    /// failed with the first reason. Each trial is recorded as soon as it is measured,
+    /// so a killed run loses none.
     pub(crate) fn measure(
         &mut self,
         trials: &[(B::MicroKernel, usize)],
         round: usize,
+        vote: bool,
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<RoundFailures> {
         let t0 = Instant::now();
@@ -426,6 +428,7 @@ impl<B: Backend> Tuner<B> {
                 result,
                 round,
                 seconds: 0.0,
+                vote,
             };
             if let Err(e) = journal.append(record, on_trial) {
                 append_error.get_or_insert(e);
@@ -482,7 +485,7 @@ impl<B: Backend> Tuner<B> {
                 continue;
             }
             stalled = 0;
-            let failures = self.measure(&trials, round, on_trial)?;
+            let failures = self.measure(&trials, round, false, on_trial)?;
             if failures.transient == trials.len() {
                 return Err(TuneError::Environment(format!(
                     "every trial of round {round} failed for a reason outside the candidates ({}); the records are kept: free the machine and run again with --resume",

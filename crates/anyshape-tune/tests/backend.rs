@@ -106,9 +106,9 @@ impl Backend for Synthetic<'_> {
     }
 }
 
-#[test]
-fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
-    let measurer = Measurer {
+/// A measurer that is never called (the synthetic backend measures).
+fn unused_measurer() -> Measurer {
+    Measurer {
         builder: Builder::new(std::env::temp_dir()),
         runner: Runner {
             worker: WorkerCommand {
@@ -117,7 +117,12 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
             },
             options: MeasureOptions::default(),
         },
-    };
+    }
+}
+
+#[test]
+fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
+    let measurer = unused_measurer();
     let target = GpuTarget::h100_sxm();
     let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
     let vars = [ShapeVar::parse("T=1..64").unwrap()];
@@ -232,4 +237,53 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         before,
         "a resumed run measures nothing twice"
     );
+}
+
+/// With one instance every search round measures its candidates everywhere, as a vote
+/// round does: the votes must still measure the best candidates side by side (not
+/// take the last search round for a finished vote round) and elect the best one; a
+/// resumed run votes the same without measuring.
+#[test]
+fn one_instance_votes_for_the_best_candidate() {
+    let measurer = unused_measurer();
+    let target = GpuTarget::h100_sxm();
+    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
+    let domain = instances(&w, &[ShapeVar::parse("T=48").unwrap()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let options = TuneOptions {
+        trials: 24,
+        ..TuneOptions::default()
+    };
+    let measured = Rc::new(Cell::new(0));
+    let backend = || Synthetic {
+        gpu: GpuBackend::new(&target, &measurer),
+        measured: measured.clone(),
+    };
+    let (log, previous) = RecordLog::open(&records, false).unwrap();
+    let mut tuner = Tuner::with_backend(
+        backend(),
+        &w,
+        domain.clone(),
+        options.clone(),
+        log,
+        previous,
+    )
+    .unwrap();
+    let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    let best = report.best[0].latency_seconds;
+    let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
+    assert!(measured.get() > 24, "the votes measured their candidates");
+    let elected = votes.votes[0].latency_seconds.unwrap();
+    assert!(
+        elected <= best * (1.0 + VoteOptions::default().tolerance),
+        "elected {elected} s, the search's best {best} s"
+    );
+    drop(tuner);
+    let before = measured.get();
+    let (log, previous) = RecordLog::open(&records, true).unwrap();
+    let mut tuner = Tuner::with_backend(backend(), &w, domain, options, log, previous).unwrap();
+    let again = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(measured.get(), before, "a resumed vote measures nothing");
+    assert_eq!(again.micro_kernels, votes.micro_kernels);
 }
