@@ -7,11 +7,12 @@ use anyshape_codegen::{GpuMicroKernel, GpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_tune::{
-    elect, instances, train_tree, Backend, Factors, GpuBackend, RecordLog, Result, TrialBatch,
-    TrialResult, TuneOptions, Tuner, VoteOptions,
+    elect, instances, train_tree, Backend, Factors, GpuBackend, Instance, RecordLog, Result,
+    TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
 };
 use rand::Rng;
 use std::cell::Cell;
+use std::path::Path;
 use std::rc::Rc;
 
 /// The GPU backend with a synthetic device.
@@ -120,6 +121,20 @@ fn unused_measurer() -> Measurer {
     }
 }
 
+/// A tuner over `domain` on `backend`, its records in `records` (continued with
+/// `resume`).
+fn open_tuner<'a>(
+    backend: Synthetic<'a>,
+    w: &Workload,
+    domain: &[Instance],
+    options: &TuneOptions,
+    records: &Path,
+    resume: bool,
+) -> Tuner<Synthetic<'a>> {
+    let (log, previous) = RecordLog::open(records, resume).unwrap();
+    Tuner::with_backend(backend, w, domain.to_vec(), options.clone(), log, previous).unwrap()
+}
+
 #[test]
 fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
     let measurer = unused_measurer();
@@ -137,17 +152,8 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         gpu: GpuBackend::new(&target, &measurer),
         measured: measured.clone(),
     };
-    let (log, previous) = RecordLog::open(&records, false).unwrap();
     let domain = instances(&w, &vars).unwrap();
-    let mut tuner = Tuner::with_backend(
-        backend(),
-        &w,
-        domain.clone(),
-        options.clone(),
-        log,
-        previous,
-    )
-    .unwrap();
+    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(report.trials, 240);
     assert_eq!(measured.get(), 240);
@@ -188,7 +194,6 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
     let mut geos = vec![quality_of(&report.best).0];
     for seed in [1, 2] {
         let path = dir.path().join(format!("r{seed}.jsonl"));
-        let (log, previous) = RecordLog::open(&path, false).unwrap();
         let options = TuneOptions {
             seed,
             ..options.clone()
@@ -197,7 +202,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
             gpu: GpuBackend::new(&target, &measurer),
             measured: Rc::new(Cell::new(0)),
         };
-        let mut t = Tuner::with_backend(other, &w, domain.clone(), options, log, previous).unwrap();
+        let mut t = open_tuner(other, &w, &domain, &options, &path, false);
         geos.push(quality_of(&t.run(&mut |_| {}, &mut |_| {}).unwrap().best).0);
     }
     let (geo, worst) = quality_of(&report.best);
@@ -223,13 +228,12 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
     // Resume: the records hold everything; nothing is measured again. (The first run
     // holds the file's lock until it is dropped.)
     drop(tuner);
-    let (log, previous) = RecordLog::open(&records, true).unwrap();
     let before = measured.get();
     assert!(
         before > 240,
         "the votes measured their candidates everywhere"
     );
-    let mut tuner = Tuner::with_backend(backend(), &w, domain, options, log, previous).unwrap();
+    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, true);
     assert_eq!(tuner.trials(), before);
     tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(
@@ -260,16 +264,7 @@ fn one_instance_votes_for_the_best_candidate() {
         gpu: GpuBackend::new(&target, &measurer),
         measured: measured.clone(),
     };
-    let (log, previous) = RecordLog::open(&records, false).unwrap();
-    let mut tuner = Tuner::with_backend(
-        backend(),
-        &w,
-        domain.clone(),
-        options.clone(),
-        log,
-        previous,
-    )
-    .unwrap();
+    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     let best = report.best[0].latency_seconds;
     let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
@@ -281,8 +276,7 @@ fn one_instance_votes_for_the_best_candidate() {
     );
     drop(tuner);
     let before = measured.get();
-    let (log, previous) = RecordLog::open(&records, true).unwrap();
-    let mut tuner = Tuner::with_backend(backend(), &w, domain, options, log, previous).unwrap();
+    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, true);
     let again = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(measured.get(), before, "a resumed vote measures nothing");
     assert_eq!(again.micro_kernels, votes.micro_kernels);

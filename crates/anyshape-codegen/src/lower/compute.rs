@@ -64,7 +64,7 @@ impl Nest<'_> {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         for i in 0..mk.mr {
-            let a = if self.a_in_place {
+            let a = if self.mk.ia {
                 // Rows past the tensor's last read that row instead: the tile's rows
                 // there are never stored.
                 let name = format!("ar_{i}");
@@ -90,7 +90,7 @@ impl Nest<'_> {
             }
         }
         // An operand read in place ends at the reduction's end: no padded tail.
-        if self.policy.fetch.pads() && self.b_in_place.is_none() && !self.a_in_place {
+        if self.policy.fetch.pads() && self.b_in_place.is_none() && !self.mk.ia {
             // kp is a multiple of uk: an outer loop and a fully unrolled inner one.
             let mut inner = vec![let_("kk", v("kq") * c(mk.uk) + v("u"))];
             inner.extend(step);
@@ -157,7 +157,7 @@ impl Nest<'_> {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
         let acc_idx = v("i") * c(mk.nr) + v("j");
-        let a = if self.a_in_place {
+        let a = if self.mk.ia {
             Value::load(
                 a.buf,
                 v("base0") + a.row(v("mi") + v("i")) + (v("k0") + v("kk")) * a.s_col.clone(),

@@ -57,8 +57,6 @@ pub(super) struct Nest<'a> {
     /// The packed variant reads B in place from its panels of this width (whole
     /// vectors): weights pre-packed by the model (`dense_packed`).
     pub b_in_place: Option<i64>,
-    /// The usual variant reads A in place (`ia=1`): no packed block of A.
-    pub a_in_place: bool,
 }
 
 impl Nest<'_> {
@@ -105,7 +103,6 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         policy,
         lanes,
         b_in_place,
-        a_in_place: mk.ia && !mk.dot,
     };
     let mut body = Vec::new();
 
@@ -256,7 +253,7 @@ impl Nest<'_> {
     fn packed_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
         let mut s = Vec::new();
-        if !self.a_in_place {
+        if !self.mk.ia {
             s.push(Stmt::Alloc {
                 buf: "Ap".into(),
                 len: c(mk.mc * mk.kc),
@@ -294,7 +291,7 @@ impl Nest<'_> {
             ));
         }
         let mut kt_body = kt_lets;
-        if !self.a_in_place {
+        if !self.mk.ia {
             kt_body.push(self.pack(0, &ops[0]));
         }
         let mut tile = vec![
