@@ -44,5 +44,5 @@ if [ -f "$out/model.module/tuning.json" ]; then cp "$out/model.module/tuning.jso
   echo "module size: $(du -sh "$out/model.module" | cut -f1) (of which the model's own .onnx: $(du -sh "$out/model.module/model.onnx" | cut -f1))"
 } | tee "$out/compile-summary.txt"
 $bin bench --model "$out/model.module" --compare --python "$python" --threads 2 \
-  "${bench_dims[@]}" --rounds 3 --seconds 0.2 \
+  "${bench_dims[@]}" --rounds 5 --seconds 0.2 \
   --out-dir "$out"

@@ -6,8 +6,10 @@ use crate::FileEntry;
 use anyshape_ir::ShapeVar;
 use serde::{Deserialize, Serialize};
 
-/// Model module format number; bump when the layout or the manifest changes meaning.
-pub const MODEL_FORMAT: u32 = 1;
+/// Model module format number; bump when the layout or the manifest changes meaning,
+/// or fusion makes other tasks of the same model (2: attention's transposes, scales and
+/// mask folded into `attention_scores` and `attention_context`).
+pub const MODEL_FORMAT: u32 = 2;
 /// The manifest's file name inside a model module.
 pub const MODEL_FILE: &str = "model.json";
 /// The source model's file name inside a model module.

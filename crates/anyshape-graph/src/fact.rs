@@ -153,7 +153,7 @@ pub fn positive(e: &Expr) -> bool {
 
 /// Whether `a == b` for every binding, where it can tell.
 pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
-    let (a, b) = (a.simplify(), b.simplify());
+    let (a, b) = (vacuous_max(&a.simplify()), vacuous_max(&b.simplify()));
     if a == b {
         return Some(true);
     }
@@ -162,6 +162,19 @@ pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
         (Some(c), None) if c <= 0 && positive(&b) => Some(false),
         (None, Some(c)) if c <= 0 && positive(&a) => Some(false),
         _ => None,
+    }
+}
+
+/// `e` without an outer bound `max(x, c)` that cannot bind: `x` positive, `c ≤ 0`
+/// (shape inference clamps dims at 0, e.g. `Expand`'s).
+fn vacuous_max(e: &Expr) -> Expr {
+    match e {
+        Expr::Max(x, c) | Expr::Max(c, x)
+            if c.as_const().is_some_and(|c| c <= 0) && positive(x) =>
+        {
+            (**x).clone()
+        }
+        other => other.clone(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Fusion of the test models into steps and tasks: every run-time node in exactly one
 //! step; the contractions with their epilogues (bias, GELU in both decompositions, a
-//! residual, tanh) found alike in both exporters' graphs; layer norms and softmaxes.
+//! residual, tanh) and attention's contractions with the heads' transposes and scales
+//! found alike in both exporters' graphs; layer norms and softmaxes.
 mod common;
 use anyshape_graph::{fuse, infer, onnx, Layout, StepKind};
 use std::path::Path;
@@ -53,6 +54,15 @@ fn bert_fuses_alike_from_both_exporters() {
         ),
         ("softmax(M=4*batch*sequence,N=sequence)", 2),
         ("dense_packed(M=batch,N=64,K=64,P=16)+add(n)+tanh", 1),
+        // The heads read in place, the two scales folded into one, the mask added.
+        (
+            "attention_scores(B=batch,H=4,M=sequence,N=sequence,K=16)+scale(0.25)+add(b,m,n)",
+            2,
+        ),
+        (
+            "attention_context(B=batch,H=4,M=sequence,N=16,K=sequence)",
+            2,
+        ),
     ];
     for (w, c) in want {
         assert!(
@@ -66,6 +76,18 @@ fn bert_fuses_alike_from_both_exporters() {
         .filter(|s| matches!(s.kind, StepKind::LayerNorm(_)))
         .count();
     assert_eq!(norms, 5);
+    // No transpose or scaling of the heads is left to run on the host.
+    for (file, f) in [("ts", &f), ("dynamo", &f2)] {
+        let left: Vec<_> = f
+            .steps
+            .iter()
+            .filter(|s| {
+                matches!(&s.kind, StepKind::Movement(op) if op == "Transpose")
+                    || matches!(&s.kind, StepKind::Elementwise(op) if op == "Mul")
+            })
+            .collect();
+        assert!(left.is_empty(), "{file}: {left:#?}");
+    }
 }
 
 #[test]

@@ -224,6 +224,18 @@ fn batch_matmul_nn_all_strategies_and_modes() {
     contraction("batch_matmul_nn(B=3,M=T,N=64,K=T)", 1);
 }
 
+/// Multi-head attention's contractions, reading and writing heads in the
+/// `[batch, sequence, heads, dim]` layout (two batch axes, rows strided by the heads),
+/// the scores with a mask broadcast over the heads.
+#[test]
+fn attention_all_strategies_and_modes() {
+    contraction(
+        "attention_scores(B=2,H=3,M=T,N=T,K=16)+scale(0.25)+add(b,m,n)",
+        1,
+    );
+    contraction("attention_context(B=2,H=3,M=T,N=16,K=T)", 1);
+}
+
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),
 /// a residual input, scaling; on every strategy and mode.
 #[test]
@@ -259,6 +271,7 @@ fn random_micro_kernels_are_correct() {
         "batch_matmul_nn(B=2,M=T+1,N=T,K=3*T)",
         "batch_matmul_nt(B=T,M=5,N=T,K=7)+relu",
         "dense_packed(M=T,N=2*T+3,K=T+1,P=16)+relu",
+        "attention_context(B=2,H=2,M=T,N=T+1,K=T+2)+residual",
     ];
     let mut runs = Vec::new();
     while runs.len() < 32 {

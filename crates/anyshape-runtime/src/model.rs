@@ -83,7 +83,9 @@ impl Model {
             .map(|step| match &step.kind {
                 StepKind::Kernel(text) => {
                     let Some(&m) = by_workload.get(text) else {
-                        return Err(bad(format!("no module for the task {text}")));
+                        return Err(bad(format!(
+                            "no module for the task {text} (compiled by another fusion? compile the model again)"
+                        )));
                     };
                     let vars = Workload::parse(text)?.shape_vars();
                     Ok(Some((m, vars)))

@@ -19,9 +19,11 @@ pub struct GemmView {
 
 impl GemmView {
     /// Classify the axes of a contraction: `n` is the output's last axis (read by the
-    /// second operand only), `m` the one before it (read by the first operand only),
-    /// `k` the reduction axis, every other spatial axis a batch axis (read by both
-    /// operands, or broadcast: read by one). Errors say why the sketch does not apply.
+    /// second operand only), `m` the output axis read by the first operand only (the
+    /// one before `n`, or further out where the output is written in another layout,
+    /// as `attention_context` does), `k` the reduction axis, every other spatial axis a
+    /// batch axis (read by both operands, or broadcast: read by one). Errors say why
+    /// the sketch does not apply.
     pub fn of(w: &Workload) -> Result<GemmView> {
         let fail = |reason: &str| CodegenError::SketchNotApplicable {
             workload: w.to_string(),
@@ -34,19 +36,24 @@ impl GemmView {
             return Err(fail("it needs exactly two operands"));
         };
         let out = w.output_axes();
-        let [.., m, n] = out.as_slice() else {
+        let [rest @ .., n] = out.as_slice() else {
             return Err(fail("its output needs at least two axes (M and N)"));
         };
-        if !a.uses_axis(*m) || b.uses_axis(*m) {
-            return Err(fail(
-                "the output's second-to-last axis (M) must index the first operand only",
-            ));
-        }
         if !b.uses_axis(*n) || a.uses_axis(*n) {
             return Err(fail(
                 "the output's last axis (N) must index the second operand only",
             ));
         }
+        let reads_a_only = |x: usize| a.uses_axis(x) && !b.uses_axis(x);
+        let ms: Vec<usize> = match rest.last() {
+            Some(&x) if reads_a_only(x) => vec![x],
+            _ => rest.iter().copied().filter(|&x| reads_a_only(x)).collect(),
+        };
+        let [m] = ms.as_slice() else {
+            return Err(fail(
+                "the output's second-to-last axis (M), or else exactly one output axis, must index the first operand only",
+            ));
+        };
         let ks: Vec<usize> = (0..w.axes.len())
             .filter(|&i| w.axes[i].kind == AxisKind::Reduction)
             .collect();
@@ -57,7 +64,7 @@ impl GemmView {
             return Err(fail("the reduction axis must index both operands"));
         }
         Ok(GemmView {
-            batch: out[..out.len() - 2].to_vec(),
+            batch: rest.iter().copied().filter(|x| x != m).collect(),
             m: *m,
             n: *n,
             k: *k,
@@ -149,6 +156,17 @@ mod tests {
                 m: 1,
                 n: 2,
                 k: 3
+            }
+        );
+        // The output in another layout than `[.., M, N]`: M found further out.
+        let w = Workload::parse("attention_context(B=1,H=12,M=T,N=64,K=T)").unwrap();
+        assert_eq!(
+            GemmView::of(&w).unwrap(),
+            GemmView {
+                batch: vec![0, 1],
+                m: 2,
+                n: 3,
+                k: 4
             }
         );
         let w = Workload::parse("dense(M=T,N=64,K=T)").unwrap();

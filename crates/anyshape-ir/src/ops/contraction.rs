@@ -1,5 +1,7 @@
 //! Contractions: `Y[spatial] = Σ_k X · W` with affine index maps (transposes are
-//! strides; batch axes may be any number, shared or broadcast).
+//! strides; batch axes may be any number, shared or broadcast). The attention
+//! contractions read and write multi-head tensors in the `[batch, sequence, heads,
+//! dim]` layout that the projections produce, so no transpose runs between them.
 use super::{axis, workload};
 use crate::{AxisKind::Reduction, AxisKind::Spatial, Expr, OpClass, TensorRef, Workload};
 
@@ -75,6 +77,56 @@ pub fn batch_matmul_nn(a: &[Expr]) -> Workload {
     workload(
         "batch_matmul_nn",
         &names,
+        a,
+        OpClass::Contraction,
+        axes,
+        vec![x, w],
+        y,
+    )
+}
+
+fn attention_axes(a: &[Expr]) -> Vec<crate::Axis> {
+    let [b, h, m, n, k] = [&a[0], &a[1], &a[2], &a[3], &a[4]];
+    vec![
+        axis("b", b, Spatial),
+        axis("h", h, Spatial),
+        axis("m", m, Spatial),
+        axis("n", n, Spatial),
+        axis("k", k, Reduction),
+    ]
+}
+
+/// `attention_scores(B, H, M, N, K)`: `Y[b,h,m,n] = Σ_k X[b,m,h,k] · W[b,n,h,k]`, the
+/// scores of multi-head attention from queries and keys as the projections lay them out
+/// (`[batch, sequence, heads, dim]`; what `Q·Kᵀ` computes after transposing both).
+pub fn attention_scores(a: &[Expr]) -> Workload {
+    let axes = attention_axes(a);
+    let x = TensorRef::over("X", &axes, &[0, 2, 1, 4]);
+    let w = TensorRef::over("W", &axes, &[0, 3, 1, 4]);
+    let y = TensorRef::over("Y", &axes, &[0, 1, 2, 3]);
+    workload(
+        "attention_scores",
+        &["B", "H", "M", "N", "K"],
+        a,
+        OpClass::Contraction,
+        axes,
+        vec![x, w],
+        y,
+    )
+}
+
+/// `attention_context(B, H, M, N, K)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] · W[b,k,h,n]`, the
+/// context of multi-head attention from the probabilities (`[batch, heads, M, K]`) and
+/// the values as the projection lays them out (`[batch, sequence, heads, dim]`), written
+/// in that layout too (what `P·V` and the transpose back compute).
+pub fn attention_context(a: &[Expr]) -> Workload {
+    let axes = attention_axes(a);
+    let x = TensorRef::over("X", &axes, &[0, 1, 2, 4]);
+    let w = TensorRef::over("W", &axes, &[0, 4, 1, 3]);
+    let y = TensorRef::over("Y", &axes, &[0, 2, 1, 3]);
+    workload(
+        "attention_context",
+        &["B", "H", "M", "N", "K"],
         a,
         OpClass::Contraction,
         axes,

@@ -56,6 +56,20 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::batch_matmul_nn,
     },
     OpDef {
+        name: "attention_scores",
+        args: &["B", "H", "M", "N", "K"],
+        doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,n,h,k] (queries and keys in [batch, sequence, heads, dim])",
+        class: "contraction",
+        build: contraction::attention_scores,
+    },
+    OpDef {
+        name: "attention_context",
+        args: &["B", "H", "M", "N", "K"],
+        doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,k,h,n] (values and output in [batch, sequence, heads, dim])",
+        class: "contraction",
+        build: contraction::attention_context,
+    },
+    OpDef {
         name: "softmax",
         args: &["M", "N"],
         doc: "Y[m,n] = exp(X[m,n] - max_n X[m,:]) / sum_n exp(X[m,n] - max_n X[m,:])",

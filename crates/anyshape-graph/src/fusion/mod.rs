@@ -9,6 +9,9 @@
 //!   through views (reshapes of contiguous data), become its epilogue while they fit: a
 //!   bias along the last axis, a constant scale, GELU in its erf and tanh
 //!   decompositions, tanh, relu, and a residual input of the output's size.
+//! - Multi-head attention's two contractions read the projections' `[batch, sequence,
+//!   heads, dim]` tensors in place, their transposes and constant scales folded in
+//!   (`attention_scores`, `attention_context`: see [`attention`]).
 //! - `Softmax` over the last axis is a `softmax` task; `LayerNormalization` over the
 //!   last axis a layer-norm step (its sketch comes next).
 //! - Views cost nothing; everything else at run time (embedding gathers, transposes,
@@ -16,6 +19,8 @@
 //!
 //! Nodes whose outputs are known at compile time (constants, shape plumbing) are no
 //! step at all.
+mod attention;
+
 use crate::graph::{Graph, Node, ValueId};
 use crate::{fact, DType, Fact};
 use anyshape_ir::{Expr, Workload};
@@ -140,11 +145,15 @@ struct Fuser<'a> {
     facts: &'a [Option<Fact>],
     /// Run-time consumers of each value.
     consumers: Vec<Vec<usize>>,
+    /// The run-time node that computes each value.
+    producer: Vec<Option<usize>>,
     taken: Vec<bool>,
     /// Values that are a 2-D `Transpose` of a constant read only as a `MatMul`'s right
     /// operand: the constant and the `Transpose` node (its kernel reads the constant
     /// in place instead, e.g. GPT-2's tied LM head `MatMul(x, Transpose(wte))`).
     transposed: std::collections::HashMap<ValueId, (ValueId, usize)>,
+    /// The attention contractions, by their `MatMul` node.
+    attention: std::collections::HashMap<usize, attention::Attention>,
 }
 
 /// Whether value `v` is known at compile time (a constant, or shape plumbing).
@@ -160,10 +169,14 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
         .map(|n| n.outputs.iter().any(|&o| !is_static(fact(facts, o))))
         .collect();
     let mut consumers = vec![Vec::new(); g.values.len()];
+    let mut producer = vec![None; g.values.len()];
     for (k, n) in g.nodes.iter().enumerate() {
         if runtime[k] {
             for v in n.inputs.iter().flatten() {
                 consumers[*v].push(k);
+            }
+            for &v in &n.outputs {
+                producer[v] = Some(k);
             }
         }
     }
@@ -171,8 +184,10 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
         g,
         facts,
         consumers,
+        producer,
         taken: runtime.iter().map(|r| !r).collect(),
         transposed: Default::default(),
+        attention: Default::default(),
     };
     for (k, n) in g.nodes.iter().enumerate() {
         let (Some(&Some(src)), Some(&out)) = (n.inputs.first(), n.outputs.first()) else {
@@ -195,6 +210,17 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
             f.transposed.insert(out, (src, k));
         }
     }
+    for k in 0..g.nodes.len() {
+        if f.taken[k] {
+            continue;
+        }
+        if let Some(a) = f.attention(k) {
+            for &n in &a.nodes {
+                f.taken[n] = true;
+            }
+            f.attention.insert(k, a);
+        }
+    }
     let mut steps = Vec::new();
     for k in 0..g.nodes.len() {
         if f.taken[k] {
@@ -214,6 +240,15 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
             _ => None,
         };
         let mut step = step.unwrap_or_else(|| f.loose(k));
+        // An attention MatMul that did not become a kernel runs the nodes it took.
+        if let Some(a) = f.attention.get(&k) {
+            for &n in &a.nodes {
+                if !step.nodes.contains(&n) {
+                    step.nodes.push(n);
+                }
+            }
+            step.nodes.sort_unstable();
+        }
         // A MatMul that did not become a kernel computes the transpose it reads.
         if let Some(&(_, t)) = node.input(1).ok().and_then(|b| f.transposed.get(&b)) {
             if !step.nodes.contains(&t) {
@@ -319,7 +354,16 @@ impl Fuser<'_> {
         let mut epilogue = String::new();
         let mut inputs = vec![(a, Layout::AsIs)];
         let mut extra = Vec::new();
-        let text = if node.op == "Gemm" {
+        let mut y = node.outputs[0];
+        let text = if let Some(att) = self.attention.get(&k) {
+            inputs = att.inputs.iter().map(|&v| (v, Layout::AsIs)).collect();
+            extra = att.nodes.clone();
+            if att.scale != 1.0 {
+                epilogue = format!("+scale({})", att.scale);
+            }
+            y = att.output;
+            att.workload.clone()
+        } else if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0
                 || node.float("alpha", 1.0).ok()? != 1.0
                 || self.constant(b).is_none()
@@ -384,7 +428,6 @@ impl Fuser<'_> {
         };
         let mut nodes = extra;
         nodes.push(k);
-        let mut y = node.outputs[0];
         let out_shape = self.shape(y).to_vec();
         loop {
             let (v, views) = self.through_views(y);
@@ -416,6 +459,9 @@ impl Fuser<'_> {
                     {
                         inputs.push((o, Layout::AsIs));
                         "+residual".to_string()
+                    } else if let Some(axes) = self.broadcast_axes(o, v, &out_shape, &text) {
+                        inputs.push((o, Layout::AsIs));
+                        format!("+add({axes})")
                     } else {
                         break;
                     }
@@ -445,6 +491,40 @@ impl Fuser<'_> {
             inputs,
             output: Some(y),
         })
+    }
+
+    /// The output axes, by the workload's names (comma-separated), along which `o` is
+    /// added to the contraction's output `v` (shaped `out_shape` and not reshaped since),
+    /// the others broadcast (dims of 1): e.g. an attention mask `[B, 1, M, N]` over the
+    /// scores `[B, H, M, N]` is `b,m,n`. `None` where it is not such a broadcast.
+    fn broadcast_axes(
+        &self,
+        o: ValueId,
+        v: ValueId,
+        out_shape: &[Expr],
+        backbone: &str,
+    ) -> Option<String> {
+        let names: Vec<String> = {
+            let w = Workload::parse(backbone).ok()?;
+            w.output_axes()
+                .iter()
+                .map(|&a| w.axes[a].name.clone())
+                .collect()
+        };
+        let (os, vs) = (self.shape(o), self.shape(v));
+        if vs != out_shape || vs.len() != names.len() || os.len() > vs.len() {
+            return None;
+        }
+        let lead = vs.len() - os.len();
+        let mut axes = Vec::new();
+        for (i, d) in os.iter().enumerate() {
+            match fact::equal(d, &vs[lead + i]) {
+                Some(true) => axes.push(names[lead + i].as_str()),
+                _ if d.as_const() == Some(1) => {}
+                _ => return None,
+            }
+        }
+        (!axes.is_empty()).then(|| axes.join(","))
     }
 
     /// The consumers of `v` (run-time, untaken), by op type.

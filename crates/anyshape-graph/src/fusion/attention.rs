@@ -1,0 +1,208 @@
+//! Multi-head attention's contractions, found around their `MatMul`s with the layout
+//! changes and scalings that feed them, so that the kernels read the projections'
+//! `[batch, sequence, heads, dim]` tensors in place:
+//!
+//! - `MatMul(Transpose(Q, [0,2,1,3]), Transpose(K, [0,2,3,1]))` is `attention_scores`,
+//!   the product of the constant scales on either side as its first epilogue op. A
+//!   transpose may be a chain of them with reshapes between that merge and split axes
+//!   (what the dynamo exporter writes): what counts is the permutation it comes to.
+//! - `Transpose(MatMul(P, Transpose(V, [0,2,1,3])), [0,2,1,3])` is `attention_context`
+//!   (reshapes that keep the shape may come before the last transpose).
+//!
+//! Every value inside a pattern must have that one use; anything else stays the plain
+//! `batch_matmul_nn` and host steps.
+use super::{Fuser, VIEWS};
+use crate::fact::exact_quotient;
+use crate::graph::ValueId;
+use crate::{fact, DType};
+use anyshape_ir::Expr;
+
+/// An attention contraction found around a `MatMul`.
+pub(super) struct Attention {
+    /// The workload's text form without the epilogue.
+    pub workload: String,
+    /// The tensors it reads, in the workload's operand order.
+    pub inputs: [ValueId; 2],
+    /// The product of the constant scales folded into it (1 for none).
+    pub scale: f32,
+    /// The nodes it covers besides the `MatMul`.
+    pub nodes: Vec<usize>,
+    /// The value it computes (the `MatMul`'s output, or the transpose's after it).
+    pub output: ValueId,
+}
+
+/// The head split: `[batch, sequence, heads, dim]` to `[batch, heads, sequence, dim]`
+/// (and back).
+const HEADS: [usize; 4] = [0, 2, 1, 3];
+/// The keys' transpose straight to `[batch, heads, dim, sequence]`.
+const HEADS_T: [usize; 4] = [0, 2, 3, 1];
+
+impl Fuser<'_> {
+    /// The attention contraction whose `MatMul` is node `k`, if the pattern holds.
+    pub(super) fn attention(&self, k: usize) -> Option<Attention> {
+        let node = &self.g.nodes[k];
+        if node.op != "MatMul" || fact(self.facts, node.input(0).ok()?).dtype != DType::F32 {
+            return None;
+        }
+        let (a, b) = (node.input(0).ok()?, node.input(1).ok()?);
+        let y = node.outputs[0];
+        if let (Some(q), Some(kt)) = (
+            self.transposed_from(a, HEADS),
+            self.transposed_from(b, HEADS_T),
+        ) {
+            // Q [B, M, H, K] and K [B, N, H, K].
+            let (sq, sk) = (self.shape(q.0), self.shape(kt.0));
+            if sq.len() != 4 || sk.len() != 4 || sq[0] != sk[0] || sq[2..] != sk[2..] {
+                return None;
+            }
+            return Some(Attention {
+                workload: format!(
+                    "attention_scores(B={},H={},M={},N={},K={})",
+                    sq[0], sq[2], sq[1], sk[1], sq[3]
+                ),
+                inputs: [q.0, kt.0],
+                scale: q.1 * kt.1,
+                nodes: [q.2, kt.2].concat(),
+                output: y,
+            });
+        }
+        let v = self.transposed_from(b, HEADS)?;
+        // Reshapes that keep the shape may come between (the TorchScript exporter's).
+        let (after, views) = self.through_views(y);
+        if self.shape(after) != self.shape(y) {
+            return None;
+        }
+        let back = self.sole_use(after)?;
+        let t = &self.g.nodes[back];
+        if t.op != "Transpose" || self.permutation(after, &[back]) != Some(HEADS) {
+            return None;
+        }
+        // P [B, H, M, K] and V [B, K, H, N].
+        let (sp, sv) = (self.shape(a), self.shape(v.0));
+        if sp.len() != 4 || sv.len() != 4 || sp[0] != sv[0] || sp[1] != sv[2] || sp[3] != sv[1] {
+            return None;
+        }
+        let mut nodes = v.2;
+        nodes.extend(views);
+        nodes.push(back);
+        Some(Attention {
+            workload: format!(
+                "attention_context(B={},H={},M={},N={},K={})",
+                sp[0], sp[1], sp[2], sv[3], sp[3]
+            ),
+            inputs: [a, v.0],
+            scale: v.1,
+            nodes,
+            output: t.outputs[0],
+        })
+    }
+
+    /// `v` as a permutation `perm` of a rank-4 value: transposes, reshapes that merge
+    /// and split axes again (the dynamo exporter transposes the keys as `[B·H, S, D]`)
+    /// and constant scalings, each value on the way used once. That value, the product
+    /// of the scales and the nodes passed; the longest such chain.
+    fn transposed_from(&self, v: ValueId, perm: [usize; 4]) -> Option<(ValueId, f32, Vec<usize>)> {
+        // The chain back from `v`: each node with the value it reads and its scale.
+        let mut chain: Vec<(usize, ValueId, f32)> = Vec::new();
+        let mut at = v;
+        while let Some(p) = self.producer[at] {
+            if self.consumers[at].len() != 1 || self.g.outputs.contains(&at) || self.taken[p] {
+                break;
+            }
+            let n = &self.g.nodes[p];
+            let Some((src, factor)) = (match n.op.as_str() {
+                "Transpose" => n.input(0).ok().map(|x| (x, 1.0)),
+                op if VIEWS.contains(&op) => n.input(0).ok().map(|x| (x, 1.0)),
+                "Mul" => n.inputs.iter().flatten().find_map(|&x| {
+                    let s = self.scalar(self.operand(n, x)?)?;
+                    (self.scalar(x).is_none()).then_some((x, s))
+                }),
+                "Div" => n.input(0).ok().zip(
+                    n.input(1)
+                        .ok()
+                        .and_then(|d| self.scalar(d))
+                        .filter(|&d| d != 0.0)
+                        .map(|d| 1.0 / d),
+                ),
+                _ => None,
+            }) else {
+                break;
+            };
+            chain.push((p, src, factor));
+            at = src;
+        }
+        (1..=chain.len()).rev().find_map(|len| {
+            let src = chain[len - 1].1;
+            let nodes: Vec<usize> = chain[..len].iter().rev().map(|c| c.0).collect();
+            (self.permutation(src, &nodes)? == perm).then(|| {
+                let scale = chain[..len].iter().map(|c| c.2).product();
+                (src, scale, nodes)
+            })
+        })
+    }
+
+    /// What `nodes` (in order, each reading the last's output, the first reading the
+    /// rank-4 `src`) do to `src`'s axes, if the result is a permutation of them. Each
+    /// axis of a value is tracked as the run of `src`'s axes merged into it.
+    fn permutation(&self, src: ValueId, nodes: &[usize]) -> Option<[usize; 4]> {
+        let extents = self.shape(src).to_vec();
+        if extents.len() != 4 {
+            return None;
+        }
+        let mut axes: Vec<Vec<usize>> = (0..4).map(|a| vec![a]).collect();
+        for &k in nodes {
+            let n = &self.g.nodes[k];
+            if n.op == "Transpose" {
+                let p: Vec<usize> = match n.ints("perm").ok()? {
+                    Some(p) => p
+                        .iter()
+                        .map(|&a| usize::try_from(a).ok())
+                        .collect::<Option<_>>()?,
+                    None => (0..axes.len()).rev().collect(),
+                };
+                axes = p
+                    .iter()
+                    .map(|&a| axes.get(a).cloned())
+                    .collect::<Option<_>>()?;
+            } else if VIEWS.contains(&n.op.as_str()) {
+                // Regroup the runs in order to the new shape.
+                let flat: Vec<usize> = axes.concat();
+                let mut rest = flat.as_slice();
+                axes = Vec::new();
+                for d in self.shape(n.outputs[0]) {
+                    let mut take = 0;
+                    while !same_product(
+                        d,
+                        &rest[..take]
+                            .iter()
+                            .map(|&a| extents[a].clone())
+                            .collect::<Vec<_>>(),
+                    ) {
+                        take += 1;
+                        if take > rest.len() {
+                            return None;
+                        }
+                    }
+                    axes.push(rest[..take].to_vec());
+                    rest = &rest[take..];
+                }
+                if !rest.is_empty() {
+                    return None;
+                }
+            }
+        }
+        let singles: Vec<usize> = axes
+            .iter()
+            .map(|run| match run.as_slice() {
+                [a] => Some(*a),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        singles.try_into().ok()
+    }
+}
+
+/// Whether `d` is the product of `parts` (1 for none) for every binding.
+fn same_product(d: &Expr, parts: &[Expr]) -> bool {
+    exact_quotient(std::slice::from_ref(d), parts).is_some_and(|q| q == Expr::Const(1))
+}
