@@ -84,6 +84,8 @@ pub enum UnaryOp {
     GeluTanh,
     /// `exp(x)`.
     Exp,
+    /// `0` where `x` is NaN, else `x`.
+    NanToZero,
 }
 
 impl From<anyshape_ir::Unary> for UnaryOp {
@@ -93,6 +95,7 @@ impl From<anyshape_ir::Unary> for UnaryOp {
             anyshape_ir::Unary::Tanh => UnaryOp::Tanh,
             anyshape_ir::Unary::Gelu => UnaryOp::Gelu,
             anyshape_ir::Unary::GeluTanh => UnaryOp::GeluTanh,
+            anyshape_ir::Unary::NanToZero => UnaryOp::NanToZero,
         }
     }
 }

@@ -37,6 +37,9 @@ pub enum Unary {
     Gelu,
     /// GELU, tanh form: `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`.
     GeluTanh,
+    /// `0` where `x` is NaN, else `x` (what exporters write after a softmax whose rows
+    /// may be fully masked: `Where(IsNaN(p), 0, p)`).
+    NanToZero,
 }
 
 /// An elementwise function of the value and an input's element.
@@ -79,13 +82,15 @@ impl Unary {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
                 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
             }
+            Unary::NanToZero if x.is_nan() => 0.0,
+            Unary::NanToZero => x,
         }
     }
 
     /// The largest slope of the function (how much an error in `x` can grow).
     fn lipschitz(self) -> f64 {
         match self {
-            Unary::Relu | Unary::Tanh => 1.0,
+            Unary::Relu | Unary::Tanh | Unary::NanToZero => 1.0,
             Unary::Gelu | Unary::GeluTanh => 1.13,
         }
     }
@@ -95,7 +100,7 @@ impl Unary {
     /// which GELU scales by `0.5·|x|` with `|x| ≤ 4` where it matters.
     fn approximation(self) -> f64 {
         match self {
-            Unary::Relu => 0.0,
+            Unary::Relu | Unary::NanToZero => 0.0,
             Unary::Tanh => 4e-7,
             Unary::Gelu | Unary::GeluTanh => 1e-6,
         }
@@ -108,11 +113,18 @@ impl Unary {
             Unary::Tanh => "tanh",
             Unary::Gelu => "gelu",
             Unary::GeluTanh => "gelu_tanh",
+            Unary::NanToZero => "nan_to_zero",
         }
     }
 
     /// Every unary op.
-    pub const ALL: [Unary; 4] = [Unary::Relu, Unary::Tanh, Unary::Gelu, Unary::GeluTanh];
+    pub const ALL: [Unary; 5] = [
+        Unary::Relu,
+        Unary::Tanh,
+        Unary::Gelu,
+        Unary::GeluTanh,
+        Unary::NanToZero,
+    ];
 }
 
 impl Binary {

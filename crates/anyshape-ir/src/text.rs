@@ -124,10 +124,8 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
         ),
         None => (piece, None),
     };
-    let known = "relu, tanh, gelu, gelu_tanh, scale(C), add(AXES), mul(AXES), bias, residual";
-    if w.class.operands() != 2 {
-        return Err(format!("a {} takes no epilogue (yet)", w.class.name()));
-    }
+    let known =
+        "relu, tanh, gelu, gelu_tanh, nan_to_zero, scale(C), add(AXES), mul(AXES), bias, residual";
     let out_axes = w.output_axes();
     let op = match (head, arg) {
         (u, None) if Unary::ALL.iter().any(|x| x.name() == u) => {
@@ -140,6 +138,15 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
                 .filter(|v: &f64| v.is_finite())
                 .ok_or_else(|| format!("`scale({c})`: expected a finite number"))?;
             EpilogueOp::Scale(Scalar(v))
+        }
+        ("bias", None) | ("residual", None) | ("add", Some(_)) | ("mul", Some(_))
+            if w.class.operands() != 2 =>
+        {
+            return Err(format!(
+                "`{piece}`: a {} takes epilogue ops without inputs only ({})",
+                w.class.name(),
+                Unary::ALL.map(|u| u.name()).join(", ") + ", scale(C)"
+            ));
         }
         ("bias", None) | ("residual", None) | ("add", Some(_)) | ("mul", Some(_)) => {
             let axes: Vec<usize> = match (head, arg) {
@@ -260,11 +267,15 @@ mod tests {
             "dense(1,2,3)+scale(inf)",
             "dense(1,2,3)+add(q)",
             "dense(1,2,3)+scale(2",
-            "softmax(T,8)+relu",
+            "softmax(T,8)+bias",
+            "softmax(T,8)+mul(m)",
         ] {
             let e = Workload::parse(bad).unwrap_err();
             assert!(!e.to_string().is_empty(), "{bad}");
         }
+        // A normalization takes the ops without inputs.
+        let w = Workload::parse("softmax(T,8)+nan_to_zero+scale(0.5)").unwrap();
+        assert_eq!(w.to_string(), "softmax(M=T,N=8)+nan_to_zero+scale(0.5)");
         let e = Workload::parse("dense(M=16*,N=1,K=1)").unwrap_err();
         match e {
             IrError::Parse(p) => assert_eq!(p.pos, 11),

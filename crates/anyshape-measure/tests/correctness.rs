@@ -253,7 +253,7 @@ fn softmax_all_strategies_and_modes() {
     let target = CpuTarget::detect();
     matrix("softmax(M=3*T,N=T)", small_row_kernels(), 1);
     matrix(
-        "softmax(M=T,N=T+5)",
+        "softmax(M=T,N=T+5)+nan_to_zero",
         [RowKernel::default_for(&target), small_row_kernels()[0]],
         2,
     );
@@ -392,6 +392,73 @@ fn repeated_calls_with_new_data_are_correct() {
             );
             let r = reference_output(&w, &bound, &[&inputs[0], &inputs[1]]);
             assert!(check_output(&out, &r).passed, "{} seed {seed}", p.strategy);
+        }
+    }
+}
+
+/// A row that is masked out entirely (all -inf) is NaN after a softmax, as in ONNX;
+/// with `+nan_to_zero` (what models write after attention's softmax) it is zeros, and
+/// the other rows are the softmax: every strategy, a row with a tail.
+#[test]
+fn fully_masked_softmax_rows_are_nan_or_zero() {
+    use anyshape_abi::{load_library, KernelFn};
+    use anyshape_measure::{check_output, reference_output};
+    let target = CpuTarget::detect();
+    let n = 21usize;
+    let mut x: Vec<f32> = (0..3 * n)
+        .map(|i| ((i * 7 % 11) as f32) / 3.0 - 1.0)
+        .collect();
+    x[n..2 * n].fill(f32::NEG_INFINITY);
+    for j in (0..n).step_by(3) {
+        x[2 * n + j] = f32::NEG_INFINITY;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for text in ["softmax(M=3,N=T)", "softmax(M=3,N=T)+nan_to_zero"] {
+        let w = Workload::parse(text).unwrap();
+        let bound = w.bind(&Bindings::from_pairs([("T", n as i64)])).unwrap();
+        let programs: Vec<Program<RowKernel>> = PADDING_STRATEGIES
+            .into_iter()
+            .map(|strategy| Program {
+                workload: w.clone(),
+                micro_kernel: small_row_kernels()[0],
+                strategy,
+                mode: KernelMode::Symbolic,
+                bindings: Bindings::default(),
+            })
+            .collect();
+        let lib = Builder::new(dir.path())
+            .build_programs(&target, &programs)
+            .unwrap();
+        // SAFETY: a library just built from generated kernels.
+        let library = unsafe { load_library(&lib.path) }.unwrap();
+        for p in &programs {
+            // SAFETY: generated kernels have the KernelFn signature.
+            let f = unsafe { library.get::<KernelFn>(p.symbol(&target).as_bytes()) }.unwrap();
+            let mut out = vec![1f32; 3 * n];
+            let (ins, outs) = ([x.as_ptr()], [out.as_mut_ptr()]);
+            // SAFETY: buffers sized by the bound workload.
+            assert_eq!(
+                unsafe { f([n as i64].as_ptr(), ins.as_ptr(), outs.as_ptr()) },
+                0
+            );
+            let masked = &out[n..2 * n];
+            if w.epilogue.is_empty() {
+                assert!(
+                    masked.iter().all(|y| y.is_nan()),
+                    "{text} {}: {masked:?}",
+                    p.strategy
+                );
+            } else {
+                assert!(
+                    masked.iter().all(|&y| y == 0.0),
+                    "{text} {}: {masked:?}",
+                    p.strategy
+                );
+                let r = reference_output(&w, &bound, &[&x]);
+                assert!(check_output(&out, &r).passed, "{text} {}", p.strategy);
+            }
+            let sum: f32 = out[2 * n..].iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "{text} {}: {sum}", p.strategy);
         }
     }
 }

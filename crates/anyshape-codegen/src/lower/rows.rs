@@ -5,7 +5,7 @@
 //!   for each of its rows:
 //!     max:   vector maxima over the row's whole steps; the tail by the policy
 //!     exp:   y = exp(x - max) over the row, summed (vectors, then the tail)
-//!     scale: y *= 1 / sum                           (checked stores for the tail)
+//!     scale: y *= 1 / sum, then the epilogue        (checked stores for the tail)
 //! [global padding: copy the padded Y back]
 //! ```
 //! The tail of a row (what is left after its whole `vectors x lanes` steps), by the
@@ -14,6 +14,7 @@
 //! sum) and runs it through the vector code, storing only its valid part; a guarded
 //! fetch with partitioned compute runs it as a scalar loop; checked compute runs the
 //! whole row element by element with a check on each.
+use super::epilogue::chain_value;
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
     for_, if_, let_, store, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value,
@@ -35,6 +36,12 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: "the row-wise sketch needs one row axis and contiguous rows".into(),
+        });
+    }
+    if w.epilogue.ops().iter().any(|op| op.input().is_some()) {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: "the row-wise sketch fuses epilogue ops without inputs only".into(),
         });
     }
     let m_axis = row_axes[0];
@@ -87,6 +94,7 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
     let rows = Row {
         xb,
         yb,
+        epilogue: w.epilogue.clone(),
         lanes,
         vectors: mk.vectors,
         step,
@@ -169,6 +177,8 @@ enum Tail {
 struct Row {
     xb: &'static str,
     yb: &'static str,
+    /// Applied to each probability as it is scaled (ops without inputs).
+    epilogue: anyshape_ir::Epilogue,
     lanes: usize,
     vectors: usize,
     step: usize,
@@ -384,14 +394,15 @@ impl Row {
                 self.reduce("sm", BinaryOp::Add),
             ),
         });
-        // Pass 3: scale by 1 / sum.
+        // Pass 3: scale by 1 / sum, then the epilogue.
         let scaled = |buf: &str, at: Expr, lanes: usize| {
             let load = if lanes > 1 {
                 Value::vload(buf, at, lanes)
             } else {
                 Value::load(buf, at)
             };
-            Value::binary(BinaryOp::Mul, load, Value::reg("inv", 1))
+            let p = Value::binary(BinaryOp::Mul, load, Value::reg("inv", 1));
+            chain_value(&self.epilogue, p, &|_| c(0))
         };
         s.push(self.steps(vectors, &|u| {
             let at = self.y(self.at(u));

@@ -191,6 +191,8 @@ impl Printer {
                     UnaryOp::GeluTanh => "as_gelu_tanh",
                     UnaryOp::Exp if vector => "as_vexp",
                     UnaryOp::Exp => "expf",
+                    UnaryOp::NanToZero if vector => "as_vnan0",
+                    UnaryOp::NanToZero => "as_nan0",
                 };
                 format!("{f}({})", self.value(x))
             }

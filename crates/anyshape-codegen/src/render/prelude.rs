@@ -58,6 +58,7 @@ pub fn prelude(dialect: Dialect, lanes: usize) -> String {
     // Float helpers of values and epilogues.
     s.push_str(&format!(
         "{h} float as_relu(float x) {{ return x > 0.0f ? x : 0.0f; }}\n\
+         {h} float as_nan0(float x) {{ return x != x ? 0.0f : x; }}\n\
          {h} float as_max_f(float a, float b) {{ return a > b ? a : b; }}\n\
          {h} float as_gelu(float x) {{ return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }}\n\
          {h} float as_gelu_tanh(float x) {{ return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }}\n"
@@ -84,6 +85,7 @@ return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
         s.push_str(&format!(
             "static inline as_vf as_vmax(as_vf a, as_vf b) {{ as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }}\n\
              static inline as_vf as_vrelu(as_vf x) {{ return as_vmax(x, (as_vf){{0}}); }}\n\
+             static inline as_vf as_vnan0(as_vf x) {{ as_vi m = x == x; return (as_vf)(m & (as_vi)x); }}\n\
              {vexp}\
              {hsum}\
              static inline float as_hmax(as_vf v) {{ float s = v[0]; for (int i = 1; i < {lanes}; i++) s = s > v[i] ? s : v[i]; return s; }}\n"
@@ -92,6 +94,7 @@ return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
         s.push_str(
             "static inline float as_vmax(float a, float b) { return a > b ? a : b; }\n\
              static inline float as_vrelu(float x) { return x > 0.0f ? x : 0.0f; }\n\
+             static inline float as_vnan0(float x) { return x != x ? 0.0f : x; }\n\
              static inline float as_vexp(float x) { return expf(x); }\n\
              static inline float as_hsum(float v) { return v; }\n\
              static inline float as_hmax(float v) { return v; }\n",

@@ -13,11 +13,13 @@ static inline int64_t as_max(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline float as_erf(float x) { float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x), z = c * c; float p = -2.72614225801306e-10f; p = p * z + 2.77068142495902e-08f; p = p * z + -2.10102402082508e-06f; p = p * z + -5.69250639462346e-05f; p = p * z + -7.34990630326855e-04f; p = p * z + -2.95459980854025e-03f; p = p * z + -1.60960333262415e-02f; float q = -1.45660718464996e-05f; q = q * z + -2.13374055278905e-04f; q = q * z + -1.68282697438203e-03f; q = q * z + -7.37332916720468e-03f; q = q * z + -1.42647390514189e-02f; return c * p / q; }
 static inline float as_tanh(float x) { float c = x < -7.90531110763549805f ? -7.90531110763549805f : (x > 7.90531110763549805f ? 7.90531110763549805f : x), z = c * c; float p = -2.76076847742355e-16f; p = p * z + 2.00018790482477e-13f; p = p * z + -8.60467152213735e-11f; p = p * z + 5.12229709037114e-08f; p = p * z + 1.48572235717979e-05f; p = p * z + 6.37261928875436e-04f; p = p * z + 4.89352455891786e-03f; float q = 1.19825839466702e-06f; q = q * z + 1.18534705686654e-04f; q = q * z + 2.26843463243900e-03f; q = q * z + 4.89352518554385e-03f; return c * p / q; }
 static inline float as_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static inline float as_nan0(float x) { return x != x ? 0.0f : x; }
 static inline float as_max_f(float a, float b) { return a > b ? a : b; }
 static inline float as_gelu(float x) { return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }
 static inline float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 static inline as_vf as_vmax(as_vf a, as_vf b) { as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }
 static inline as_vf as_vrelu(as_vf x) { return as_vmax(x, (as_vf){0}); }
+static inline as_vf as_vnan0(as_vf x) { as_vi m = x == x; return (as_vf)(m & (as_vi)x); }
 static inline as_vf as_vexp(as_vf x) { as_vi nan = x != x, under = x < -87.3365478515625f, over = x > 88.3762626647949f; x = (as_vf)((over & (as_vi)((as_vf){0} + 88.3762626647949f)) | (~over & (as_vi)x)); as_vf k = x * 1.44269504088896341f + 12582912.0f, n = k - 12582912.0f; as_vf r = x - n * 0.693359375f + n * 2.12194440e-4f; as_vf p = r * 1.9875691500e-4f + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f; p = p * r * r + r + 1.0f; as_vi bits = (as_vi)p + ((as_vi)k - 0x4B400000) * 8388608; return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }
 static inline float as_hsum(as_vf v) { return (v[0] + v[2]) + (v[1] + v[3]); }
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 4; i++) s = s > v[i] ? s : v[i]; return s; }

@@ -12,7 +12,8 @@
 //! - Multi-head attention's two contractions read the projections' `[batch, sequence,
 //!   heads, dim]` tensors in place, their transposes and constant scales folded in
 //!   (`attention_scores`, `attention_context`: see [`attention`]).
-//! - `Softmax` over the last axis is a `softmax` task; `LayerNormalization` over the
+//! - `Softmax` over the last axis is a `softmax` task (with `+nan_to_zero` where
+//!   `Where(IsNaN(p), 0, p)` follows it); `LayerNormalization` over the
 //!   last axis a layer-norm step (its sketch comes next).
 //! - Views cost nothing; everything else at run time (embedding gathers, transposes,
 //!   masks, other elementwise chains) is a movement or elementwise step.
@@ -624,13 +625,45 @@ impl Fuser<'_> {
             .iter()
             .fold(Expr::Const(1), |acc, d| acc * d.clone())
             .simplify();
-        let w = Workload::parse(&format!("softmax(M={m},N={})", s[r - 1])).ok()?;
+        let (epilogue, mut nodes, y) = match self.nan_to_zero(node.outputs[0]) {
+            Some((guard, y)) => ("+nan_to_zero", guard, y),
+            None => ("", vec![], node.outputs[0]),
+        };
+        let w = Workload::parse(&format!("softmax(M={m},N={}){epilogue}", s[r - 1])).ok()?;
+        nodes.insert(0, k);
         Some(Step {
             kind: StepKind::Kernel(w.to_string()),
-            nodes: vec![k],
+            nodes,
             inputs: vec![(node.input(0).ok()?, Layout::AsIs)],
-            output: Some(node.outputs[0]),
+            output: Some(y),
         })
+    }
+
+    /// `Where(IsNaN(p), 0, p)` reading `p` (its only uses): the two nodes and the
+    /// output. Exporters write it after attention's softmax, whose fully masked rows
+    /// are NaN.
+    fn nan_to_zero(&self, p: ValueId) -> Option<(Vec<usize>, ValueId)> {
+        if self.g.outputs.contains(&p) {
+            return None;
+        }
+        let uses = self.uses(p);
+        let [(a, _), (b, _)] = uses.as_slice() else {
+            return None;
+        };
+        let (is_nan, pick) = if self.g.nodes[*a].op == "IsNaN" {
+            (*a, *b)
+        } else {
+            (*b, *a)
+        };
+        let n = &self.g.nodes[pick];
+        let flag = self.g.nodes[is_nan].outputs[0];
+        let guards = matches!(n.inputs.as_slice(),
+            [Some(c), Some(z), Some(x)] if *c == flag && *x == p && self.scalar(*z) == Some(0.0));
+        (self.g.nodes[is_nan].op == "IsNaN"
+            && n.op == "Where"
+            && guards
+            && self.single(flag, "Where") == Some(pick))
+        .then(|| (vec![is_nan, pick], n.outputs[0]))
     }
 
     fn layer_norm(&self, k: usize) -> Option<Step> {
