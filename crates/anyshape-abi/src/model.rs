@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 /// Model module format number; bump when the layout or the manifest changes meaning,
 /// or fusion makes other tasks of the same model (2: attention's transposes, scales and
-/// mask folded into `attention_scores` and `attention_context`).
+/// mask folded into `attention_scores` and `attention_context`, the softmax's NaN guard
+/// into `+nan_to_zero`).
 pub const MODEL_FORMAT: u32 = 2;
 /// The manifest's file name inside a model module.
 pub const MODEL_FILE: &str = "model.json";
