@@ -1,7 +1,8 @@
 //! Fused epilogues: a chain of elementwise ops applied to every output element of a
-//! backbone (a contraction's sum) before it is written: activations, a scale, and
-//! operations with extra inputs indexed by the output's axes (a bias broadcast along
-//! the last axis, a residual shaped like the output, a mask).
+//! backbone (a contraction's sum, a softmax's probability) before it is written:
+//! activations, a NaN guard, a scale, and — for contractions — operations with extra
+//! inputs indexed by the output's axes (a bias broadcast along the last axis, a
+//! residual shaped like the output, a mask).
 //!
 //! Each op is defined once here: its reference semantics ([`EpilogueOp::apply`], in
 //! f64), its error bound ([`EpilogueOp::propagate`]) and its text form.

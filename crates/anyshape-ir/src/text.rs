@@ -4,10 +4,10 @@
 //! - `OP` is an operator of the registry; `ARGS` are its arguments by name
 //!   (`dense(M=16*T,N=2304,K=768)`) or position (`dense(16*T,2304,768)`), each an
 //!   integer expression over shape vars;
-//! - epilogues: `relu`, `tanh`, `gelu` (erf form), `gelu_tanh`, `scale(C)`; `add(AXES)`
-//!   and `mul(AXES)` with a new input indexed by the named output axes (`add(n)`: a
-//!   bias along `n`); `bias` is `add` of the output's last axis and `residual` is `add`
-//!   of all its axes.
+//! - epilogues: `relu`, `tanh`, `gelu` (erf form), `gelu_tanh`, `nan_to_zero`,
+//!   `scale(C)`; for contractions also `add(AXES)` and `mul(AXES)` with a new input
+//!   indexed by the named output axes (`add(n)`: a bias along `n`); `bias` is `add` of
+//!   the output's last axis and `residual` is `add` of all its axes.
 //!
 //! [`Workload`]'s `Display` writes the form [`Workload::parse`] reads back.
 use crate::ops::{operator, OPERATORS};
