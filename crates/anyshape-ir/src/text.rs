@@ -124,8 +124,8 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
         ),
         None => (piece, None),
     };
-    let known =
-        "relu, tanh, gelu, gelu_tanh, nan_to_zero, scale(C), add(AXES), mul(AXES), bias, residual";
+    let known = Unary::ALL.map(|u| u.name()).join(", ")
+        + ", scale(C), add(AXES), mul(AXES), bias, residual";
     let out_axes = w.output_axes();
     let op = match (head, arg) {
         (u, None) if Unary::ALL.iter().any(|x| x.name() == u) => {
@@ -143,9 +143,9 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
             if w.class.operands() != 2 =>
         {
             return Err(format!(
-                "`{piece}`: a {} takes epilogue ops without inputs only ({})",
+                "`{piece}`: a {} takes epilogue ops without inputs only ({}, scale(C))",
                 w.class.name(),
-                Unary::ALL.map(|u| u.name()).join(", ") + ", scale(C)"
+                Unary::ALL.map(|u| u.name()).join(", ")
             ));
         }
         ("bias", None) | ("residual", None) | ("add", Some(_)) | ("mul", Some(_)) => {

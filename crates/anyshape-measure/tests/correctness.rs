@@ -351,22 +351,20 @@ fn specialized_kernel_rejects_other_shapes() {
     );
 }
 
-/// Kernels keep packed panels in per-thread scratch across calls; a second call on the
-/// same shape with new data must not reuse them.
-#[test]
-fn repeated_calls_with_new_data_are_correct() {
-    use anyshape_abi::{load_library, KernelFn};
-    use anyshape_measure::{check_output, random_inputs, reference_output};
+/// `w` with micro-kernel `mk` built under every padding strategy (symbolic mode) into
+/// one library, and `each` called with each strategy and its loaded kernel.
+fn each_strategy_kernel<K: Sketch<Target = CpuTarget>>(
+    w: &Workload,
+    mk: K,
+    mut each: impl FnMut(PaddingStrategy, anyshape_abi::KernelFn),
+) {
     let target = CpuTarget::detect();
-    let w = Workload::parse("batch_matmul_nt(B=2,M=T,N=40,K=24)").unwrap();
-    let b = Bindings::from_pairs([("T", 30)]);
-    let bound = w.bind(&b).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let programs: Vec<Program> = PADDING_STRATEGIES
+    let programs: Vec<Program<K>> = PADDING_STRATEGIES
         .into_iter()
         .map(|strategy| Program {
             workload: w.clone(),
-            micro_kernel: small_micro_kernel(&target),
+            micro_kernel: mk,
             strategy,
             mode: KernelMode::Symbolic,
             bindings: Bindings::default(),
@@ -376,10 +374,25 @@ fn repeated_calls_with_new_data_are_correct() {
         .build_programs(&target, &programs)
         .unwrap();
     // SAFETY: a library just built from generated kernels.
-    let library = unsafe { load_library(&lib.path) }.unwrap();
+    let library = unsafe { anyshape_abi::load_library(&lib.path) }.unwrap();
     for p in &programs {
         // SAFETY: generated kernels have the KernelFn signature.
-        let f = unsafe { library.get::<KernelFn>(p.symbol(&target).as_bytes()) }.unwrap();
+        let f =
+            unsafe { library.get::<anyshape_abi::KernelFn>(p.symbol(&target).as_bytes()) }.unwrap();
+        each(p.strategy, *f);
+    }
+}
+
+/// Kernels keep packed panels in per-thread scratch across calls; a second call on the
+/// same shape with new data must not reuse them.
+#[test]
+fn repeated_calls_with_new_data_are_correct() {
+    use anyshape_measure::{check_output, random_inputs, reference_output};
+    let target = CpuTarget::detect();
+    let w = Workload::parse("batch_matmul_nt(B=2,M=T,N=40,K=24)").unwrap();
+    let b = Bindings::from_pairs([("T", 30)]);
+    let bound = w.bind(&b).unwrap();
+    each_strategy_kernel(&w, small_micro_kernel(&target), |strategy, f| {
         for seed in [1, 2, 3] {
             let inputs = random_inputs(&bound, 2, seed);
             let mut out = vec![f32::NAN; bound.lens[2]];
@@ -391,9 +404,9 @@ fn repeated_calls_with_new_data_are_correct() {
                 0
             );
             let r = reference_output(&w, &bound, &[&inputs[0], &inputs[1]]);
-            assert!(check_output(&out, &r).passed, "{} seed {seed}", p.strategy);
+            assert!(check_output(&out, &r).passed, "{strategy} seed {seed}");
         }
-    }
+    });
 }
 
 /// A row that is masked out entirely (all -inf) is NaN after a softmax, as in ONNX;
@@ -401,9 +414,7 @@ fn repeated_calls_with_new_data_are_correct() {
 /// the other rows are the softmax: every strategy, a row with a tail.
 #[test]
 fn fully_masked_softmax_rows_are_nan_or_zero() {
-    use anyshape_abi::{load_library, KernelFn};
     use anyshape_measure::{check_output, reference_output};
-    let target = CpuTarget::detect();
     let n = 21usize;
     let mut x: Vec<f32> = (0..3 * n)
         .map(|i| ((i * 7 % 11) as f32) / 3.0 - 1.0)
@@ -412,28 +423,10 @@ fn fully_masked_softmax_rows_are_nan_or_zero() {
     for j in (0..n).step_by(3) {
         x[2 * n + j] = f32::NEG_INFINITY;
     }
-    let dir = tempfile::tempdir().unwrap();
     for text in ["softmax(M=3,N=T)", "softmax(M=3,N=T)+nan_to_zero"] {
         let w = Workload::parse(text).unwrap();
         let bound = w.bind(&Bindings::from_pairs([("T", n as i64)])).unwrap();
-        let programs: Vec<Program<RowKernel>> = PADDING_STRATEGIES
-            .into_iter()
-            .map(|strategy| Program {
-                workload: w.clone(),
-                micro_kernel: small_row_kernels()[0],
-                strategy,
-                mode: KernelMode::Symbolic,
-                bindings: Bindings::default(),
-            })
-            .collect();
-        let lib = Builder::new(dir.path())
-            .build_programs(&target, &programs)
-            .unwrap();
-        // SAFETY: a library just built from generated kernels.
-        let library = unsafe { load_library(&lib.path) }.unwrap();
-        for p in &programs {
-            // SAFETY: generated kernels have the KernelFn signature.
-            let f = unsafe { library.get::<KernelFn>(p.symbol(&target).as_bytes()) }.unwrap();
+        each_strategy_kernel(&w, small_row_kernels()[0], |strategy, f| {
             let mut out = vec![1f32; 3 * n];
             let (ins, outs) = ([x.as_ptr()], [out.as_mut_ptr()]);
             // SAFETY: buffers sized by the bound workload.
@@ -445,20 +438,18 @@ fn fully_masked_softmax_rows_are_nan_or_zero() {
             if w.epilogue.is_empty() {
                 assert!(
                     masked.iter().all(|y| y.is_nan()),
-                    "{text} {}: {masked:?}",
-                    p.strategy
+                    "{text} {strategy}: {masked:?}"
                 );
             } else {
                 assert!(
                     masked.iter().all(|&y| y == 0.0),
-                    "{text} {}: {masked:?}",
-                    p.strategy
+                    "{text} {strategy}: {masked:?}"
                 );
                 let r = reference_output(&w, &bound, &[&x]);
-                assert!(check_output(&out, &r).passed, "{text} {}", p.strategy);
+                assert!(check_output(&out, &r).passed, "{text} {strategy}");
             }
             let sum: f32 = out[2 * n..].iter().sum();
-            assert!((sum - 1.0).abs() < 1e-5, "{text} {}: {sum}", p.strategy);
-        }
+            assert!((sum - 1.0).abs() < 1e-5, "{text} {strategy}: {sum}");
+        });
     }
 }

@@ -8,19 +8,22 @@
 //!   `batch_matmul_nn` when both are activations. The elementwise ops that follow it,
 //!   through views (reshapes of contiguous data), become its epilogue while they fit: a
 //!   bias along the last axis, a constant scale, GELU in its erf and tanh
-//!   decompositions, tanh, relu, and a residual input of the output's size.
+//!   decompositions, tanh, relu, a residual input of the output's size, and an input
+//!   broadcast along some output axes (a mask; the patterns: see [`epilogue`]).
 //! - Multi-head attention's two contractions read the projections' `[batch, sequence,
 //!   heads, dim]` tensors in place, their transposes and constant scales folded in
 //!   (`attention_scores`, `attention_context`: see [`attention`]).
 //! - `Softmax` over the last axis is a `softmax` task (with `+nan_to_zero` where
 //!   `Where(IsNaN(p), 0, p)` follows it); `LayerNormalization` over the
 //!   last axis a layer-norm step (its sketch comes next).
-//! - Views cost nothing; everything else at run time (embedding gathers, transposes,
-//!   masks, other elementwise chains) is a movement or elementwise step.
+//! - Views cost nothing; everything else at run time (embedding gathers, other
+//!   transposes, the masks' own values, other elementwise chains) is a movement or
+//!   elementwise step.
 //!
 //! Nodes whose outputs are known at compile time (constants, shape plumbing) are no
 //! step at all.
 mod attention;
+mod epilogue;
 
 use crate::graph::{Graph, Node, ValueId};
 use crate::{fact, DType, Fact};
@@ -299,33 +302,6 @@ impl Fuser<'_> {
         (v, views)
     }
 
-    /// A GELU decomposition reading `x`: its epilogue name, nodes and output.
-    fn gelu(&self, x: ValueId) -> Option<(&'static str, Vec<usize>, ValueId)> {
-        if self.g.outputs.contains(&x) {
-            return None;
-        }
-        if let Some((nodes, end)) = self.gelu_tanh(x) {
-            return Some(("+gelu_tanh", nodes, end));
-        }
-        let uses = self.uses(x);
-        let div = uses.iter().find(|(c, op)| {
-            let n = &self.g.nodes[*c];
-            (*op == "Div"
-                && n.inputs[0] == Some(x)
-                && self
-                    .operand(n, x)
-                    .and_then(|o| self.scalar(o))
-                    .is_some_and(|s| (s - std::f32::consts::SQRT_2).abs() < 1e-3))
-                || (*op == "Mul"
-                    && self
-                        .operand(n, x)
-                        .and_then(|o| self.scalar(o))
-                        .is_some_and(|s| (s - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-3))
-        })?;
-        let (nodes, end) = self.gelu_erf(x, div.0)?;
-        Some(("+gelu", nodes, end))
-    }
-
     /// The other operand of a binary node that reads `v`.
     fn operand(&self, node: &Node, v: ValueId) -> Option<ValueId> {
         match node.inputs.as_slice() {
@@ -494,40 +470,6 @@ impl Fuser<'_> {
         })
     }
 
-    /// The output axes, by the workload's names (comma-separated), along which `o` is
-    /// added to the contraction's output `v` (shaped `out_shape` and not reshaped since),
-    /// the others broadcast (dims of 1): e.g. an attention mask `[B, 1, M, N]` over the
-    /// scores `[B, H, M, N]` is `b,m,n`. `None` where it is not such a broadcast.
-    fn broadcast_axes(
-        &self,
-        o: ValueId,
-        v: ValueId,
-        out_shape: &[Expr],
-        backbone: &str,
-    ) -> Option<String> {
-        let names: Vec<String> = {
-            let w = Workload::parse(backbone).ok()?;
-            w.output_axes()
-                .iter()
-                .map(|&a| w.axes[a].name.clone())
-                .collect()
-        };
-        let (os, vs) = (self.shape(o), self.shape(v));
-        if vs != out_shape || vs.len() != names.len() || os.len() > vs.len() {
-            return None;
-        }
-        let lead = vs.len() - os.len();
-        let mut axes = Vec::new();
-        for (i, d) in os.iter().enumerate() {
-            match fact::equal(d, &vs[lead + i]) {
-                Some(true) => axes.push(names[lead + i].as_str()),
-                _ if d.as_const() == Some(1) => {}
-                _ => return None,
-            }
-        }
-        (!axes.is_empty()).then(|| axes.join(","))
-    }
-
     /// The consumers of `v` (run-time, untaken), by op type.
     fn uses(&self, v: ValueId) -> Vec<(usize, &str)> {
         self.consumers[v]
@@ -535,74 +477,6 @@ impl Fuser<'_> {
             .filter(|&&c| !self.taken[c])
             .map(|&c| (c, self.g.nodes[c].op.as_str()))
             .collect()
-    }
-
-    /// `x · 0.5 · (1 + erf(x / √2))` from `x`, whose division by √2 is `div`: its
-    /// nodes and its output, whichever way the exporter associated the products.
-    fn gelu_erf(&self, x: ValueId, div: usize) -> Option<(Vec<usize>, ValueId)> {
-        let uses = self.uses(x);
-        if uses.len() != 2 {
-            return None;
-        }
-        let other_use = uses.iter().find(|(c, _)| *c != div)?.0;
-        let erf = self.single(self.g.nodes[div].outputs[0], "Erf")?;
-        let add = self.single(self.g.nodes[erf].outputs[0], "Add")?;
-        let one = self.g.nodes[add].outputs[0];
-        let m1 = self.single(one, "Mul")?;
-        let p = self.operand(&self.g.nodes[m1], one)?;
-        let half = |v: ValueId| self.scalar(v).is_some_and(|s| (s - 0.5).abs() < 1e-6);
-        let mut nodes = vec![div, erf, add, m1];
-        let end = if p == x || half(p) {
-            // (1 + erf) · x, then · 0.5; or (1 + erf) · 0.5, then · x.
-            let m2 = self.single(self.g.nodes[m1].outputs[0], "Mul")?;
-            let q = self.operand(&self.g.nodes[m2], self.g.nodes[m1].outputs[0])?;
-            if !((p == x && half(q)) || (half(p) && q == x))
-                || other_use != if p == x { m1 } else { m2 }
-            {
-                return None;
-            }
-            nodes.push(m2);
-            self.g.nodes[m2].outputs[0]
-        } else {
-            // (x · 0.5) · (1 + erf).
-            let h = &self.g.nodes[other_use];
-            if h.op != "Mul" || h.outputs[0] != p || !self.operand(h, x).is_some_and(half) {
-                return None;
-            }
-            nodes.push(other_use);
-            self.g.nodes[m1].outputs[0]
-        };
-        Some((nodes, end))
-    }
-
-    /// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))` from `x`: its nodes and its
-    /// output (GPT-2's decomposition).
-    fn gelu_tanh(&self, x: ValueId) -> Option<(Vec<usize>, ValueId)> {
-        let uses = self.uses(x);
-        if uses.len() != 3 {
-            return None;
-        }
-        let pow = uses.iter().find(|(_, op)| *op == "Pow")?.0;
-        let half = uses.iter().find(|(c, op)| *op == "Mul" && *c != pow)?.0;
-        let add_x = uses.iter().find(|(_, op)| *op == "Add")?.0;
-        let mul_c = self.single(self.g.nodes[pow].outputs[0], "Mul")?;
-        if self.single(self.g.nodes[mul_c].outputs[0], "Add")? != add_x {
-            return None;
-        }
-        let mul_k = self.single(self.g.nodes[add_x].outputs[0], "Mul")?;
-        let tanh = self.single(self.g.nodes[mul_k].outputs[0], "Tanh")?;
-        let one = self.single(self.g.nodes[tanh].outputs[0], "Add")?;
-        let last = self.single(self.g.nodes[one].outputs[0], "Mul")?;
-        if !self.g.nodes[last]
-            .inputs
-            .contains(&Some(self.g.nodes[half].outputs[0]))
-        {
-            return None;
-        }
-        Some((
-            vec![pow, half, mul_c, add_x, mul_k, tanh, one, last],
-            self.g.nodes[last].outputs[0],
-        ))
     }
 
     /// The one consumer of `v`, if it has op type `op`.
@@ -637,33 +511,6 @@ impl Fuser<'_> {
             inputs: vec![(node.input(0).ok()?, Layout::AsIs)],
             output: Some(y),
         })
-    }
-
-    /// `Where(IsNaN(p), 0, p)` reading `p` (its only uses): the two nodes and the
-    /// output. Exporters write it after attention's softmax, whose fully masked rows
-    /// are NaN.
-    fn nan_to_zero(&self, p: ValueId) -> Option<(Vec<usize>, ValueId)> {
-        if self.g.outputs.contains(&p) {
-            return None;
-        }
-        let uses = self.uses(p);
-        let [(a, _), (b, _)] = uses.as_slice() else {
-            return None;
-        };
-        let (is_nan, pick) = if self.g.nodes[*a].op == "IsNaN" {
-            (*a, *b)
-        } else {
-            (*b, *a)
-        };
-        let n = &self.g.nodes[pick];
-        let flag = self.g.nodes[is_nan].outputs[0];
-        let guards = matches!(n.inputs.as_slice(),
-            [Some(c), Some(z), Some(x)] if *c == flag && *x == p && self.scalar(*z) == Some(0.0));
-        (self.g.nodes[is_nan].op == "IsNaN"
-            && n.op == "Where"
-            && guards
-            && self.single(flag, "Where") == Some(pick))
-        .then(|| (vec![is_nan, pick], n.outputs[0]))
     }
 
     fn layer_norm(&self, k: usize) -> Option<Step> {

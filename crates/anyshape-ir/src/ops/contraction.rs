@@ -13,17 +13,12 @@ pub fn dense(a: &[Expr]) -> Workload {
         axis("n", n, Spatial),
         axis("k", k, Reduction),
     ];
-    let x = TensorRef::over("X", &axes, &[0, 2]);
-    let w = TensorRef::over("W", &axes, &[1, 2]);
-    let y = TensorRef::over("Y", &axes, &[0, 1]);
-    workload(
+    contraction(
         "dense",
         &["M", "N", "K"],
         a,
-        OpClass::Contraction,
         axes,
-        vec![x, w],
-        y,
+        [&[0, 2], &[1, 2], &[0, 1]],
     )
 }
 
@@ -52,36 +47,24 @@ fn batch_axes(a: &[Expr]) -> Vec<crate::Axis> {
 /// `batch_matmul_nt(B, M, N, K)`: `Y[b,m,n] = Σ_k X[b,m,k] · W[b,n,k]`.
 pub fn batch_matmul_nt(a: &[Expr]) -> Workload {
     let axes = batch_axes(a);
-    let x = TensorRef::over("X", &axes, &[0, 1, 3]);
-    let w = TensorRef::over("W", &axes, &[0, 2, 3]);
-    let y = TensorRef::over("Y", &axes, &[0, 1, 2]);
-    let names = ["B", "M", "N", "K"];
-    workload(
+    contraction(
         "batch_matmul_nt",
-        &names,
+        &["B", "M", "N", "K"],
         a,
-        OpClass::Contraction,
         axes,
-        vec![x, w],
-        y,
+        [&[0, 1, 3], &[0, 2, 3], &[0, 1, 2]],
     )
 }
 
 /// `batch_matmul_nn(B, M, N, K)`: `Y[b,m,n] = Σ_k X[b,m,k] · W[b,k,n]`.
 pub fn batch_matmul_nn(a: &[Expr]) -> Workload {
     let axes = batch_axes(a);
-    let x = TensorRef::over("X", &axes, &[0, 1, 3]);
-    let w = TensorRef::over("W", &axes, &[0, 3, 2]);
-    let y = TensorRef::over("Y", &axes, &[0, 1, 2]);
-    let names = ["B", "M", "N", "K"];
-    workload(
+    contraction(
         "batch_matmul_nn",
-        &names,
+        &["B", "M", "N", "K"],
         a,
-        OpClass::Contraction,
         axes,
-        vec![x, w],
-        y,
+        [&[0, 1, 3], &[0, 3, 2], &[0, 1, 2]],
     )
 }
 
@@ -101,17 +84,12 @@ fn attention_axes(a: &[Expr]) -> Vec<crate::Axis> {
 /// (`[batch, sequence, heads, dim]`; what `Q·Kᵀ` computes after transposing both).
 pub fn attention_scores(a: &[Expr]) -> Workload {
     let axes = attention_axes(a);
-    let x = TensorRef::over("X", &axes, &[0, 2, 1, 4]);
-    let w = TensorRef::over("W", &axes, &[0, 3, 1, 4]);
-    let y = TensorRef::over("Y", &axes, &[0, 1, 2, 3]);
-    workload(
+    contraction(
         "attention_scores",
         &["B", "H", "M", "N", "K"],
         a,
-        OpClass::Contraction,
         axes,
-        vec![x, w],
-        y,
+        [&[0, 2, 1, 4], &[0, 3, 1, 4], &[0, 1, 2, 3]],
     )
 }
 
@@ -121,16 +99,28 @@ pub fn attention_scores(a: &[Expr]) -> Workload {
 /// in that layout too (what `P·V` and the transpose back compute).
 pub fn attention_context(a: &[Expr]) -> Workload {
     let axes = attention_axes(a);
-    let x = TensorRef::over("X", &axes, &[0, 1, 2, 4]);
-    let w = TensorRef::over("W", &axes, &[0, 4, 1, 3]);
-    let y = TensorRef::over("Y", &axes, &[0, 2, 1, 3]);
-    workload(
+    contraction(
         "attention_context",
         &["B", "H", "M", "N", "K"],
         a,
-        OpClass::Contraction,
         axes,
-        vec![x, w],
-        y,
+        [&[0, 1, 2, 4], &[0, 4, 1, 3], &[0, 2, 1, 3]],
     )
+}
+
+/// The contraction `op` over `axes`: operands `X` and `W` and output `Y` indexed by the
+/// given axes (in their dimension order).
+fn contraction(
+    op: &str,
+    names: &[&str],
+    a: &[Expr],
+    axes: Vec<crate::Axis>,
+    [x, w, y]: [&[usize]; 3],
+) -> Workload {
+    let (x, w, y) = (
+        TensorRef::over("X", &axes, x),
+        TensorRef::over("W", &axes, w),
+        TensorRef::over("Y", &axes, y),
+    );
+    workload(op, names, a, OpClass::Contraction, axes, vec![x, w], y)
 }
