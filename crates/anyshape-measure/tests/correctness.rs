@@ -31,14 +31,15 @@ fn runner() -> Runner {
 }
 
 /// A micro-kernel with small tiles, so that small shapes still span several cache tiles
-/// and reduction tiles.
+/// and reduction tiles; three vectors wide, so that tiles at the N edge run one, two or
+/// three of them.
 fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
     let lanes = target.lanes_f32();
     MicroKernel {
         mr: 3,
-        nr: lanes,
+        nr: 3 * lanes,
         mc: 6,
-        nc: 2 * lanes,
+        nc: 6 * lanes,
         kc: 8,
         uk: 4,
         dot: false,

@@ -16,13 +16,14 @@ pub(super) fn acc(i: usize, j: usize) -> String {
 }
 
 impl Nest<'_> {
-    /// Accumulators (`mr` rows of `nr / lanes` vectors) over the packed panels (B's
-    /// read in place where it is in panels of whole vectors, A's where `ia=1`): a
-    /// broadcast of A times a vector of B, fused, per reduction step.
-    pub(super) fn vector_accumulate(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+    /// Accumulators (`mr` rows of `nv` vectors: `nr / lanes`, or fewer for a tile at
+    /// the N edge) over the packed panels (B's read in place where it is in panels of
+    /// whole vectors, A's where `ia=1`): a broadcast of A times a vector of B, fused,
+    /// per reduction step.
+    pub(super) fn vector_accumulate(&self, ops: &[Operand; 3], nv: usize) -> Vec<Stmt> {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
-        let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
+        let lanes = self.lanes;
         let mut s = Vec::new();
         for i in 0..mk.mr {
             for j in 0..nv {
@@ -60,7 +61,8 @@ impl Nest<'_> {
                 init,
             });
         }
-        if mk.pf {
+        // A narrower tile is the last of its row: there is no next panel to fetch.
+        if mk.pf && nv == mk.nr / lanes {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         for i in 0..mk.mr {

@@ -302,14 +302,14 @@ impl Nest<'_> {
             // B read in place: a tile past its last panel is checked.
             Compute::Unchecked if self.b_in_place.is_some() => tile.push(Stmt::If {
                 cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
-                then: self.fast_tile(ops),
+                then: self.fast_tile(ops, mk.nr / self.lanes),
                 otherwise: self.checked_tile(ops),
             }),
-            Compute::Unchecked => tile.extend(self.fast_tile(ops)),
+            Compute::Unchecked => tile.extend(self.fast_tiles_by_width(ops)),
             Compute::Checked => tile.extend(self.checked_tile(ops)),
             Compute::Partitioned => tile.push(Stmt::If {
-                cond: self.full_tile(),
-                then: self.fast_tile(ops),
+                cond: self.full_tile(mk.nr),
+                then: self.fast_tile(ops, mk.nr / self.lanes),
                 otherwise: self.checked_tile(ops),
             }),
         }
@@ -329,19 +329,47 @@ impl Nest<'_> {
         )
     }
 
-    /// Whether the register tile at (`mi`, `nj`) lies wholly inside the output.
-    pub fn full_tile(&self) -> Cond {
+    /// Whether the register tile at (`mi`, `nj`), `width` columns wide, lies wholly
+    /// inside the output.
+    pub fn full_tile(&self, width: usize) -> Cond {
         Cond::and(
             Cond::Le(v("mi") + c(self.mk.mr), v("e_m")),
-            Cond::Le(v("nj") + c(self.mk.nr), v("e_n")),
+            Cond::Le(v("nj") + c(width), v("e_n")),
         )
     }
 
-    /// A register tile with unchecked vectorized compute, stored by the policy.
-    fn fast_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(ops);
-        s.extend(self.vector_store(&ops[2]));
+    /// A register tile of `nv` vectors per row with unchecked vectorized compute,
+    /// stored by the policy.
+    fn fast_tile(&self, ops: &[Operand; 3], nv: usize) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate(ops, nv);
+        s.extend(self.vector_store(&ops[2], nv));
         s
+    }
+
+    /// The unchecked register tile, as many vectors wide as the columns left need: a
+    /// tile at the N edge computes only the vectors that hold output columns, not the
+    /// zeros its packed panel is padded with (`batch_matmul_nt` with N = 65 and a
+    /// 16-column tile would compute 80 columns; this computes 72).
+    fn fast_tiles_by_width(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let nv = self.mk.nr / self.lanes;
+        if nv == 1 {
+            return self.fast_tile(ops, nv);
+        }
+        // Tiles that need every vector (all but the edge's) first; at the edge, the
+        // fewest vectors that cover the columns left.
+        let mut edge = self.fast_tile(ops, nv - 1);
+        for q in (1..nv - 1).rev() {
+            edge = vec![Stmt::If {
+                cond: Cond::Le(v("p_n") - v("nj"), c(q * self.lanes)),
+                then: self.fast_tile(ops, q),
+                otherwise: edge,
+            }];
+        }
+        vec![Stmt::If {
+            cond: Cond::Lt(c((nv - 1) * self.lanes), v("p_n") - v("nj")),
+            then: self.fast_tile(ops, nv),
+            otherwise: edge,
+        }]
     }
 
     /// A register tile with a boundary check on every element in the compute stage.

@@ -10,41 +10,43 @@ use crate::padding::Compute;
 use anyshape_ir::Expr;
 
 impl Nest<'_> {
-    /// Store a vector register tile: checked where it may overhang the output (a
-    /// policy with checked stores whose compute does not stay inside the output).
-    pub(super) fn vector_store(&self, out: &Operand) -> Vec<Stmt> {
+    /// Store a vector register tile of `nv` vectors per row: checked where it may
+    /// overhang the output (a policy with checked stores whose compute does not stay
+    /// inside the output). A tile at the edge stores each row inside the output, each
+    /// of its vectors inside the output whole, the others lane by lane.
+    pub(super) fn vector_store(&self, out: &Operand, nv: usize) -> Vec<Stmt> {
         let mk = self.mk;
-        let (lanes, nv) = (self.lanes, mk.nr / self.lanes);
+        let lanes = self.lanes;
         let out_idx = |i: usize, col: Expr| {
             v("base2") + (v("mi") + c(i)) * out.s_row.clone() + (v("nj") + col) * out.s_col.clone()
         };
         let contiguous = out.s_col.simplify().as_const() == Some(1);
-        let full_store = |accumulate: bool| -> Vec<Stmt> {
-            let mut st = Vec::new();
-            for i in 0..mk.mr {
-                for j in 0..nv {
-                    let reg = Value::reg(&acc(i, j), lanes);
-                    if contiguous {
-                        let idx = out_idx(i, c(j * lanes));
-                        let value = if accumulate {
-                            Value::sum(Value::vload(out.buf, idx.clone(), lanes), reg)
-                        } else {
-                            reg
-                        };
-                        st.push(store(out.buf, idx, value));
-                    } else {
-                        st.push(lane_store(
-                            out,
-                            out_idx(i, c(j * lanes) + v("l")),
-                            &acc(i, j),
-                            accumulate,
-                            lanes,
-                            None,
-                        ));
-                    }
-                }
+        let vector_store = |i: usize, j: usize, accumulate: bool| -> Stmt {
+            let reg = Value::reg(&acc(i, j), lanes);
+            if contiguous {
+                let idx = out_idx(i, c(j * lanes));
+                let value = if accumulate {
+                    Value::sum(Value::vload(out.buf, idx.clone(), lanes), reg)
+                } else {
+                    reg
+                };
+                store(out.buf, idx, value)
+            } else {
+                lane_store(
+                    out,
+                    out_idx(i, c(j * lanes) + v("l")),
+                    &acc(i, j),
+                    accumulate,
+                    lanes,
+                    None,
+                )
             }
-            st
+        };
+        let full_store = |accumulate: bool| -> Vec<Stmt> {
+            (0..mk.mr)
+                .flat_map(|i| (0..nv).map(move |j| (i, j)))
+                .map(|(i, j)| vector_store(i, j, accumulate))
+                .collect()
         };
         let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| Stmt::If {
             cond: Cond::Eq(v("kt"), c(0)),
@@ -62,21 +64,25 @@ impl Nest<'_> {
                 let mut row = Vec::new();
                 for j in 0..nv {
                     let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));
-                    row.push(lane_store(
-                        out,
-                        out_idx(i, c(j * lanes) + v("l")),
-                        &acc(i, j),
-                        accumulate,
-                        lanes,
-                        Some(col_ok),
-                    ));
+                    row.push(Stmt::If {
+                        cond: Cond::Le(v("nj") + c((j + 1) * lanes), v("e_n")),
+                        then: vec![vector_store(i, j, accumulate)],
+                        otherwise: vec![lane_store(
+                            out,
+                            out_idx(i, c(j * lanes) + v("l")),
+                            &acc(i, j),
+                            accumulate,
+                            lanes,
+                            Some(col_ok),
+                        )],
+                    });
                 }
                 st.push(if_(Cond::Lt(v("mi") + c(i), v("e_m")), row));
             }
             st
         };
         vec![Stmt::If {
-            cond: self.full_tile(),
+            cond: self.full_tile(nv * lanes),
             then: vec![full],
             otherwise: vec![by_kt(&partial_store)],
         }]

@@ -270,8 +270,9 @@ impl Sketch for MicroKernel {
         crate::lower::contraction(p, target)
     }
 
-    /// Local padding pads each axis to its register-tile granularity (`mr`, `nr`, `uk`;
-    /// the dot variant's K to the vector, whose tail runs element by element); a task is
+    /// Local padding pads each axis to its register-tile granularity (`mr`; `nr`, in the
+    /// usual variant the vector, as its edge tiles are narrower; `uk`; the dot variant's
+    /// K to the vector, whose tail runs element by element); a task is
     /// one cache tile of M and N of one batch item.
     fn adaptation(&self, target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Adaptation {
         let Ok(g) = GemmView::of(w) else {
@@ -291,7 +292,13 @@ impl Sketch for MicroKernel {
         } else {
             self.uk
         };
-        let padded = up(m, self.mr) * up(n, self.nr) * up(k, k_unit);
+        // The usual variant's tile at the N edge computes only the vectors it needs.
+        let n_unit = if self.dot {
+            self.nr
+        } else {
+            target.lanes_f32()
+        };
+        let padded = up(m, self.mr) * up(n, n_unit) * up(k, k_unit);
         let pad = if padded > 0.0 {
             (m * n * k) / padded
         } else {
