@@ -113,6 +113,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         dot: false,
         pf: false,
         ia: false,
+        ib: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

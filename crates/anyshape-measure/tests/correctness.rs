@@ -45,6 +45,7 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
         dot: false,
         pf: false,
         ia: false,
+        ib: false,
     }
 }
 
@@ -62,6 +63,7 @@ fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
         dot: true,
         pf: false,
         ia: false,
+        ib: false,
     }
 }
 
@@ -178,19 +180,21 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
 
 /// `workload` with both variants of the contraction sketch (vectors along N, packed;
 /// dot products along K, read in place), each by its default and a small micro-kernel
-/// (the usual variant's default packing A; its small one prefetching, the requests
-/// running past the tensors' ends, and reading A in place, edge tiles past the last
-/// row).
+/// (the usual variant's default packing A and B; its small one prefetching, the
+/// requests running past the tensors' ends, and reading A in place, edge tiles past the
+/// last row, and B where its N axis is contiguous, edge tiles element by element).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let mks = [
         MicroKernel {
             ia: false,
+            ib: false,
             ..MicroKernel::default_for(&target)
         },
         MicroKernel {
             pf: true,
             ia: true,
+            ib: true,
             ..small_micro_kernel(&target)
         },
     ];
@@ -290,6 +294,7 @@ fn random_micro_kernels_are_correct() {
             dot,
             pf: !dot && rng.random_bool(0.5),
             ia: !dot && rng.random_bool(0.5),
+            ib: !dot && rng.random_bool(0.5),
         };
         let mk = MicroKernel {
             mc: mk.mr * rng.random_range(1..=5usize),

@@ -437,6 +437,7 @@ mod tests {
             dot: false,
             pf: false,
             ia: false,
+            ib: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

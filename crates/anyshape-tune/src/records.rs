@@ -301,6 +301,7 @@ mod tests {
                 dot: false,
                 pf: false,
                 ia: false,
+                ib: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

@@ -293,6 +293,7 @@ mod tests {
                     dot: false,
                     pf: false,
                     ia: false,
+                    ib: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

@@ -3,7 +3,8 @@
 //! ```text
 //! [global padding: copy inputs into zero-padded buffers]             (global_pad.rs)
 //! parallel for task in batch x tiles_n x tiles_m (M tiles fastest):
-//!   if this thread does not hold the B panel of (batch, N tile) yet:
+//!   if this thread does not hold the B panel of (batch, N tile) yet
+//!   (and B is not read in place: weights in panels, or `ib=1`):
 //!     fetch: pack the K x nc panel of B                                (fetch.rs)
 //!   for kt in tiles_k:
 //!     fetch:   pack the A block (mc x kc), unless A is read in place   (fetch.rs)
@@ -54,8 +55,9 @@ pub(super) struct Nest<'a> {
     pub mk: MicroKernel,
     pub policy: Policy,
     pub lanes: usize,
-    /// The packed variant reads B in place from its panels of this width (whole
-    /// vectors): weights pre-packed by the model (`dense_packed`).
+    /// The packed variant reads B in place, in panels of this width (whole vectors):
+    /// weights pre-packed by the model (`dense_packed`); or, with `ib=1`, a B whose N
+    /// axis is contiguous (one panel as wide as the tensor: width 1 rounds nothing up).
     pub b_in_place: Option<i64>,
 }
 
@@ -93,9 +95,15 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     let mk = p.micro_kernel;
     let policy = p.strategy.policy();
     let lanes = target.lanes_f32();
-    let b_in_place = w.inputs[1]
-        .panels
-        .filter(|&pw| !mk.dot && !policy.copy && pw % lanes as i64 == 0);
+    let b_in_place = if mk.dot || policy.copy {
+        None
+    } else if let Some(pw) = w.inputs[1].panels {
+        (pw % lanes as i64 == 0).then_some(pw)
+    } else {
+        // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
+        let contiguous = w.inputs[1].axis_stride(g.n).simplify().as_const() == Some(1);
+        (mk.ib && contiguous).then_some(1)
+    };
     let nest = Nest {
         w,
         g: g.clone(),

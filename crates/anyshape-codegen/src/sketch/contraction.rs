@@ -62,6 +62,14 @@ pub struct MicroKernel {
     /// stream). Absent from the text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ia: bool,
+    /// B read in place (usual variant only) where its N axis is contiguous (a batch
+    /// matmul's `[K, N]` operand, attention's values): the register tile loads B's
+    /// vectors from the tensor itself instead of a packed `K x nc` panel, which saves
+    /// the copy of B per (batch item, N tile); tiles that overhang N are computed
+    /// element by element. Where N is not contiguous B is packed as usual. Absent from
+    /// the text and JSON forms when false (older records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ib: bool,
 }
 
 impl MicroKernel {
@@ -123,12 +131,16 @@ impl MicroKernel {
         if self.dot && self.pf {
             return fail("prefetch (pf=1) is for the usual variant, not the dot one".into());
         }
-        if self.dot && self.ia {
-            return fail(
-                "A in place (ia=1) is for the usual variant; the dot one reads it in place \
-                 wherever its K axis is contiguous"
-                    .into(),
-            );
+        for (set, name) in [
+            (self.ia, "A in place (ia=1)"),
+            (self.ib, "B in place (ib=1)"),
+        ] {
+            if self.dot && set {
+                return fail(format!(
+                    "{name} is for the usual variant; the dot one reads its operands in \
+                     place wherever their K axis is contiguous"
+                ));
+            }
         }
         if self.uk > 16 || self.mr > 32 {
             return fail("uk must be <= 16 and mr <= 32 (code size)".into());
@@ -345,6 +357,7 @@ impl Sketch for MicroKernel {
             dot,
             pf: !dot && rng.random_bool(0.5),
             ia: !dot && rng.random_bool(0.5),
+            ib: !dot && rng.random_bool(0.5),
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
         mk
@@ -356,7 +369,7 @@ impl Sketch for MicroKernel {
         let lanes = target.lanes_f32();
         let col = self.column_granule(lanes);
         let mut m = *self;
-        match rng.random_range(0..9) {
+        match rng.random_range(0..10) {
             0 => {
                 let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
                 m.mc = (m.mc / m.mr).max(1) * mr;
@@ -377,10 +390,12 @@ impl Sketch for MicroKernel {
             }
             6 if !m.dot => m.pf = !m.pf,
             7 if !m.dot => m.ia = !m.ia,
+            8 if !m.dot => m.ib = !m.ib,
             _ => {
                 m.dot = !m.dot;
                 m.pf = false;
                 m.ia = false;
+                m.ib = false;
                 let nr = m.nr / col * m.column_granule(lanes);
                 m.nc = (m.nc / m.nr).max(1) * nr;
                 m.nr = nr;
@@ -408,6 +423,7 @@ impl Sketch for MicroKernel {
             dot: reg.dot,
             pf: reg.pf,
             ia: reg.ia,
+            ib: reg.ib,
         }
     }
 
@@ -452,6 +468,7 @@ impl Sketch for MicroKernel {
             dot: self.dot,
             pf: self.pf,
             ia: self.ia,
+            ib: self.ib,
         }
     }
 
@@ -505,6 +522,17 @@ mod tests {
         };
         assert_eq!(2 * pf(&packed), MicroKernel::seeds(&avx2, &packed).len());
         assert_eq!(pf(&dense), 0);
+        // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
+        // place; one with contiguous K (dense's [N, K]) none.
+        let nn = Workload::parse("batch_matmul_nn(B=2,M=T,N=64,K=T)").unwrap();
+        let ib = |w: &Workload| {
+            MicroKernel::seeds(&avx2, w)
+                .iter()
+                .filter(|mk| mk.ib)
+                .count()
+        };
+        assert_eq!(ib(&nn), 3);
+        assert_eq!(ib(&dense) + ib(&packed), 0);
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()
             .flat_map(|t| [(t.clone(), &dense), (t, &packed)])
@@ -557,16 +585,17 @@ mod tests {
         assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
     }
 
-    /// The usual variant's flags (`pf`, `ia`): text and JSON forms (older records
+    /// The usual variant's flags (`pf`, `ia`, `ib`): text and JSON forms (older records
     /// without them read as unset), refused with the dot variant, and reached by the
     /// search both ways, never with the dot variant.
     #[test]
     fn flags_text_form_and_limits() {
         type Get = fn(&MicroKernel) -> bool;
         type Set = fn(MicroKernel, bool) -> MicroKernel;
-        let flags: [(&str, Get, Set); 2] = [
+        let flags: [(&str, Get, Set); 3] = [
             ("pf", |m| m.pf, |m, pf| MicroKernel { pf, ..m }),
             ("ia", |m| m.ia, |m, ia| MicroKernel { ia, ..m }),
+            ("ib", |m| m.ib, |m, ib| MicroKernel { ib, ..m }),
         ];
         let t = avx512();
         let mut rng = rand::rng();

@@ -3,7 +3,7 @@
 //! gets as seeds. Each is derived from the target's registers and caches, never from a
 //! shape.
 use super::contraction::{max_multiple, Limits, MicroKernel};
-use crate::CpuTarget;
+use crate::{CpuTarget, GemmView};
 use anyshape_ir::Workload;
 
 impl MicroKernel {
@@ -29,6 +29,7 @@ impl MicroKernel {
             dot: false,
             pf: false,
             ia: true,
+            ib: false,
         }
     }
 
@@ -52,6 +53,7 @@ impl MicroKernel {
             dot: true,
             pf: false,
             ia: false,
+            ib: false,
         }
     }
 
@@ -80,6 +82,7 @@ impl MicroKernel {
             dot: false,
             pf: false,
             ia: false,
+            ib: false,
         }
     }
 
@@ -106,18 +109,26 @@ impl MicroKernel {
             dot: false,
             pf: false,
             ia: false,
+            ib: false,
         }
     }
 }
 
 /// The usual default (A read in place), then those for small M, which pack A (reading
 /// it in place measured 0.95-1.0x there): the dot variant's (not for weights in panels,
-/// which it packs element by element: 20x slower there), one row's and a few rows'. Weights in panels are read in place, and in a model they come from
-/// memory: each of their seeds also comes prefetching (`pf`), which pays from a few
-/// rows up (BERT-base's feed-forward matmul, M = 8: +15 %) but costs 8 % at one row,
-/// where the hardware's own prefetch keeps up with the stream.
+/// which it packs element by element: 20x slower there), one row's and a few rows'.
+/// Weights in panels are read in place, and in a model they come from memory: each of
+/// their seeds also comes prefetching (`pf`), which pays from a few rows up
+/// (BERT-base's feed-forward matmul, M = 8: +15 %) but costs 8 % at one row, where the
+/// hardware's own prefetch keeps up with the stream. A B whose N axis is contiguous
+/// (batch matmuls' `[K, N]`) gets each usual-variant seed also reading it in place
+/// (`ib`), which saves packing B per batch item where its items are small.
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
-    let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+    let b = w.inputs.get(1);
+    let panels = b.is_some_and(|b| b.panels.is_some());
+    let n_contiguous = !panels
+        && GemmView::of(w)
+            .is_ok_and(|g| b.is_some_and(|b| b.axis_stride(g.n).simplify().as_const() == Some(1)));
     let plain = [
         Some(MicroKernel::default_for(target)),
         (!panels).then(|| MicroKernel::default_dot_for(target)),
@@ -128,5 +139,14 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
         mk.filter(|_| panels)
             .map(|mk| MicroKernel { pf: true, ..mk })
     });
-    plain.into_iter().chain(prefetching).flatten().collect()
+    let b_in_place = plain.map(|mk| {
+        mk.filter(|mk| n_contiguous && !mk.dot)
+            .map(|mk| MicroKernel { ib: true, ..mk })
+    });
+    plain
+        .into_iter()
+        .chain(prefetching)
+        .chain(b_in_place)
+        .flatten()
+        .collect()
 }
