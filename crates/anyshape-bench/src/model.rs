@@ -36,8 +36,36 @@ pub struct ModelCompareOptions<'a> {
 /// relative difference of its outputs from anyshape's (`None`: it failed).
 struct Row {
     bindings: Bindings,
+    /// Per system, its minimum over the rounds.
     latency: Vec<Option<f64>>,
     error: Vec<Option<f64>>,
+    /// Per system, its best of each round (`None` where it was not timed).
+    rounds: Vec<Vec<Option<f64>>>,
+}
+
+impl Row {
+    /// The paired speedup of anyshape over system `p`: the median over rounds of the
+    /// ratio of the two systems' latencies in that round, measured minutes apart at
+    /// most, so that a slow spell of the machine weighs on both sides of each ratio
+    /// (the minima pair up the best moments of each system, which may lie in
+    /// different spells).
+    fn paired_speedup(&self, p: usize) -> Option<f64> {
+        let mut ratios: Vec<f64> = self.rounds[0]
+            .iter()
+            .zip(&self.rounds[p])
+            .filter_map(|(a, x)| Some(x.as_ref()? / a.as_ref()?))
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        Some(if n % 2 == 1 {
+            ratios[n / 2]
+        } else {
+            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+        })
+    }
 }
 
 /// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
@@ -206,6 +234,7 @@ pub fn compare_model(
             bindings: b.clone(),
             latency: vec![None; n],
             error: vec![None; n],
+            rounds: vec![vec![None; o.rounds]; n],
         };
         // The first run of each: its outputs, checked against anyshape's.
         let mut want = None;
@@ -231,11 +260,13 @@ pub fn compare_model(
                     Ok((times, _)) => {
                         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
                         row.latency[p] = Some(row.latency[p].map_or(best, |l: f64| l.min(best)));
+                        row.rounds[p][r] = Some(best);
                     }
                     Err(e) => {
                         failures.push(format!("{} at {b}: {e}", names[p]));
                         ok[p] = false;
                         row.latency[p] = None;
+                        row.rounds[p] = vec![None; o.rounds];
                     }
                 }
             }
@@ -311,7 +342,7 @@ impl ModelReport<'_> {
         );
         let _ = writeln!(
             s,
-            "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster). Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.\n",
+            "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster); paired = the median over rounds of that ratio within each round (less hostage to a noisy machine than the ratio of minima). Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.\n",
             self.o.rounds, self.o.seconds
         );
         let mut head = "| instance |".to_string();
@@ -321,8 +352,8 @@ impl ModelReport<'_> {
             rule.push_str("---:|");
         }
         for n in &self.names[1..] {
-            let _ = write!(head, " speedup vs {n} | error of {n} |");
-            rule.push_str("---:|---:|");
+            let _ = write!(head, " speedup vs {n} | paired | error of {n} |");
+            rule.push_str("---:|---:|---:|");
         }
         let _ = writeln!(s, "{head}\n{rule}");
         let speedups: Vec<Vec<Option<f64>>> =
@@ -339,8 +370,10 @@ impl ModelReport<'_> {
             for (p, sp) in speedups.iter().enumerate() {
                 let _ = write!(
                     s,
-                    " {} | {} |",
+                    " {} | {} | {} |",
                     sp[i].map_or("-".into(), |x| format!("{x:.2}x")),
+                    r.paired_speedup(p + 1)
+                        .map_or("-".into(), |x| format!("{x:.2}x")),
                     r.error[p + 1].map_or("-".into(), |e| format!("{e:.1e}"))
                 );
             }
@@ -357,14 +390,20 @@ impl ModelReport<'_> {
                 .enumerate()
                 .filter_map(|(i, x)| x.map(|x| (x, i)))
                 .fold((f64::INFINITY, 0), |a, b| if b.0 < a.0 { b } else { a });
+            let paired: Vec<f64> = self
+                .rows
+                .iter()
+                .filter_map(|r| r.paired_speedup(p + 1))
+                .collect();
             let _ = writeln!(
                 s,
-                "- anyshape vs {}: geomean speedup **{:.2}x** over {} instances (lowest {:.2}x at {}).",
+                "- anyshape vs {}: geomean speedup **{:.2}x** over {} instances (lowest {:.2}x at {}); paired {:.2}x.",
                 self.names[p + 1],
                 geomean(&v),
                 v.len(),
                 lo,
-                self.rows[at].bindings
+                self.rows[at].bindings,
+                geomean(&paired)
             );
         }
         for u in self.unavailable {
@@ -379,7 +418,7 @@ impl ModelReport<'_> {
     fn csv(&self) -> String {
         let dims: Vec<&str> = self.o.dims.iter().map(|(d, _)| d.as_str()).collect();
         let mut s = format!(
-            "{},system,latency_ms,speedup_of_anyshape,max_rel_error_vs_anyshape\n",
+            "{},system,latency_ms,speedup_of_anyshape,max_rel_error_vs_anyshape,paired_speedup_of_anyshape\n",
             dims.join(",")
         );
         for r in self.rows {
@@ -393,9 +432,13 @@ impl ModelReport<'_> {
                     (Some(a), Some(x)) if p > 0 => format!("{:.4}", x / a),
                     _ => String::new(),
                 };
+                let paired = match r.paired_speedup(p) {
+                    Some(x) if p > 0 => format!("{x:.4}"),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     s,
-                    "{},\"{n}\",{},{sp},{}",
+                    "{},\"{n}\",{},{sp},{},{paired}",
                     at.join(","),
                     l.map_or(String::new(), |l| format!("{:.6}", l * 1e3)),
                     r.error[p].map_or(String::new(), |e| format!("{e:.3e}"))

@@ -771,6 +771,9 @@ fn compile_run_and_bench_a_model() {
     for r in rows.iter().filter(|r| r[2] != "\"anyshape\"") {
         let e: f64 = r[5].parse().unwrap_or_else(|_| panic!("{csv}"));
         assert!(e <= 1e-4, "{csv}");
+        // One round: the paired speedup is that round's ratio, the ratio of minima.
+        let (speedup, paired): (f64, f64) = (r[4].parse().unwrap(), r[6].parse().unwrap());
+        assert!((speedup - paired).abs() <= 1e-3 * speedup, "{csv}");
     }
     let s37 = models.join("bert_tiny.dynamo.s37.npz");
     let bad: &[(&[&str], &str)] = &[
