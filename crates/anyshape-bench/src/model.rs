@@ -32,18 +32,22 @@ pub struct ModelCompareOptions<'a> {
     pub out_dir: &'a Path,
 }
 
-/// One instance's results: per system, the minimum latency (seconds) and the largest
-/// relative difference of its outputs from anyshape's (`None`: it failed).
+/// One instance's results: per system, its best latency of each round (seconds) and the
+/// largest relative difference of its outputs from anyshape's (`None`: it failed).
 struct Row {
     bindings: Bindings,
-    /// Per system, its minimum over the rounds.
-    latency: Vec<Option<f64>>,
     error: Vec<Option<f64>>,
-    /// Per system, its best of each round (`None` where it was not timed).
+    /// Per system, its best of each round (`None` where it was not timed; all `None`
+    /// once it failed).
     rounds: Vec<Vec<Option<f64>>>,
 }
 
 impl Row {
+    /// System `p`'s latency: its minimum over the rounds.
+    fn latency(&self, p: usize) -> Option<f64> {
+        self.rounds[p].iter().flatten().copied().reduce(f64::min)
+    }
+
     /// The paired speedup of anyshape over system `p`: the median over rounds of the
     /// ratio of the two systems' latencies in that round, measured minutes apart at
     /// most, so that a slow spell of the machine weighs on both sides of each ratio
@@ -232,7 +236,6 @@ pub fn compare_model(
         let n = peers.len();
         let mut row = Row {
             bindings: b.clone(),
-            latency: vec![None; n],
             error: vec![None; n],
             rounds: vec![vec![None; o.rounds]; n],
         };
@@ -259,13 +262,11 @@ pub fn compare_model(
                 match peers[p].time(&case, o.seconds, false) {
                     Ok((times, _)) => {
                         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
-                        row.latency[p] = Some(row.latency[p].map_or(best, |l: f64| l.min(best)));
                         row.rounds[p][r] = Some(best);
                     }
                     Err(e) => {
                         failures.push(format!("{} at {b}: {e}", names[p]));
                         ok[p] = false;
-                        row.latency[p] = None;
                         row.rounds[p] = vec![None; o.rounds];
                     }
                 }
@@ -273,8 +274,8 @@ pub fn compare_model(
         }
         let line: Vec<String> = names
             .iter()
-            .zip(&row.latency)
-            .map(|(s, l)| match l {
+            .enumerate()
+            .map(|(p, s)| match row.latency(p) {
                 Some(l) => format!("{s} {} ms", significant(l * 1e3)),
                 None => format!("{s} failed"),
             })
@@ -318,7 +319,7 @@ impl ModelReport<'_> {
     fn speedups(&self, p: usize) -> Vec<Option<f64>> {
         self.rows
             .iter()
-            .map(|r| match (r.latency[0], r.latency[p]) {
+            .map(|r| match (r.latency(0), r.latency(p)) {
                 (Some(a), Some(x)) => Some(x / a),
                 _ => None,
             })
@@ -360,11 +361,12 @@ impl ModelReport<'_> {
             (1..self.names.len()).map(|p| self.speedups(p)).collect();
         for (i, r) in self.rows.iter().enumerate() {
             let _ = write!(s, "| {} |", r.bindings);
-            for l in &r.latency {
+            for p in 0..self.names.len() {
                 let _ = write!(
                     s,
                     " {} |",
-                    l.map_or("failed".into(), |l| significant(l * 1e3))
+                    r.latency(p)
+                        .map_or("failed".into(), |l| significant(l * 1e3))
                 );
             }
             for (p, sp) in speedups.iter().enumerate() {
@@ -427,8 +429,8 @@ impl ModelReport<'_> {
                 .map(|d| r.bindings.get(d).map_or(String::new(), |v| v.to_string()))
                 .collect();
             for (p, n) in self.names.iter().enumerate() {
-                let l = r.latency[p];
-                let sp = match (r.latency[0], l) {
+                let l = r.latency(p);
+                let sp = match (r.latency(0), l) {
                     (Some(a), Some(x)) if p > 0 => format!("{:.4}", x / a),
                     _ => String::new(),
                 };
@@ -471,7 +473,7 @@ impl ModelReport<'_> {
                     .rows
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, r)| r.latency[p].map(|l| (x(i, r), l * 1e3)))
+                    .filter_map(|(i, r)| r.latency(p).map(|l| (x(i, r), l * 1e3)))
                     .collect(),
             })
             .collect();

@@ -101,8 +101,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         (pw % lanes as i64 == 0).then_some(pw)
     } else {
         // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
-        let contiguous = w.inputs[1].axis_stride(g.n).simplify().as_const() == Some(1);
-        (mk.ib && contiguous).then_some(1)
+        (mk.ib && g.b_n_contiguous(w)).then_some(1)
     };
     let nest = Nest {
         w,

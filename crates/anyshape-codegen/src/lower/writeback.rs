@@ -1,7 +1,7 @@
 //! The write-back stage of the CPU contraction sketch: a register tile stored into the
-//! output (the first reduction tile) or added to it (the others); whole tiles with
-//! vector stores where the output is contiguous, tiles that overhang the output element
-//! by element with a check, as the padding strategy's policy says.
+//! output (the first reduction tile) or added to it (the others); whole vectors with
+//! vector stores where the output is contiguous, the vectors of a tile that overhang the
+//! output element by element with a check, as the padding strategy's policy says.
 use super::compute::acc;
 use super::contraction::{Nest, Operand};
 use super::{c, v};

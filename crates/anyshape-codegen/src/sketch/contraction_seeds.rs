@@ -124,11 +124,8 @@ impl MicroKernel {
 /// (batch matmuls' `[K, N]`) gets each usual-variant seed also reading it in place
 /// (`ib`), which saves packing B per batch item where its items are small.
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
-    let b = w.inputs.get(1);
-    let panels = b.is_some_and(|b| b.panels.is_some());
-    let n_contiguous = !panels
-        && GemmView::of(w)
-            .is_ok_and(|g| b.is_some_and(|b| b.axis_stride(g.n).simplify().as_const() == Some(1)));
+    let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+    let n_contiguous = !panels && GemmView::of(w).is_ok_and(|g| g.b_n_contiguous(w));
     let plain = [
         Some(MicroKernel::default_for(target)),
         (!panels).then(|| MicroKernel::default_dot_for(target)),

@@ -9,7 +9,8 @@ use anyshape_ir::{AxisKind, BoundWorkload, OpClass, Workload};
 pub struct GemmView {
     /// The other spatial axes, in output order (shared or broadcast).
     pub batch: Vec<usize>,
-    /// The output's second-to-last axis, read by operand 0 only.
+    /// The output axis read by operand 0 only (the second-to-last, unless the output
+    /// is written in another layout).
     pub m: usize,
     /// The output's last axis, read by operand 1 only.
     pub n: usize,
@@ -18,6 +19,14 @@ pub struct GemmView {
 }
 
 impl GemmView {
+    /// Whether the second operand (B) is contiguous along N, so that its vectors along
+    /// N can be loaded from the tensor itself (`ib=1`) rather than packed.
+    pub fn b_n_contiguous(&self, w: &Workload) -> bool {
+        w.inputs
+            .get(1)
+            .is_some_and(|b| b.axis_stride(self.n).simplify().as_const() == Some(1))
+    }
+
     /// Classify the axes of a contraction: `n` is the output's last axis (read by the
     /// second operand only), `m` the output axis read by the first operand only (the
     /// one before `n`, or further out where the output is written in another layout,
