@@ -220,12 +220,20 @@ fn advance(point: &mut [i64], axes: &[usize], extents: &[i64]) -> bool {
 pub struct CheckReport {
     /// Whether every element is within its tolerance (and none is NaN).
     pub passed: bool,
-    /// Largest absolute error.
+    /// Largest absolute error; infinite where the output held NaN or an infinity (JSON
+    /// writes it as `null`, which reads back as infinite).
+    #[serde(deserialize_with = "null_is_infinite")]
     pub max_abs_error: f64,
     /// Elements outside their tolerance.
     pub mismatches: usize,
     /// The first mismatching element, if any.
     pub first_mismatch: Option<usize>,
+}
+
+/// An `f64` that JSON wrote as `null` (serde_json's form of a non-finite number) reads
+/// back as infinite.
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// Compare `got` with the reference; each element may be off by its tolerance.

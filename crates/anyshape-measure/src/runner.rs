@@ -241,8 +241,8 @@ impl Runner {
                     PREPARE_SECONDS
                 };
                 match events.recv_timeout(Duration::from_secs_f64(limit)) {
-                    Ok(Event::Start(i)) => started = open.get(i).copied(),
-                    Ok(Event::Done(i, outcome)) => {
+                    Ok(Ok(Event::Start(i))) => started = open.get(i).copied(),
+                    Ok(Ok(Event::Done(i, outcome))) => {
                         if let Some(&k) = open.get(i) {
                             on_outcome(k, &outcome);
                             outcomes[k] = Some(outcome);
@@ -252,14 +252,23 @@ impl Runner {
                             break;
                         }
                     }
+                    Ok(Err(unreadable)) => {
+                        // A bug of ours, not the candidate's; it fails that candidate
+                        // only, the others go to a new worker.
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        let culprit = culprit(started, &open, &outcomes);
+                        let failed = Outcome::Failed(format!(
+                            "internal error: the worker's report could not be read ({unreadable})"
+                        ));
+                        on_outcome(culprit, &failed);
+                        outcomes[culprit] = Some(failed);
+                        break;
+                    }
                     Err(e) => {
                         let _ = child.kill();
                         let status = child.wait().ok();
-                        // The candidate started last, else the first without an outcome.
-                        let culprit = started
-                            .filter(|&k| outcomes[k].is_none())
-                            .or_else(|| open.iter().copied().find(|&k| outcomes[k].is_none()))
-                            .expect("a candidate without an outcome");
+                        let culprit = culprit(started, &open, &outcomes);
                         let failed = match (e, status) {
                             (RecvTimeoutError::Timeout, _) => Outcome::Failed(format!(
                                 "timed out after {:.1} s",
@@ -300,7 +309,9 @@ impl Runner {
             .collect())
     }
 
-    fn spawn(&self, job: &Job) -> Result<(Child, Receiver<Event>)> {
+    /// Start a worker on `job`; its events arrive on the channel, a line that does not
+    /// parse as one as `Err` (after which the channel ends).
+    fn spawn(&self, job: &Job) -> Result<(Child, Receiver<std::result::Result<Event, String>>)> {
         let cmd = self.worker.program.display().to_string();
         let mut child = Command::new(&self.worker.program)
             .args(&self.worker.args)
@@ -326,16 +337,28 @@ impl Runner {
                 let Ok(line) = line else { break };
                 match serde_json::from_str::<Event>(&line) {
                     Ok(ev) => {
-                        if tx.send(ev).is_err() {
+                        if tx.send(Ok(ev)).is_err() {
                             break;
                         }
                     }
-                    Err(_) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e} in `{line:.200}`")));
+                        break;
+                    }
                 }
             }
         });
         Ok((child, rx))
     }
+}
+
+/// Who a dead or stuck worker's failure is blamed on: the candidate started last, else
+/// the first of `open` without an outcome.
+fn culprit(started: Option<usize>, open: &[usize], outcomes: &[Option<Outcome>]) -> usize {
+    started
+        .filter(|&k| outcomes[k].is_none())
+        .or_else(|| open.iter().copied().find(|&k| outcomes[k].is_none()))
+        .expect("a candidate without an outcome")
 }
 
 /// Whether the process was ended from outside: SIGKILL (we kill on timeouts only, and

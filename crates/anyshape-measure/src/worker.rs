@@ -126,12 +126,17 @@ pub fn serve_with(builtins: Builtins) -> i32 {
             Ok(lib) => lib,
         };
         let prepared = prepare(&cands[i], &mut instance);
+        // One output for the group: candidates timed in alternation each writing their
+        // own would hold the caches as a kernel never does (at batch_matmul_nn T = 79,
+        // sixteen 3.9 MB outputs; the votes then saw some kernels 30-45 % slower than a
+        // module's calls run them).
+        let mut output = Vec::new();
         let mut ready: Vec<(usize, Timed)> = Vec::new();
         for (k, cand) in cands.iter().enumerate().take(j).skip(i) {
             let warmed = prepared.clone().and_then(|(inputs, reference, bound)| {
                 let f = kernel(lib, cand, inputs, bound)?;
                 emit(Event::Start(k));
-                Timed::warm(f, cand, inputs, reference, bound)
+                Timed::warm(f, cand, inputs, &mut output, reference, bound)
             });
             match warmed {
                 Ok(t) => ready.push((k, t)),
@@ -154,7 +159,7 @@ pub fn serve_with(builtins: Builtins) -> i32 {
                 // alternation would otherwise share one window, and the last one
                 // started would be blamed for the others' time.
                 emit(Event::Start(*k));
-                if let Err(why) = t.call() {
+                if let Err(why) = t.call(&mut output) {
                     failed.push((n, why));
                 }
             }
@@ -275,40 +280,45 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
 struct Timed {
     f: Kernel,
     ins: Vec<*const f32>,
-    output: Vec<f32>,
     times: Vec<f64>,
     check: Option<CheckReport>,
 }
 
 impl Timed {
-    /// Call once (untimed: first-call costs such as page faults or a vendor library's
-    /// setup stay out of the timings) and check the output against the reference.
+    /// Call once into `output` (untimed: first-call costs such as page faults or a
+    /// vendor library's setup stay out of the timings) and check the output against the
+    /// reference. `output` is refilled with NaN first (its length the instance's
+    /// output), so that what an earlier candidate wrote there never passes for this
+    /// one's.
     fn warm(
         f: Kernel,
         cand: &Candidate,
         inputs: &[Vec<f32>],
+        output: &mut Vec<f32>,
         reference: Option<&Reference>,
         bound: &BoundWorkload,
     ) -> Result<Timed, String> {
+        output.clear();
+        output.resize(bound.lens[cand.workload.inputs.len()], f32::NAN);
         let mut t = Timed {
             f,
             ins: inputs.iter().map(|v| v.as_ptr()).collect(),
-            output: vec![f32::NAN; bound.lens[cand.workload.inputs.len()]],
             times: Vec::new(),
             check: None,
         };
-        t.call()?;
+        t.call(output)?;
         if let Kernel::Gpu(k) = &t.f {
-            t.output = k.output()?;
+            *output = k.output()?;
         }
         t.times.clear();
-        t.check = reference.map(|r| check_output(&t.output, r));
+        t.check = reference.map(|r| check_output(output, r));
         Ok(t)
     }
 
-    /// One timed call (GPU kernels time themselves with CUDA events).
-    fn call(&mut self) -> Result<(), String> {
-        let outs = [self.output.as_mut_ptr()];
+    /// One timed call writing `output`, which is the instance's (GPU kernels time
+    /// themselves with CUDA events and keep their output on the device).
+    fn call(&mut self, output: &mut [f32]) -> Result<(), String> {
+        let outs = [output.as_mut_ptr()];
         let t0 = Instant::now();
         match &mut self.f {
             Kernel::Gpu(k) => {

@@ -39,6 +39,10 @@ fn crashing_and_hanging_candidates_fail_alone() {
             symbol: "as_test_abort".into(),
             code: format!("void abort(void); int32_t as_test_abort{SIG} {{ abort(); return 0; }}"),
         },
+        KernelSource {
+            symbol: "as_test_lazy".into(),
+            code: format!("int32_t as_test_lazy{SIG} {{ return 0; }}"),
+        },
     ];
     let dir = tempfile::tempdir().unwrap();
     let lib = Builder::new(dir.path()).build(&target, &kernels).unwrap();
@@ -58,6 +62,9 @@ fn crashing_and_hanging_candidates_fail_alone() {
         cand("as_test_abort", 3),
         cand("as_missing", 3),
         cand(&good_sym, 33),
+        // Writes nothing: in alternation it shares the good kernel's output buffer,
+        // which must not pass for its own.
+        cand("as_test_lazy", 33),
     ];
     let worker = WorkerCommand {
         program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
@@ -103,6 +110,11 @@ fn crashing_and_hanging_candidates_fail_alone() {
             matches!(&out[5], Outcome::Failed(w) if w.contains("not found")),
             "{:?}",
             out[5]
+        );
+        assert!(
+            matches!(&out[7], Outcome::Measured(m) if m.check.as_ref().is_some_and(|c| !c.passed)),
+            "{:?}",
+            out[7]
         );
         assert!(t0.elapsed().as_secs_f64() < 30.0);
     }
