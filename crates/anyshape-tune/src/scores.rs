@@ -185,6 +185,70 @@ impl<B: Backend> Tuner<B> {
         Ok(round)
     }
 
+    /// Re-time the close calls of vote round `round`: on each instance, every one of
+    /// `kernels` whose first measurement in the round lies within `within` (a fraction)
+    /// of the instance's best first measurement, when there are two or more, is measured
+    /// again side by side with the others, `times` more times, a pass over all instances
+    /// each (so that one slow spell of the machine does not decide them all). The trials
+    /// join the round, whose table takes each pair's minimum; they are told apart from
+    /// the first measurement by their order, so a resumed run computes the same close
+    /// calls and measures only the re-timings that are missing. Returns how many trials
+    /// it measured.
+    pub fn retime(
+        &mut self,
+        kernels: &[B::MicroKernel],
+        round: usize,
+        within: f64,
+        times: usize,
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<usize> {
+        let row: HashMap<B::MicroKernel, usize> =
+            kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
+        let n = self.instances.len();
+        // Per pair: its first latency in the round (infinite: failed) and its trials.
+        let mut first = vec![vec![f64::INFINITY; n]; kernels.len()];
+        let mut count = vec![vec![0usize; n]; kernels.len()];
+        for r in self.journal.records.iter().filter(|r| r.round == round) {
+            let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings))
+            else {
+                continue;
+            };
+            if count[k][i] == 0 {
+                first[k][i] = r.latency().unwrap_or(f64::INFINITY);
+            }
+            count[k][i] += 1;
+        }
+        let mut close = Vec::new();
+        for i in 0..n {
+            let best = first.iter().map(|l| l[i]).fold(f64::INFINITY, f64::min);
+            let near: Vec<usize> = (0..kernels.len())
+                .filter(|&k| first[k][i].is_finite() && first[k][i] <= best * (1.0 + within))
+                .collect();
+            if near.len() >= 2 {
+                close.extend(near.into_iter().map(|k| (k, i)));
+            }
+        }
+        let mut measured = 0;
+        for pass in 1..=times {
+            let due: Vec<(usize, usize)> = close
+                .iter()
+                .copied()
+                .filter(|&(k, i)| count[k][i] <= pass)
+                .collect();
+            if due.is_empty() {
+                continue;
+            }
+            let trials: Vec<(B::MicroKernel, usize)> =
+                due.iter().map(|&(k, i)| (kernels[k], i)).collect();
+            self.measure(&trials, round, true, on_trial)?;
+            for (k, i) in due {
+                count[k][i] += 1;
+            }
+            measured += trials.len();
+        }
+        Ok(measured)
+    }
+
     /// The latency table of `kernels` from the trials of one `round` only: measurements
     /// taken side by side, not the minimum over every time a program ran, which favours
     /// programs measured more often.

@@ -11,7 +11,7 @@ use anyshape_tune::{
     TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
 };
 use rand::Rng;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -19,6 +19,9 @@ use std::rc::Rc;
 struct Synthetic<'a> {
     gpu: GpuBackend<'a>,
     measured: Rc<Cell<usize>>,
+    /// A slow spell: the next measurement of this micro-kernel on this instance takes
+    /// this factor longer.
+    spike: Rc<RefCell<Option<(GpuMicroKernel, Bindings, f64)>>>,
 }
 
 /// Peak FLOP/s of the synthetic device.
@@ -93,7 +96,15 @@ impl Backend for Synthetic<'_> {
                 }
             } else {
                 let bound = batch.workload.bind(&t.bindings).unwrap();
-                let l = self.latency(batch.workload, &t.micro_kernel, &bound);
+                let mut l = self.latency(batch.workload, &t.micro_kernel, &bound);
+                let mut spike = self.spike.borrow_mut();
+                if let Some((_, _, factor)) = spike
+                    .as_ref()
+                    .filter(|(mk, b, _)| *mk == t.micro_kernel && *b == t.bindings)
+                {
+                    l *= factor;
+                    *spike = None;
+                }
                 TrialResult::Measured {
                     min_seconds: l,
                     median_seconds: l,
@@ -151,6 +162,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
     let backend = || Synthetic {
         gpu: GpuBackend::new(&target, &measurer),
         measured: measured.clone(),
+        spike: Rc::default(),
     };
     let domain = instances(&w, &vars).unwrap();
     let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
@@ -201,6 +213,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         let other = Synthetic {
             gpu: GpuBackend::new(&target, &measurer),
             measured: Rc::new(Cell::new(0)),
+            spike: Rc::default(),
         };
         let mut t = open_tuner(other, &w, &domain, &options, &path, false);
         geos.push(quality_of(&t.run(&mut |_| {}, &mut |_| {}).unwrap().best).0);
@@ -263,6 +276,7 @@ fn one_instance_votes_for_the_best_candidate() {
     let backend = || Synthetic {
         gpu: GpuBackend::new(&target, &measurer),
         measured: measured.clone(),
+        spike: Rc::default(),
     };
     let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
@@ -279,5 +293,86 @@ fn one_instance_votes_for_the_best_candidate() {
     let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, true);
     let again = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(measured.get(), before, "a resumed vote measures nothing");
+    assert_eq!(again.micro_kernels, votes.micro_kernels);
+}
+
+/// A slow spell during the vote round's measurement of the best candidate must not
+/// cost it the vote: close calls are timed again and the round's table keeps each
+/// pair's minimum. The votes of a resumed run re-time only what is missing.
+#[test]
+fn close_calls_are_timed_again() {
+    let measurer = unused_measurer();
+    let target = GpuTarget::h100_sxm();
+    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
+    let domain = instances(&w, &[ShapeVar::parse("T=40..48").unwrap()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let tune = TuneOptions {
+        trials: 48,
+        ..TuneOptions::default()
+    };
+    let measured = Rc::new(Cell::new(0));
+    let spike = Rc::new(RefCell::new(None));
+    let backend = || Synthetic {
+        gpu: GpuBackend::new(&target, &measurer),
+        measured: measured.clone(),
+        spike: spike.clone(),
+    };
+    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, false);
+    tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    // The two fastest micro-kernels the search measured on the last instance; the
+    // vote round's measurement of the best is slowed to 5 % past the runner-up.
+    let truth = backend();
+    let (last, n) = (domain.last().unwrap(), domain.len() - 1);
+    let mut known: Vec<(f64, GpuMicroKernel)> = tuner
+        .scores(None)
+        .kernels
+        .iter()
+        .filter(|mk| !crashes(mk))
+        .map(|mk| (truth.latency(&w, mk, &last.bound), *mk))
+        .collect();
+    known.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let [(best, best_mk), (runner_up, runner_up_mk)] = [known[0], known[1]];
+    *spike.borrow_mut() = Some((best_mk, last.bindings.clone(), runner_up / best * 1.05));
+    let candidates = [best_mk, runner_up_mk];
+    let round = tuner.measure_everywhere(&candidates, &mut |_| {}).unwrap();
+    assert!(spike.borrow().is_none(), "the spike hit the vote round");
+    let fooled = tuner.scores_in_round(&candidates, round);
+    assert!(fooled.latency[0][n] > fooled.latency[1][n]);
+    let options = VoteOptions {
+        tolerance: 0.0,
+        ..VoteOptions::default()
+    };
+    let retimed = tuner
+        .retime(
+            &candidates,
+            round,
+            options.retime_within,
+            options.retimes,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(
+        retimed >= 2,
+        "the close call on the last instance: {retimed}"
+    );
+    let table = tuner.scores_in_round(&candidates, round);
+    assert_eq!(table.latency[0][n], best);
+    // The votes take that round (the records end with it) and measure nothing more.
+    let before = measured.get();
+    let votes = elect(&mut tuner, &options, &mut |_| {}).unwrap();
+    assert_eq!(measured.get(), before);
+    let voted = votes.votes.last().unwrap();
+    assert_eq!(votes.micro_kernels[voted.micro_kernel], best_mk);
+    assert_eq!(voted.latency_seconds, Some(best));
+    // Resume from the records without their last trial (a run killed while re-timing):
+    // only that trial is measured again, and the votes are the same.
+    drop(tuner);
+    let text = std::fs::read_to_string(&records).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&records, lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, true);
+    let again = elect(&mut tuner, &options, &mut |_| {}).unwrap();
+    assert_eq!(measured.get(), before + 1, "only the cut-off trial again");
     assert_eq!(again.micro_kernels, votes.micro_kernels);
 }

@@ -130,7 +130,7 @@ impl Observer for Reporter {
                 }
             }
             Step::Votes { trials } => {
-                eprintln!("votes: measuring the candidate micro-kernels on every instance (at most {trials} measurements) ...");
+                eprintln!("votes: measuring the candidate micro-kernels on every instance (some {trials} measurements), then re-timing the close calls ...");
                 self.bar(None, "{spinner} votes: {pos} records  {elapsed_precise}");
             }
             Step::Tree => eprintln!("dispatch tree: training on the votes ..."),

@@ -340,6 +340,7 @@ pub fn tune_on<K: Packaged>(
             tolerance: args.tolerance,
             max_kernels: args.max_kernels as usize,
             measure: !args.predicted_votes,
+            ..VoteOptions::default()
         },
         out: args.out.clone(),
         specialize: args.specialize,
