@@ -2,7 +2,7 @@
 //! baselines (per-shape, Nimble-style, bucketing), instance by instance, in one run,
 //! with a CSV, a Markdown report and plots.
 use crate::error::{io, BenchError, Result};
-use crate::report::Report;
+use crate::report::{median, Report};
 use crate::tuned::{buckets, tuned_baselines, PerShapeTuner};
 use crate::{build_vendors, peak, Harness};
 use anyshape_abi::{Manifest, ENTRY_SYMBOL};
@@ -16,10 +16,27 @@ use std::path::Path;
 /// Instances up to this many FLOPs are checked against the reference (it is slow).
 pub(crate) const CHECK_FLOPS: f64 = 1e8;
 
-/// One system's timing on one instance.
+/// One system's timing on one instance, over the interleaved rounds.
 pub(crate) struct Cell {
+    /// The minimum over the rounds.
     pub min: f64,
+    /// The median over the rounds of each round's median call.
     pub median: f64,
+    /// Each round's minimum, in round order.
+    pub rounds: Vec<f64>,
+}
+
+impl Cell {
+    /// The cell of per-round `(minimum, median)` timings; `None` without any.
+    fn of_rounds(timed: &[(f64, f64)]) -> Option<Cell> {
+        let rounds: Vec<f64> = timed.iter().map(|t| t.0).collect();
+        let medians: Vec<f64> = timed.iter().map(|t| t.1).collect();
+        Some(Cell {
+            min: rounds.iter().copied().reduce(f64::min)?,
+            median: median(medians)?,
+            rounds,
+        })
+    }
 }
 
 /// A system under comparison: where its kernels are and which one serves an instance.
@@ -65,8 +82,10 @@ pub struct CompareOptions<'a> {
     pub bucket: i64,
     /// Where the report, CSV and the baselines' records go.
     pub out_dir: &'a Path,
-    /// Seconds of timed calls per system and instance.
+    /// Seconds of timed calls per system, instance and round.
     pub seconds: f64,
+    /// Interleaved rounds per instance (the order of the systems rotates each round).
+    pub rounds: usize,
 }
 
 /// Measure the module in `dir` (its manifest `m`, checked by the caller), every vendor
@@ -204,46 +223,61 @@ pub fn compare(
         .iter()
         .map(|b| systems.iter().filter(|s| s.symbol(b).is_some()).count())
         .sum();
-    progress.start("measurements", total);
-    // Interleaved: every system on an instance before the next instance, so drift on a
-    // shared machine hits all systems alike.
+    let rounds = o.rounds.max(1);
+    progress.start("measurements", total * rounds);
+    // Interleaved: every system on an instance, in rounds whose order rotates, before
+    // the next instance, so that drift on a shared machine hits all systems alike and
+    // a slow spell spoils one round of a system, not its minimum.
     let mut table: Vec<Vec<Option<Cell>>> = Vec::new();
     let mut failures = Vec::new();
     for b in &instances {
         progress.message(&b.to_string());
         let bound = w.bind(b)?;
         let check = w.flops(&bound) <= CHECK_FLOPS;
-        let mut row = Vec::new();
-        for sys in &systems {
-            let Some(symbol) = sys.symbol(b) else {
-                row.push(None);
-                continue;
-            };
-            let cand = Candidate {
-                symbol: symbol.clone(),
-                workload: w.clone(),
-                bindings: b.clone(),
-                check,
-                gpu: None,
-            };
-            let cell = match run.measure(&sys.kernels, &[cand])?.remove(0) {
-                Outcome::Measured(r) if r.check.as_ref().is_none_or(|c| c.passed) => Some(Cell {
-                    min: r.min_seconds,
-                    median: r.median_seconds,
-                }),
-                Outcome::Measured(_) => {
-                    failures.push(format!("{} at {b}: wrong result", sys.name));
-                    None
+        let n = systems.len();
+        // Per system: its (minimum, median) of each round; `None` once it failed.
+        let mut timed: Vec<Option<Vec<(f64, f64)>>> = systems
+            .iter()
+            .map(|s| s.symbol(b).map(|_| Vec::new()))
+            .collect();
+        for r in 0..rounds {
+            for k in 0..n {
+                let s = (k + r) % n;
+                let Some(symbol) = systems[s].symbol(b) else {
+                    continue;
+                };
+                progress.inc(1);
+                let Some(times) = timed[s].as_mut() else {
+                    continue;
+                };
+                let cand = Candidate {
+                    symbol: symbol.clone(),
+                    workload: w.clone(),
+                    bindings: b.clone(),
+                    // The first round checks the result; the others time the same code.
+                    check: check && r == 0,
+                    gpu: None,
+                };
+                let why = match run.measure(&systems[s].kernels, &[cand])?.remove(0) {
+                    Outcome::Measured(m) if m.check.as_ref().is_none_or(|c| c.passed) => {
+                        times.push((m.min_seconds, m.median_seconds));
+                        None
+                    }
+                    Outcome::Measured(_) => Some("wrong result".to_string()),
+                    Outcome::Failed(why) | Outcome::Interrupted(why) => Some(why),
+                };
+                if let Some(why) = why {
+                    failures.push(format!("{} at {b}: {why}", systems[s].name));
+                    timed[s] = None;
                 }
-                Outcome::Failed(why) | Outcome::Interrupted(why) => {
-                    failures.push(format!("{} at {b}: {why}", sys.name));
-                    None
-                }
-            };
-            row.push(cell);
-            progress.inc(1);
+            }
         }
-        table.push(row);
+        table.push(
+            timed
+                .iter()
+                .map(|t| t.as_deref().and_then(Cell::of_rounds))
+                .collect(),
+        );
     }
     progress.finish();
     for f in &failures {
@@ -257,6 +291,7 @@ pub fn compare(
         target: &target.describe(),
         peak,
         seconds: o.seconds,
+        rounds,
         first_vendor,
         systems: systems.iter().map(|s| s.name.clone()).collect(),
         instances: &instances,

@@ -6,7 +6,7 @@
 use crate::error::{io, BenchError, Result};
 use crate::peers::{Anyshape, Case, Onnxruntime, Peer};
 use crate::plot::{lines_svg, Series};
-use crate::report::{geomean, significant};
+use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
 use anyshape_codegen::Target;
 use anyshape_graph::{DType, Data, Tensor};
@@ -48,27 +48,9 @@ impl Row {
         self.rounds[p].iter().flatten().copied().reduce(f64::min)
     }
 
-    /// The paired speedup of anyshape over system `p`: the median over rounds of the
-    /// ratio of the two systems' latencies in that round, measured minutes apart at
-    /// most, so that a slow spell of the machine weighs on both sides of each ratio
-    /// (the minima pair up the best moments of each system, which may lie in
-    /// different spells).
+    /// The paired speedup of anyshape over system `p` (see [`paired_speedup`]).
     fn paired_speedup(&self, p: usize) -> Option<f64> {
-        let mut ratios: Vec<f64> = self.rounds[0]
-            .iter()
-            .zip(&self.rounds[p])
-            .filter_map(|(a, x)| Some(x.as_ref()? / a.as_ref()?))
-            .collect();
-        if ratios.is_empty() {
-            return None;
-        }
-        ratios.sort_by(f64::total_cmp);
-        let n = ratios.len();
-        Some(if n % 2 == 1 {
-            ratios[n / 2]
-        } else {
-            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
-        })
+        paired_speedup(&self.rounds[0], &self.rounds[p])
     }
 }
 

@@ -13,6 +13,8 @@ pub(crate) struct Report<'a> {
     pub target: &'a str,
     pub peak: f64,
     pub seconds: f64,
+    /// Interleaved rounds per system and instance.
+    pub rounds: usize,
     /// Index of the first vendor system (anyshape is 0, tuned baselines before vendors).
     pub first_vendor: usize,
     pub systems: Vec<String>,
@@ -36,6 +38,30 @@ pub(crate) fn significant(x: f64) -> String {
     }
     let digits = (3 - (x.log10().floor() as i32).clamp(-9, 9)).clamp(0, 9) as usize;
     format!("{x:.digits$}")
+}
+
+/// The median (the mean of the middle two of an even count); `None` when empty.
+pub(crate) fn median(mut x: Vec<f64>) -> Option<f64> {
+    x.sort_by(f64::total_cmp);
+    let n = x.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(x[n / 2]),
+        _ => Some((x[n / 2 - 1] + x[n / 2]) / 2.0),
+    }
+}
+
+/// The paired speedup of `ours` over `theirs` (latencies per round, `None` where not
+/// timed): the median over the rounds of `theirs / ours` within the round, so that a
+/// slow spell of the machine weighs on both sides of each ratio (minima pair up the
+/// best moments of each system, which may lie in different spells).
+pub(crate) fn paired_speedup(ours: &[Option<f64>], theirs: &[Option<f64>]) -> Option<f64> {
+    median(
+        ours.iter()
+            .zip(theirs)
+            .filter_map(|(a, x)| Some(x.as_ref()? / a.as_ref()?))
+            .collect(),
+    )
 }
 
 /// Geometric mean.
@@ -64,6 +90,25 @@ impl Report<'_> {
             .collect()
     }
 
+    /// The paired speedup of anyshape over the best vendor on instance `i`: the median
+    /// over rounds of the fastest vendor in that round against anyshape in that round.
+    fn paired_speedup(&self, i: usize) -> Option<f64> {
+        let row = &self.table[i];
+        let round = |c: &Cell, r: usize| c.rounds.get(r).copied();
+        let ours = row[0].as_ref()?;
+        let (a, v): (Vec<_>, Vec<_>) = (0..self.rounds)
+            .map(|r| {
+                let vendor = row[self.first_vendor..]
+                    .iter()
+                    .flatten()
+                    .filter_map(|c| round(c, r))
+                    .reduce(f64::min);
+                (round(ours, r), vendor)
+            })
+            .unzip();
+        paired_speedup(&a, &v)
+    }
+
     fn peak_fractions(&self, min_t: i64) -> Vec<f64> {
         (0..self.instances.len())
             .filter(|&i| self.instances[i].iter().all(|(_, v)| v >= min_t))
@@ -75,15 +120,28 @@ impl Report<'_> {
         let mut s = String::new();
         let sp = self.speedups();
         let x: Vec<f64> = sp.iter().map(|p| p.1).collect();
+        let low = |x: &[f64]| x.iter().copied().fold(f64::INFINITY, f64::min);
         let _ = writeln!(
             s,
             "anyshape vs best vendor on {} instances of {}: geomean speedup {:.3}x (min {:.3}x, max {:.3}x; > 1 means anyshape is faster)",
             x.len(),
             self.workload,
             geomean(&x),
-            x.iter().copied().fold(f64::INFINITY, f64::min),
+            low(&x),
             x.iter().copied().fold(0.0, f64::max)
         );
+        let paired: Vec<f64> = (0..self.instances.len())
+            .filter_map(|i| self.paired_speedup(i))
+            .collect();
+        if self.rounds > 1 {
+            let _ = writeln!(
+                s,
+                "  paired over {} rounds (median per instance of the round's ratio): geomean {:.3}x (min {:.3}x)",
+                self.rounds,
+                geomean(&paired),
+                low(&paired)
+            );
+        }
         for (k, name) in self.systems.iter().enumerate().skip(1) {
             let r: Vec<f64> = (0..self.instances.len())
                 .filter_map(|i| {
@@ -236,16 +294,23 @@ impl Report<'_> {
     }
 
     pub fn csv(&self) -> String {
-        let mut s = String::from("instance,system,min_seconds,median_seconds,gflops_at_min\n");
+        let mut s = String::from(
+            "instance,system,min_seconds,median_seconds,gflops_at_min,round_min_seconds\n",
+        );
         for (i, b) in self.instances.iter().enumerate() {
             for (k, name) in self.systems.iter().enumerate() {
                 if let Some(c) = &self.table[i][k] {
                     let _ = writeln!(
                         s,
-                        "\"{b}\",{name},{:e},{:e},{:.2}",
+                        "\"{b}\",{name},{:e},{:e},{:.2},{}",
                         c.min,
                         c.median,
-                        self.flops[i] / c.min / 1e9
+                        self.flops[i] / c.min / 1e9,
+                        c.rounds
+                            .iter()
+                            .map(|r| format!("{r:e}"))
+                            .collect::<Vec<_>>()
+                            .join(";")
                     );
                 }
             }
@@ -265,8 +330,8 @@ impl Report<'_> {
         );
         let _ = writeln!(
             s,
-            "- latency: minimum over >= {} s of timed calls per system and instance (medians in `results.csv`); systems measured interleaved, instance by instance, in isolated worker processes; instances up to {CHECK_FLOPS:.0e} FLOPs checked against the reference",
-            self.seconds
+            "- latency: minimum over {} rounds of >= {} s of timed calls per system and instance (medians in `results.csv`); systems measured interleaved, instance by instance, in rounds whose order rotates, in isolated worker processes; paired speedup = the median over rounds of the ratio within a round; instances up to {CHECK_FLOPS:.0e} FLOPs checked against the reference",
+            self.rounds, self.seconds
         );
         let _ = writeln!(s, "- oneDNN: the matmul primitive is created in the runner's untimed warm-up call (creation is outside the timed region); OpenBLAS: `openblas` = one multi-threaded `cblas_sgemm` per batch item, `openblas-omp` = an OpenMP loop over the batch with one-threaded calls; the `gemm` crate: `gemm` = one call per batch item, parallel inside (rayon), `gemm-par` = a rayon loop over the batch with one-threaded calls");
         for m in self.methods {
@@ -284,11 +349,11 @@ impl Report<'_> {
         for name in self.systems.iter().skip(1) {
             let _ = write!(s, " {name} |");
         }
-        s.push_str(" best vendor | speedup |\n|---|---|---|---|");
+        s.push_str(" best vendor | speedup | paired |\n|---|---|---|---|");
         for _ in self.systems.iter().skip(1) {
             s.push_str("---|");
         }
-        s.push_str("---|---|\n");
+        s.push_str("---|---|---|\n");
         let ms = |c: &Option<Cell>| c.as_ref().map_or("—".into(), |c| significant(c.min * 1e3));
         for (i, b) in self.instances.iter().enumerate() {
             let ours = self.table[i][0].as_ref();
@@ -306,12 +371,14 @@ impl Report<'_> {
             let best = self.best_vendor(i);
             let _ = writeln!(
                 s,
-                " {} | {} |",
+                " {} | {} | {} |",
                 best.map_or("—".into(), |b| self.systems[b.0].clone()),
                 match (best, ours) {
                     (Some(b), Some(o)) => format!("{:.3}", b.1 / o.min),
                     _ => "—".into(),
-                }
+                },
+                self.paired_speedup(i)
+                    .map_or("—".into(), |p| format!("{p:.3}"))
             );
         }
         s

@@ -43,7 +43,9 @@ pub struct BenchArgs {
     /// --dim batch=1` (ranges such as `1..4` too); every dim of the model is named.
     #[arg(long = "dim", value_name = "NAME=VALUES", requires = "model")]
     dims: Vec<String>,
-    /// With --model: interleaved rounds per instance (each system keeps its minimum).
+    /// Interleaved rounds per instance, for --model and --compare: every system is timed
+    /// once per round, in an order that rotates; each keeps its minimum, and the paired
+    /// speedup is the median over rounds of the ratio within a round.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
     /// With --model: onnxruntime's intra-op threads.
@@ -123,6 +125,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             bucket: args.bucket,
             out_dir: &args.out_dir,
             seconds: args.seconds,
+            rounds: args.rounds as usize,
         };
         let mut reporter = Reporter::new(args.quiet);
         let (summary, written) = compare(

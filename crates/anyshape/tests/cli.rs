@@ -528,6 +528,8 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
             "8",
             "--seconds",
             "0.01",
+            "--rounds",
+            "2",
             "--quiet",
             "--out-dir",
             out_dir.to_str().unwrap(),
@@ -537,6 +539,7 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
     let out = text(&o);
     assert!(
         o.status.success()
+            && out.contains("paired over 2 rounds")
             && out.contains("vs per-shape")
             && out.contains("vs nimble")
             && out.contains("vs bucketing")
@@ -560,6 +563,14 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
         rows.lines().filter(|l| l.contains(",per-shape,")).count() == 2,
         "{rows}"
     );
+    // Every row has each round's minimum, the smallest of them its minimum.
+    for row in rows.lines().skip(1) {
+        let cells: Vec<&str> = row.split(',').collect();
+        let rounds: Vec<f64> = cells[5].split(';').map(|r| r.parse().unwrap()).collect();
+        let min: f64 = cells[2].parse().unwrap();
+        assert!(rounds.len() == 2 && rounds.contains(&min), "{row}");
+        assert!(rounds.iter().all(|&r| r >= min), "{row}");
+    }
     // Bad module input: a clear error, no panic.
     for (args, expect) in [
         (
