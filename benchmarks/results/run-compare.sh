@@ -1,7 +1,8 @@
 #!/bin/bash
 # The issue-5 comparison, from scratch, as run for benchmarks/results/compare-*:
 # joint tuning of each workload (512 trials, measured votes), then `bench --compare`
-# against the vendor libraries, per-shape, Nimble-style and bucketing. A fresh kernel
+# against the vendor libraries, per-shape, Nimble-style and bucketing (3 rounds), then
+# `bench --dispatch-loss`. A fresh kernel
 # cache, so every tuning time includes every compile. ~90 minutes on 2 cores.
 # Usage: benchmarks/results/run-compare.sh [WORK_DIR [WORKLOAD...]]   (from the repository
 # root; WORKLOAD is dense, bmm_nt or bmm_nn, all three by default: ~30 minutes each)
@@ -23,5 +24,8 @@ for n in "${names[@]}"; do
   $A tune -w "$w" --range T=1..128 --trials 512 --records $n.jsonl --resume --out $n.module --quiet > $n-tune.log 2>&1
   echo "=== $n compare $(date +%T)"
   $A bench --module $n.module --compare $S --out-dir results/compare-$n --quiet > $n-compare.log 2>&1
+  echo "=== $n dispatch loss $(date +%T)"
+  $A bench --module $n.module --dispatch-loss --seconds 0.1 --csv results/compare-$n/dispatch-loss.csv \
+    > results/compare-$n/dispatch-loss.log 2>&1
 done
 echo "=== finished $(date +%T)"
