@@ -16,16 +16,21 @@ pub(super) fn acc(i: usize, j: usize) -> String {
 }
 
 impl Nest<'_> {
-    /// Accumulators (`mr` rows of `nv` vectors: `nr / lanes`, or fewer for a tile at
-    /// the N edge) over the packed panels (B's read in place where it is in panels of
-    /// whole vectors, A's where `ia=1`): a broadcast of A times a vector of B, fused,
-    /// per reduction step.
-    pub(super) fn vector_accumulate(&self, ops: &[Operand; 3], nv: usize) -> Vec<Stmt> {
+    /// Accumulators (`rows` rows: `mr`, or fewer for a tile at the M edge; of `nv`
+    /// vectors: `nr / lanes`, or fewer for a tile at the N edge) over the packed panels
+    /// (B's read in place where it is in panels of whole vectors, A's where `ia=1`): a
+    /// broadcast of A times a vector of B, fused, per reduction step.
+    pub(super) fn vector_accumulate(
+        &self,
+        ops: &[Operand; 3],
+        rows: usize,
+        nv: usize,
+    ) -> Vec<Stmt> {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
         let lanes = self.lanes;
         let mut s = Vec::new();
-        for i in 0..mk.mr {
+        for i in 0..rows {
             for j in 0..nv {
                 s.push(Stmt::Reg {
                     name: acc(i, j),
@@ -65,7 +70,7 @@ impl Nest<'_> {
         if mk.pf && nv == mk.nr / lanes {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
-        for i in 0..mk.mr {
+        for i in 0..rows {
             let a = if self.mk.ia {
                 // Rows past the tensor's last read that row instead: the tile's rows
                 // there are never stored.

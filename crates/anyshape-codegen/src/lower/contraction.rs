@@ -309,14 +309,14 @@ impl Nest<'_> {
             // B read in place: a tile past its last panel is checked.
             Compute::Unchecked if self.b_in_place.is_some() => tile.push(Stmt::If {
                 cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
-                then: self.fast_tile(ops, mk.nr / self.lanes),
+                then: self.by_height(&|rows| self.fast_tile(ops, rows, mk.nr / self.lanes)),
                 otherwise: self.checked_tile(ops),
             }),
             Compute::Unchecked => tile.extend(self.fast_tiles_by_width(ops)),
             Compute::Checked => tile.extend(self.checked_tile(ops)),
             Compute::Partitioned => tile.push(Stmt::If {
                 cond: self.full_tile(mk.nr),
-                then: self.fast_tile(ops, mk.nr / self.lanes),
+                then: self.fast_tile(ops, mk.mr, mk.nr / self.lanes),
                 otherwise: self.checked_tile(ops),
             }),
         }
@@ -345,37 +345,54 @@ impl Nest<'_> {
         )
     }
 
-    /// A register tile of `nv` vectors per row with unchecked vectorized compute,
-    /// stored by the policy.
-    fn fast_tile(&self, ops: &[Operand; 3], nv: usize) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(ops, nv);
-        s.extend(self.vector_store(&ops[2], nv));
+    /// A register tile of `rows` rows of `nv` vectors with unchecked vectorized
+    /// compute, stored by the policy.
+    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate(ops, rows, nv);
+        s.extend(self.vector_store(&ops[2], rows, nv));
         s
     }
 
     /// The unchecked register tile, as many vectors wide as the columns left need: a
     /// tile at the N edge computes only the vectors that hold output columns, not the
     /// zeros its packed panel is padded with (`batch_matmul_nt` with N = 65 and a
-    /// 16-column tile would compute 80 columns; this computes 72).
+    /// 16-column tile would compute 80 columns; this computes 72), and as high as
+    /// [`Nest::by_height`] says.
     fn fast_tiles_by_width(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let nv = self.mk.nr / self.lanes;
         if nv == 1 {
-            return self.fast_tile(ops, nv);
+            return self.by_height(&|rows| self.fast_tile(ops, rows, nv));
         }
         // Tiles that need every vector (all but the edge's) first; at the edge, the
         // fewest vectors that cover the columns left.
-        let mut edge = self.fast_tile(ops, nv - 1);
+        let mut edge = self.fast_tile(ops, self.mk.mr, nv - 1);
         for q in (1..nv - 1).rev() {
             edge = vec![Stmt::If {
                 cond: Cond::Le(v("p_n") - v("nj"), c(q * self.lanes)),
-                then: self.fast_tile(ops, q),
+                then: self.fast_tile(ops, self.mk.mr, q),
                 otherwise: edge,
             }];
         }
         vec![Stmt::If {
             cond: Cond::Lt(c((nv - 1) * self.lanes), v("p_n") - v("nj")),
-            then: self.fast_tile(ops, nv),
+            then: self.by_height(&|rows| self.fast_tile(ops, rows, nv)),
             otherwise: edge,
+        }]
+    }
+
+    /// `tile(rows)` for the register tile at `mi`: `mr` rows, or half as many at the M
+    /// edge where those cover the rows left (one tile body more: `batch_matmul_nt` with
+    /// M = 33 and 8-row tiles computes 36 rows, not 40; a model's dense at sequence 8
+    /// with 6-row tiles, 9 rather than 12).
+    fn by_height(&self, tile: &dyn Fn(usize) -> Vec<Stmt>) -> Vec<Stmt> {
+        let mr = self.mk.mr;
+        if mr < 2 {
+            return tile(mr);
+        }
+        vec![Stmt::If {
+            cond: Cond::Lt(c(mr / 2), v("p_m") - v("mi")),
+            then: tile(mr),
+            otherwise: tile(mr / 2),
         }]
     }
 

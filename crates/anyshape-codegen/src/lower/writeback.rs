@@ -10,12 +10,11 @@ use crate::padding::Compute;
 use anyshape_ir::Expr;
 
 impl Nest<'_> {
-    /// Store a vector register tile of `nv` vectors per row: checked where it may
-    /// overhang the output (a policy with checked stores whose compute does not stay
-    /// inside the output). A tile at the edge stores each row inside the output, each
-    /// of its vectors inside the output whole, the others lane by lane.
-    pub(super) fn vector_store(&self, out: &Operand, nv: usize) -> Vec<Stmt> {
-        let mk = self.mk;
+    /// Store a vector register tile of `rows` rows of `nv` vectors: checked where it
+    /// may overhang the output (a policy with checked stores whose compute does not
+    /// stay inside the output). A tile at the edge stores each row inside the output,
+    /// each of its vectors inside the output whole, the others lane by lane.
+    pub(super) fn vector_store(&self, out: &Operand, rows: usize, nv: usize) -> Vec<Stmt> {
         let lanes = self.lanes;
         let out_idx = |i: usize, col: Expr| {
             v("base2") + (v("mi") + c(i)) * out.s_row.clone() + (v("nj") + col) * out.s_col.clone()
@@ -43,7 +42,7 @@ impl Nest<'_> {
             }
         };
         let full_store = |accumulate: bool| -> Vec<Stmt> {
-            (0..mk.mr)
+            (0..rows)
                 .flat_map(|i| (0..nv).map(move |j| (i, j)))
                 .map(|(i, j)| vector_store(i, j, accumulate))
                 .collect()
@@ -60,7 +59,7 @@ impl Nest<'_> {
         }
         let partial_store = |accumulate: bool| -> Vec<Stmt> {
             let mut st = Vec::new();
-            for i in 0..mk.mr {
+            for i in 0..rows {
                 let mut row = Vec::new();
                 for j in 0..nv {
                     let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));

@@ -282,7 +282,8 @@ impl Sketch for MicroKernel {
         crate::lower::contraction(p, target)
     }
 
-    /// Local padding pads each axis to its register-tile granularity (`mr`; `nr`, in the
+    /// Local padding pads each axis to its register-tile granularity (`mr`, in the usual
+    /// variant half of it at the edge where that covers the rows left; `nr`, in the
     /// usual variant the vector, as its edge tiles are narrower; `uk`; the dot variant's
     /// K to the vector, whose tail runs element by element); a task is
     /// one cache tile of M and N of one batch item.
@@ -310,7 +311,23 @@ impl Sketch for MicroKernel {
         } else {
             target.lanes_f32()
         };
-        let padded = up(m, self.mr) * up(n, n_unit) * up(k, k_unit);
+        // Its tile at the M edge computes half the rows where they cover the rows left.
+        let m_padded = if self.dot || self.mr < 2 {
+            up(m, self.mr)
+        } else {
+            let (mr, half) = (self.mr as f64, (self.mr / 2) as f64);
+            let whole = (m / mr).floor() * mr;
+            let rest = m - whole;
+            whole
+                + if rest == 0.0 {
+                    0.0
+                } else if rest <= half {
+                    half
+                } else {
+                    mr
+                }
+        };
+        let padded = m_padded * up(n, n_unit) * up(k, k_unit);
         let pad = if padded > 0.0 {
             (m * n * k) / padded
         } else {
