@@ -6,7 +6,8 @@
 //!   [`Expr`]s over shape vars (named `sv_<name>`), loop vars and `Let` names;
 //! - every buffer is either a kernel argument (`in0`, `in1`, ... and `out0`) or introduced
 //!   by an [`Stmt::Alloc`] before use; a `Reg` is declared before it is assigned;
-//! - a [`Value`] with `lanes > 1` reads or writes `lanes` contiguous elements;
+//! - a [`Value`] with `lanes > 1` reads or writes `lanes` contiguous elements (a load or
+//!   store with a `count`, only the first `count` of them: the vector edge of a tensor);
 //! - GPU constructs (thread and block indices, barriers, shared memory) appear only in
 //!   functions for a GPU ([`Func::threads`] set), parallel loops only in CPU ones.
 use anyshape_ir::Expr;
@@ -147,6 +148,9 @@ pub enum Value {
         index: Expr,
         /// Lanes.
         lanes: usize,
+        /// With a count (a vector load), only the first `count` lanes are read (clamped
+        /// to `0..=lanes`; nothing past them is touched), the others are zero.
+        count: Option<Expr>,
     },
     /// A register's value.
     Reg {
@@ -176,6 +180,7 @@ impl Value {
             buf: buf.into(),
             index,
             lanes: 1,
+            count: None,
         }
     }
 
@@ -185,6 +190,18 @@ impl Value {
             buf: buf.into(),
             index,
             lanes,
+            count: None,
+        }
+    }
+
+    /// A vector load of the first `count` lanes (clamped to `0..=lanes`), zero in the
+    /// others.
+    pub fn vload_first(buf: &str, index: Expr, lanes: usize, count: Expr) -> Value {
+        Value::Load {
+            buf: buf.into(),
+            index,
+            lanes,
+            count: Some(count),
         }
     }
 
@@ -290,6 +307,9 @@ pub enum Stmt {
         index: Expr,
         /// Value.
         value: Value,
+        /// With a count (a vector store), only the first `count` lanes are written
+        /// (clamped to `0..=lanes`; nothing past them is touched).
+        count: Option<Expr>,
     },
     /// An immutable integer name for a GPU thread coordinate.
     GpuIndex {
@@ -360,6 +380,18 @@ pub fn store(buf: &str, index: Expr, value: Value) -> Stmt {
         buf: buf.into(),
         index,
         value,
+        count: None,
+    }
+}
+
+/// The first `count` lanes (clamped to `0..=lanes`) of a vector `value` stored at
+/// `buf[index..]`.
+pub fn store_first(buf: &str, index: Expr, value: Value, count: Expr) -> Stmt {
+    Stmt::Store {
+        buf: buf.into(),
+        index,
+        value,
+        count: Some(count),
     }
 }
 

@@ -14,7 +14,9 @@
 //!    value's operands have equal lanes or one has 1 (a broadcast scalar);
 //! 6. CPU functions (`threads` unset) use no GPU construct (thread or block index,
 //!    barrier, shared memory); GPU functions use no parallel loop and no scratch buffer;
-//! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated.
+//! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated;
+//! 8. a load or store with a count (of the lanes it touches) is a vector access in a
+//!    CPU function.
 use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, Value};
 use anyshape_ir::Expr;
 use std::collections::{BTreeMap, BTreeSet};
@@ -127,12 +129,30 @@ impl Verifier<'_> {
         }
     }
 
+    /// The count of a partial vector access (invariant 8).
+    fn count(&self, count: Option<&Expr>, lanes: usize) -> Result<(), VerifyError> {
+        let Some(n) = count else { return Ok(()) };
+        if lanes < 2 || self.gpu {
+            return self.fail(format!(
+                "a partial access of {lanes} lanes{}",
+                if self.gpu { " in a GPU function" } else { "" }
+            ));
+        }
+        self.expr(n)
+    }
+
     fn value(&self, val: &Value) -> Result<(), VerifyError> {
         match val {
             Value::Zero { .. } | Value::Const { .. } => Ok(()),
-            Value::Load { buf, index, .. } => {
+            Value::Load {
+                buf,
+                index,
+                lanes,
+                count,
+            } => {
                 self.buffer(buf)?;
-                self.expr(index)
+                self.expr(index)?;
+                self.count(count.as_ref(), *lanes)
             }
             Value::Reg { name, lanes } => {
                 let declared = self.reg(name)?;
@@ -249,12 +269,18 @@ impl Verifier<'_> {
                 self.reg(reg)?;
                 self.value(value)
             }
-            Stmt::Store { buf, index, value } => {
+            Stmt::Store {
+                buf,
+                index,
+                value,
+                count,
+            } => {
                 if buf.starts_with("in") {
                     return self.fail(format!("a store into input `{buf}`"));
                 }
                 self.buffer(buf)?;
                 self.expr(index)?;
+                self.count(count.as_ref(), value.lanes())?;
                 self.value(value)
             }
         }
@@ -264,7 +290,7 @@ impl Verifier<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loop_ir::{for_, let_, store};
+    use crate::loop_ir::{for_, let_, store, store_first};
 
     fn func(body: Vec<Stmt>) -> Func {
         Func {
@@ -318,6 +344,15 @@ mod tests {
                     value: Value::Zero { lanes: 1 },
                 }]),
                 "before its declaration",
+            ),
+            (
+                func(vec![store_first(
+                    "out0",
+                    Expr::Const(0),
+                    Value::Zero { lanes: 1 },
+                    Expr::Const(1),
+                )]),
+                "partial access of 1 lanes",
             ),
         ] {
             let e = verify(&bad).unwrap_err();

@@ -3,8 +3,8 @@
 //! four padding strategies x two kernel modes, over T = 1, primes, the range ends 1 and
 //! 128 and values past the range; plus random micro-kernels.
 use anyshape_codegen::{
-    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, RowKernel, Sketch, KERNEL_MODES,
-    PADDING_STRATEGIES,
+    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, RowKernel, Simd, Sketch,
+    KERNEL_MODES, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{Builder, Candidate, MeasureOptions, Outcome, Runner, WorkerCommand};
@@ -182,7 +182,7 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
 /// dot products along K, read in place), each by its default and a small micro-kernel
 /// (the usual variant's default packing A and B; its small one prefetching, the
 /// requests running past the tensors' ends, and reading A in place, edge tiles past the
-/// last row, and B where its N axis is contiguous, edge tiles element by element).
+/// last row, and B where its N axis is contiguous, edge tiles loading it masked).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let mks = [
@@ -224,9 +224,50 @@ fn batch_matmul_nt_all_strategies_and_modes() {
     contraction("batch_matmul_nt(B=3,M=T,N=T,K=64)", 1);
 }
 
+/// Also with N of any width: B read in place up to a partial vector at its edge.
 #[test]
 fn batch_matmul_nn_all_strategies_and_modes() {
     contraction("batch_matmul_nn(B=3,M=T,N=64,K=T)", 1);
+    contraction("batch_matmul_nn(B=2,M=T,N=T+3,K=19)", 3);
+}
+
+/// Targets with narrower vectors than this machine's (their partial loads and stores
+/// at the N edge are masked AVX ones for 8 lanes, element by element for 4).
+#[test]
+fn narrower_vectors_are_correct() {
+    let native = CpuTarget::detect();
+    for simd in [Simd::Avx2, Simd::Sse] {
+        if simd.vector_bytes() >= native.simd.vector_bytes() {
+            continue;
+        }
+        let target = CpuTarget {
+            simd,
+            vector_registers: 16,
+            ..native.clone()
+        };
+        let w = Workload::parse("batch_matmul_nn(B=2,M=T,N=T+3,K=19)+relu").unwrap();
+        let mk = MicroKernel {
+            pf: true,
+            ia: true,
+            ib: true,
+            ..small_micro_kernel(&target)
+        };
+        let mut runs = Vec::new();
+        for mk in [mk, MicroKernel { ib: false, ..mk }] {
+            for strategy in PADDING_STRATEGIES {
+                let program = Program {
+                    workload: w.clone(),
+                    micro_kernel: mk,
+                    strategy,
+                    mode: KernelMode::Symbolic,
+                    bindings: Bindings::default(),
+                };
+                let all = TS.iter().map(|&t| Bindings::from_pairs([("T", t)]));
+                runs.push((program, all.collect()));
+            }
+        }
+        check_programs(&target, runs);
+    }
 }
 
 /// Multi-head attention's contractions, reading and writing heads in the

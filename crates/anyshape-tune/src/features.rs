@@ -138,7 +138,9 @@ impl Walk {
         let lanes = v.lanes() as f64;
         match v {
             Value::Zero { .. } | Value::Const { .. } | Value::Reg { .. } | Value::Lane(..) => {}
-            Value::Load { buf, index, lanes } => self.access(buf, index, *lanes, false),
+            Value::Load {
+                buf, index, lanes, ..
+            } => self.access(buf, index, *lanes, false),
             Value::Binary(_, a, b) => {
                 self.arith(lanes);
                 self.value(a);
@@ -253,7 +255,9 @@ impl Walk {
             Stmt::GpuIndex { var, .. } => self.env.set(var.clone(), 0),
             Stmt::Reg { init, .. } => self.value(init),
             Stmt::Assign { value, .. } => self.value(value),
-            Stmt::Store { buf, index, value } => {
+            Stmt::Store {
+                buf, index, value, ..
+            } => {
                 self.value(value);
                 self.access(buf, index, value.lanes(), true);
             }

@@ -1,7 +1,7 @@
 //! The compute stage of the CPU contraction sketch: an `mr x nr` register tile
 //! accumulated over the packed panels (or A and B read in place), either vectorized
-//! and unchecked (the panels are padded, or the tile is whole) or element by element
-//! with a check on each.
+//! and unchecked (the panels are padded, or the tile is whole, or B read in place is
+//! loaded masked at its edge) or element by element with a check on each.
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
@@ -19,12 +19,15 @@ impl Nest<'_> {
     /// Accumulators (`rows` rows: `mr`, or fewer for a tile at the M edge; of `nv`
     /// vectors: `nr / lanes`, or fewer for a tile at the N edge) over the packed panels
     /// (B's read in place where it is in panels of whole vectors, A's where `ia=1`): a
-    /// broadcast of A times a vector of B, fused, per reduction step.
+    /// broadcast of A times a vector of B, fused, per reduction step. `edge`: B is read
+    /// in place and the tile overhangs its last column: B's vectors are loaded masked
+    /// to the columns inside (zero in the others, nothing past the tensor read).
     pub(super) fn vector_accumulate(
         &self,
         ops: &[Operand; 3],
         rows: usize,
         nv: usize,
+        edge: bool,
     ) -> Vec<Stmt> {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
@@ -48,11 +51,14 @@ impl Nest<'_> {
                         &format!("bq_{j}"),
                         v("base1") + b.row(v("nj") + c(j * lanes)) + v("k0") * b.s_col.clone(),
                     ));
-                    Value::vload(
-                        b.buf,
-                        v(&format!("bq_{j}")) + v("kk") * b.s_col.clone(),
-                        lanes,
-                    )
+                    let index = v(&format!("bq_{j}")) + v("kk") * b.s_col.clone();
+                    if edge {
+                        let count = format!("bc_{j}");
+                        s.push(let_(&count, v("e_n") - v("nj") - c(j * lanes)));
+                        Value::vload_first(b.buf, index, lanes, v(&count))
+                    } else {
+                        Value::vload(b.buf, index, lanes)
+                    }
                 }
                 None => Value::vload(
                     "Bp",
@@ -66,8 +72,9 @@ impl Nest<'_> {
                 init,
             });
         }
-        // A narrower tile is the last of its row: there is no next panel to fetch.
-        if mk.pf && nv == mk.nr / lanes {
+        // A narrower tile, or one at the edge, is the last of its row: there is no
+        // next panel to fetch.
+        if mk.pf && nv == mk.nr / lanes && !edge {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         for i in 0..rows {

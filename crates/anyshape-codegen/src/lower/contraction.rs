@@ -306,17 +306,20 @@ impl Nest<'_> {
             let_("nj", v("n0") + v("jb") * c(mk.nr)),
         ];
         match self.policy.compute {
-            // B read in place: a tile past its last panel is checked.
-            Compute::Unchecked if self.b_in_place.is_some() => tile.push(Stmt::If {
-                cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
-                then: self.by_height(&|rows| self.fast_tile(ops, rows, mk.nr / self.lanes)),
-                otherwise: self.checked_tile(ops),
-            }),
+            // B read in place: a tile past its last panel loads B masked.
+            Compute::Unchecked if self.b_in_place.is_some() => {
+                let nv = mk.nr / self.lanes;
+                tile.push(Stmt::If {
+                    cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
+                    then: self.by_height(&|rows| self.fast_tile(ops, rows, nv, false)),
+                    otherwise: self.edge_tiles(ops, nv, true),
+                })
+            }
             Compute::Unchecked => tile.extend(self.fast_tiles_by_width(ops)),
             Compute::Checked => tile.extend(self.checked_tile(ops)),
             Compute::Partitioned => tile.push(Stmt::If {
                 cond: self.full_tile(mk.nr),
-                then: self.fast_tile(ops, mk.mr, mk.nr / self.lanes),
+                then: self.fast_tile(ops, mk.mr, mk.nr / self.lanes, false),
                 otherwise: self.checked_tile(ops),
             }),
         }
@@ -346,9 +349,10 @@ impl Nest<'_> {
     }
 
     /// A register tile of `rows` rows of `nv` vectors with unchecked vectorized
-    /// compute, stored by the policy.
-    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(ops, rows, nv);
+    /// compute (B loaded masked at its `edge`, where read in place), stored by the
+    /// policy.
+    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize, edge: bool) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate(ops, rows, nv, edge);
         s.extend(self.vector_store(&ops[2], rows, nv));
         s
     }
@@ -361,23 +365,28 @@ impl Nest<'_> {
     fn fast_tiles_by_width(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let nv = self.mk.nr / self.lanes;
         if nv == 1 {
-            return self.by_height(&|rows| self.fast_tile(ops, rows, nv));
+            return self.by_height(&|rows| self.fast_tile(ops, rows, nv, false));
         }
-        // Tiles that need every vector (all but the edge's) first; at the edge, the
-        // fewest vectors that cover the columns left.
-        let mut edge = self.fast_tile(ops, self.mk.mr, nv - 1);
-        for q in (1..nv - 1).rev() {
+        // Tiles that need every vector (all but the edge's) first.
+        vec![Stmt::If {
+            cond: Cond::Lt(c((nv - 1) * self.lanes), v("p_n") - v("nj")),
+            then: self.by_height(&|rows| self.fast_tile(ops, rows, nv, false)),
+            otherwise: self.edge_tiles(ops, nv - 1, false),
+        }]
+    }
+
+    /// The register tile at the N edge: the fewest vectors (up to `widest`) that cover
+    /// the columns left, B loaded masked where read in place (`masked`).
+    fn edge_tiles(&self, ops: &[Operand; 3], widest: usize, masked: bool) -> Vec<Stmt> {
+        let mut edge = self.fast_tile(ops, self.mk.mr, widest, masked);
+        for q in (1..widest).rev() {
             edge = vec![Stmt::If {
                 cond: Cond::Le(v("p_n") - v("nj"), c(q * self.lanes)),
-                then: self.fast_tile(ops, self.mk.mr, q),
+                then: self.fast_tile(ops, self.mk.mr, q, masked),
                 otherwise: edge,
             }];
         }
-        vec![Stmt::If {
-            cond: Cond::Lt(c((nv - 1) * self.lanes), v("p_n") - v("nj")),
-            then: self.by_height(&|rows| self.fast_tile(ops, rows, nv)),
-            otherwise: edge,
-        }]
+        edge
     }
 
     /// `tile(rows)` for the register tile at `mi`: `mr` rows, or half as many at the M

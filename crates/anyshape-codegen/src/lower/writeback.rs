@@ -1,11 +1,12 @@
 //! The write-back stage of the CPU contraction sketch: a register tile stored into the
 //! output (the first reduction tile) or added to it (the others); whole vectors with
-//! vector stores where the output is contiguous, the vectors of a tile that overhang the
-//! output element by element with a check, as the padding strategy's policy says.
+//! vector stores where the output is contiguous, a vector that overhangs the output's
+//! edge with a partial (masked) store of the columns inside, as the padding strategy's
+//! policy says; element by element where the output is strided.
 use super::compute::acc;
 use super::contraction::{Nest, Operand};
 use super::{c, v};
-use crate::loop_ir::{for_, if_, store, Cond, LoopKind, Stmt, Value};
+use crate::loop_ir::{for_, if_, store, store_first, Cond, LoopKind, Stmt, Value};
 use crate::padding::Compute;
 use anyshape_ir::Expr;
 
@@ -13,7 +14,8 @@ impl Nest<'_> {
     /// Store a vector register tile of `rows` rows of `nv` vectors: checked where it
     /// may overhang the output (a policy with checked stores whose compute does not
     /// stay inside the output). A tile at the edge stores each row inside the output,
-    /// each of its vectors inside the output whole, the others lane by lane.
+    /// each of its vectors inside the output whole, the others by their columns inside
+    /// (a masked store; lane by lane into a strided output).
     pub(super) fn vector_store(&self, out: &Operand, rows: usize, nv: usize) -> Vec<Stmt> {
         let lanes = self.lanes;
         let out_idx = |i: usize, col: Expr| {
@@ -57,23 +59,38 @@ impl Nest<'_> {
         if !checked {
             return vec![full];
         }
+        // The columns of vector `j` inside the output (clamped by the store).
+        let inside = |j: usize| v("e_n") - v("nj") - c(j * lanes);
         let partial_store = |accumulate: bool| -> Vec<Stmt> {
             let mut st = Vec::new();
             for i in 0..rows {
                 let mut row = Vec::new();
                 for j in 0..nv {
-                    let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));
-                    row.push(Stmt::If {
-                        cond: Cond::Le(v("nj") + c((j + 1) * lanes), v("e_n")),
-                        then: vec![vector_store(i, j, accumulate)],
-                        otherwise: vec![lane_store(
+                    let otherwise = if contiguous {
+                        let idx = out_idx(i, c(j * lanes));
+                        let reg = Value::reg(&acc(i, j), lanes);
+                        let value = if accumulate {
+                            let old = Value::vload_first(out.buf, idx.clone(), lanes, inside(j));
+                            Value::sum(old, reg)
+                        } else {
+                            reg
+                        };
+                        store_first(out.buf, idx, value, inside(j))
+                    } else {
+                        let col_ok = Cond::Lt(v("nj") + c(j * lanes) + v("l"), v("e_n"));
+                        lane_store(
                             out,
                             out_idx(i, c(j * lanes) + v("l")),
                             &acc(i, j),
                             accumulate,
                             lanes,
                             Some(col_ok),
-                        )],
+                        )
+                    };
+                    row.push(Stmt::If {
+                        cond: Cond::Le(v("nj") + c((j + 1) * lanes), v("e_n")),
+                        then: vec![vector_store(i, j, accumulate)],
+                        otherwise: vec![otherwise],
                     });
                 }
                 st.push(if_(Cond::Lt(v("mi") + c(i), v("e_m")), row));

@@ -132,7 +132,17 @@ impl Printer {
         match val {
             Value::Zero { lanes } if *lanes > 1 => "(as_vf){0}".into(),
             Value::Zero { .. } => "0.0f".into(),
-            Value::Load { buf, index, lanes } if *lanes > 1 => {
+            Value::Load {
+                buf,
+                index,
+                lanes,
+                count: Some(n),
+            } if *lanes > 1 => {
+                format!("as_vload_first(&{buf}[{}], {})", expr(index), expr(n))
+            }
+            Value::Load {
+                buf, index, lanes, ..
+            } if *lanes > 1 => {
                 format!("as_vload(&{buf}[{}])", expr(index))
             }
             Value::Load { buf, index, .. } => format!("{buf}[{}]", expr(index)),
@@ -312,7 +322,20 @@ impl Printer {
                 self.line(&format!("{ty} {name} = {};", self.value(init)));
             }
             Stmt::Assign { reg, value } => self.line(&format!("{reg} = {};", self.value(value))),
-            Stmt::Store { buf, index, value } => {
+            Stmt::Store {
+                buf,
+                index,
+                value,
+                count: Some(n),
+            } => self.line(&format!(
+                "as_vstore_first(&{buf}[{}], {}, {});",
+                expr(index),
+                self.value(value),
+                expr(n)
+            )),
+            Stmt::Store {
+                buf, index, value, ..
+            } => {
                 if value.lanes() > 1 {
                     self.line(&format!(
                         "as_vstore(&{buf}[{}], {});",

@@ -103,7 +103,13 @@ return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
     s.push_str(
         r#"static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
-/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
+"#,
+    );
+    if lanes > 1 {
+        s.push_str(&partial_access(lanes));
+    }
+    s.push_str(
+        r#"/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
 static __thread size_t as_cap[8];
@@ -127,6 +133,48 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
 "#,
     );
     s
+}
+
+/// `as_vload_first` and `as_vstore_first`: the first `n` lanes (clamped to `0..=lanes`)
+/// of a vector at the edge of a tensor, nothing past them touched. A masked load or
+/// store where the ISA has one for `lanes` (AVX-512 for 16, AVX for 8), through the
+/// compiler's builtins (GCC's and clang's names agree; `immintrin.h` would add ~0.1 s to
+/// every compile); element by element otherwise.
+fn partial_access(lanes: usize) -> String {
+    let clamp = format!("int64_t c = n < 0 ? 0 : (n > {lanes} ? {lanes} : n);");
+    let fallback = format!(
+        "static inline as_vf as_vload_first(const float *p, int64_t n) {{ {clamp} as_vf v = {{0}}; \
+         for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }}\n\
+         static inline void as_vstore_first(float *p, as_vf v, int64_t n) {{ {clamp} \
+         for (int64_t l = 0; l < c; l++) p[l] = v[l]; }}\n"
+    );
+    let masked = match lanes {
+        16 => Some((
+            "__AVX512F__",
+            format!(
+                "static inline as_vf as_vload_first(const float *p, int64_t n) {{ {clamp} \
+                 return __builtin_ia32_loadups512_mask(p, (as_vf){{0}}, (unsigned short)((1u << c) - 1u)); }}\n\
+                 static inline void as_vstore_first(float *p, as_vf v, int64_t n) {{ {clamp} \
+                 __builtin_ia32_storeups512_mask(p, v, (unsigned short)((1u << c) - 1u)); }}\n"
+            ),
+        )),
+        8 => Some((
+            "__AVX__",
+            format!(
+                "static inline as_vi as_first_mask(int64_t n) {{ {clamp} \
+                 return (as_vi){{0, 1, 2, 3, 4, 5, 6, 7}} < (int32_t)c; }}\n\
+                 static inline as_vf as_vload_first(const float *p, int64_t n) {{ \
+                 return __builtin_ia32_maskloadps256((const as_vf *)p, as_first_mask(n)); }}\n\
+                 static inline void as_vstore_first(float *p, as_vf v, int64_t n) {{ \
+                 __builtin_ia32_maskstoreps256((as_vf *)p, as_first_mask(n), v); }}\n"
+            ),
+        )),
+        _ => None,
+    };
+    match masked {
+        Some((isa, code)) => format!("#if defined({isa})\n{code}#else\n{fallback}#endif\n"),
+        None => fallback,
+    }
 }
 
 /// `as_hsum` for `lanes` (a power of two, at least 4): the vector halved and added until

@@ -26,6 +26,14 @@ static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof 
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
+#if defined(__AVX__)
+static inline as_vi as_first_mask(int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); return (as_vi){0, 1, 2, 3, 4, 5, 6, 7} < (int32_t)c; }
+static inline as_vf as_vload_first(const float *p, int64_t n) { return __builtin_ia32_maskloadps256((const as_vf *)p, as_first_mask(n)); }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { __builtin_ia32_maskstoreps256((as_vf *)p, as_first_mask(n), v); }
+#else
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
+#endif
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -106,11 +114,11 @@ int32_t as_4425c3188e967dfc(const int64_t *restrict vars, const float *const *re
               }
             }
           } else {
-            for (int64_t kk = 0; kk < klen; kk++) {
-              for (int64_t rr = 0; rr < 16; rr++) {
-                if ((((n0 + (jb * 16)) + rr) < e_n) && ((k0 + kk) < e_k)) {
-                  Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = in1[((base1 + (((n0 + (jb * 16)) + rr) * 64)) + (k0 + kk))];
-                }
+            const int64_t pr1 = as_min(16, ((e_n - n0) - (jb * 16)));
+            const int64_t pk1 = as_max(0, as_min(klen, (e_k - k0)));
+            for (int64_t kk = 0; kk < pk1; kk++) {
+              for (int64_t rr = 0; rr < pr1; rr++) {
+                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = in1[((base1 + (((n0 + (jb * 16)) + rr) * 64)) + (k0 + kk))];
               }
             }
           }
@@ -130,11 +138,11 @@ int32_t as_4425c3188e967dfc(const int64_t *restrict vars, const float *const *re
             }
           }
         } else {
-          for (int64_t kk = 0; kk < klen; kk++) {
-            for (int64_t rr = 0; rr < 5; rr++) {
-              if ((((m0 + (ib * 5)) + rr) < e_m) && ((k0 + kk) < e_k)) {
-                Ap[(((ib * 120) + (kk * 5)) + rr)] = in0[((base0 + (((m0 + (ib * 5)) + rr) * 64)) + (k0 + kk))];
-              }
+          const int64_t pr0 = as_min(5, ((e_m - m0) - (ib * 5)));
+          const int64_t pk0 = as_max(0, as_min(klen, (e_k - k0)));
+          for (int64_t kk = 0; kk < pk0; kk++) {
+            for (int64_t rr = 0; rr < pr0; rr++) {
+              Ap[(((ib * 120) + (kk * 5)) + rr)] = in0[((base0 + (((m0 + (ib * 5)) + rr) * 64)) + (k0 + kk))];
             }
           }
         }

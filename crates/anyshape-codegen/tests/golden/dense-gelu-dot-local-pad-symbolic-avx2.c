@@ -26,6 +26,14 @@ static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof 
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
+#if defined(__AVX__)
+static inline as_vi as_first_mask(int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); return (as_vi){0, 1, 2, 3, 4, 5, 6, 7} < (int32_t)c; }
+static inline as_vf as_vload_first(const float *p, int64_t n) { return __builtin_ia32_maskloadps256((const as_vf *)p, as_first_mask(n)); }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { __builtin_ia32_maskstoreps256((as_vf *)p, as_first_mask(n), v); }
+#else
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
+#endif
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];

@@ -26,6 +26,14 @@ static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof 
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
+#if defined(__AVX__)
+static inline as_vi as_first_mask(int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); return (as_vi){0, 1, 2, 3, 4, 5, 6, 7} < (int32_t)c; }
+static inline as_vf as_vload_first(const float *p, int64_t n) { return __builtin_ia32_maskloadps256((const as_vf *)p, as_first_mask(n)); }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { __builtin_ia32_maskstoreps256((as_vf *)p, as_first_mask(n), v); }
+#else
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
+#endif
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -106,9 +114,16 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
               }
             }
           } else {
+            const int64_t pr1 = as_min(16, ((e_n - n0) - (jb * 16)));
+            const int64_t pk1 = as_max(0, as_min(kp, (e_k - k0)));
             for (int64_t kk = 0; kk < kp; kk++) {
               for (int64_t rr = 0; rr < 16; rr++) {
-                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = (((((n0 + (jb * 16)) + rr) < e_n) && ((k0 + kk) < e_k)) ? in1[((base1 + (((n0 + (jb * 16)) + rr) * 768)) + (k0 + kk))] : 0.0f);
+                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = 0.0f;
+              }
+            }
+            for (int64_t kk = 0; kk < pk1; kk++) {
+              for (int64_t rr = 0; rr < pr1; rr++) {
+                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = in1[((base1 + (((n0 + (jb * 16)) + rr) * 768)) + (k0 + kk))];
               }
             }
           }
@@ -128,9 +143,16 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
             }
           }
         } else {
+          const int64_t pr0 = as_min(5, ((e_m - m0) - (ib * 5)));
+          const int64_t pk0 = as_max(0, as_min(kp, (e_k - k0)));
           for (int64_t kk = 0; kk < kp; kk++) {
             for (int64_t rr = 0; rr < 5; rr++) {
-              Ap[(((ib * 120) + (kk * 5)) + rr)] = (((((m0 + (ib * 5)) + rr) < e_m) && ((k0 + kk) < e_k)) ? in0[((base0 + (((m0 + (ib * 5)) + rr) * 768)) + (k0 + kk))] : 0.0f);
+              Ap[(((ib * 120) + (kk * 5)) + rr)] = 0.0f;
+            }
+          }
+          for (int64_t kk = 0; kk < pk0; kk++) {
+            for (int64_t rr = 0; rr < pr0; rr++) {
+              Ap[(((ib * 120) + (kk * 5)) + rr)] = in0[((base0 + (((m0 + (ib * 5)) + rr) * 768)) + (k0 + kk))];
             }
           }
         }
@@ -199,100 +221,60 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] = acc_0_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] = acc_1_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = acc_2_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 8)] = acc_2_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = acc_3_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 8)] = acc_3_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = acc_4_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 8)] = acc_4_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1, ((e_n - nj) + (-8)));
                     }
                   }
                 } else {
@@ -300,100 +282,60 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] + acc_0_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] + acc_1_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] + acc_2_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)]) + acc_2_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 8)] + acc_2_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] + acc_3_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)]) + acc_3_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 8)] + acc_3_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] + acc_4_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)]) + acc_4_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 8)] + acc_4_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_4_1), ((e_n - nj) + (-8)));
                     }
                   }
                 }
@@ -433,40 +375,24 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] = acc_0_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] = acc_1_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
                     }
                   }
                 } else {
@@ -474,40 +400,24 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + (mi * 2304)) + (nj + l)) + 8)] + acc_0_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 8) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                     }
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
                     } else {
-                      for (int64_t l = 0; l < 8; l++) {
-                        if (((nj + l) + 8) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] = (out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 8)] + acc_1_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
                     }
                   }
                 }
@@ -551,55 +461,35 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                   }
                 }
                 if ((mi + 1) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                   }
                 }
                 if ((mi + 2) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = acc_2_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
                   }
                 }
                 if ((mi + 3) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = acc_3_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
                   }
                 }
                 if ((mi + 4) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = acc_4_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
                   }
                 }
               } else {
@@ -607,55 +497,35 @@ int32_t as_5321782b9cb27e2a(const int64_t *restrict vars, const float *const *re
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                   }
                 }
                 if ((mi + 1) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                   }
                 }
                 if ((mi + 2) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] + acc_2_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
                   }
                 }
                 if ((mi + 3) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] + acc_3_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
                   }
                 }
                 if ((mi + 4) < e_m) {
                   if ((nj + 8) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
                   } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] + acc_4_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
                   }
                 }
               }

@@ -27,6 +27,13 @@ static inline float as_hsum(as_vf v) { as_vf8 h8a, h8b; memcpy(&h8a, &v, sizeof 
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 16; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
+#if defined(__AVX512F__)
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); return __builtin_ia32_loadups512_mask(p, (as_vf){0}, (unsigned short)((1u << c) - 1u)); }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); __builtin_ia32_storeups512_mask(p, v, (unsigned short)((1u << c) - 1u)); }
+#else
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
+#endif
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -106,9 +113,16 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
               }
             }
           } else {
+            const int64_t pr1 = as_min(32, ((e_n - n0) - (jb * 32)));
+            const int64_t pk1 = as_max(0, as_min(kp, (e_k - k0)));
             for (int64_t kk = 0; kk < kp; kk++) {
               for (int64_t rr = 0; rr < 32; rr++) {
-                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = (((((n0 + (jb * 32)) + rr) < e_n) && ((k0 + kk) < e_k)) ? in1[((base1 + (((n0 + (jb * 32)) + rr) * 768)) + (k0 + kk))] : 0.0f);
+                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = 0.0f;
+              }
+            }
+            for (int64_t kk = 0; kk < pk1; kk++) {
+              for (int64_t rr = 0; rr < pr1; rr++) {
+                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = in1[((base1 + (((n0 + (jb * 32)) + rr) * 768)) + (k0 + kk))];
               }
             }
           }
@@ -128,9 +142,16 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
             }
           }
         } else {
+          const int64_t pr0 = as_min(12, ((e_m - m0) - (ib * 12)));
+          const int64_t pk0 = as_max(0, as_min(kp, (e_k - k0)));
           for (int64_t kk = 0; kk < kp; kk++) {
             for (int64_t rr = 0; rr < 12; rr++) {
-              Ap[(((ib * 3072) + (kk * 12)) + rr)] = (((((m0 + (ib * 12)) + rr) < e_m) && ((k0 + kk) < e_k)) ? in0[((base0 + (((m0 + (ib * 12)) + rr) * 768)) + (k0 + kk))] : 0.0f);
+              Ap[(((ib * 3072) + (kk * 12)) + rr)] = 0.0f;
+            }
+          }
+          for (int64_t kk = 0; kk < pk0; kk++) {
+            for (int64_t rr = 0; rr < pr0; rr++) {
+              Ap[(((ib * 3072) + (kk * 12)) + rr)] = in0[((base0 + (((m0 + (ib * 12)) + rr) * 768)) + (k0 + kk))];
             }
           }
         }
@@ -255,240 +276,144 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] = acc_0_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] = acc_1_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = acc_2_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] = acc_2_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = acc_3_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] = acc_3_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = acc_4_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] = acc_4_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 5) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = acc_5_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] = acc_5_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 6) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] = acc_6_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 6) * 2304)) + (nj + l)) + 16)] = acc_6_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 7) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] = acc_7_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 7) * 2304)) + (nj + l)) + 16)] = acc_7_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 8) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] = acc_8_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], acc_8_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 8) * 2304)) + (nj + l)) + 16)] = acc_8_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 9) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] = acc_9_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], acc_9_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 9) * 2304)) + (nj + l)) + 16)] = acc_9_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 10) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] = acc_10_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], acc_10_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 10) * 2304)) + (nj + l)) + 16)] = acc_10_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 11) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] = acc_11_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], acc_11_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 11) * 2304)) + (nj + l)) + 16)] = acc_11_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
                     }
                   }
                 } else {
@@ -496,240 +421,144 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] + acc_0_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] + acc_1_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] + acc_2_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] + acc_2_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] + acc_3_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] + acc_3_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] + acc_4_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] + acc_4_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 5) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] + acc_5_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] + acc_5_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 6) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] + acc_6_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)]) + acc_6_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 6) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 6) * 2304)) + (nj + l)) + 16)] + acc_6_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 7) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] + acc_7_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)]) + acc_7_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 7) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 7) * 2304)) + (nj + l)) + 16)] + acc_7_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 8) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] + acc_8_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)]) + acc_8_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 8) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 8) * 2304)) + (nj + l)) + 16)] + acc_8_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 9) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] + acc_9_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)]) + acc_9_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 9) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 9) * 2304)) + (nj + l)) + 16)] + acc_9_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 10) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] + acc_10_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)]) + acc_10_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 10) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 10) * 2304)) + (nj + l)) + 16)] + acc_10_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 11) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] + acc_11_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)]) + acc_11_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 11) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 11) * 2304)) + (nj + l)) + 16)] + acc_11_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
                     }
                   }
                 }
@@ -801,120 +630,72 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] = acc_0_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] = acc_1_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = acc_2_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] = acc_2_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = acc_3_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] = acc_3_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = acc_4_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] = acc_4_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 5) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = acc_5_0[l];
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] = acc_5_1[l];
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
                     }
                   }
                 } else {
@@ -922,120 +703,72 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + (mi * 2304)) + (nj + l)) + 16)] + acc_0_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 1) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 1) * 2304)) + (nj + l)) + 16)] + acc_1_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 2) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] + acc_2_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 2) * 2304)) + (nj + l)) + 16)] + acc_2_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 3) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] + acc_3_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 3) * 2304)) + (nj + l)) + 16)] + acc_3_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 4) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] + acc_4_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 4) * 2304)) + (nj + l)) + 16)] + acc_4_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
                     }
                   }
                   if ((mi + 5) < e_m) {
                     if ((nj + 16) <= e_n) {
                       as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if ((nj + l) < e_n) {
-                          out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] + acc_5_0[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
                     }
                     if ((nj + 32) <= e_n) {
                       as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
                     } else {
-                      for (int64_t l = 0; l < 16; l++) {
-                        if (((nj + l) + 16) < e_n) {
-                          out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] = (out0[(((base2 + ((mi + 5) * 2304)) + (nj + l)) + 16)] + acc_5_1[l]);
-                        }
-                      }
+                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
                     }
                   }
                 }
@@ -1107,132 +840,84 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + (mi * 2304)) + (nj + l))] = acc_0_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
                   }
                 }
                 if ((mi + 1) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = acc_1_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
                   }
                 }
                 if ((mi + 2) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = acc_2_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
                   }
                 }
                 if ((mi + 3) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = acc_3_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
                   }
                 }
                 if ((mi + 4) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = acc_4_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
                   }
                 }
                 if ((mi + 5) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = acc_5_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
                   }
                 }
                 if ((mi + 6) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] = acc_6_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0, (e_n - nj));
                   }
                 }
                 if ((mi + 7) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] = acc_7_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0, (e_n - nj));
                   }
                 }
                 if ((mi + 8) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] = acc_8_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0, (e_n - nj));
                   }
                 }
                 if ((mi + 9) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] = acc_9_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0, (e_n - nj));
                   }
                 }
                 if ((mi + 10) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] = acc_10_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0, (e_n - nj));
                   }
                 }
                 if ((mi + 11) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] = acc_11_0[l];
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0, (e_n - nj));
                   }
                 }
               } else {
@@ -1240,132 +925,84 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + (mi * 2304)) + (nj + l))] = (out0[((base2 + (mi * 2304)) + (nj + l))] + acc_0_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
                   }
                 }
                 if ((mi + 1) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 1) * 2304)) + (nj + l))] + acc_1_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
                   }
                 }
                 if ((mi + 2) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 2) * 2304)) + (nj + l))] + acc_2_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
                   }
                 }
                 if ((mi + 3) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 3) * 2304)) + (nj + l))] + acc_3_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
                   }
                 }
                 if ((mi + 4) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 4) * 2304)) + (nj + l))] + acc_4_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
                   }
                 }
                 if ((mi + 5) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 5) * 2304)) + (nj + l))] + acc_5_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
                   }
                 }
                 if ((mi + 6) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 6) * 2304)) + (nj + l))] + acc_6_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
                   }
                 }
                 if ((mi + 7) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 7) * 2304)) + (nj + l))] + acc_7_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
                   }
                 }
                 if ((mi + 8) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 8) * 2304)) + (nj + l))] + acc_8_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
                   }
                 }
                 if ((mi + 9) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 9) * 2304)) + (nj + l))] + acc_9_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
                   }
                 }
                 if ((mi + 10) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 10) * 2304)) + (nj + l))] + acc_10_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
                   }
                 }
                 if ((mi + 11) < e_m) {
                   if ((nj + 16) <= e_n) {
                     as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
                   } else {
-                    for (int64_t l = 0; l < 16; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] = (out0[((base2 + ((mi + 11) * 2304)) + (nj + l))] + acc_11_0[l]);
-                      }
-                    }
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
                   }
                 }
               }

@@ -25,6 +25,8 @@ static inline float as_hsum(as_vf v) { return (v[0] + v[2]) + (v[1] + v[3]); }
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 4; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
+static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 4 ? 4 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
+static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 4 ? 4 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
