@@ -65,8 +65,8 @@ pub struct MicroKernel {
     /// B read in place (usual variant only) where its N axis is contiguous (a batch
     /// matmul's `[K, N]` operand, attention's values): the register tile loads B's
     /// vectors from the tensor itself instead of a packed `K x nc` panel, which saves
-    /// the copy of B per (batch item, N tile); tiles that overhang N are computed
-    /// element by element. Where N is not contiguous B is packed as usual. Absent from
+    /// the copy of B per (batch item, N tile); tiles that overhang N load it masked
+    /// to the columns inside. Where N is not contiguous B is packed as usual. Absent from
     /// the text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ib: bool,
