@@ -12,6 +12,13 @@ use rand::{RngExt, SeedableRng};
 
 const TS: [i64; 11] = [1, 7, 17, 37, 61, 97, 113, 127, 128, 129, 200];
 
+/// The usual T set as instances.
+fn instances() -> Vec<Bindings> {
+    TS.iter()
+        .map(|&t| Bindings::from_pairs([("T", t)]))
+        .collect()
+}
+
 fn runner() -> Runner {
     let worker = WorkerCommand {
         program: env!("CARGO_BIN_EXE_anyshape-worker").into(),
@@ -138,10 +145,7 @@ fn check_programs<K: Sketch<Target = CpuTarget>>(
 fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usize) {
     let target = CpuTarget::detect();
     let w = Workload::parse(workload).unwrap();
-    let all: Vec<Bindings> = TS
-        .iter()
-        .map(|&t| Bindings::from_pairs([("T", t)]))
-        .collect();
+    let all = instances();
     let mut runs = Vec::new();
     for strategy in PADDING_STRATEGIES {
         for mode in KERNEL_MODES {
@@ -262,8 +266,7 @@ fn narrower_vectors_are_correct() {
                     mode: KernelMode::Symbolic,
                     bindings: Bindings::default(),
                 };
-                let all = TS.iter().map(|&t| Bindings::from_pairs([("T", t)]));
-                runs.push((program, all.collect()));
+                runs.push((program, instances()));
             }
         }
         check_programs(&target, runs);

@@ -19,15 +19,15 @@ impl Nest<'_> {
     /// Accumulators (`rows` rows: `mr`, or fewer for a tile at the M edge; of `nv`
     /// vectors: `nr / lanes`, or fewer for a tile at the N edge) over the packed panels
     /// (B's read in place where it is in panels of whole vectors, A's where `ia=1`): a
-    /// broadcast of A times a vector of B, fused, per reduction step. `edge`: B is read
-    /// in place and the tile overhangs its last column: B's vectors are loaded masked
-    /// to the columns inside (zero in the others, nothing past the tensor read).
+    /// broadcast of A times a vector of B, fused, per reduction step. `masked`: B is
+    /// read in place and the tile overhangs its last column: B's vectors are loaded
+    /// masked to the columns inside (zero in the others, nothing past the tensor read).
     pub(super) fn vector_accumulate(
         &self,
         ops: &[Operand; 3],
         rows: usize,
         nv: usize,
-        edge: bool,
+        masked: bool,
     ) -> Vec<Stmt> {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
@@ -52,7 +52,7 @@ impl Nest<'_> {
                         v("base1") + b.row(v("nj") + c(j * lanes)) + v("k0") * b.s_col.clone(),
                     ));
                     let index = v(&format!("bq_{j}")) + v("kk") * b.s_col.clone();
-                    if edge {
+                    if masked {
                         let count = format!("bc_{j}");
                         s.push(let_(&count, v("e_n") - v("nj") - c(j * lanes)));
                         Value::vload_first(b.buf, index, lanes, v(&count))
@@ -74,7 +74,7 @@ impl Nest<'_> {
         }
         // A narrower tile, or one at the edge, is the last of its row: there is no
         // next panel to fetch.
-        if mk.pf && nv == mk.nr / lanes && !edge {
+        if mk.pf && nv == mk.nr / lanes && !masked {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         for i in 0..rows {

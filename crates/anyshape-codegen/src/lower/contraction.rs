@@ -349,10 +349,10 @@ impl Nest<'_> {
     }
 
     /// A register tile of `rows` rows of `nv` vectors with unchecked vectorized
-    /// compute (B loaded masked at its `edge`, where read in place), stored by the
-    /// policy.
-    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize, edge: bool) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(ops, rows, nv, edge);
+    /// compute (B read in place loaded `masked` to the columns inside, at its edge),
+    /// stored by the policy.
+    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize, masked: bool) -> Vec<Stmt> {
+        let mut s = self.vector_accumulate(ops, rows, nv, masked);
         s.extend(self.vector_store(&ops[2], rows, nv));
         s
     }

@@ -1,6 +1,8 @@
 //! The fetch stage: copying blocks of the inputs into local buffers (packed panels on
 //! CPU, shared memory on GPU), with the padding strategy's treatment of elements past
-//! the tensor's edge ([`checked_copy`], shared by every device).
+//! the tensor's edge: element by element ([`checked_copy`], for the GPU's shared
+//! memory and the row sketches), or, for the CPU's packed panels, a whole edge block
+//! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Value};
@@ -41,9 +43,8 @@ impl Nest<'_> {
             _ => ("Bp", "jb", "nnb", mk.nr, "n0", "e_n"),
         };
         let row = v(origin) + v(rb) * c(reg) + v("rr");
-        let src_idx = v(&format!("base{which}"))
-            + op.row(row.clone())
-            + (v("k0") + v("kk")) * op.s_col.clone();
+        let src_idx =
+            v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
         let panel = if which == 0 { c(0) } else { v("bofs") };
         let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
         let copy = store(dst, dst_idx.clone(), Value::load(op.buf, src_idx));
