@@ -328,6 +328,41 @@ pub enum Stmt {
         /// Element.
         index: Expr,
     },
+    /// Transpose a tile of at most `lanes x lanes` elements in vector registers (CPU;
+    /// `lanes` the target's vector width): see [`Transpose`].
+    Transpose(Box<Transpose>),
+}
+
+/// A register-level transpose (CPU): element `(r, k)` of the source, at
+/// `src[src_index + r * src_stride + k]`, lands at `dst[dst_index + k * dst_stride + r]`.
+/// The source rectangle read is `rows x cols` (`rows` clamped to `0..=width`, `cols`
+/// to `0..=lanes`; nothing past it touched); the destination rectangle written is
+/// `outs` rows (clamped to `0..=lanes`) of `width` elements (`1..=lanes`), zero where
+/// it lies outside the source rectangle. The
+/// packing of an operand whose reduction axis is contiguous (`fetch.rs`) runs on it:
+/// a few shuffles per vector where a scalar copy moves one element per load and store.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transpose {
+    /// Destination buffer.
+    pub dst: String,
+    /// Destination of element `(0, 0)`.
+    pub dst_index: Expr,
+    /// Elements between consecutive destination rows (consecutive `k`).
+    pub dst_stride: Expr,
+    /// Source buffer.
+    pub src: String,
+    /// Source of element `(0, 0)`.
+    pub src_index: Expr,
+    /// Elements between consecutive source rows (consecutive `r`).
+    pub src_stride: Expr,
+    /// Source rows read.
+    pub rows: Expr,
+    /// Elements read from each source row.
+    pub cols: Expr,
+    /// Destination rows written.
+    pub outs: Expr,
+    /// Elements written in each destination row.
+    pub width: usize,
 }
 
 /// A lowered kernel: one C-ABI function.

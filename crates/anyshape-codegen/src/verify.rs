@@ -13,7 +13,8 @@
 //! 5. the lanes of a store's value are 1 or the target's vector width, and a binary
 //!    value's operands have equal lanes or one has 1 (a broadcast scalar);
 //! 6. CPU functions (`threads` unset) use no GPU construct (thread or block index,
-//!    barrier, shared memory); GPU functions use no parallel loop and no scratch buffer;
+//!    barrier, shared memory); GPU functions use no parallel loop, no scratch buffer,
+//!    no prefetch and no register transpose;
 //! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated;
 //! 8. a load or store with a count (of the lanes it touches) is a vector access in a
 //!    CPU function.
@@ -238,6 +239,25 @@ impl Verifier<'_> {
                 self.buffer(buf)?;
                 self.expr(index)
             }
+            Stmt::Transpose(_) if self.gpu => self.fail("a transpose in a GPU kernel".into()),
+            Stmt::Transpose(t) => {
+                if t.dst.starts_with("in") {
+                    return self.fail(format!("a transpose into input `{}`", t.dst));
+                }
+                self.buffer(&t.dst)?;
+                self.buffer(&t.src)?;
+                [
+                    &t.dst_index,
+                    &t.dst_stride,
+                    &t.src_index,
+                    &t.src_stride,
+                    &t.rows,
+                    &t.cols,
+                    &t.outs,
+                ]
+                .into_iter()
+                .try_for_each(|e| self.expr(e))
+            }
             Stmt::Alloc { buf, len, scope } => {
                 self.expr(len)?;
                 match (scope, self.gpu) {
@@ -290,7 +310,7 @@ impl Verifier<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loop_ir::{for_, let_, store, store_first};
+    use crate::loop_ir::{for_, let_, store, store_first, Transpose};
 
     fn func(body: Vec<Stmt>) -> Func {
         Func {
@@ -354,9 +374,39 @@ mod tests {
                 )]),
                 "partial access of 1 lanes",
             ),
+            (func(vec![transpose("in0", x("i"))]), "into input `in0`"),
+            (
+                func(vec![transpose("out0", x("i"))]),
+                "`i` is read but not in scope",
+            ),
+            (
+                Func {
+                    threads: Some(32),
+                    ..func(vec![transpose("out0", Expr::Const(0))])
+                },
+                "transpose in a GPU kernel",
+            ),
         ] {
             let e = verify(&bad).unwrap_err();
             assert!(e.0.contains(why), "{e}");
         }
+        assert_eq!(verify(&func(vec![transpose("out0", x("sv_T"))])), Ok(()));
+    }
+
+    /// A transpose of `in0` into `dst`, its destination at `at`.
+    fn transpose(dst: &str, at: Expr) -> Stmt {
+        let one = || Expr::Const(1);
+        Stmt::Transpose(Box::new(Transpose {
+            dst: dst.into(),
+            dst_index: at,
+            dst_stride: one(),
+            src: "in0".into(),
+            src_index: Expr::Const(0),
+            src_stride: one(),
+            rows: one(),
+            cols: one(),
+            outs: one(),
+            width: 1,
+        }))
     }
 }

@@ -184,13 +184,18 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
 
 /// `workload` with both variants of the contraction sketch (vectors along N, packed;
 /// dot products along K, read in place), each by its default and a small micro-kernel
-/// (the usual variant's default packing A and B; its small one prefetching, the
-/// requests running past the tensors' ends, and reading A in place, edge tiles past the
-/// last row, and B where its N axis is contiguous, edge tiles loading it masked).
+/// (the usual variant's default packing A and B, its register tiles half a vector and
+/// one row tall, so that A's K-contiguous blocks are transposed in registers; its
+/// small one prefetching, the requests running past the tensors' ends, and reading A in
+/// place, edge tiles past the last row, and B where its N axis is contiguous, edge
+/// tiles loading it masked).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
+    let tall = target.lanes_f32() / 2 + 1;
     let mks = [
         MicroKernel {
+            mr: tall,
+            mc: 2 * tall,
             ia: false,
             ib: false,
             ..MicroKernel::default_for(&target)
@@ -329,7 +334,8 @@ fn random_micro_kernels_are_correct() {
         let dot = runs.len() % 3 == 2;
         let col = if dot { 1 } else { lanes };
         let mk = MicroKernel {
-            mr: rng.random_range(1..=8),
+            // Up to a vector and a half tall: A's blocks transposed in one or two groups.
+            mr: rng.random_range(1..=lanes + lanes / 2 + 1),
             nr: nv * col,
             mc: 0,
             nc: nv * col * rng.random_range(1..=4usize),

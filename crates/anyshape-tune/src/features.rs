@@ -252,6 +252,13 @@ impl Walk {
             }
             Stmt::Alloc { .. } | Stmt::Barrier => {}
             Stmt::Prefetch { .. } => self.prefetches += self.trip,
+            // Counted as the vectors it loads and stores, one row at a time.
+            Stmt::Transpose(t) => {
+                let (rows, cols) = (self.eval(&t.rows).max(0), self.eval(&t.cols).max(0));
+                let outs = self.eval(&t.outs).max(0) as usize;
+                self.access(&t.src, &t.src_index, (rows * cols) as usize, false);
+                self.access(&t.dst, &t.dst_index, outs * t.width, true);
+            }
             Stmt::GpuIndex { var, .. } => self.env.set(var.clone(), 0),
             Stmt::Reg { init, .. } => self.value(init),
             Stmt::Assign { value, .. } => self.value(value),

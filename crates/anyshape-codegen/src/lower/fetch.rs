@@ -2,10 +2,12 @@
 //! CPU, shared memory on GPU), with the padding strategy's treatment of elements past
 //! the tensor's edge: element by element ([`checked_copy`], for the GPU's shared
 //! memory and the row sketches), or, for the CPU's packed panels, a whole edge block
-//! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`).
+//! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`), or, where
+//! the source's K axis is contiguous, tiles transposed in registers whose loads stop
+//! at the edge and whose stores write the zeros (`Stmt::Transpose`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
-use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Value};
+use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Transpose, Value};
 use crate::padding::Fetch;
 use anyshape_ir::Expr;
 
@@ -42,15 +44,41 @@ impl Nest<'_> {
             0 => ("Ap", "ib", "nmb", mk.mr, "m0", "e_m"),
             _ => ("Bp", "jb", "nnb", mk.nr, "n0", "e_n"),
         };
-        let row = v(origin) + v(rb) * c(reg) + v("rr");
-        let src_idx =
-            v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
         let panel = if which == 0 { c(0) } else { v("bofs") };
-        let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
-        let copy = store(dst, dst_idx.clone(), Value::load(op.buf, src_idx));
         let fetch = self.policy.fetch;
         // A padded fetch fills the block up to the unroll granularity.
         let kk_extent = if fetch.pads() { v("kp") } else { v("klen") };
+        let lanes = self.lanes;
+        // Transposed in registers where each group of `lanes` rows fills more than half
+        // a vector: measured (Sapphire Rapids class, batch_matmul_nt) 1.2-1.9x faster
+        // packing of 12-, 16-, 30- and 32-row blocks; slower than the element copy for
+        // 4 and 8 rows, which GCC vectorizes itself.
+        if lanes > 1
+            && (reg % lanes == 0 || 2 * (reg % lanes) > lanes)
+            && op.panels.is_none()
+            && op.s_col.simplify().as_const() == Some(1)
+        {
+            let block = Block {
+                dst,
+                rb,
+                reg,
+                origin,
+                extent,
+                panel,
+                kk_extent,
+            };
+            return for_(
+                rb,
+                v(nblocks),
+                LoopKind::Serial,
+                self.transposed(op, which, block),
+            );
+        }
+        let row = v(origin) + v(rb) * c(reg) + v("rr");
+        let src_idx =
+            v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
+        let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
+        let copy = store(dst, dst_idx.clone(), Value::load(op.buf, src_idx));
         // Write the packed panel contiguously (register-tile rows innermost): measured
         // faster than walking a K-contiguous source, whose writes then stride by `reg`.
         let nest = |rows: Expr, ks: Expr, copy: Stmt| {
@@ -97,4 +125,58 @@ impl Nest<'_> {
         };
         for_(rb, v(nblocks), LoopKind::Serial, vec![body])
     }
+
+    /// The packing of register block `b.rb` from a source whose K axis is contiguous:
+    /// tiles of `lanes x lanes` transposed in registers (`Stmt::Transpose`), the
+    /// block's rows in groups of `lanes` (the last may be narrower). Rows and
+    /// reduction steps past the tensor's edge are written as zeros where the policy
+    /// checks (the transpose reads nothing past them); unchecked, the whole block is
+    /// read.
+    fn transposed(&self, op: &Operand, which: usize, b: Block) -> Vec<Stmt> {
+        let (mk, lanes) = (self.mk, self.lanes);
+        let checked = self.policy.fetch != Fetch::Unchecked;
+        let k = v("kq") * c(lanes);
+        let steps = Expr::min(c(lanes), b.kk_extent.clone() - k.clone());
+        let mut tiles = vec![];
+        for g in 0..b.reg.div_ceil(lanes) {
+            let width = (b.reg - g * lanes).min(lanes);
+            let row0 = v(b.origin) + v(b.rb) * c(b.reg) + c(g * lanes);
+            let (rows, cols) = if checked {
+                (
+                    Expr::min(c(width), v(b.extent) - row0.clone()),
+                    Expr::min(steps.clone(), v("e_k") - v("k0") - k.clone()),
+                )
+            } else {
+                (c(width), steps.clone())
+            };
+            tiles.push(Stmt::Transpose(Box::new(Transpose {
+                dst: b.dst.into(),
+                dst_index: b.panel.clone()
+                    + v(b.rb) * c(mk.kc * b.reg)
+                    + k.clone() * c(b.reg)
+                    + c(g * lanes),
+                dst_stride: c(b.reg),
+                src: op.buf.into(),
+                src_index: v(&format!("base{which}")) + op.row(row0) + v("k0") + k.clone(),
+                src_stride: op.s_row.clone(),
+                rows,
+                cols,
+                outs: steps.clone(),
+                width,
+            })));
+        }
+        let kqs = (b.kk_extent + c(lanes - 1)) / c(lanes);
+        vec![for_("kq", kqs, LoopKind::Serial, tiles)]
+    }
+}
+
+/// Where one register block of a packed panel goes, and the extents it is cut by.
+struct Block {
+    dst: &'static str,
+    rb: &'static str,
+    reg: usize,
+    origin: &'static str,
+    extent: &'static str,
+    panel: Expr,
+    kk_extent: Expr,
 }

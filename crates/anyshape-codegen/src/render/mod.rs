@@ -285,6 +285,19 @@ impl Printer {
                 "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)));",
                 expr(index)
             )),
+            Stmt::Transpose(t) => self.line(&format!(
+                "as_transpose(&{}[{}], {}, &{}[{}], {}, {}, {}, {}, {});",
+                t.dst,
+                expr(&t.dst_index),
+                expr(&t.dst_stride),
+                t.src,
+                expr(&t.src_index),
+                expr(&t.src_stride),
+                expr(&t.rows),
+                expr(&t.cols),
+                expr(&t.outs),
+                t.width
+            )),
             Stmt::Alloc {
                 buf,
                 len,

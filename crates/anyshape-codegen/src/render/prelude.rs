@@ -108,6 +108,7 @@ static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
     if lanes > 1 {
         s.push_str(&partial_access(lanes));
     }
+    s.push_str(&transpose(lanes));
     s.push_str(
         r#"/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
@@ -210,4 +211,59 @@ fn hsum(lanes: usize) -> String {
             .join(" + ")
     };
     format!("{types}static inline float as_hsum(as_vf v) {{ {body}return {sum}; }}\n")
+}
+
+/// `as_transpose` (the loop IR's `Stmt::Transpose`) for `lanes`: up to `lanes` rows
+/// loaded as vectors (masked where a row is partial), transposed in `log2(lanes)`
+/// stages of two-vector shuffles (stage `h` swaps the `h`-blocks off the diagonal of
+/// each `2h x 2h` block: bit `h` of the lane and of the row trade places), the
+/// destination rows stored as vectors (masked where narrower). Unrolled, so every
+/// vector stays in a register. Element by element where there are no vectors.
+fn transpose(lanes: usize) -> String {
+    let head = "static inline void as_transpose(float *restrict dst, int64_t ds, const float *restrict src, \
+                int64_t ss, int64_t rows, int64_t cols, int64_t outs, int64_t width) {\n";
+    if lanes == 1 {
+        return format!(
+            "{head}  if (rows > 0 && cols > 0 && outs > 0 && width > 0) *dst = *src;\n  \
+             else if (outs > 0 && width > 0) *dst = 0.0f;\n}}\n"
+        );
+    }
+    let list = |idx: &mut dyn Iterator<Item = usize>| {
+        idx.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+    };
+    // clang's shuffle takes the lanes as arguments, GCC's (before 12) as a vector.
+    let mut s = String::from(
+        "#if defined(__clang__)\n#define AS_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)\n\
+         #else\n#define AS_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (as_vi){__VA_ARGS__})\n#endif\n",
+    );
+    s.push_str(head);
+    s.push_str("  as_vf z = {0}, t;\n");
+    for i in 0..lanes {
+        s.push_str(&format!(
+            "  as_vf r{i} = {i} < rows ? (cols >= {lanes} ? as_vload(src + {i} * ss) : \
+             as_vload_first(src + {i} * ss, cols)) : z;\n"
+        ));
+    }
+    let mut h = lanes / 2;
+    while h >= 1 {
+        // Lane l of the low row takes the high row's lane l - h where bit h of l is
+        // set; of the high row, the low row's lane l + h where it is clear.
+        let lo = list(&mut (0..lanes).map(|l| if l & h != 0 { l - h + lanes } else { l }));
+        let hi = list(&mut (0..lanes).map(|l| if l & h != 0 { l + lanes } else { l + h }));
+        for i in (0..lanes).filter(|i| i & h == 0) {
+            let j = i + h;
+            s.push_str(&format!(
+                "  t = AS_SHUFFLE(r{i}, r{j}, {lo}); r{j} = AS_SHUFFLE(r{i}, r{j}, {hi}); r{i} = t;\n"
+            ));
+        }
+        h /= 2;
+    }
+    for k in 0..lanes {
+        s.push_str(&format!(
+            "  if ({k} < outs) {{ if (width >= {lanes}) as_vstore(dst + {k} * ds, r{k}); \
+             else as_vstore_first(dst + {k} * ds, r{k}, width); }}\n"
+        ));
+    }
+    s.push_str("}\n");
+    s
 }

@@ -34,6 +34,42 @@ static inline void as_vstore_first(float *p, as_vf v, int64_t n) { __builtin_ia3
 static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
 static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 8 ? 8 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
 #endif
+#if defined(__clang__)
+#define AS_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define AS_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (as_vi){__VA_ARGS__})
+#endif
+static inline void as_transpose(float *restrict dst, int64_t ds, const float *restrict src, int64_t ss, int64_t rows, int64_t cols, int64_t outs, int64_t width) {
+  as_vf z = {0}, t;
+  as_vf r0 = 0 < rows ? (cols >= 8 ? as_vload(src + 0 * ss) : as_vload_first(src + 0 * ss, cols)) : z;
+  as_vf r1 = 1 < rows ? (cols >= 8 ? as_vload(src + 1 * ss) : as_vload_first(src + 1 * ss, cols)) : z;
+  as_vf r2 = 2 < rows ? (cols >= 8 ? as_vload(src + 2 * ss) : as_vload_first(src + 2 * ss, cols)) : z;
+  as_vf r3 = 3 < rows ? (cols >= 8 ? as_vload(src + 3 * ss) : as_vload_first(src + 3 * ss, cols)) : z;
+  as_vf r4 = 4 < rows ? (cols >= 8 ? as_vload(src + 4 * ss) : as_vload_first(src + 4 * ss, cols)) : z;
+  as_vf r5 = 5 < rows ? (cols >= 8 ? as_vload(src + 5 * ss) : as_vload_first(src + 5 * ss, cols)) : z;
+  as_vf r6 = 6 < rows ? (cols >= 8 ? as_vload(src + 6 * ss) : as_vload_first(src + 6 * ss, cols)) : z;
+  as_vf r7 = 7 < rows ? (cols >= 8 ? as_vload(src + 7 * ss) : as_vload_first(src + 7 * ss, cols)) : z;
+  t = AS_SHUFFLE(r0, r4, 0, 1, 2, 3, 8, 9, 10, 11); r4 = AS_SHUFFLE(r0, r4, 4, 5, 6, 7, 12, 13, 14, 15); r0 = t;
+  t = AS_SHUFFLE(r1, r5, 0, 1, 2, 3, 8, 9, 10, 11); r5 = AS_SHUFFLE(r1, r5, 4, 5, 6, 7, 12, 13, 14, 15); r1 = t;
+  t = AS_SHUFFLE(r2, r6, 0, 1, 2, 3, 8, 9, 10, 11); r6 = AS_SHUFFLE(r2, r6, 4, 5, 6, 7, 12, 13, 14, 15); r2 = t;
+  t = AS_SHUFFLE(r3, r7, 0, 1, 2, 3, 8, 9, 10, 11); r7 = AS_SHUFFLE(r3, r7, 4, 5, 6, 7, 12, 13, 14, 15); r3 = t;
+  t = AS_SHUFFLE(r0, r2, 0, 1, 8, 9, 4, 5, 12, 13); r2 = AS_SHUFFLE(r0, r2, 2, 3, 10, 11, 6, 7, 14, 15); r0 = t;
+  t = AS_SHUFFLE(r1, r3, 0, 1, 8, 9, 4, 5, 12, 13); r3 = AS_SHUFFLE(r1, r3, 2, 3, 10, 11, 6, 7, 14, 15); r1 = t;
+  t = AS_SHUFFLE(r4, r6, 0, 1, 8, 9, 4, 5, 12, 13); r6 = AS_SHUFFLE(r4, r6, 2, 3, 10, 11, 6, 7, 14, 15); r4 = t;
+  t = AS_SHUFFLE(r5, r7, 0, 1, 8, 9, 4, 5, 12, 13); r7 = AS_SHUFFLE(r5, r7, 2, 3, 10, 11, 6, 7, 14, 15); r5 = t;
+  t = AS_SHUFFLE(r0, r1, 0, 8, 2, 10, 4, 12, 6, 14); r1 = AS_SHUFFLE(r0, r1, 1, 9, 3, 11, 5, 13, 7, 15); r0 = t;
+  t = AS_SHUFFLE(r2, r3, 0, 8, 2, 10, 4, 12, 6, 14); r3 = AS_SHUFFLE(r2, r3, 1, 9, 3, 11, 5, 13, 7, 15); r2 = t;
+  t = AS_SHUFFLE(r4, r5, 0, 8, 2, 10, 4, 12, 6, 14); r5 = AS_SHUFFLE(r4, r5, 1, 9, 3, 11, 5, 13, 7, 15); r4 = t;
+  t = AS_SHUFFLE(r6, r7, 0, 8, 2, 10, 4, 12, 6, 14); r7 = AS_SHUFFLE(r6, r7, 1, 9, 3, 11, 5, 13, 7, 15); r6 = t;
+  if (0 < outs) { if (width >= 8) as_vstore(dst + 0 * ds, r0); else as_vstore_first(dst + 0 * ds, r0, width); }
+  if (1 < outs) { if (width >= 8) as_vstore(dst + 1 * ds, r1); else as_vstore_first(dst + 1 * ds, r1, width); }
+  if (2 < outs) { if (width >= 8) as_vstore(dst + 2 * ds, r2); else as_vstore_first(dst + 2 * ds, r2, width); }
+  if (3 < outs) { if (width >= 8) as_vstore(dst + 3 * ds, r3); else as_vstore_first(dst + 3 * ds, r3, width); }
+  if (4 < outs) { if (width >= 8) as_vstore(dst + 4 * ds, r4); else as_vstore_first(dst + 4 * ds, r4, width); }
+  if (5 < outs) { if (width >= 8) as_vstore(dst + 5 * ds, r5); else as_vstore_first(dst + 5 * ds, r5, width); }
+  if (6 < outs) { if (width >= 8) as_vstore(dst + 6 * ds, r6); else as_vstore_first(dst + 6 * ds, r6, width); }
+  if (7 < outs) { if (width >= 8) as_vstore(dst + 7 * ds, r7); else as_vstore_first(dst + 7 * ds, r7, width); }
+}
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -107,25 +143,9 @@ int32_t as_20a7f28061ff2b11(const int64_t *restrict vars, const float *const *re
         const int64_t kp = (as_cdiv(klen, 2) * 2);
         const int64_t bofs = (kt * 1536);
         for (int64_t jb = 0; jb < nnb; jb++) {
-          if ((((n0 + (jb * 16)) + 16) <= e_n) && ((k0 + kp) <= e_k)) {
-            for (int64_t kk = 0; kk < kp; kk++) {
-              for (int64_t rr = 0; rr < 16; rr++) {
-                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = in1[((base1 + (((n0 + (jb * 16)) + rr) * 64)) + (k0 + kk))];
-              }
-            }
-          } else {
-            const int64_t pr1 = as_min(16, ((e_n - n0) - (jb * 16)));
-            const int64_t pk1 = as_max(0, as_min(kp, (e_k - k0)));
-            for (int64_t kk = 0; kk < kp; kk++) {
-              for (int64_t rr = 0; rr < 16; rr++) {
-                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = 0.0f;
-              }
-            }
-            for (int64_t kk = 0; kk < pk1; kk++) {
-              for (int64_t rr = 0; rr < pr1; rr++) {
-                Bp[(((bofs + (jb * 384)) + (kk * 16)) + rr)] = in1[((base1 + (((n0 + (jb * 16)) + rr) * 64)) + (k0 + kk))];
-              }
-            }
+          for (int64_t kq = 0; kq < as_fdiv((kp + 7), 8); kq++) {
+            as_transpose(&Bp[((bofs + (jb * 384)) + (kq * 128))], 16, &in1[(((base1 + ((n0 + (jb * 16)) * 64)) + k0) + (kq * 8))], 64, as_min(8, (e_n - (n0 + (jb * 16)))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
+            as_transpose(&Bp[(((bofs + (jb * 384)) + (kq * 128)) + 8)], 16, &in1[(((base1 + (((n0 + (jb * 16)) + 8) * 64)) + k0) + (kq * 8))], 64, as_min(8, (e_n - ((n0 + (jb * 16)) + 8))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
           }
         }
       }
@@ -136,25 +156,8 @@ int32_t as_20a7f28061ff2b11(const int64_t *restrict vars, const float *const *re
       const int64_t kp = (as_cdiv(klen, 2) * 2);
       const int64_t bofs = (kt * 1536);
       for (int64_t ib = 0; ib < nmb; ib++) {
-        if ((((m0 + (ib * 5)) + 5) <= e_m) && ((k0 + kp) <= e_k)) {
-          for (int64_t kk = 0; kk < kp; kk++) {
-            for (int64_t rr = 0; rr < 5; rr++) {
-              Ap[(((ib * 120) + (kk * 5)) + rr)] = in0[((base0 + (((m0 + (ib * 5)) + rr) * 64)) + (k0 + kk))];
-            }
-          }
-        } else {
-          const int64_t pr0 = as_min(5, ((e_m - m0) - (ib * 5)));
-          const int64_t pk0 = as_max(0, as_min(kp, (e_k - k0)));
-          for (int64_t kk = 0; kk < kp; kk++) {
-            for (int64_t rr = 0; rr < 5; rr++) {
-              Ap[(((ib * 120) + (kk * 5)) + rr)] = 0.0f;
-            }
-          }
-          for (int64_t kk = 0; kk < pk0; kk++) {
-            for (int64_t rr = 0; rr < pr0; rr++) {
-              Ap[(((ib * 120) + (kk * 5)) + rr)] = in0[((base0 + (((m0 + (ib * 5)) + rr) * 64)) + (k0 + kk))];
-            }
-          }
+        for (int64_t kq = 0; kq < as_fdiv((kp + 7), 8); kq++) {
+          as_transpose(&Ap[((ib * 120) + (kq * 40))], 5, &in0[(((base0 + ((m0 + (ib * 5)) * 64)) + k0) + (kq * 8))], 64, as_min(5, (e_m - (m0 + (ib * 5)))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 5);
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {

@@ -34,6 +34,78 @@ static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n
 static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
 static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 16 ? 16 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
 #endif
+#if defined(__clang__)
+#define AS_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define AS_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (as_vi){__VA_ARGS__})
+#endif
+static inline void as_transpose(float *restrict dst, int64_t ds, const float *restrict src, int64_t ss, int64_t rows, int64_t cols, int64_t outs, int64_t width) {
+  as_vf z = {0}, t;
+  as_vf r0 = 0 < rows ? (cols >= 16 ? as_vload(src + 0 * ss) : as_vload_first(src + 0 * ss, cols)) : z;
+  as_vf r1 = 1 < rows ? (cols >= 16 ? as_vload(src + 1 * ss) : as_vload_first(src + 1 * ss, cols)) : z;
+  as_vf r2 = 2 < rows ? (cols >= 16 ? as_vload(src + 2 * ss) : as_vload_first(src + 2 * ss, cols)) : z;
+  as_vf r3 = 3 < rows ? (cols >= 16 ? as_vload(src + 3 * ss) : as_vload_first(src + 3 * ss, cols)) : z;
+  as_vf r4 = 4 < rows ? (cols >= 16 ? as_vload(src + 4 * ss) : as_vload_first(src + 4 * ss, cols)) : z;
+  as_vf r5 = 5 < rows ? (cols >= 16 ? as_vload(src + 5 * ss) : as_vload_first(src + 5 * ss, cols)) : z;
+  as_vf r6 = 6 < rows ? (cols >= 16 ? as_vload(src + 6 * ss) : as_vload_first(src + 6 * ss, cols)) : z;
+  as_vf r7 = 7 < rows ? (cols >= 16 ? as_vload(src + 7 * ss) : as_vload_first(src + 7 * ss, cols)) : z;
+  as_vf r8 = 8 < rows ? (cols >= 16 ? as_vload(src + 8 * ss) : as_vload_first(src + 8 * ss, cols)) : z;
+  as_vf r9 = 9 < rows ? (cols >= 16 ? as_vload(src + 9 * ss) : as_vload_first(src + 9 * ss, cols)) : z;
+  as_vf r10 = 10 < rows ? (cols >= 16 ? as_vload(src + 10 * ss) : as_vload_first(src + 10 * ss, cols)) : z;
+  as_vf r11 = 11 < rows ? (cols >= 16 ? as_vload(src + 11 * ss) : as_vload_first(src + 11 * ss, cols)) : z;
+  as_vf r12 = 12 < rows ? (cols >= 16 ? as_vload(src + 12 * ss) : as_vload_first(src + 12 * ss, cols)) : z;
+  as_vf r13 = 13 < rows ? (cols >= 16 ? as_vload(src + 13 * ss) : as_vload_first(src + 13 * ss, cols)) : z;
+  as_vf r14 = 14 < rows ? (cols >= 16 ? as_vload(src + 14 * ss) : as_vload_first(src + 14 * ss, cols)) : z;
+  as_vf r15 = 15 < rows ? (cols >= 16 ? as_vload(src + 15 * ss) : as_vload_first(src + 15 * ss, cols)) : z;
+  t = AS_SHUFFLE(r0, r8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r8 = AS_SHUFFLE(r0, r8, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r0 = t;
+  t = AS_SHUFFLE(r1, r9, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r9 = AS_SHUFFLE(r1, r9, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r1 = t;
+  t = AS_SHUFFLE(r2, r10, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r10 = AS_SHUFFLE(r2, r10, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r2 = t;
+  t = AS_SHUFFLE(r3, r11, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r11 = AS_SHUFFLE(r3, r11, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r3 = t;
+  t = AS_SHUFFLE(r4, r12, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r12 = AS_SHUFFLE(r4, r12, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r4 = t;
+  t = AS_SHUFFLE(r5, r13, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r13 = AS_SHUFFLE(r5, r13, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r5 = t;
+  t = AS_SHUFFLE(r6, r14, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r14 = AS_SHUFFLE(r6, r14, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r6 = t;
+  t = AS_SHUFFLE(r7, r15, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); r15 = AS_SHUFFLE(r7, r15, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); r7 = t;
+  t = AS_SHUFFLE(r0, r4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r4 = AS_SHUFFLE(r0, r4, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r0 = t;
+  t = AS_SHUFFLE(r1, r5, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r5 = AS_SHUFFLE(r1, r5, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r1 = t;
+  t = AS_SHUFFLE(r2, r6, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r6 = AS_SHUFFLE(r2, r6, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r2 = t;
+  t = AS_SHUFFLE(r3, r7, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r7 = AS_SHUFFLE(r3, r7, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r3 = t;
+  t = AS_SHUFFLE(r8, r12, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r12 = AS_SHUFFLE(r8, r12, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r8 = t;
+  t = AS_SHUFFLE(r9, r13, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r13 = AS_SHUFFLE(r9, r13, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r9 = t;
+  t = AS_SHUFFLE(r10, r14, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r14 = AS_SHUFFLE(r10, r14, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r10 = t;
+  t = AS_SHUFFLE(r11, r15, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27); r15 = AS_SHUFFLE(r11, r15, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); r11 = t;
+  t = AS_SHUFFLE(r0, r2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r2 = AS_SHUFFLE(r0, r2, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r0 = t;
+  t = AS_SHUFFLE(r1, r3, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r3 = AS_SHUFFLE(r1, r3, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r1 = t;
+  t = AS_SHUFFLE(r4, r6, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r6 = AS_SHUFFLE(r4, r6, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r4 = t;
+  t = AS_SHUFFLE(r5, r7, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r7 = AS_SHUFFLE(r5, r7, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r5 = t;
+  t = AS_SHUFFLE(r8, r10, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r10 = AS_SHUFFLE(r8, r10, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r8 = t;
+  t = AS_SHUFFLE(r9, r11, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r11 = AS_SHUFFLE(r9, r11, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r9 = t;
+  t = AS_SHUFFLE(r12, r14, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r14 = AS_SHUFFLE(r12, r14, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r12 = t;
+  t = AS_SHUFFLE(r13, r15, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); r15 = AS_SHUFFLE(r13, r15, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); r13 = t;
+  t = AS_SHUFFLE(r0, r1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r1 = AS_SHUFFLE(r0, r1, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r0 = t;
+  t = AS_SHUFFLE(r2, r3, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r3 = AS_SHUFFLE(r2, r3, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r2 = t;
+  t = AS_SHUFFLE(r4, r5, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r5 = AS_SHUFFLE(r4, r5, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r4 = t;
+  t = AS_SHUFFLE(r6, r7, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r7 = AS_SHUFFLE(r6, r7, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r6 = t;
+  t = AS_SHUFFLE(r8, r9, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r9 = AS_SHUFFLE(r8, r9, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r8 = t;
+  t = AS_SHUFFLE(r10, r11, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r11 = AS_SHUFFLE(r10, r11, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r10 = t;
+  t = AS_SHUFFLE(r12, r13, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r13 = AS_SHUFFLE(r12, r13, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r12 = t;
+  t = AS_SHUFFLE(r14, r15, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30); r15 = AS_SHUFFLE(r14, r15, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); r14 = t;
+  if (0 < outs) { if (width >= 16) as_vstore(dst + 0 * ds, r0); else as_vstore_first(dst + 0 * ds, r0, width); }
+  if (1 < outs) { if (width >= 16) as_vstore(dst + 1 * ds, r1); else as_vstore_first(dst + 1 * ds, r1, width); }
+  if (2 < outs) { if (width >= 16) as_vstore(dst + 2 * ds, r2); else as_vstore_first(dst + 2 * ds, r2, width); }
+  if (3 < outs) { if (width >= 16) as_vstore(dst + 3 * ds, r3); else as_vstore_first(dst + 3 * ds, r3, width); }
+  if (4 < outs) { if (width >= 16) as_vstore(dst + 4 * ds, r4); else as_vstore_first(dst + 4 * ds, r4, width); }
+  if (5 < outs) { if (width >= 16) as_vstore(dst + 5 * ds, r5); else as_vstore_first(dst + 5 * ds, r5, width); }
+  if (6 < outs) { if (width >= 16) as_vstore(dst + 6 * ds, r6); else as_vstore_first(dst + 6 * ds, r6, width); }
+  if (7 < outs) { if (width >= 16) as_vstore(dst + 7 * ds, r7); else as_vstore_first(dst + 7 * ds, r7, width); }
+  if (8 < outs) { if (width >= 16) as_vstore(dst + 8 * ds, r8); else as_vstore_first(dst + 8 * ds, r8, width); }
+  if (9 < outs) { if (width >= 16) as_vstore(dst + 9 * ds, r9); else as_vstore_first(dst + 9 * ds, r9, width); }
+  if (10 < outs) { if (width >= 16) as_vstore(dst + 10 * ds, r10); else as_vstore_first(dst + 10 * ds, r10, width); }
+  if (11 < outs) { if (width >= 16) as_vstore(dst + 11 * ds, r11); else as_vstore_first(dst + 11 * ds, r11, width); }
+  if (12 < outs) { if (width >= 16) as_vstore(dst + 12 * ds, r12); else as_vstore_first(dst + 12 * ds, r12, width); }
+  if (13 < outs) { if (width >= 16) as_vstore(dst + 13 * ds, r13); else as_vstore_first(dst + 13 * ds, r13, width); }
+  if (14 < outs) { if (width >= 16) as_vstore(dst + 14 * ds, r14); else as_vstore_first(dst + 14 * ds, r14, width); }
+  if (15 < outs) { if (width >= 16) as_vstore(dst + 15 * ds, r15); else as_vstore_first(dst + 15 * ds, r15, width); }
+}
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -106,25 +178,9 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
         const int64_t kp = (as_cdiv(klen, 4) * 4);
         const int64_t bofs = (kt * 98304);
         for (int64_t jb = 0; jb < nnb; jb++) {
-          if ((((n0 + (jb * 32)) + 32) <= e_n) && ((k0 + kp) <= e_k)) {
-            for (int64_t kk = 0; kk < kp; kk++) {
-              for (int64_t rr = 0; rr < 32; rr++) {
-                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = in1[((base1 + (((n0 + (jb * 32)) + rr) * 768)) + (k0 + kk))];
-              }
-            }
-          } else {
-            const int64_t pr1 = as_min(32, ((e_n - n0) - (jb * 32)));
-            const int64_t pk1 = as_max(0, as_min(kp, (e_k - k0)));
-            for (int64_t kk = 0; kk < kp; kk++) {
-              for (int64_t rr = 0; rr < 32; rr++) {
-                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = 0.0f;
-              }
-            }
-            for (int64_t kk = 0; kk < pk1; kk++) {
-              for (int64_t rr = 0; rr < pr1; rr++) {
-                Bp[(((bofs + (jb * 8192)) + (kk * 32)) + rr)] = in1[((base1 + (((n0 + (jb * 32)) + rr) * 768)) + (k0 + kk))];
-              }
-            }
+          for (int64_t kq = 0; kq < as_fdiv((kp + 15), 16); kq++) {
+            as_transpose(&Bp[((bofs + (jb * 8192)) + (kq * 512))], 32, &in1[(((base1 + ((n0 + (jb * 32)) * 768)) + k0) + (kq * 16))], 768, as_min(16, (e_n - (n0 + (jb * 32)))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 16);
+            as_transpose(&Bp[(((bofs + (jb * 8192)) + (kq * 512)) + 16)], 32, &in1[(((base1 + (((n0 + (jb * 32)) + 16) * 768)) + k0) + (kq * 16))], 768, as_min(16, (e_n - ((n0 + (jb * 32)) + 16))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 16);
           }
         }
       }
@@ -135,25 +191,8 @@ int32_t as_0050e48df86c1df9(const int64_t *restrict vars, const float *const *re
       const int64_t kp = (as_cdiv(klen, 4) * 4);
       const int64_t bofs = (kt * 98304);
       for (int64_t ib = 0; ib < nmb; ib++) {
-        if ((((m0 + (ib * 12)) + 12) <= e_m) && ((k0 + kp) <= e_k)) {
-          for (int64_t kk = 0; kk < kp; kk++) {
-            for (int64_t rr = 0; rr < 12; rr++) {
-              Ap[(((ib * 3072) + (kk * 12)) + rr)] = in0[((base0 + (((m0 + (ib * 12)) + rr) * 768)) + (k0 + kk))];
-            }
-          }
-        } else {
-          const int64_t pr0 = as_min(12, ((e_m - m0) - (ib * 12)));
-          const int64_t pk0 = as_max(0, as_min(kp, (e_k - k0)));
-          for (int64_t kk = 0; kk < kp; kk++) {
-            for (int64_t rr = 0; rr < 12; rr++) {
-              Ap[(((ib * 3072) + (kk * 12)) + rr)] = 0.0f;
-            }
-          }
-          for (int64_t kk = 0; kk < pk0; kk++) {
-            for (int64_t rr = 0; rr < pr0; rr++) {
-              Ap[(((ib * 3072) + (kk * 12)) + rr)] = in0[((base0 + (((m0 + (ib * 12)) + rr) * 768)) + (k0 + kk))];
-            }
-          }
+        for (int64_t kq = 0; kq < as_fdiv((kp + 15), 16); kq++) {
+          as_transpose(&Ap[((ib * 3072) + (kq * 192))], 12, &in0[(((base0 + ((m0 + (ib * 12)) * 768)) + k0) + (kq * 16))], 768, as_min(12, (e_m - (m0 + (ib * 12)))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 12);
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {

@@ -27,6 +27,26 @@ static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v);
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
 static inline as_vf as_vload_first(const float *p, int64_t n) { int64_t c = n < 0 ? 0 : (n > 4 ? 4 : n); as_vf v = {0}; for (int64_t l = 0; l < c; l++) v[l] = p[l]; return v; }
 static inline void as_vstore_first(float *p, as_vf v, int64_t n) { int64_t c = n < 0 ? 0 : (n > 4 ? 4 : n); for (int64_t l = 0; l < c; l++) p[l] = v[l]; }
+#if defined(__clang__)
+#define AS_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define AS_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (as_vi){__VA_ARGS__})
+#endif
+static inline void as_transpose(float *restrict dst, int64_t ds, const float *restrict src, int64_t ss, int64_t rows, int64_t cols, int64_t outs, int64_t width) {
+  as_vf z = {0}, t;
+  as_vf r0 = 0 < rows ? (cols >= 4 ? as_vload(src + 0 * ss) : as_vload_first(src + 0 * ss, cols)) : z;
+  as_vf r1 = 1 < rows ? (cols >= 4 ? as_vload(src + 1 * ss) : as_vload_first(src + 1 * ss, cols)) : z;
+  as_vf r2 = 2 < rows ? (cols >= 4 ? as_vload(src + 2 * ss) : as_vload_first(src + 2 * ss, cols)) : z;
+  as_vf r3 = 3 < rows ? (cols >= 4 ? as_vload(src + 3 * ss) : as_vload_first(src + 3 * ss, cols)) : z;
+  t = AS_SHUFFLE(r0, r2, 0, 1, 4, 5); r2 = AS_SHUFFLE(r0, r2, 2, 3, 6, 7); r0 = t;
+  t = AS_SHUFFLE(r1, r3, 0, 1, 4, 5); r3 = AS_SHUFFLE(r1, r3, 2, 3, 6, 7); r1 = t;
+  t = AS_SHUFFLE(r0, r1, 0, 4, 2, 6); r1 = AS_SHUFFLE(r0, r1, 1, 5, 3, 7); r0 = t;
+  t = AS_SHUFFLE(r2, r3, 0, 4, 2, 6); r3 = AS_SHUFFLE(r2, r3, 1, 5, 3, 7); r2 = t;
+  if (0 < outs) { if (width >= 4) as_vstore(dst + 0 * ds, r0); else as_vstore_first(dst + 0 * ds, r0, width); }
+  if (1 < outs) { if (width >= 4) as_vstore(dst + 1 * ds, r1); else as_vstore_first(dst + 1 * ds, r1, width); }
+  if (2 < outs) { if (width >= 4) as_vstore(dst + 2 * ds, r2); else as_vstore_first(dst + 2 * ds, r2, width); }
+  if (3 < outs) { if (width >= 4) as_vstore(dst + 3 * ds, r3); else as_vstore_first(dst + 3 * ds, r3, width); }
+}
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
 static __thread void *as_buf[8];
@@ -122,10 +142,9 @@ int32_t as_1059a547f5196087(const int64_t *restrict vars, const float *const *re
         const int64_t kp = klen;
         const int64_t bofs = (kt * 128);
         for (int64_t jb = 0; jb < nnb; jb++) {
-          for (int64_t kk = 0; kk < kp; kk++) {
-            for (int64_t rr = 0; rr < 8; rr++) {
-              Bp[(((bofs + (jb * 64)) + (kk * 8)) + rr)] = Bg[((base1 + (((n0 + (jb * 8)) + rr) * p_k)) + (k0 + kk))];
-            }
+          for (int64_t kq = 0; kq < as_fdiv((kp + 3), 4); kq++) {
+            as_transpose(&Bp[((bofs + (jb * 64)) + (kq * 32))], 8, &Bg[(((base1 + ((n0 + (jb * 8)) * p_k)) + k0) + (kq * 4))], p_k, 4, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 4);
+            as_transpose(&Bp[(((bofs + (jb * 64)) + (kq * 32)) + 4)], 8, &Bg[(((base1 + (((n0 + (jb * 8)) + 4) * p_k)) + k0) + (kq * 4))], p_k, 4, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 4);
           }
         }
       }
@@ -136,10 +155,8 @@ int32_t as_1059a547f5196087(const int64_t *restrict vars, const float *const *re
       const int64_t kp = klen;
       const int64_t bofs = (kt * 128);
       for (int64_t ib = 0; ib < nmb; ib++) {
-        for (int64_t kk = 0; kk < kp; kk++) {
-          for (int64_t rr = 0; rr < 3; rr++) {
-            Ap[(((ib * 24) + (kk * 3)) + rr)] = Ag[((base0 + (((m0 + (ib * 3)) + rr) * p_k)) + (k0 + kk))];
-          }
+        for (int64_t kq = 0; kq < as_fdiv((kp + 3), 4); kq++) {
+          as_transpose(&Ap[((ib * 24) + (kq * 12))], 3, &Ag[(((base0 + ((m0 + (ib * 3)) * p_k)) + k0) + (kq * 4))], p_k, 3, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 3);
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {
