@@ -50,17 +50,17 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
         &w,
         &target,
         instances(&w, &vars).unwrap(),
-        options(27),
+        options(33),
         &measurer,
         log,
         previous,
     )
     .unwrap();
-    // More than the seeds' first round (batch_matmul_nn has seven seeds, three trials
+    // More than the seeds' first round (batch_matmul_nn has nine seeds, three trials
     // each), so that the search runs rounds of its own.
     let mut rounds = 0;
     let report = tuner.run(&mut |_| rounds += 1, &mut |_| {}).unwrap();
-    assert_eq!(report.trials, 27);
+    assert_eq!(report.trials, 33);
     assert!(rounds >= 2);
     assert_eq!(report.best.len(), 24);
 
@@ -68,27 +68,27 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     // its records file until it is dropped.)
     drop(tuner);
     let (log, previous) = RecordLog::open(&records, true).unwrap();
-    assert_eq!(previous.len(), 27);
+    assert_eq!(previous.len(), 33);
     let mut tuner = Tuner::new(
         &w,
         &target,
         instances(&w, &vars).unwrap(),
-        options(36),
+        options(42),
         &measurer,
         log,
         previous,
     )
     .unwrap();
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
-    assert_eq!((report.trials, report.resumed_trials), (36, 27));
+    assert_eq!((report.trials, report.resumed_trials), (42, 33));
     drop(tuner);
     let (_, all): (_, Vec<Record>) = RecordLog::open(&records, true).unwrap();
-    assert_eq!(all.len(), 36);
+    assert_eq!(all.len(), 42);
     let pairs: BTreeSet<_> = all
         .iter()
         .map(|r| (r.micro_kernel, r.bindings.clone()))
         .collect();
-    assert_eq!(pairs.len(), 36, "a trial was measured twice");
+    assert_eq!(pairs.len(), 42, "a trial was measured twice");
 
     // The best micro-kernel of every instance computes it correctly.
     let v = verify(

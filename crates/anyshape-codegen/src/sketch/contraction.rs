@@ -548,7 +548,7 @@ mod tests {
                 .filter(|mk| mk.ib)
                 .count()
         };
-        assert_eq!(ib(&nn), 3);
+        assert_eq!(ib(&nn), 4);
         assert_eq!(ib(&dense) + ib(&packed), 0);
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()

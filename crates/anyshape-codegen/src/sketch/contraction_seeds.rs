@@ -33,6 +33,38 @@ impl MicroKernel {
         }
     }
 
+    /// The usual variant's wide default: four rows by as many vectors (up to four) as
+    /// the registers allow, A read in place. Few rows leave the general registers to
+    /// the row streams of A (twelve of them spill pointers), and a wide tile reuses each
+    /// broadcast of A over more columns; B's transposing pack is vectorized, so its
+    /// 64-row blocks cost no more per element than 16-row ones. Per-shape search found
+    /// such tiles best for `batch_matmul_nt` from T = 48 up (4 x 48 and 4 x 64: 1.2x
+    /// the 12 x 32 default at T = 64, Emerald Rapids class).
+    pub fn default_wide_for(target: &CpuTarget) -> MicroKernel {
+        let lanes = target.lanes_f32();
+        let limits = Limits(target);
+        let mr = 4;
+        let nv = (1..=4)
+            .rev()
+            .find(|&nv| limits.registers(mr, nv))
+            .unwrap_or(1);
+        let nr = nv * lanes;
+        let uk = 4;
+        let kc = (target.l1d_bytes * 3 / 4 / (4 * nr)).clamp(uk, 512) / uk * uk;
+        MicroKernel {
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: (12 * nr).min(384.max(nr)),
+            kc,
+            uk,
+            dot: false,
+            pf: false,
+            ia: true,
+            ib: false,
+        }
+    }
+
     /// The dot variant's default, for the smallest M: one row by as many columns as
     /// the registers allow (each vector of A reused across the columns), the reduction
     /// in tiles whose rows fit L1 together.
@@ -114,8 +146,8 @@ impl MicroKernel {
     }
 }
 
-/// The usual default (A read in place), then those for small M, which pack A (reading
-/// it in place measured 0.95-1.0x there): the dot variant's (not for weights in panels,
+/// The usual default (A read in place) and the wide one, then those for small M, which
+/// pack A (reading it in place measured 0.95-1.0x there): the dot variant's (not for weights in panels,
 /// which it packs element by element: 20x slower there), one row's and a few rows'.
 /// Weights in panels are read in place, and in a model they come from memory: each of
 /// their seeds also comes prefetching (`pf`), which pays from a few rows up
@@ -128,6 +160,7 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
     let n_contiguous = !panels && GemmView::of(w).is_ok_and(|g| g.b_n_contiguous(w));
     let plain = [
         Some(MicroKernel::default_for(target)),
+        Some(MicroKernel::default_wide_for(target)),
         (!panels).then(|| MicroKernel::default_dot_for(target)),
         Some(MicroKernel::default_row_for(target)),
         Some(MicroKernel::default_narrow_for(target)),
