@@ -23,7 +23,7 @@ pub use dispatch::{dispatcher_c, DispatcherSpec};
 pub use error::{CodegenError, Result};
 pub use lower::lower;
 pub use padding::{Compute, Fetch, PaddingStrategy, Policy, PADDING_STRATEGIES};
-pub use program::{KernelMode, Program, CODEGEN_VERSION, KERNEL_MODES};
+pub use program::{KernelMode, Program, KERNEL_MODES};
 pub use sketch::{
     launch_config, Adaptation, Factors, GemmOperand, GemmView, GpuMicroKernel, LaunchConfig,
     MicroKernel, RowKernel, Sketch, StridedGemm, SHARED_PAD,

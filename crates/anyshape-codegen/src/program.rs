@@ -69,9 +69,6 @@ pub struct Program<K = crate::MicroKernel> {
     pub bindings: Bindings,
 }
 
-/// Bump when generated code changes, so cached builds and symbols change with it.
-pub const CODEGEN_VERSION: u32 = 1;
-
 impl<K: Sketch> Program<K> {
     /// A symbolic program: one kernel for every instance of `workload`.
     pub fn symbolic(workload: &Workload, micro_kernel: K, strategy: PaddingStrategy) -> Self {
@@ -98,8 +95,10 @@ impl<K: Sketch> Program<K> {
         }
     }
 
-    /// The exported symbol: a hash of everything that shapes the generated code (the
-    /// device's prefix: `as` on CPU, `asg` on CUDA).
+    /// The exported symbol: a hash of the program and the target (the device's prefix:
+    /// `as` on CPU, `asg` on CUDA). It names the kernel within one build of anyshape;
+    /// compiled kernels are cached by their source, so a change of the generated code
+    /// needs no new symbol.
     pub fn symbol(&self, target: &K::Target) -> String {
         let (prefix, tag) = match K::Target::DEVICE {
             crate::DeviceKind::Cpu => ("as", ""),
@@ -110,7 +109,7 @@ impl<K: Sketch> Program<K> {
             KernelMode::Symbolic => String::new(),
         };
         let key = format!(
-            "{CODEGEN_VERSION}|{tag}{}|{}|{}|{}|{specialized}|{:?}",
+            "{tag}{}|{}|{}|{}|{specialized}|{:?}",
             self.workload, self.micro_kernel, self.strategy, self.mode, target
         );
         let digest = Sha256::digest(key.as_bytes());

@@ -15,7 +15,7 @@ static __device__ __forceinline__ float as_nan0(float x) { return x != x ? 0.0f 
 static __device__ __forceinline__ float as_max_f(float a, float b) { return a > b ? a : b; }
 static __device__ __forceinline__ float as_gelu(float x) { return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }
 static __device__ __forceinline__ float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
-extern "C" __global__ void __launch_bounds__(256) asg_506d64adcedbd240(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_3f738cf6a5065821(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;
@@ -171,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(256) asg_506d64adcedbd240(const flo
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_94a56050b51ad93c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_13ddbfad807b3863(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = 60; (void)as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;
@@ -327,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(256) asg_94a56050b51ad93c(const flo
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_73e57466e3d59c7b(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_0a324ebc4dfd90b8(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;
@@ -493,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(256) asg_73e57466e3d59c7b(const flo
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_3559dbc875c878a1(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_fcd3b67ba3ec905b(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = 60; (void)as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;
@@ -659,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(256) asg_3559dbc875c878a1(const flo
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_a4bcdb1474cfe1e1(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;
@@ -998,7 +998,7 @@ extern "C" __global__ void __launch_bounds__(256) asg_16a00a722add4559(const flo
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(256) asg_4f0a6acbd6cb642c(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
+extern "C" __global__ void __launch_bounds__(256) asg_f13e6bf8fe0ffdaa(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = 60; (void)as_arg_T;
   const as_i64 e_m = sv_T;
   const as_i64 e_n = 64;

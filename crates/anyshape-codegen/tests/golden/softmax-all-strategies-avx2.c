@@ -91,7 +91,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_b4ae39955ea7ba66(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_5db5902f2d5ab3ac(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -167,7 +167,7 @@ int32_t as_b4ae39955ea7ba66(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_2adfc166deab8786(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_51623c394a6a39c5(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -234,7 +234,7 @@ int32_t as_2adfc166deab8786(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_5fd219647328cb99(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_fd350e7af87eccc3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -295,7 +295,7 @@ int32_t as_5fd219647328cb99(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_32d9dee3894b3414(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_90cb773801198050(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
