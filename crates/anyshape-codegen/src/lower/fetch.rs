@@ -50,7 +50,7 @@ impl Nest<'_> {
         let kk_extent = if fetch.pads() { v("kp") } else { v("klen") };
         let lanes = self.lanes;
         // Transposed in registers where each group of `lanes` rows fills more than half
-        // a vector: measured (Sapphire Rapids class, batch_matmul_nt) 1.2-1.9x faster
+        // a vector: measured (Emerald Rapids class, batch_matmul_nt) 1.2-1.9x faster
         // packing of 12-, 16-, 30- and 32-row blocks; slower than the element copy for
         // 4 and 8 rows, which GCC vectorizes itself.
         if lanes > 1
