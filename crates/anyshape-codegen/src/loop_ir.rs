@@ -338,9 +338,9 @@ pub enum Stmt {
 /// The source rectangle read is `rows x cols` (`rows` clamped to `0..=width`, `cols`
 /// to `0..=lanes`; nothing past it touched); the destination rectangle written is
 /// `outs` rows (clamped to `0..=lanes`) of `width` elements (`1..=lanes`), zero where
-/// it lies outside the source rectangle. The
-/// packing of an operand whose reduction axis is contiguous (`fetch.rs`) runs on it:
-/// a few shuffles per vector where a scalar copy moves one element per load and store.
+/// it lies outside the source rectangle. Vector targets only. The packing of an
+/// operand whose reduction axis is contiguous (`fetch.rs`) runs on it: a few shuffles
+/// per vector where a scalar copy moves one element per load and store.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transpose {
     /// Destination buffer.

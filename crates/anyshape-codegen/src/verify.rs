@@ -123,6 +123,14 @@ impl Verifier<'_> {
         }
     }
 
+    /// A buffer written by `what` (a store, a transpose): in scope and not an input.
+    fn written(&self, b: &str, what: &str) -> Result<(), VerifyError> {
+        if b.starts_with("in") {
+            return self.fail(format!("a {what} into input `{b}`"));
+        }
+        self.buffer(b)
+    }
+
     fn reg(&self, r: &str) -> Result<usize, VerifyError> {
         match self.scopes.iter().rev().find_map(|s| s.regs.get(r)) {
             Some(&lanes) => Ok(lanes),
@@ -241,10 +249,7 @@ impl Verifier<'_> {
             }
             Stmt::Transpose(_) if self.gpu => self.fail("a transpose in a GPU kernel".into()),
             Stmt::Transpose(t) => {
-                if t.dst.starts_with("in") {
-                    return self.fail(format!("a transpose into input `{}`", t.dst));
-                }
-                self.buffer(&t.dst)?;
+                self.written(&t.dst, "transpose")?;
                 self.buffer(&t.src)?;
                 [
                     &t.dst_index,
@@ -295,10 +300,7 @@ impl Verifier<'_> {
                 value,
                 count,
             } => {
-                if buf.starts_with("in") {
-                    return self.fail(format!("a store into input `{buf}`"));
-                }
-                self.buffer(buf)?;
+                self.written(buf, "store")?;
                 self.expr(index)?;
                 self.count(count.as_ref(), value.lanes())?;
                 self.value(value)

@@ -107,8 +107,8 @@ static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
     );
     if lanes > 1 {
         s.push_str(&partial_access(lanes));
+        s.push_str(&transpose(lanes));
     }
-    s.push_str(&transpose(lanes));
     s.push_str(
         r#"/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
@@ -218,16 +218,11 @@ fn hsum(lanes: usize) -> String {
 /// stages of two-vector shuffles (stage `h` swaps the `h`-blocks off the diagonal of
 /// each `2h x 2h` block: bit `h` of the lane and of the row trade places), the
 /// destination rows stored as vectors (masked where narrower). Unrolled, so every
-/// vector stays in a register. Element by element where there are no vectors.
+/// vector stays in a register. Only where there are vectors (`lanes` >= 2): the
+/// fetch stage transposes only then.
 fn transpose(lanes: usize) -> String {
     let head = "static inline void as_transpose(float *restrict dst, int64_t ds, const float *restrict src, \
                 int64_t ss, int64_t rows, int64_t cols, int64_t outs, int64_t width) {\n";
-    if lanes == 1 {
-        return format!(
-            "{head}  if (rows > 0 && cols > 0 && outs > 0 && width > 0) *dst = *src;\n  \
-             else if (outs > 0 && width > 0) *dst = 0.0f;\n}}\n"
-        );
-    }
     let list = |idx: &mut dyn Iterator<Item = usize>| {
         idx.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
     };

@@ -147,8 +147,9 @@ impl MicroKernel {
 }
 
 /// The usual default (A read in place) and the wide one, then those for small M, which
-/// pack A (reading it in place measured 0.95-1.0x there): the dot variant's (not for weights in panels,
-/// which it packs element by element: 20x slower there), one row's and a few rows'.
+/// pack A (reading it in place measured 0.95-1.0x there): the dot variant's (not for
+/// weights in panels, which it packs element by element: 20x slower there), one row's
+/// and a few rows'.
 /// Weights in panels are read in place, and in a model they come from memory: each of
 /// their seeds also comes prefetching (`pf`), which pays from a few rows up
 /// (BERT-base's feed-forward matmul, M = 8: +15 %) but costs 8 % at one row, where the
