@@ -327,6 +327,10 @@ pub enum Stmt {
         buf: String,
         /// Element.
         index: Expr,
+        /// Into L2 only (`prefetcht1`): for lines that come from memory and are read
+        /// many steps later, which would evict what L1 holds for the steps between;
+        /// otherwise into every level (`prefetcht0`).
+        l2: bool,
     },
     /// Transpose a tile of at most `lanes x lanes` elements in vector registers (CPU;
     /// `lanes` the target's vector width): see [`Transpose`].

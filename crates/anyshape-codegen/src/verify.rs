@@ -243,7 +243,7 @@ impl Verifier<'_> {
             Stmt::Barrier if !self.gpu => self.fail("a barrier in a CPU function".into()),
             Stmt::Barrier => Ok(()),
             Stmt::Prefetch { .. } if self.gpu => self.fail("a prefetch in a GPU kernel".into()),
-            Stmt::Prefetch { buf, index } => {
+            Stmt::Prefetch { buf, index, .. } => {
                 self.buffer(buf)?;
                 self.expr(index)
             }
@@ -357,6 +357,7 @@ mod tests {
                 func(vec![Stmt::Prefetch {
                     buf: "Bp".into(),
                     index: Expr::Const(0),
+                    l2: false,
                 }]),
                 "allocated",
             ),

@@ -124,21 +124,37 @@ impl Nest<'_> {
     /// column's B micro-panel (the columns from `nj + nr`), one request per cache line
     /// of the row; where B is read in place, each line's start is named before the
     /// loop (pushed onto `before`), as the loads' are.
+    ///
+    /// A weight laid out in panels (a model's, which the other layers evict between
+    /// its calls, so read from memory) is prefetched into L2 only, since the next
+    /// micro-panel would not fit in L1 beside the one the row blocks still read, and
+    /// the last column of a reduction slice prefetches the first column of the next
+    /// slice (`kc` further along K), which the next `kt` reads first. Cold weights,
+    /// Emerald Rapids class: dense 128 x 768 x 3072 1.04-1.09x. Activations (warm, and
+    /// small micro-tiles that a division per tile would slow) keep the plain form.
     fn prefetch_next_panel(&self, b: &Operand, before: &mut Vec<Stmt>) -> Vec<Stmt> {
         let mk = self.mk;
         let per_line = (CACHE_LINE_FLOATS / self.lanes).max(1);
+        let weight = b.panels.is_some();
+        if self.b_in_place.is_some() && weight {
+            // 1 at the slice's last column, else 0.
+            before.push(let_("wrap", (v("jb") + c(1)) / v("nnb")));
+        }
         (0..mk.nr / self.lanes)
             .step_by(per_line)
             .map(|j| {
                 let (buf, index) = match self.b_in_place {
                     Some(_) => {
                         let name = format!("bn_{j}");
-                        before.push(let_(
-                            &name,
-                            v("base1")
-                                + b.row(v("nj") + c(mk.nr + j * self.lanes))
-                                + v("k0") * b.s_col.clone(),
-                        ));
+                        let (col, k) = match weight {
+                            true => (
+                                v("nj") + c(mk.nr + j * self.lanes)
+                                    - v("wrap") * v("nnb") * c(mk.nr),
+                                v("k0") + v("wrap") * c(mk.kc),
+                            ),
+                            false => (v("nj") + c(mk.nr + j * self.lanes), v("k0")),
+                        };
+                        before.push(let_(&name, v("base1") + b.row(col) + k * b.s_col.clone()));
                         (b.buf, v(&name) + v("kk") * b.s_col.clone())
                     }
                     None => (
@@ -152,6 +168,7 @@ impl Nest<'_> {
                 Stmt::Prefetch {
                     buf: buf.into(),
                     index,
+                    l2: weight,
                 }
             })
             .collect()

@@ -281,9 +281,10 @@ impl Printer {
             Stmt::Barrier => self.line("__syncthreads();"),
             // Integer arithmetic: the address may lie past the buffer, which a pointer
             // may not.
-            Stmt::Prefetch { buf, index } => self.line(&format!(
-                "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)));",
-                expr(index)
+            Stmt::Prefetch { buf, index, l2 } => self.line(&format!(
+                "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)), 0, {});",
+                expr(index),
+                if *l2 { 2 } else { 3 }
             )),
             Stmt::Transpose(t) => self.line(&format!(
                 "as_transpose(&{}[{}], {}, &{}[{}], {}, {}, {}, {}, {});",
