@@ -216,7 +216,7 @@ pub fn compare(
         min_seconds: o.seconds,
         timeout_seconds: 120.0,
         interleave: false,
-        flush_bytes: 0,
+        cold: false,
     };
     let run = h.runner(options);
     let total: usize = instances

@@ -63,7 +63,7 @@ pub fn dispatch_loss(
         min_seconds: seconds,
         timeout_seconds: 600.0,
         interleave: true,
-        flush_bytes: 0,
+        cold: false,
     };
     progress.start("measurements (dispatch loss)", cands.len());
     let library = Kernels::Library(module.dir().join(&m.library));

@@ -86,12 +86,12 @@ pub struct MeasureOptions {
     /// shared machine slows them alike; they then share `min_seconds * n`.
     #[serde(default)]
     pub interleave: bool,
-    /// Before every timed call, write a buffer of this many bytes (outside the timed
-    /// region) so that the caches no longer hold the inputs: timed as a model's kernels
-    /// run, whose weights were evicted by the other layers since their last call. 0:
-    /// warm caches (every call after the first finds its inputs cached).
+    /// Before every timed call, flush the call's inputs and output from every cache
+    /// level (outside the timed region): timed as a model's kernels run, whose weights
+    /// the other layers evicted since their last call. `false`: warm caches (every call
+    /// after the first finds its inputs cached).
     #[serde(default)]
-    pub flush_bytes: usize,
+    pub cold: bool,
 }
 
 impl Default for MeasureOptions {
@@ -102,7 +102,7 @@ impl Default for MeasureOptions {
             min_seconds: 0.2,
             timeout_seconds: 30.0,
             interleave: false,
-            flush_bytes: 0,
+            cold: false,
         }
     }
 }

@@ -80,8 +80,8 @@ fn crashing_and_hanging_candidates_fail_alone() {
                 min_seconds: 0.0,
                 timeout_seconds: 2.0,
                 interleave,
-                // Evicting the caches between calls (as model tuning does) on one pass.
-                flush_bytes: if interleave { 1 << 20 } else { 0 },
+                // Flushing the caches between calls (as model tuning does) on one pass.
+                cold: interleave,
             },
         };
         let t0 = std::time::Instant::now();
@@ -217,7 +217,7 @@ fn slow_candidates_in_alternation_are_not_timed_out_together() {
             // Each call takes 0.3 s; the group's 4 x 2 timed calls take 2.4 s.
             timeout_seconds: 1.0,
             interleave: true,
-            flush_bytes: 0,
+            cold: false,
         },
     };
     let out = runner.measure(&lib.kernels(), &vec![cand; 4]).unwrap();

@@ -49,7 +49,7 @@ impl Default for TuneOptions {
                 min_seconds: 0.03,
                 timeout_seconds: 10.0,
                 interleave: true,
-                flush_bytes: 0,
+                cold: false,
             },
             check_flops: 4e8,
             per_shape: false,

@@ -69,12 +69,6 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
     let defaults = TuneOptions::default();
-    // Twice the last-level cache evicts it (and the smaller ones).
-    let flush_bytes = if args.warm_cache {
-        0
-    } else {
-        (2 * target.l3_bytes).max(8 << 20)
-    };
     let options = ModelOptions {
         trials: args.trials as usize,
         equal_shares: args.equal_shares,
@@ -85,7 +79,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         tune: TuneOptions {
             interrupt: Some(interrupt_flag()),
             measure: MeasureOptions {
-                flush_bytes,
+                cold: !args.warm_cache,
                 ..defaults.measure.clone()
             },
             ..defaults

@@ -64,6 +64,10 @@ pub struct RunArgs {
     /// Keep timing for at least this many seconds.
     #[arg(long, default_value_t = 0.5, value_parser = crate::seconds, allow_negative_numbers = true)]
     seconds: f64,
+    /// Evict the caches before every timed call, as `anyshape compile` times a model's
+    /// kernels (whose weights the other layers evict between calls).
+    #[arg(long)]
+    cold: bool,
     /// Kill the program if it runs longer than this many seconds.
     #[arg(long, default_value_t = 60.0, value_parser = crate::time_limit, allow_negative_numbers = true)]
     timeout: f64,
@@ -76,6 +80,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let options = MeasureOptions {
         min_seconds: args.seconds,
         timeout_seconds: args.timeout,
+        cold: args.cold,
         ..Default::default()
     };
     if let Some(module) = &args.module {

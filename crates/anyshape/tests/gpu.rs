@@ -28,7 +28,7 @@ fn runner() -> Runner {
             min_seconds: 0.0,
             timeout_seconds: 60.0,
             interleave: false,
-            flush_bytes: 0,
+            cold: false,
         },
     }
 }

@@ -21,7 +21,7 @@ fn runner() -> Runner {
             min_seconds: 0.0,
             timeout_seconds: 20.0,
             interleave: false,
-            flush_bytes: 0,
+            cold: false,
         },
     }
 }
