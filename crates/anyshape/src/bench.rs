@@ -84,7 +84,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
     out_dir: PathBuf,
     /// Measure, on every tuned instance, the dispatched kernel against every
-    /// micro-kernel of the module; print the loss distribution.
+    /// micro-kernel of the module (again, up to two more passes, where it loses more
+    /// than 3 %); print the loss distribution.
     #[arg(long)]
     dispatch_loss: bool,
     /// Measure the dispatch overhead per call (tree walk + call) against calling the
