@@ -249,6 +249,17 @@ fn schedule(
     if options.equal_shares {
         scheduler = scheduler.equal_shares();
     }
+    if options.families {
+        // A family's first member gets a whole first slice, the later ones a quarter
+        // (one foreseen micro-kernel on a search round's instances per kernel).
+        let first: Vec<usize> = (0..tasks.len())
+            .map(|j| match families[..j].contains(&families[j]) {
+                true => slice.div_ceil(4),
+                false => slice,
+            })
+            .collect();
+        scheduler = scheduler.first_slices(&first);
+    }
     // A resumed run's members offer what their records hold from the start.
     let mut offers: Vec<Option<Offer>> = runs
         .iter_mut()

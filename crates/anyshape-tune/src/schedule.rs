@@ -1,6 +1,7 @@
 //! The task scheduler of a model's tuning (after Ansor §6 and FamilySeer): the tasks
 //! share one trial budget, given out a slice at a time. Every task first gets one slice
-//! (so each has a measured latency); then each slice goes to the task whose next slice
+//! (so each has a measured latency; a smaller one for a task whose family foresees its
+//! candidates, see [`Scheduler::first_slices`]); then each slice goes to the task whose next slice
 //! is expected to cut the model's latency most: the task's runs per model call times
 //! the mean drop of its weighted latency over its last three slices, but at least a
 //! small fraction of its current latency that shrinks as the task gets trials (a
@@ -29,6 +30,8 @@ struct TaskState {
     count: usize,
     /// Trials given to it (its search runs until its records hold this many).
     budget: usize,
+    /// Its first slice.
+    first: usize,
     /// Its weighted latency after its last slice (seconds); `None` before its first.
     latency: Option<f64>,
     /// The drops of that latency over its last slices (at most [`WINDOW`]).
@@ -68,6 +71,7 @@ impl Scheduler {
                 .map(|(&count, &budget)| TaskState {
                     count,
                     budget,
+                    first: slice.max(1),
                     latency: None,
                     drops: Vec::new(),
                     stalled: false,
@@ -87,6 +91,18 @@ impl Scheduler {
         }
     }
 
+    /// The same scheduler giving task `i` a first slice of `first[i]` trials (at most
+    /// a slice). A family's later members start from what the earlier ones measured:
+    /// the shared cost model and their best micro-kernels foresee the member's
+    /// candidates, so a few trials measure the promising ones, and the model's latency
+    /// is known (every task measured) that much sooner.
+    pub fn first_slices(mut self, first: &[usize]) -> Scheduler {
+        for (t, &f) in self.tasks.iter_mut().zip(first) {
+            t.first = f.clamp(1, self.slice);
+        }
+        self
+    }
+
     /// Trials given out so far.
     pub fn given(&self) -> usize {
         self.tasks.iter().map(|t| t.budget).sum()
@@ -104,7 +120,7 @@ impl Scheduler {
         let (pick, more) = match first {
             // Even past the total (records of an earlier, larger run): every task is
             // searched before its module is built.
-            Some(i) => (i, self.slice.saturating_sub(self.tasks[i].budget)),
+            Some(i) => (i, self.tasks[i].first.saturating_sub(self.tasks[i].budget)),
             None if left == 0 => return None,
             None if self.equal => {
                 let share = self.total.div_ceil(self.tasks.len().max(1));
@@ -205,6 +221,22 @@ mod tests {
         // The budget is spent exactly, the last slice cut to what is left.
         let order = run(&[1, 1], &[1.0, 1.0], &[0.1, 0.1], 30, 100);
         assert_eq!(order.len(), 4);
+    }
+
+    #[test]
+    fn foreseen_tasks_start_with_a_smaller_slice() {
+        let mut s = Scheduler::new(&[1, 1, 1], &[0; 3], 16, 96).first_slices(&[16, 4, 40]);
+        let mut firsts = Vec::new();
+        for _ in 0..3 {
+            let a = s.next_slice().unwrap();
+            firsts.push(a.budget);
+            s.record(a.task, 1.0, false);
+        }
+        // At most a slice.
+        assert_eq!(firsts, [16, 4, 16]);
+        assert!(s.measured_all());
+        // Later slices are whole ones, up to the total.
+        assert_eq!(s.next_slice().map(|a| a.budget - firsts[a.task]), Some(16));
     }
 
     #[test]
