@@ -77,6 +77,7 @@ pub fn dispatch_loss(
 ) -> Result<String> {
     let all: Vec<usize> = (0..module.manifest().votes.len()).collect();
     let mut rows = measure_rows(h, module, &all, seconds, 0, progress)?;
+    let first: Vec<f64> = rows.iter().map(Row::loss).collect();
     let mut retimed = Vec::new();
     for pass in 1..=RETIMES {
         let past: Vec<usize> = all
@@ -95,7 +96,7 @@ pub fn dispatch_loss(
             rows[i].merge(&again);
         }
     }
-    report_loss(&rows, module, seconds, &retimed, csv)
+    report_loss(&rows, module, seconds, (&first, &retimed), csv)
 }
 
 /// One pass: the entry point and every kernel on the instances `which` (indices into
@@ -181,14 +182,16 @@ fn measure_rows(
     Ok(rows)
 }
 
-/// The report; `retimed`: how many instances each pass after the first timed again.
+/// The report; `passes`: the losses of the first pass, and how many instances each
+/// pass after it timed again.
 fn report_loss(
     rows: &[Row],
     module: &Module,
     seconds: f64,
-    retimed: &[usize],
+    passes: (&[f64], &[usize]),
     csv: Option<&Path>,
 ) -> Result<String> {
+    let (first, retimed) = passes;
     let mut s = String::new();
     let m = module.manifest();
     let loss: Vec<f64> = rows.iter().map(Row::loss).collect();
@@ -229,10 +232,23 @@ fn report_loss(
     );
     if !retimed.is_empty() {
         let counts: Vec<String> = retimed.iter().map(|n| n.to_string()).collect();
+        let (worst_first, at) =
+            first
+                .iter()
+                .zip(rows)
+                .fold((f64::MIN, &rows[0].bindings), |a, (&l, r)| {
+                    if l > a.0 {
+                        (l, &r.bindings)
+                    } else {
+                        a
+                    }
+                });
         let _ = writeln!(s,
-            "  instances past {:.0}% timed again, every kernel, each keeping its minimum: {} (pass by pass)",
+            "  instances past {:.0}% timed again, every kernel, each keeping its minimum: {} (pass by pass); the first pass alone: mean {:.2}%, worst {:.2}% (at {at})",
             RETIME_PAST * 100.0,
-            counts.join(", then ")
+            counts.join(", then "),
+            first.iter().sum::<f64>() / first.len() as f64 * 100.0,
+            worst_first * 100.0,
         );
     }
     let _ = writeln!(s,
