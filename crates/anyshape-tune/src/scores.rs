@@ -104,7 +104,14 @@ impl<B: Backend> Tuner<B> {
 
     /// Latency of `kernels` (all successfully measured ones when `None`) on every
     /// instance under `model`: the best measurement where measured, infinite where the
-    /// program failed there, the model's prediction elsewhere.
+    /// program failed there, the model's prediction elsewhere. Within one `round` (a
+    /// vote round, whose close calls are timed three times) the median of a pair's
+    /// measurements counts instead (the upper one of an even count): each measurement
+    /// is already a minimum over calls, so the best of them rewards a kernel whose speed
+    /// depends on where its buffers lie for its one lucky run (batch_matmul_nn T = 101
+    /// on an Emerald Rapids-class Xeon: the 12 x 32 tile measured 0.80 and 0.91 ms, the
+    /// 4 x 64 one 0.83 and 0.84; the minimum voted for the first, which every later run
+    /// measured 12 % slower), and the worst punishes a kernel for one slow spell.
     pub(crate) fn scores_with(
         &mut self,
         model: &CostModel,
@@ -116,21 +123,29 @@ impl<B: Backend> Tuner<B> {
         let mut measured = vec![vec![false; self.instances.len()]; kernels.len()];
         let row: HashMap<B::MicroKernel, usize> =
             kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
+        let mut samples = vec![vec![Vec::new(); self.instances.len()]; kernels.len()];
         for r in self
             .journal
             .records
             .iter()
             .filter(|r| round.is_none_or(|n| r.round == n))
         {
-            let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings))
-            else {
-                continue;
-            };
-            let l = r.latency().unwrap_or(f64::INFINITY);
-            if !measured[k][i] || l < latency[k][i] {
-                latency[k][i] = l;
+            if let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings)) {
+                samples[k][i].push(r.latency().unwrap_or(f64::INFINITY));
             }
-            measured[k][i] = true;
+        }
+        for (k, per_instance) in samples.iter_mut().enumerate() {
+            for (i, s) in per_instance.iter_mut().enumerate() {
+                if s.is_empty() {
+                    continue;
+                }
+                s.sort_by(f64::total_cmp);
+                latency[k][i] = match round {
+                    Some(_) => s[s.len() / 2],
+                    None => s[0],
+                };
+                measured[k][i] = true;
+            }
         }
         ScoreTable {
             kernels,
@@ -190,7 +205,8 @@ impl<B: Backend> Tuner<B> {
     /// of the instance's best first measurement, when there are two or more, is measured
     /// again side by side with the others, `times` more times, a pass over all instances
     /// each (so that one slow spell of the machine does not decide them all). The trials
-    /// join the round, whose table takes each pair's minimum; they are told apart from
+    /// join the round, whose table takes each pair's median (see
+    /// [`Tuner::scores_with`]); they are told apart from
     /// the first measurement by their order, so a resumed run computes the same close
     /// calls and measures only the re-timings that are missing. Returns how many trials
     /// it measured.
@@ -250,8 +266,9 @@ impl<B: Backend> Tuner<B> {
     }
 
     /// The latency table of `kernels` from the trials of one `round` only: measurements
-    /// taken side by side, not the minimum over every time a program ran, which favours
-    /// programs measured more often.
+    /// taken side by side, each pair's median (see [`Tuner::scores_with`]), not the
+    /// minimum over every time a program ran, which favours programs measured more
+    /// often.
     pub fn scores_in_round(
         &mut self,
         kernels: &[B::MicroKernel],
