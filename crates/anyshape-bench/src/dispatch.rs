@@ -182,6 +182,17 @@ fn measure_rows(
     Ok(rows)
 }
 
+/// The mean of `losses` (not empty), and where the worst is and what it is.
+fn spread(losses: &[f64]) -> (f64, usize, f64) {
+    let mean = losses.iter().sum::<f64>() / losses.len() as f64;
+    let (at, worst) = losses
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, f64::MIN), |a, (i, l)| if l > a.1 { (i, l) } else { a });
+    (mean, at, worst)
+}
+
 /// The report; `passes`: the losses of the first pass, and how many instances each
 /// pass after it timed again.
 fn report_loss(
@@ -202,13 +213,7 @@ fn report_loss(
         .map(|r| (r.entry / r.direct()).ln().abs())
         .collect();
     noise.sort_by(f64::total_cmp);
-    let n = loss.len() as f64;
-    let mean = loss.iter().sum::<f64>() / n;
-    let (worst_i, worst) = loss
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, f64::MIN), |a, (i, l)| if l > a.1 { (i, l) } else { a });
+    let (mean, worst_i, worst) = spread(&loss);
     let mut sorted = loss.clone();
     sorted.sort_by(f64::total_cmp);
     let within = |x: f64| loss.iter().filter(|&&l| l <= x).count();
@@ -232,23 +237,14 @@ fn report_loss(
     );
     if !retimed.is_empty() {
         let counts: Vec<String> = retimed.iter().map(|n| n.to_string()).collect();
-        let (worst_first, at) =
-            first
-                .iter()
-                .zip(rows)
-                .fold((f64::MIN, &rows[0].bindings), |a, (&l, r)| {
-                    if l > a.0 {
-                        (l, &r.bindings)
-                    } else {
-                        a
-                    }
-                });
+        let (mean_first, at, worst_first) = spread(first);
         let _ = writeln!(s,
-            "  instances past {:.0}% timed again, every kernel, each keeping its minimum: {} (pass by pass); the first pass alone: mean {:.2}%, worst {:.2}% (at {at})",
+            "  instances past {:.0}% timed again, every kernel, each keeping its minimum: {} (pass by pass); the first pass alone: mean {:.2}%, worst {:.2}% (at {})",
             RETIME_PAST * 100.0,
             counts.join(", then "),
-            first.iter().sum::<f64>() / first.len() as f64 * 100.0,
+            mean_first * 100.0,
             worst_first * 100.0,
+            rows[at].bindings,
         );
     }
     let _ = writeln!(s,

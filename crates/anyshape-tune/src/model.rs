@@ -250,11 +250,11 @@ fn schedule(
         scheduler = scheduler.equal_shares();
     }
     if options.families {
-        // A family's first member gets a whole first slice, the later ones a quarter
-        // (one foreseen micro-kernel on a search round's instances per kernel).
+        // A family's first member gets a whole first slice, the later ones one foreseen
+        // micro-kernel measured on the instances a search round gives each kernel.
         let first: Vec<usize> = (0..tasks.len())
             .map(|j| match families[..j].contains(&families[j]) {
-                true => slice.div_ceil(4),
+                true => options.tune.instances_per_kernel,
                 false => slice,
             })
             .collect();

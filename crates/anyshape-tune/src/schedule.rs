@@ -1,8 +1,8 @@
 //! The task scheduler of a model's tuning (after Ansor §6 and FamilySeer): the tasks
 //! share one trial budget, given out a slice at a time. Every task first gets one slice
 //! (so each has a measured latency; a smaller one for a task whose family foresees its
-//! candidates, see [`Scheduler::first_slices`]); then each slice goes to the task whose next slice
-//! is expected to cut the model's latency most: the task's runs per model call times
+//! candidates, see [`Scheduler::first_slices`]); then each slice goes to the task whose
+//! next slice is expected to cut the model's latency most: the task's runs per model call times
 //! the mean drop of its weighted latency over its last three slices, but at least a
 //! small fraction of its current latency that shrinks as the task gets trials (a
 //! search's returns diminish; without the decay, the task with the largest share would

@@ -123,7 +123,8 @@ impl<B: Backend> Tuner<B> {
         let mut measured = vec![vec![false; self.instances.len()]; kernels.len()];
         let row: HashMap<B::MicroKernel, usize> =
             kernels.iter().enumerate().map(|(k, mk)| (*mk, k)).collect();
-        let mut samples = vec![vec![Vec::new(); self.instances.len()]; kernels.len()];
+        // Per measured pair (the search's tables span thousands of kernels).
+        let mut samples: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
         for r in self
             .journal
             .records
@@ -131,21 +132,19 @@ impl<B: Backend> Tuner<B> {
             .filter(|r| round.is_none_or(|n| r.round == n))
         {
             if let (Some(&k), Some(&i)) = (row.get(&r.micro_kernel), self.index.get(&r.bindings)) {
-                samples[k][i].push(r.latency().unwrap_or(f64::INFINITY));
+                samples
+                    .entry((k, i))
+                    .or_default()
+                    .push(r.latency().unwrap_or(f64::INFINITY));
             }
         }
-        for (k, per_instance) in samples.iter_mut().enumerate() {
-            for (i, s) in per_instance.iter_mut().enumerate() {
-                if s.is_empty() {
-                    continue;
-                }
-                s.sort_by(f64::total_cmp);
-                latency[k][i] = match round {
-                    Some(_) => s[s.len() / 2],
-                    None => s[0],
-                };
-                measured[k][i] = true;
-            }
+        for ((k, i), mut s) in samples {
+            s.sort_by(f64::total_cmp);
+            latency[k][i] = match round {
+                Some(_) => s[s.len() / 2],
+                None => s[0],
+            };
+            measured[k][i] = true;
         }
         ScoreTable {
             kernels,

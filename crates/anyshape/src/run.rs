@@ -64,8 +64,9 @@ pub struct RunArgs {
     /// Keep timing for at least this many seconds.
     #[arg(long, default_value_t = 0.5, value_parser = crate::seconds, allow_negative_numbers = true)]
     seconds: f64,
-    /// Evict the caches before every timed call, as `anyshape compile` times a model's
-    /// kernels (whose weights the other layers evict between calls).
+    /// Time cold, as `anyshape compile` times a model's kernels: before every call the
+    /// inputs and output are flushed from the caches and the TLB emptied (the other
+    /// layers evict a model's weights between its calls).
     #[arg(long)]
     cold: bool,
     /// Kill the program if it runs longer than this many seconds.
