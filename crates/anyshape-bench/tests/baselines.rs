@@ -114,6 +114,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         pf: false,
         ia: false,
         ib: false,
+        vm: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

@@ -53,6 +53,7 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
         pf: false,
         ia: false,
         ib: false,
+        vm: false,
     }
 }
 
@@ -71,6 +72,7 @@ fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
         pf: false,
         ia: false,
         ib: false,
+        vm: false,
     }
 }
 
@@ -182,13 +184,15 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
     check_programs(&target, runs);
 }
 
-/// `workload` with both variants of the contraction sketch (vectors along N, packed;
-/// dot products along K, read in place), each by its default and a small micro-kernel
-/// (the usual variant's default packing A and B, its register tiles half a vector and
-/// one row tall, so that A's K-contiguous blocks are transposed in registers; its
-/// small one prefetching, the requests running past the tensors' ends, and reading A in
-/// place, edge tiles past the last row, and B where its N axis is contiguous, edge
-/// tiles loading it masked).
+/// `workload` with the three variants of the contraction sketch (vectors along N,
+/// packed; dot products along K, read in place; transposed, vectors along M), each by
+/// its default and a small micro-kernel (the usual variant's default packing A and B,
+/// its register tiles half a vector and one row tall, so that A's K-contiguous blocks
+/// are transposed in registers; its small one prefetching, the requests running past
+/// the tensors' ends, and reading A in place, edge tiles past the last row, and B where
+/// its N axis is contiguous, edge tiles loading it masked; the transposed variant the
+/// same two with the operands' roles swapped: B broadcast, packed or in place, A
+/// packed into vectors along M, the output stored lane by lane).
 fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let tall = target.lanes_f32() / 2 + 1;
@@ -198,16 +202,23 @@ fn contraction(workload: &str, every: usize) {
             mc: 2 * tall,
             ia: false,
             ib: false,
+            vm: false,
             ..MicroKernel::default_for(&target)
         },
         MicroKernel {
             pf: true,
             ia: true,
             ib: true,
+            vm: false,
             ..small_micro_kernel(&target)
         },
     ];
     matrix(workload, mks, every);
+    matrix(
+        workload,
+        mks.map(|mk| MicroKernel { vm: true, ..mk }),
+        every,
+    );
     let dots = [
         MicroKernel::default_dot_for(&target),
         small_dot_micro_kernel(&target),
@@ -259,6 +270,7 @@ fn narrower_vectors_are_correct() {
             pf: true,
             ia: true,
             ib: true,
+            vm: false,
             ..small_micro_kernel(&target)
         };
         let mut runs = Vec::new();
@@ -345,6 +357,7 @@ fn random_micro_kernels_are_correct() {
             pf: !dot && rng.random_bool(0.5),
             ia: !dot && rng.random_bool(0.5),
             ib: !dot && rng.random_bool(0.5),
+            vm: !dot && rng.random_bool(0.5),
         };
         let mk = MicroKernel {
             mc: mk.mr * rng.random_range(1..=5usize),

@@ -449,6 +449,7 @@ mod tests {
             pf: false,
             ia: false,
             ib: false,
+            vm: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

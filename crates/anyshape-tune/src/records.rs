@@ -302,6 +302,7 @@ mod tests {
                 pf: false,
                 ia: false,
                 ib: false,
+                vm: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

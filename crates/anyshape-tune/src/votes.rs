@@ -329,6 +329,7 @@ mod tests {
                     pf: false,
                     ia: false,
                     ib: false,
+                    vm: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

@@ -14,7 +14,10 @@
 //!   [epilogue over the task's output tile]                             (epilogue.rs)
 //! [global padding: copy the padded output back, with the epilogue]   (global_pad.rs)
 //! ```
-//! The dot variant replaces the task's body below the cache tile (dot.rs).
+//! The dot variant replaces the task's body below the cache tile (dot.rs). The
+//! transposed variant (`vm=1`) is this nest on `Cᵀ = B · Aᵀ`: the view's M and N and
+//! the operands' roles swapped ([`Nest::roles`]); everything below reads the operands
+//! by role (A: broadcast, B: vectors) and the output through its strides.
 //! Where each stage checks for tiles that overhang the tensors comes from the padding
 //! strategy's policy.
 use super::{c, renamed, shape_vars, v};
@@ -59,7 +62,13 @@ pub(super) struct Nest<'a> {
     /// weights pre-packed by the model (`dense_packed`); or, with `ib=1`, a B whose N
     /// axis is contiguous (one panel as wide as the tensor: width 1 rounds nothing up).
     pub b_in_place: Option<i64>,
+    /// The inputs in the roles of A (broadcast) and B (vectors): `[0, 1]`, or `[1, 0]`
+    /// in the transposed variant, whose view `g` has M and N swapped.
+    pub roles: [usize; 2],
 }
+
+/// The names lowered code gives the two operands' buffers, by input index.
+pub(super) const OPERAND_BUFS: [&str; 2] = ["in0", "in1"];
 
 impl Nest<'_> {
     /// Let-statements naming, for the flat batch index held in `bt_var`, each batch
@@ -90,18 +99,21 @@ impl Nest<'_> {
 pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     p.micro_kernel.validate(target)?;
     let w = &p.workload;
-    let g = GemmView::of(w)?;
-    let (shape_vars, specialized) = shape_vars(p)?;
     let mk = p.micro_kernel;
+    let (g, roles) = match GemmView::of(w)? {
+        g if mk.vm => (g.transposed(), [1, 0]),
+        g => (g, [0, 1]),
+    };
+    let (shape_vars, specialized) = shape_vars(p)?;
     let policy = p.strategy.policy();
     let lanes = target.lanes_f32();
     let b_in_place = if mk.dot || policy.copy {
         None
-    } else if let Some(pw) = w.inputs[1].panels {
+    } else if let Some(pw) = w.inputs[roles[1]].panels {
         (pw % lanes as i64 == 0).then_some(pw)
     } else {
         // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
-        (mk.ib && g.b_n_contiguous(w)).then_some(1)
+        (mk.ib && g.n_contiguous(w, roles[1])).then_some(1)
     };
     let nest = Nest {
         w,
@@ -110,6 +122,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         policy,
         lanes,
         b_in_place,
+        roles,
     };
     let mut body = Vec::new();
 
@@ -126,7 +139,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     ] {
         body.push(let_(name, e));
     }
-    let (a, b, out) = (&w.inputs[0], &w.inputs[1], &w.output);
+    let (a, b, out) = (&w.inputs[roles[0]], &w.inputs[roles[1]], &w.output);
     let mut strides = HashMap::new();
     for (name, t, axis) in [
         ("sa_m", a, g.m),
@@ -149,7 +162,8 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         );
         body.push(let_(name, e));
     }
-    if let Some(ps) = b.panel_stride() {
+    // The weight in panels (B's role, or A's in the transposed variant).
+    if let Some(ps) = b.panel_stride().or_else(|| a.panel_stride()) {
         body.push(let_("sb_p", renamed(&ps)));
     }
     if let Some(pw) = nest.b_in_place {
@@ -186,15 +200,15 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         epilogue_bases = nest.epilogue_bases(&bases);
         [
             Operand {
-                buf: "in0",
-                base: bases[0].clone(),
+                buf: OPERAND_BUFS[roles[0]],
+                base: bases[roles[0]].clone(),
                 s_row: strides["sa_m"].clone(),
                 s_col: strides["sa_k"].clone(),
-                panels: None,
+                panels: a.panels,
             },
             Operand {
-                buf: "in1",
-                base: bases[1].clone(),
+                buf: OPERAND_BUFS[roles[1]],
+                base: bases[roles[1]].clone(),
                 s_row: strides["sb_n"].clone(),
                 s_col: strides["sb_k"].clone(),
                 panels: b.panels,

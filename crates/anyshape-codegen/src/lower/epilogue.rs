@@ -75,7 +75,8 @@ impl Nest<'_> {
         chain_value(&self.w.epilogue, x, at)
     }
 
-    /// The epilogue over the valid part of the task's output tile.
+    /// The epilogue over the valid part of the task's output tile, the inner loop along
+    /// the output's contiguous axis (N, or M in the transposed variant).
     pub(super) fn epilogue_tile(&self) -> Stmt {
         let (m, n) = (v("m0") + v("i"), v("n0") + v("j"));
         let idx = v("base2") + m.clone() * v("sc_m") + n.clone() * v("sc_n");
@@ -84,13 +85,22 @@ impl Nest<'_> {
                 + m.clone() * self.tensor_stride(t, self.g.m)
                 + n.clone() * self.tensor_stride(t, self.g.n)
         });
+        let m_contiguous = renamed(&self.w.output.axis_stride(self.g.m))
+            .simplify()
+            .as_const()
+            == Some(1);
+        let (outer, inner) = if m_contiguous {
+            (("j", "nlen"), ("i", "mlen"))
+        } else {
+            (("i", "mlen"), ("j", "nlen"))
+        };
         for_(
-            "i",
-            v("mlen"),
+            outer.0,
+            v(outer.1),
             LoopKind::Serial,
             vec![for_(
-                "j",
-                v("nlen"),
+                inner.0,
+                v(inner.1),
                 LoopKind::Serial,
                 vec![store("out0", idx, value)],
             )],

@@ -30,15 +30,15 @@ impl Nest<'_> {
             len: v("e_b") * v("p_m") * v("p_n"),
             scope: Scope::Scratch(4),
         });
-        for (buf, src, rows, ext, s_row, s_col, which) in [
-            ("Ag", "in0", "p_m", "e_m", "sa_m", "sa_k", 0),
-            ("Bg", "in1", "p_n", "e_n", "sb_n", "sb_k", 1),
+        for (buf, rows, ext, s_row, s_col, which) in [
+            ("Ag", "p_m", "e_m", "sa_m", "sa_k", self.roles[0]),
+            ("Bg", "p_n", "e_n", "sb_n", "sb_k", self.roles[1]),
         ] {
             let mut task = vec![let_("bt", v("t") / v(rows)), let_("r", v("t") % v(rows))];
             let bases = self.batch_bases("bt", &mut task);
             let valid = Cond::and(Cond::Lt(v("r"), v(ext)), Cond::Lt(v("kk"), v("e_k")));
             let op = Operand {
-                buf: src,
+                buf: super::contraction::OPERAND_BUFS[which],
                 base: bases[which].clone(),
                 s_row: v(s_row),
                 s_col: v(s_col),

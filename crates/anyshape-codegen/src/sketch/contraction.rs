@@ -17,6 +17,14 @@
 //! tile column's B micro-panel (weights streaming from memory in a model); with `ia=1`
 //! it reads A in place instead of packing it.
 //!
+//! The **transposed** variant (`vm=1`, vectors along M) computes `Cᵀ = B · Aᵀ` with the
+//! usual variant's loop nest: the operands swap roles and M and N swap places, so `mr`,
+//! `mc` count output columns (N), `nr`, `nc` output rows (M), B is the broadcast
+//! operand (read in place with `ia=1`) and A the packed, vectorized one. What a dense
+//! layer's `[N, K]` weights need at small M: A (a few rows) is transposed into vectors
+//! along M, and the large B is never copied (the usual variant transposes all of it on
+//! every call). The output is written lane by lane (its M axis is strided).
+//!
 //! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is
@@ -70,9 +78,26 @@ pub struct MicroKernel {
     /// the text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ib: bool,
+    /// The transposed variant (vectors along M; not with the dot variant): the usual
+    /// loop nest on `Cᵀ = B · Aᵀ`, the operands' roles and M and N swapped, so `mr`,
+    /// `mc` and `ia` speak of N and B, `nr`, `nc` and `ib` of M and A. Absent from the
+    /// text and JSON forms when false (older records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub vm: bool,
 }
 
 impl MicroKernel {
+    /// The extents its `mr`/`mc`, `nr`/`nc` and `kc` tile, from [`Sketch::factors`]:
+    /// M, N and K, or in the transposed variant N, M and K (the vectorized one rounded
+    /// up to the vector).
+    fn tiled_axes(&self, f: &Factors) -> [usize; 3] {
+        if self.vm {
+            [f.0[3], f.0[4], f.0[2]]
+        } else {
+            [f.0[0], f.0[1], f.0[2]]
+        }
+    }
+
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -134,6 +159,7 @@ impl MicroKernel {
         for (set, name) in [
             (self.ia, "A in place (ia=1)"),
             (self.ib, "B in place (ib=1)"),
+            (self.vm, "the transposed variant (vm=1)"),
         ] {
             if self.dot && set {
                 return fail(format!(
@@ -286,7 +312,8 @@ impl Sketch for MicroKernel {
     /// variant half of it at the edge where that covers the rows left; `nr`, in the
     /// usual variant the vector, as its edge tiles are narrower; `uk`; the dot variant's
     /// K to the vector, whose tail runs element by element); a task is
-    /// one cache tile of M and N of one batch item.
+    /// one cache tile of M and N of one batch item (in the transposed variant, `mr`
+    /// and `mc` tile N, `nr` and `nc` M).
     fn adaptation(&self, target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Adaptation {
         let Ok(g) = GemmView::of(w) else {
             return Adaptation {
@@ -298,6 +325,7 @@ impl Sketch for MicroKernel {
         let e = |a: usize| bound.extents[a].max(0) as f64;
         let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
         let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
+        let g = if self.vm { g.transposed() } else { g };
         let (m, n, k) = (e(g.m), e(g.n), e(g.k));
         let tasks = batch * (m / self.mc as f64).ceil() * (n / self.nc as f64).ceil();
         let k_unit = if self.dot {
@@ -375,6 +403,7 @@ impl Sketch for MicroKernel {
             pf: !dot && rng.random_bool(0.5),
             ia: !dot && rng.random_bool(0.5),
             ib: !dot && rng.random_bool(0.5),
+            vm: !dot && rng.random_bool(0.5),
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
         mk
@@ -386,7 +415,7 @@ impl Sketch for MicroKernel {
         let lanes = target.lanes_f32();
         let col = self.column_granule(lanes);
         let mut m = *self;
-        match rng.random_range(0..10) {
+        match rng.random_range(0..11) {
             0 => {
                 let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
                 m.mc = (m.mc / m.mr).max(1) * mr;
@@ -408,11 +437,13 @@ impl Sketch for MicroKernel {
             6 if !m.dot => m.pf = !m.pf,
             7 if !m.dot => m.ia = !m.ia,
             8 if !m.dot => m.ib = !m.ib,
+            9 if !m.dot => m.vm = !m.vm,
             _ => {
                 m.dot = !m.dot;
                 m.pf = false;
                 m.ia = false;
                 m.ib = false;
+                m.vm = false;
                 let nr = m.nr / col * m.column_granule(lanes);
                 m.nc = (m.nc / m.nr).max(1) * nr;
                 m.nr = nr;
@@ -441,26 +472,30 @@ impl Sketch for MicroKernel {
             pf: reg.pf,
             ia: reg.ia,
             ib: reg.ib,
+            vm: reg.vm,
         }
     }
 
-    /// M, N (rounded up to the vector: a vector register is never split) and K.
+    /// M, N rounded up to the vector (a vector register is never split), K; then N
+    /// and M so rounded, for the transposed variant (see [`MicroKernel::tiled_axes`]).
     fn factors(target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Factors {
         let lanes = target.lanes_f32();
-        match GemmView::of(w) {
+        let (m, n, k) = match GemmView::of(w) {
             Ok(g) => {
                 let e = |a: usize| usize::try_from(bound.extents[a]).unwrap_or(1).max(1);
-                Factors(vec![e(g.m), e(g.n).div_ceil(lanes) * lanes, e(g.k)])
+                (e(g.m), e(g.n), e(g.k))
             }
-            Err(_) => Factors(vec![1, lanes, 1]),
-        }
+            Err(_) => (1, 1, 1),
+        };
+        let up = |x: usize| x.div_ceil(lanes) * lanes;
+        Factors(vec![m, up(n), k, n, up(m)])
     }
 
     /// Every tile shrunk to the nearest size dividing its extent.
     fn snap(&self, target: &CpuTarget, f: &Factors) -> Self {
         let lanes = target.lanes_f32();
         let col = self.column_granule(lanes);
-        let [m, n, k] = [f.0[0], f.0[1], f.0[2]];
+        let [m, n, k] = self.tiled_axes(f);
         let mr = largest_factor(m, 1, self.mr).unwrap_or(1);
         let mc = largest_factor(m, mr, self.mc.max(mr)).unwrap_or(mr);
         let nr = largest_factor(n, col, self.nr).unwrap_or(col);
@@ -486,11 +521,12 @@ impl Sketch for MicroKernel {
             pf: self.pf,
             ia: self.ia,
             ib: self.ib,
+            vm: self.vm,
         }
     }
 
     fn divides(&self, f: &Factors) -> bool {
-        let [m, n, k] = [f.0[0], f.0[1], f.0[2]];
+        let [m, n, k] = self.tiled_axes(f);
         m.is_multiple_of(self.mr)
             && m.is_multiple_of(self.mc)
             && n.is_multiple_of(self.nr)
@@ -550,6 +586,15 @@ mod tests {
         };
         assert_eq!(ib(&nn), 4);
         assert_eq!(ib(&dense) + ib(&packed), 0);
+        // A B with contiguous K (dense's) gets the transposed variant; others not.
+        let vm = |w: &Workload| {
+            MicroKernel::seeds(&avx2, w)
+                .iter()
+                .filter(|mk| mk.vm)
+                .count()
+        };
+        assert_eq!(vm(&dense), 2);
+        assert_eq!(vm(&nn) + vm(&packed), 0);
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()
             .flat_map(|t| [(t.clone(), &dense), (t, &packed)])
@@ -602,17 +647,18 @@ mod tests {
         assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
     }
 
-    /// The usual variant's flags (`pf`, `ia`, `ib`): text and JSON forms (older records
+    /// The usual variant's flags (`pf`, `ia`, `ib`, `vm`): text and JSON forms (older records
     /// without them read as unset), refused with the dot variant, and reached by the
     /// search both ways, never with the dot variant.
     #[test]
     fn flags_text_form_and_limits() {
         type Get = fn(&MicroKernel) -> bool;
         type Set = fn(MicroKernel, bool) -> MicroKernel;
-        let flags: [(&str, Get, Set); 3] = [
+        let flags: [(&str, Get, Set); 4] = [
             ("pf", |m| m.pf, |m, pf| MicroKernel { pf, ..m }),
             ("ia", |m| m.ia, |m, ia| MicroKernel { ia, ..m }),
             ("ib", |m| m.ib, |m, ib| MicroKernel { ib, ..m }),
+            ("vm", |m| m.vm, |m, vm| MicroKernel { vm, ..m }),
         ];
         let t = avx512();
         let mut rng = rand::rng();

@@ -19,12 +19,27 @@ pub struct GemmView {
 }
 
 impl GemmView {
-    /// Whether the second operand (B) is contiguous along N, so that its vectors along
-    /// N can be loaded from the tensor itself (`ib=1`) rather than packed.
-    pub fn b_n_contiguous(&self, w: &Workload) -> bool {
-        w.inputs
-            .get(1)
-            .is_some_and(|b| b.axis_stride(self.n).simplify().as_const() == Some(1))
+    /// Whether input `operand` is contiguous along this view's N, so that its vectors
+    /// along N can be loaded from the tensor itself (`ib=1`) rather than packed: the
+    /// second operand (B) of a view from [`GemmView::of`], the first (A) of its
+    /// [`GemmView::transposed`].
+    pub fn n_contiguous(&self, w: &Workload, operand: usize) -> bool {
+        contiguous(w, operand, self.n)
+    }
+
+    /// Whether input `operand` is contiguous along K (dense's `[N, K]` weights).
+    pub fn k_contiguous(&self, w: &Workload, operand: usize) -> bool {
+        contiguous(w, operand, self.k)
+    }
+
+    /// The view of the transposed problem `Cᵀ = B · Aᵀ`: M and N swapped (the
+    /// transposed variant's, `vm=1`).
+    pub fn transposed(&self) -> GemmView {
+        GemmView {
+            m: self.n,
+            n: self.m,
+            ..self.clone()
+        }
     }
 
     /// Classify the axes of a contraction: `n` is the output's last axis (read by the
@@ -79,6 +94,13 @@ impl GemmView {
             k: *k,
         })
     }
+}
+
+/// Whether input `operand` of `w` has stride 1 along `axis`.
+fn contiguous(w: &Workload, operand: usize, axis: usize) -> bool {
+    w.inputs
+        .get(operand)
+        .is_some_and(|t| t.axis_stride(axis).simplify().as_const() == Some(1))
 }
 
 /// One matrix of a strided batched GEMM: offset, batch, row and column strides, in
