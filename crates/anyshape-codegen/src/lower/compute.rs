@@ -22,26 +22,30 @@ impl Nest<'_> {
     /// broadcast of A times a vector of B, fused, per reduction step. `masked`: B is
     /// read in place and the tile overhangs its last column: B's vectors are loaded
     /// masked to the columns inside (zero in the others, nothing past the tensor read).
+    /// Returns the accumulators' declarations and the statements of one reduction
+    /// slice (the current `kt`'s), apart, so that a tile can run its slices itself
+    /// ([`Nest::whole_k`]).
     pub(super) fn vector_accumulate(
         &self,
         ops: &[Operand; 3],
         rows: usize,
         nv: usize,
         masked: bool,
-    ) -> Vec<Stmt> {
+    ) -> (Vec<Stmt>, Vec<Stmt>) {
         let (a, b) = (&ops[0], &ops[1]);
         let mk = self.mk;
         let lanes = self.lanes;
-        let mut s = Vec::new();
+        let mut inits = Vec::new();
         for i in 0..rows {
             for j in 0..nv {
-                s.push(Stmt::Reg {
+                inits.push(Stmt::Reg {
                     name: acc(i, j),
                     lanes,
                     init: Value::Zero { lanes },
                 });
             }
         }
+        let mut s = Vec::new();
         let mut step = vec![];
         for j in 0..nv {
             let init = match self.b_in_place {
@@ -117,7 +121,7 @@ impl Nest<'_> {
         } else {
             s.push(for_("kk", v("klen"), LoopKind::Unrolled(mk.uk), step));
         }
-        s
+        (inits, s)
     }
 
     /// Software prefetch of this reduction step's row of the next register-tile

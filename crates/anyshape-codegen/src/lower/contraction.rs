@@ -11,6 +11,8 @@
 //!     for each register tile:
 //!       compute: mr x nr accumulators over the packed panels           (compute.rs)
 //!       write-back: store (kt == 0) or accumulate into the output      (writeback.rs)
+//!   (or, where `Nest::whole_k`: for each register tile, for kt in tiles_k: compute;
+//!   then write-back once)
 //!   [epilogue over the task's output tile]                             (epilogue.rs)
 //! [global padding: copy the padded output back, with the epilogue]   (global_pad.rs)
 //! ```
@@ -65,6 +67,12 @@ pub(super) struct Nest<'a> {
     /// The inputs in the roles of A (broadcast) and B (vectors): `[0, 1]`, or `[1, 0]`
     /// in the transposed variant, whose view `g` has M and N swapped.
     pub roles: [usize; 2],
+    /// Each register tile runs over the whole reduction, slice by slice, and is stored
+    /// once (instead of the slices outermost, a tile stored or added to per slice):
+    /// the transposed variant with A in place (nothing packed per slice) and
+    /// unchecked compute, whose stores go lane by lane, so that adding a slice to the
+    /// output would cost a scalar load and store per element.
+    pub whole_k: bool,
 }
 
 /// The names lowered code gives the two operands' buffers, by input index.
@@ -123,6 +131,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         lanes,
         b_in_place,
         roles,
+        whole_k: mk.vm && mk.ia && policy.compute == Compute::Unchecked,
     };
     let mut body = Vec::new();
 
@@ -281,19 +290,7 @@ impl Nest<'_> {
                 scope: Scope::Scratch(0),
             });
         }
-        let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
-        // Zero-filled blocks are padded to the unroll, so the compute has no tail.
-        let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
-            Expr::round_up(v("klen"), mk.uk as i64)
-        } else {
-            v("klen")
-        };
-        let kt_lets = vec![
-            let_("k0", v("kt") * c(mk.kc)),
-            let_("klen", klen),
-            let_("kp", kp),
-            let_("bofs", v("kt") * c(mk.kc * mk.nc)),
-        ];
+        let kt_lets = self.slice_lets();
         if self.b_in_place.is_none() {
             // The whole K x nc panel of B is packed once per thread and (batch, N tile).
             s.push(Stmt::Alloc {
@@ -337,9 +334,32 @@ impl Nest<'_> {
                 otherwise: self.checked_tile(ops),
             }),
         }
-        kt_body.push(self.register_tiles(tile));
-        s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        if self.whole_k {
+            s.push(self.register_tiles(tile));
+        } else {
+            kt_body.push(self.register_tiles(tile));
+            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        }
         s
+    }
+
+    /// The names of reduction slice `kt`: its origin `k0`, length `klen`, length padded
+    /// to the unroll `kp` (zero-filled blocks are, so the compute has no tail), and
+    /// the offset of its part of the packed B panel `bofs`.
+    fn slice_lets(&self) -> Vec<Stmt> {
+        let mk = self.mk;
+        let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
+        let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
+            Expr::round_up(v("klen"), mk.uk as i64)
+        } else {
+            v("klen")
+        };
+        vec![
+            let_("k0", v("kt") * c(mk.kc)),
+            let_("klen", klen),
+            let_("kp", kp),
+            let_("bofs", v("kt") * c(mk.kc * mk.nc)),
+        ]
     }
 
     /// `tile` on every register tile of the task's cache tile: N blocks outer, M blocks
@@ -366,7 +386,13 @@ impl Nest<'_> {
     /// compute (B read in place loaded `masked` to the columns inside, at its edge),
     /// stored by the policy.
     fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize, masked: bool) -> Vec<Stmt> {
-        let mut s = self.vector_accumulate(ops, rows, nv, masked);
+        let (mut s, slice) = self.vector_accumulate(ops, rows, nv, masked);
+        if self.whole_k {
+            let body = [self.slice_lets(), slice].concat();
+            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, body));
+        } else {
+            s.extend(slice);
+        }
         s.extend(self.vector_store(&ops[2], rows, nv));
         s
     }

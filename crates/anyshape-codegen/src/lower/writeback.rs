@@ -1,5 +1,6 @@
 //! The write-back stage of the CPU contraction sketch: a register tile stored into the
-//! output (the first reduction tile) or added to it (the others); whole vectors with
+//! output (the first reduction tile) or added to it (the others), or stored once where
+//! it ran over the whole reduction (`Nest::whole_k`); whole vectors with
 //! vector stores where the output is contiguous, a vector that overhangs the output's
 //! edge with a partial (masked) store of the columns inside, as the padding strategy's
 //! policy says; element by element where the output is strided.
@@ -49,15 +50,19 @@ impl Nest<'_> {
                 .map(|(i, j)| vector_store(i, j, accumulate))
                 .collect()
         };
-        let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| Stmt::If {
-            cond: Cond::Eq(v("kt"), c(0)),
-            then: f(false),
-            otherwise: f(true),
+        // A tile over the whole reduction is stored once.
+        let by_kt = |f: &dyn Fn(bool) -> Vec<Stmt>| match self.whole_k {
+            true => f(false),
+            false => vec![Stmt::If {
+                cond: Cond::Eq(v("kt"), c(0)),
+                then: f(false),
+                otherwise: f(true),
+            }],
         };
         let full = by_kt(&full_store);
         let checked = self.policy.checked_store && self.policy.compute == Compute::Unchecked;
         if !checked {
-            return vec![full];
+            return full;
         }
         // The columns of vector `j` inside the output (clamped by the store).
         let inside = |j: usize| v("e_n") - v("nj") - c(j * lanes);
@@ -99,8 +104,8 @@ impl Nest<'_> {
         };
         vec![Stmt::If {
             cond: self.full_tile(nv * lanes),
-            then: vec![full],
-            otherwise: vec![by_kt(&partial_store)],
+            then: full,
+            otherwise: by_kt(&partial_store),
         }]
     }
 
