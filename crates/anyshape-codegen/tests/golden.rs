@@ -169,6 +169,19 @@ fn cpu_kernels_are_unchanged() {
             Simd::Avx2,
         ),
     );
+    // The transposed variant: a dense layer's B broadcast in place, each register tile
+    // over the whole reduction, stored lane by lane; the epilogue along M.
+    let vm = MicroKernel::parse("mr=4,nr=16,mc=8,nc=32,kc=16,uk=2,ia=1,vm=1").unwrap();
+    check(
+        "dense-bias-gelu-vm-local-pad-symbolic-avx2.c",
+        &cpu(
+            "dense(M=T,N=3072,K=768)+bias+gelu",
+            vm,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx2,
+        ),
+    );
 }
 
 #[test]
