@@ -108,9 +108,11 @@ mod tests {
     fn factor_only_space_divides_the_extents() {
         let target = CpuTarget::detect();
         let lanes = target.lanes_f32();
-        // A prime M: only mr = mc = 1 or 37 divide it.
+        // A prime M: only mr = mc = 1 or 37 divide it (in the transposed variant,
+        // which tiles N = 50 by mr and M rounded up to the vector by nr, 1, 2, 5, ...).
         let n_padded = 50usize.div_ceil(lanes) * lanes;
-        let f = Factors(vec![37, n_padded, 96]);
+        let m_padded = 37usize.div_ceil(lanes) * lanes;
+        let f = Factors(vec![37, n_padded, 96, 50, m_padded]);
         let space = SearchSpace::<MicroKernel>::factor_only(&target, f);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
         for _ in 0..300 {
@@ -119,8 +121,12 @@ mod tests {
             let c = space.crossover(&a, &b, &mut rng);
             for m in [a, b, c] {
                 assert!(space.contains(&m), "{m}");
-                assert!(37 % m.mr + 37 % m.mc + 96 % m.kc == 0, "{m}");
-                assert!(n_padded % m.nr + n_padded % m.nc == 0, "{m}");
+                let (rows, cols) = match m.vm {
+                    true => (50, m_padded),
+                    false => (37, n_padded),
+                };
+                assert!(rows % m.mr + rows % m.mc + 96 % m.kc == 0, "{m}");
+                assert!(cols % m.nr + cols % m.nc == 0, "{m}");
             }
         }
         // The generic space holds tiles the factor-only one lacks.

@@ -54,6 +54,15 @@ impl Default for VoteOptions {
     }
 }
 
+impl VoteOptions {
+    /// How many times one micro-kernel may be measured on one instance in a vote
+    /// round: once, `retimes` more as a close call, and `retimes` more in the second
+    /// phase of [`Tuner::retime`].
+    pub fn most_measurements(&self) -> usize {
+        1 + 2 * self.retimes
+    }
+}
+
 /// Take the votes of a tuning run: candidates by a cover of the measured-or-predicted
 /// table and the sketch's seeds, measured on every instance (with `measure`) and the
 /// close calls re-timed, then the final cover and votes over the measured table.

@@ -58,10 +58,10 @@ fn records(dir: &Path) -> Vec<Record<MicroKernel, CpuTarget>> {
 }
 
 /// How many times one micro-kernel may be measured on one instance in one round: once in
-/// a search round; in a vote round, once more for each re-timing of a close call.
+/// a search round; in a vote round, once more for each re-timing.
 fn most_times(vote: bool) -> usize {
     if vote {
-        1 + anyshape_tune::VoteOptions::default().retimes
+        anyshape_tune::VoteOptions::default().most_measurements()
     } else {
         1
     }

@@ -91,10 +91,10 @@ impl MicroKernel {
     /// M, N and K, or in the transposed variant N, M and K (the vectorized one rounded
     /// up to the vector).
     fn tiled_axes(&self, f: &Factors) -> [usize; 3] {
-        if self.vm {
-            [f.0[3], f.0[4], f.0[2]]
-        } else {
-            [f.0[0], f.0[1], f.0[2]]
+        match (self.vm, f.0.as_slice()) {
+            (true, [_, _, k, n, m_up, ..]) => [*n, *m_up, *k],
+            (_, [m, n_up, k, ..]) => [*m, *n_up, *k],
+            _ => [1, 1, 1],
         }
     }
 
