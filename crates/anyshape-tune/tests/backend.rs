@@ -429,7 +429,7 @@ fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
     let candidates = [a, b, c];
     let round = tuner.measure_everywhere(&candidates, &mut |_| {}).unwrap();
     let options = VoteOptions::default();
-    let mut retime = |tuner: &mut Tuner<Synthetic>| {
+    let retime = |tuner: &mut Tuner<Synthetic>| {
         tuner
             .retime(
                 &candidates,
