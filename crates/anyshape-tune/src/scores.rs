@@ -138,11 +138,10 @@ impl<B: Backend> Tuner<B> {
                     .push(r.latency().unwrap_or(f64::INFINITY));
             }
         }
-        for ((k, i), mut s) in samples {
-            s.sort_by(f64::total_cmp);
+        for ((k, i), s) in samples {
             latency[k][i] = match round {
-                Some(_) => s[s.len() / 2],
-                None => s[0],
+                Some(_) => upper_median(s),
+                None => s.into_iter().fold(f64::INFINITY, f64::min),
             };
             measured[k][i] = true;
         }
@@ -248,23 +247,21 @@ impl<B: Backend> Tuner<B> {
                 close.extend(near.into_iter().map(|k| (k, i)));
             }
         }
-        // Pass `p` measures the close calls with at most `p` measurements (a resumed run
-        // measures only what is missing).
-        let mut measured = 0;
-        for pass in 1..=times {
-            let due: Vec<(usize, usize)> = close
+        let mut measured = self.retime_passes(
+            kernels,
+            round,
+            &close
                 .iter()
-                .copied()
-                .filter(|&(k, i)| runs[k][i].len() <= pass)
-                .collect();
-            measured += self.measure_pairs(kernels, round, &due, &mut runs, on_trial)?;
-        }
+                .map(|&pair| (pair, 1 + times))
+                .collect::<Vec<_>>(),
+            times,
+            &mut runs,
+            on_trial,
+        )?;
         // Second phase: the medians of the first phase's measurements (each close
         // call's first 1 + times, the others' one) against the kernels left out.
         let median = |runs: &[Vec<Vec<f64>>], k: usize, i: usize, upto: usize| {
-            let mut s: Vec<f64> = runs[k][i].iter().take(upto).copied().collect();
-            s.sort_by(f64::total_cmp);
-            s.get(s.len() / 2).copied().unwrap_or(f64::INFINITY)
+            upper_median(runs[k][i].iter().take(upto).copied().collect())
         };
         let mut again = Vec::new();
         for i in 0..n {
@@ -281,20 +278,41 @@ impl<B: Backend> Tuner<B> {
                 again.extend((0..kernels.len()).filter(|&k| in_close(k)).map(|k| (k, i)));
             }
         }
-        // A newcomer's count starts at 1, a close call's at 1 + times: each pass
-        // measures the pairs still short of their target.
-        let targets: Vec<usize> = again
-            .iter()
-            .map(|&(k, i)| 1 + times + usize::from(close.contains(&(k, i))) * times)
+        // A newcomer has one measurement, a close call 1 + times: each gets `times` more.
+        let again: Vec<((usize, usize), usize)> = again
+            .into_iter()
+            .map(|(k, i)| {
+                (
+                    (k, i),
+                    1 + times + usize::from(close.contains(&(k, i))) * times,
+                )
+            })
             .collect();
+        measured += self.retime_passes(kernels, round, &again, times, &mut runs, on_trial)?;
+        Ok(measured)
+    }
+
+    /// `times` passes over `pairs` (kernel, instance), each with the count of
+    /// measurements it is to reach: pass `p` measures, side by side, the pairs that have
+    /// fewer than `target - times + p` (so each gains one per pass, and a resumed run
+    /// measures only what is missing).
+    fn retime_passes(
+        &mut self,
+        kernels: &[B::MicroKernel],
+        round: usize,
+        pairs: &[((usize, usize), usize)],
+        times: usize,
+        runs: &mut [Vec<Vec<f64>>],
+        on_trial: &mut dyn FnMut(usize),
+    ) -> Result<usize> {
+        let mut measured = 0;
         for pass in 1..=times {
-            let due: Vec<(usize, usize)> = again
+            let due: Vec<(usize, usize)> = pairs
                 .iter()
-                .zip(&targets)
-                .filter(|&(&(k, i), &target)| runs[k][i].len() + times - pass < target)
-                .map(|(&pair, _)| pair)
+                .filter(|&&((k, i), target)| runs[k][i].len() + times < target + pass)
+                .map(|&(pair, _)| pair)
                 .collect();
-            measured += self.measure_pairs(kernels, round, &due, &mut runs, on_trial)?;
+            measured += self.measure_pairs(kernels, round, &due, runs, on_trial)?;
         }
         Ok(measured)
     }
@@ -357,4 +375,13 @@ impl<B: Backend> Tuner<B> {
             })
             .collect()
     }
+}
+
+/// The median of `samples` (the upper one of an even count); infinite for none.
+fn upper_median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples
+        .get(samples.len() / 2)
+        .copied()
+        .unwrap_or(f64::INFINITY)
 }

@@ -108,10 +108,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     p.micro_kernel.validate(target)?;
     let w = &p.workload;
     let mk = p.micro_kernel;
-    let (g, roles) = match GemmView::of(w)? {
-        g if mk.vm => (g.transposed(), [1, 0]),
-        g => (g, [0, 1]),
-    };
+    let (g, roles) = mk.oriented(GemmView::of(w)?);
     let (shape_vars, specialized) = shape_vars(p)?;
     let policy = p.strategy.policy();
     let lanes = target.lanes_f32();

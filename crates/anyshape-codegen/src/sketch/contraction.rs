@@ -87,6 +87,17 @@ pub struct MicroKernel {
 }
 
 impl MicroKernel {
+    /// The view its loop nest runs on, with the inputs in the roles of A (broadcast)
+    /// and B (vectors): `g` and `[0, 1]`, or in the transposed variant `g` transposed
+    /// and `[1, 0]`.
+    pub(crate) fn oriented(&self, g: GemmView) -> (GemmView, [usize; 2]) {
+        if self.vm {
+            (g.transposed(), [1, 0])
+        } else {
+            (g, [0, 1])
+        }
+    }
+
     /// The extents its `mr`/`mc`, `nr`/`nc` and `kc` tile, from [`Sketch::factors`]:
     /// M, N and K, or in the transposed variant N, M and K (the vectorized one rounded
     /// up to the vector).
@@ -325,7 +336,7 @@ impl Sketch for MicroKernel {
         let e = |a: usize| bound.extents[a].max(0) as f64;
         let up = |x: f64, m: usize| (x / m as f64).ceil() * m as f64;
         let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
-        let g = if self.vm { g.transposed() } else { g };
+        let (g, _) = self.oriented(g);
         let (m, n, k) = (e(g.m), e(g.n), e(g.k));
         let tasks = batch * (m / self.mc as f64).ceil() * (n / self.nc as f64).ceil();
         let k_unit = if self.dot {
