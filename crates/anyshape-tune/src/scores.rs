@@ -270,6 +270,10 @@ impl<B: Backend> Tuner<B> {
                 .filter(|&k| in_close(k))
                 .map(|k| median(&runs, k, i, 1 + times))
                 .fold(f64::INFINITY, f64::min);
+            if best.is_infinite() {
+                // No close calls: one kernel stood clear, no median rose.
+                continue;
+            }
             let newcomers: Vec<usize> = (0..kernels.len())
                 .filter(|&k| !in_close(k) && first(&runs, k, i) <= best * (1.0 + within))
                 .collect();
