@@ -606,9 +606,19 @@ mod tests {
         };
         assert_eq!(vm(&dense), 2);
         assert_eq!(vm(&nn) + vm(&packed), 0);
+        // Outputs whose both axes may be shorter than a vector (batch matmuls at T = 1)
+        // get the one-element dot tile; dense's 64 columns not.
+        let nt = Workload::parse("batch_matmul_nt(B=2,M=T,N=T,K=64)").unwrap();
+        let single = |w: &Workload| {
+            MicroKernel::seeds(&avx2, w)
+                .iter()
+                .filter(|mk| mk.dot && mk.mr == 1 && mk.nr == 1)
+                .count()
+        };
+        assert_eq!((single(&nt), single(&dense), single(&nn)), (1, 0, 0));
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()
-            .flat_map(|t| [(t.clone(), &dense), (t, &packed)])
+            .flat_map(|t| [(t.clone(), &dense), (t.clone(), &packed), (t, &nt)])
         {
             let seeds = MicroKernel::seeds(&t, w);
             for mk in &seeds {
