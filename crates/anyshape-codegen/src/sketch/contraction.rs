@@ -587,7 +587,8 @@ mod tests {
         assert_eq!(2 * pf(&packed), MicroKernel::seeds(&avx2, &packed).len());
         assert_eq!(pf(&dense), 0);
         // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
-        // place; one with contiguous K (dense's [N, K]) none.
+        // place (the four usual-variant ones and the six-row wide default); one with
+        // contiguous K (dense's [N, K]) none.
         let nn = Workload::parse("batch_matmul_nn(B=2,M=T,N=64,K=T)").unwrap();
         let ib = |w: &Workload| {
             MicroKernel::seeds(&avx2, w)
@@ -595,7 +596,7 @@ mod tests {
                 .filter(|mk| mk.ib)
                 .count()
         };
-        assert_eq!(ib(&nn), 4);
+        assert_eq!(ib(&nn), 5);
         assert_eq!(ib(&dense) + ib(&packed), 0);
         // A B with contiguous K (dense's) gets the transposed variant; others not.
         let vm = |w: &Workload| {
@@ -618,7 +619,14 @@ mod tests {
         assert_eq!((single(&nt), single(&dense), single(&nn)), (1, 0, 0));
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()
-            .flat_map(|t| [(t.clone(), &dense), (t.clone(), &packed), (t, &nt)])
+            .flat_map(|t| {
+                [
+                    (t.clone(), &dense),
+                    (t.clone(), &packed),
+                    (t.clone(), &nt),
+                    (t, &nn),
+                ]
+            })
         {
             let seeds = MicroKernel::seeds(&t, w);
             for mk in &seeds {

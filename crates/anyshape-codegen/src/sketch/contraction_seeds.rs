@@ -42,9 +42,21 @@ impl MicroKernel {
     /// such tiles best for `batch_matmul_nt` from T = 48 up (4 x 48 and 4 x 64: 1.2x
     /// the 12 x 32 default at T = 64, Emerald Rapids class).
     pub fn default_wide_for(target: &CpuTarget) -> MicroKernel {
+        Self::wide_for(target, 4)
+    }
+
+    /// The wide default with six rows, for a B read in place (`batch_matmul_nn`'s
+    /// `[K, N]`): no pack of B to amortize, so more rows per broadcast of B's vectors
+    /// pay (6 x 64 against 4 x 64 at T = 17-64 of `batch_matmul_nn(192, T, 64, T)`:
+    /// 1.04-1.26x, equal from T = 90 up, Emerald Rapids class).
+    pub fn default_tall_wide_for(target: &CpuTarget) -> MicroKernel {
+        Self::wide_for(target, 6)
+    }
+
+    /// `mr` rows by as many vectors (up to four) as the registers allow, A in place.
+    fn wide_for(target: &CpuTarget, mr: usize) -> MicroKernel {
         let lanes = target.lanes_f32();
         let limits = Limits(target);
-        let mr = 4;
         let nv = (1..=4)
             .rev()
             .find(|&nv| limits.registers(mr, nv))
@@ -185,7 +197,8 @@ impl MicroKernel {
 /// (BERT-base's feed-forward matmul, M = 8: +15 %) but costs 8 % at one row, where the
 /// hardware's own prefetch keeps up with the stream. A B whose N axis is contiguous
 /// (batch matmuls' `[K, N]`) gets each usual-variant seed also reading it in place
-/// (`ib`), which saves packing B per batch item where its items are small. A B whose K
+/// (`ib`), which saves packing B per batch item where its items are small, and the
+/// six-row wide default reading it in place. A B whose K
 /// axis is contiguous (dense's `[N, K]` weights, `batch_matmul_nt`) also gets the
 /// usual and the wide default transposed (`vm`), B broadcast in place: the usual
 /// variant transposes all of such a B on every call, which at small M costs as much as
@@ -227,10 +240,15 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
         MicroKernel::default_wide_for(target),
     ]
     .map(|mk| k_contiguous.then_some(MicroKernel { vm: true, ..mk }));
+    let tall = n_contiguous.then(|| MicroKernel {
+        ib: true,
+        ..MicroKernel::default_tall_wide_for(target)
+    });
     plain
         .into_iter()
         .chain(prefetching)
         .chain(b_in_place)
+        .chain([tall])
         .chain(transposed)
         .flatten()
         .collect()
