@@ -386,6 +386,34 @@ fn random_micro_kernels_are_correct() {
     check_programs(&target, runs);
 }
 
+/// Every seed of the contraction workloads (the micro-kernels every search measures
+/// first and every vote measures everywhere), as the tuner builds them: symbolic, with
+/// local padding, over the usual T set.
+#[test]
+fn every_seed_is_correct() {
+    let target = CpuTarget::detect();
+    let mut runs = Vec::new();
+    for w in [
+        "dense(M=T,N=2*T+3,K=T+1)+bias+gelu",
+        "dense_packed(M=T,N=96,K=T+1,P=16)",
+        "batch_matmul_nt(B=3,M=T,N=T,K=67)",
+        "batch_matmul_nn(B=3,M=T,N=64,K=T)+relu",
+    ] {
+        let w = Workload::parse(w).unwrap();
+        for mk in MicroKernel::seeds(&target, &w) {
+            let p = Program {
+                workload: w.clone(),
+                micro_kernel: mk,
+                strategy: PaddingStrategy::LocalPad,
+                mode: KernelMode::Symbolic,
+                bindings: Bindings::default(),
+            };
+            runs.push((p, instances()));
+        }
+    }
+    check_programs(&target, runs);
+}
+
 /// A specialized kernel refuses shape-var values it was not built for.
 #[test]
 fn specialized_kernel_rejects_other_shapes() {
