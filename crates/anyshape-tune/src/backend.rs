@@ -72,6 +72,11 @@ pub trait Backend {
     fn sample(&self, rng: &mut impl Rng) -> Self::MicroKernel;
     /// A neighbour of `mk` in the space.
     fn mutate(&self, mk: &Self::MicroKernel, rng: &mut impl Rng) -> Self::MicroKernel;
+    /// The one-step neighbours of `mk` in the space that the sketch singles out (see
+    /// [`Sketch::steps`]); none by default.
+    fn steps(&self, _mk: &Self::MicroKernel) -> Vec<Self::MicroKernel> {
+        Vec::new()
+    }
     /// A child of `a` and `b` in the space.
     fn crossover(
         &self,
@@ -161,6 +166,10 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
 
     fn mutate(&self, mk: &K, rng: &mut impl Rng) -> K {
         self.space.mutate(mk, rng)
+    }
+
+    fn steps(&self, mk: &K) -> Vec<K> {
+        self.space.steps(mk)
     }
 
     fn crossover(&self, a: &K, b: &K, rng: &mut impl Rng) -> K {

@@ -15,6 +15,7 @@ mod backend;
 mod cost_model;
 mod curve;
 mod error;
+mod exploit;
 mod family;
 mod features;
 mod instances;

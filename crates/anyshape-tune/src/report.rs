@@ -29,6 +29,9 @@ pub struct TuneOptions {
     /// Per-shape tuning (the Ansor-style baseline): a single instance, tiles that divide
     /// its extents only, kernels specialized for it.
     pub per_shape: bool,
+    /// Share of `trials` kept for the last, exploitation round: the untried
+    /// neighbours of the micro-kernels measured best somewhere (see `exploit.rs`).
+    pub exploit: f64,
     /// Stop after the current round when this is set (Ctrl-C): the search reports
     /// [`StopReason::Interrupted`] and the records hold every trial so far.
     pub interrupt: Option<Arc<AtomicBool>>,
@@ -41,6 +44,7 @@ impl Default for TuneOptions {
             batch: 16,
             instances_per_kernel: 4,
             epsilon: 0.15,
+            exploit: 0.125,
             seed: 0,
             strategy: PaddingStrategy::LocalPad,
             measure: MeasureOptions {
@@ -100,6 +104,8 @@ pub struct RoundSummary {
     pub measured_instances: usize,
     /// Best measured GFLOP/s so far (any instance).
     pub best_gflops: f64,
+    /// Whether the round measured the winners' neighbours (the exploitation round).
+    pub exploiting: bool,
     /// Time so far.
     pub time: TimeBreakdown,
 }

@@ -6,8 +6,10 @@
 //! pick a batch that most lowers the predicted weighted latency (plus some random
 //! picks); build them as symbolic kernels, measure each on the instances where it should
 //! help most; append the records (`journal.rs`); retrain the model. The objective is
-//! `Σ_i w_i · latency_i` of the best micro-kernel known for each instance. The search
-//! stops when the budget is spent, when it stalls, or when interrupted ([`StopReason`]).
+//! `Σ_i w_i · latency_i` of the best micro-kernel known for each instance. The last
+//! share of the budget measures the winners' neighbours instead (`exploit.rs`). The
+//! search stops when the budget is spent, when it stalls, or when interrupted
+//! ([`StopReason`]).
 use crate::family::Shared;
 use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
 use crate::{
@@ -220,7 +222,13 @@ impl<B: Backend> Tuner<B> {
         &self.instances
     }
 
-    fn summary(&mut self, round: usize, failed: usize, model: &CostModel) -> RoundSummary {
+    fn summary(
+        &mut self,
+        round: usize,
+        failed: usize,
+        model: &CostModel,
+        exploiting: bool,
+    ) -> RoundSummary {
         let best = self.best_per_instance(model);
         let measured = self.measured_best();
         let predicted: f64 = best
@@ -253,6 +261,7 @@ impl<B: Backend> Tuner<B> {
             measured_weighted_latency: if mw > 0.0 { ml / mw } else { f64::NAN },
             measured_instances: n,
             best_gflops,
+            exploiting,
             time: self.time,
         }
     }
@@ -478,7 +487,23 @@ impl<B: Backend> Tuner<B> {
                 self.options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round as u64,
             );
             let budget = self.options.trials - self.journal.records.len();
-            let trials = self.choose(&model, &mut rng, budget);
+            // The last share of the budget goes to the winners' neighbours
+            // (`exploit.rs`); the usual choice stops short of it, and takes it where the
+            // winners have no neighbour left untried.
+            let share = self.exploit_share();
+            let mut trials = Vec::new();
+            if budget <= share {
+                trials = self.exploit(&model, &mut rng, budget);
+            }
+            let exploiting = !trials.is_empty();
+            if !exploiting {
+                let budget = if budget > share {
+                    budget - share
+                } else {
+                    budget
+                };
+                trials = self.choose(&model, &mut rng, budget);
+            }
             if trials.is_empty() {
                 stalled += 1;
                 round += 1;
@@ -495,7 +520,7 @@ impl<B: Backend> Tuner<B> {
             let failed = failures.failed;
             let records = self.journal.records.clone();
             model = self.train(&records, self.options.seed ^ round as u64);
-            let summary = self.summary(round, failed, &model);
+            let summary = self.summary(round, failed, &model, exploiting);
             on_round(&summary);
             history.push(summary);
             round += 1;

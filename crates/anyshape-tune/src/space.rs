@@ -67,6 +67,18 @@ impl<K: Sketch> SearchSpace<K> {
         self.sample(rng)
     }
 
+    /// The sketch's one-step neighbours of `mk` that the space holds (shrunk to dividing
+    /// tiles in a factor-only space), without `mk` and without repeats.
+    pub fn steps(&self, mk: &K) -> Vec<K> {
+        let mut out: Vec<K> = Vec::new();
+        for m in mk.steps(&self.target).into_iter().map(|m| self.snap(m)) {
+            if m != *mk && self.contains(&m) && !out.contains(&m) {
+                out.push(m);
+            }
+        }
+        out
+    }
+
     /// A child of `a` and `b` in the space (a neighbour of `a` where the child is not).
     pub fn crossover(&self, a: &K, b: &K, rng: &mut impl Rng) -> K {
         let child = self.snap(a.child(b, &self.target, rng));

@@ -12,6 +12,7 @@ use anyshape_tune::{
 };
 use rand::Rng;
 use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -505,4 +506,94 @@ fn drop_last_record(records: &Path) {
     let text = std::fs::read_to_string(records).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     std::fs::write(records, lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+}
+
+/// The last rounds (the exploitation share of the budget) measure micro-kernels new to
+/// the records, each on instances that one micro-kernel had won (measured best there),
+/// and the winner of the most instances gets some.
+#[test]
+fn the_last_round_measures_the_winners_neighbours() {
+    let measurer = unused_measurer();
+    let target = GpuTarget::h100_sxm();
+    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
+    let domain = instances(&w, &[ShapeVar::parse("T=1..32").unwrap()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("r.jsonl");
+    let tune = TuneOptions {
+        trials: 96,
+        exploit: 0.25,
+        ..TuneOptions::default()
+    };
+    let backend = Synthetic {
+        gpu: GpuBackend::new(&target, &measurer),
+        measured: Rc::default(),
+        spike: Rc::default(),
+    };
+    let mut tuner = open_tuner(backend, &w, &domain, &tune, &records, false);
+    let mut exploiting = Vec::new();
+    tuner
+        .run(&mut |s| exploiting.push(s.exploiting), &mut |_| {})
+        .unwrap();
+    drop(tuner);
+    // The exploitation rounds end the search (more than one where the winners'
+    // neighbours did not fill the first); the first of them is checked.
+    let first = exploiting
+        .iter()
+        .position(|&e| e)
+        .expect("an exploitation round");
+    assert!(
+        first > 0 && exploiting[first..].iter().all(|&e| e),
+        "{exploiting:?}"
+    );
+    let (_log, all) = RecordLog::open::<GpuMicroKernel, GpuTarget>(&records, true).unwrap();
+    let rounds: BTreeSet<usize> = all.iter().map(|r| r.round).collect();
+    assert_eq!(rounds.len(), exploiting.len());
+    let round = *rounds.iter().nth(first).unwrap();
+    let before: Vec<_> = all.iter().filter(|r| r.round < round).collect();
+    let new: Vec<_> = all.iter().filter(|r| r.round == round).collect();
+    let mut best: BTreeMap<&Bindings, (f64, GpuMicroKernel)> = BTreeMap::new();
+    for r in &before {
+        if let Some(l) = r.latency() {
+            let b = best.entry(&r.bindings).or_insert((l, r.micro_kernel));
+            if l < b.0 {
+                *b = (l, r.micro_kernel);
+            }
+        }
+    }
+    let mut won: BTreeMap<GpuMicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+    for (x, (_, mk)) in &best {
+        won.entry(*mk).or_default().insert(*x);
+    }
+    let mut measured: BTreeMap<GpuMicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+    for r in &new {
+        assert!(
+            !before.iter().any(|b| b.micro_kernel == r.micro_kernel),
+            "{} is not new",
+            r.micro_kernel
+        );
+        measured
+            .entry(r.micro_kernel)
+            .or_default()
+            .insert(&r.bindings);
+    }
+    assert!(new.len() >= tune.instances_per_kernel, "{}", new.len());
+    let parent = |at: &BTreeSet<&Bindings>| {
+        won.iter()
+            .filter(|(_, w)| at.is_subset(w))
+            .map(|(mk, _)| *mk)
+            .collect::<Vec<_>>()
+    };
+    for (mk, at) in &measured {
+        assert!(
+            !parent(at).is_empty(),
+            "{mk} on {at:?}: no winner of them all"
+        );
+    }
+    let most = won.values().map(BTreeSet::len).max().unwrap();
+    assert!(
+        measured
+            .values()
+            .any(|at| parent(at).iter().any(|p| won[p].len() == most)),
+        "the winner of {most} instances got no neighbour"
+    );
 }

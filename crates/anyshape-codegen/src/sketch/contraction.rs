@@ -87,6 +87,27 @@ pub struct MicroKernel {
 }
 
 impl MicroKernel {
+    /// `mr` rows (at least one), the M cache tile keeping its count of register tiles.
+    fn with_rows(&self, mr: i64) -> Self {
+        let mr = mr.max(1) as usize;
+        MicroKernel {
+            mr,
+            mc: (self.mc / self.mr).max(1) * mr,
+            ..*self
+        }
+    }
+
+    /// `granules + step` granules of `col` columns (at least one), the N cache tile
+    /// keeping its count of register tiles.
+    fn with_columns(&self, granules: usize, step: i64, col: usize) -> Self {
+        let nr = (granules as i64 + step).max(1) as usize * col;
+        MicroKernel {
+            nr,
+            nc: (self.nc / self.nr).max(1) * nr,
+            ..*self
+        }
+    }
+
     /// The view its loop nest runs on, with the inputs in the roles of A (broadcast)
     /// and B (vectors): `g` and `[0, 1]`, or in the transposed variant `g` transposed
     /// and `[1, 0]`.
@@ -255,6 +276,8 @@ impl Limits<'_> {
     }
 }
 
+/// How far a mutation moves the register tile's rows.
+const ROW_STEPS: [i64; 4] = [-2, -1, 1, 2];
 /// Unroll factors of the reduction loop the space uses.
 const UNROLLS: [usize; 4] = [1, 2, 4, 8];
 
@@ -427,17 +450,8 @@ impl Sketch for MicroKernel {
         let col = self.column_granule(lanes);
         let mut m = *self;
         match rng.random_range(0..11) {
-            0 => {
-                let mr = (m.mr as i64 + [-2, -1, 1, 2][rng.random_range(0..4)]).max(1) as usize;
-                m.mc = (m.mc / m.mr).max(1) * mr;
-                m.mr = mr;
-            }
-            1 => {
-                let nv = (m.nr / col) as i64 + [-1, 1][rng.random_range(0..2)];
-                let nr = nv.max(1) as usize * col;
-                m.nc = (m.nc / m.nr).max(1) * nr;
-                m.nr = nr;
-            }
+            0 => m = self.with_rows(self.mr as i64 + ROW_STEPS[rng.random_range(0..4)]),
+            1 => m = self.with_columns(self.nr / col, [-1, 1][rng.random_range(0..2)], col),
             2 => m.mc = scale(m.mc, m.mr, rng),
             3 => m.nc = scale(m.nc, m.nr, rng),
             4 => m.kc = scale(m.kc, m.k_granule(lanes), rng),
@@ -462,6 +476,19 @@ impl Sketch for MicroKernel {
             }
         }
         m
+    }
+
+    /// The register tile's rows one or two up and down, its columns one granule (a
+    /// vector, or a column in the dot variant) up and down; cache tiles keep their
+    /// count of register tiles.
+    fn steps(&self, target: &CpuTarget) -> Vec<Self> {
+        let col = self.column_granule(target.lanes_f32());
+        let rows = ROW_STEPS.map(|d| self.with_rows(self.mr as i64 + d));
+        let columns = [-1, 1].map(|d| self.with_columns(self.nr / col, d, col));
+        rows.into_iter()
+            .chain(columns)
+            .filter(|m| m != self)
+            .collect()
     }
 
     /// The register tile (and variant) of one parent, the cache tiles of the other.

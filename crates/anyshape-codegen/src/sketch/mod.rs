@@ -112,6 +112,12 @@ pub trait Sketch:
     /// A proposed neighbour of `self`: one parameter changed (validity is the caller's
     /// to check).
     fn neighbour(&self, target: &Self::Target, rng: &mut impl Rng) -> Self;
+    /// The neighbours one step along the parameters that matter most (validity is the
+    /// caller's to check), which the search's exploitation round tries around its
+    /// winners; none by default.
+    fn steps(&self, _target: &Self::Target) -> Vec<Self> {
+        Vec::new()
+    }
     /// A proposed child of `self` and `other` (validity is the caller's to check).
     fn child(&self, other: &Self, target: &Self::Target, rng: &mut impl Rng) -> Self;
     /// The extents per-shape tuning restricts tiles to, for one instance.
