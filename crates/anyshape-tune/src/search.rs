@@ -491,8 +491,11 @@ impl<B: Backend> Tuner<B> {
             // (`exploit.rs`); the usual choice stops short of it, and takes it where the
             // winners have no neighbour left untried.
             let share = self.exploit_share();
+            // A usual round of under a quarter of a round's trials (rounds that fell
+            // short of theirs) is not worth its build: the exploitation takes it.
+            let round_trials = self.options.batch * self.options.instances_per_kernel;
             let mut trials = Vec::new();
-            if budget <= share {
+            if share > 0 && budget < share + round_trials.div_ceil(4) {
                 trials = self.exploit(&model, &mut rng, budget);
             }
             let exploiting = !trials.is_empty();

@@ -549,6 +549,12 @@ fn the_last_round_measures_the_winners_neighbours() {
     let rounds: BTreeSet<usize> = all.iter().map(|r| r.round).collect();
     assert_eq!(rounds.len(), exploiting.len());
     let round = *rounds.iter().nth(first).unwrap();
+    // No usual round is cut to a few trials by the share the exploitation keeps.
+    let quarter = tune.batch * tune.instances_per_kernel / 4;
+    for r in rounds.iter().take(first) {
+        let n = all.iter().filter(|x| x.round == *r).count();
+        assert!(n >= quarter, "round {r}: {n} trials");
+    }
     let before: Vec<_> = all.iter().filter(|r| r.round < round).collect();
     let new: Vec<_> = all.iter().filter(|r| r.round == round).collect();
     let mut best: BTreeMap<&Bindings, (f64, GpuMicroKernel)> = BTreeMap::new();
