@@ -644,6 +644,12 @@ mod tests {
                 .count()
         };
         assert_eq!((single(&nt), single(&dense), single(&nn)), (1, 0, 0));
+        let narrow_in_place = MicroKernel {
+            ia: true,
+            ..MicroKernel::default_narrow_for(&avx2)
+        };
+        assert!(MicroKernel::seeds(&avx2, &nt).contains(&narrow_in_place));
+        assert!(!MicroKernel::seeds(&avx2, &dense).contains(&narrow_in_place));
         for (t, w) in [avx2, avx512(), CpuTarget::detect()]
             .into_iter()
             .flat_map(|t| {
