@@ -288,6 +288,17 @@ impl<B: Backend> Tuner<B> {
         out.into_iter().collect()
     }
 
+    /// The (micro-kernel, instance) pairs measured, or failed for a reason outside the
+    /// candidate (transient): what a round does not measure again.
+    pub(crate) fn tried(&self) -> BTreeSet<(B::MicroKernel, Bindings)> {
+        self.journal
+            .records
+            .iter()
+            .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .chain(self.journal.transient.iter().cloned())
+            .collect()
+    }
+
     /// Choose this round's trials: `(micro-kernel, instance)` pairs.
     fn choose(
         &mut self,
@@ -308,13 +319,7 @@ impl<B: Backend> Tuner<B> {
         self.time.search += t0.elapsed().as_secs_f64();
         let pred = self.predict(model, &candidates);
         let t0 = Instant::now();
-        let done: BTreeSet<(B::MicroKernel, Bindings)> = self
-            .journal
-            .records
-            .iter()
-            .map(|r| (r.micro_kernel, r.bindings.clone()))
-            .chain(self.journal.transient.iter().cloned())
-            .collect();
+        let done = self.tried();
         let w: Vec<f64> = self.instances.iter().map(|x| x.weight).collect();
         // Current objective terms; unknown instances count as twice the best prediction.
         let mut cur: Vec<f64> = best

@@ -83,25 +83,8 @@ impl MicroKernel {
     /// the registers allow (each vector of A reused across the columns), the reduction
     /// in tiles whose rows fit L1 together.
     pub fn default_dot_for(target: &CpuTarget) -> MicroKernel {
-        let lanes = target.lanes_f32();
-        let limits = Limits(target);
-        let mr = 1;
-        let nr = max_multiple(1, |nr| limits.registers(mr, nr)).clamp(1, 8);
-        let uk = 2;
-        let kc = (uk * lanes) * max_multiple(uk * lanes, |kc| limits.l1(kc, nr + mr));
-        MicroKernel {
-            mr,
-            nr,
-            mc: 16 * mr,
-            nc: 16 * nr,
-            kc,
-            uk,
-            dot: true,
-            pf: false,
-            ia: false,
-            ib: false,
-            vm: false,
-        }
+        let nr = max_multiple(1, |nr| Limits(target).registers(1, nr)).clamp(1, 8);
+        Self::dot_row_for(target, nr, 2)
     }
 
     /// The dot variant's one-element tile, for outputs of a few elements per batch
@@ -110,15 +93,21 @@ impl MicroKernel {
     /// tiles as long as L1 holds (`batch_matmul_nt` at T = 1-2: 2.4 and 3.7 µs against
     /// 4.4 and 7.5 µs for the kernels the votes chose without it, Emerald Rapids class).
     pub fn default_dot_single_for(target: &CpuTarget) -> MicroKernel {
+        Self::dot_row_for(target, 1, 4)
+    }
+
+    /// The dot variant with one row by `nr` columns, `uk` vectors per reduction step,
+    /// the reduction in tiles whose rows fit L1 together; 16 register tiles per task.
+    fn dot_row_for(target: &CpuTarget, nr: usize, uk: usize) -> MicroKernel {
         let lanes = target.lanes_f32();
-        let limits = Limits(target);
-        let uk = 4;
-        let kc = (uk * lanes) * max_multiple(uk * lanes, |kc| limits.l1(kc, 2));
+        let mr = 1;
+        let k_unit = uk * lanes;
+        let kc = k_unit * max_multiple(k_unit, |kc| Limits(target).l1(kc, nr + mr));
         MicroKernel {
-            mr: 1,
-            nr: 1,
-            mc: 16,
-            nc: 16,
+            mr,
+            nr,
+            mc: 16 * mr,
+            nc: 16 * nr,
             kc,
             uk,
             dot: true,
