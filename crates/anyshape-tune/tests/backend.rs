@@ -13,7 +13,7 @@ use anyshape_tune::{
 use rand::Rng;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// The GPU backend with a synthetic device.
@@ -118,60 +118,80 @@ impl Backend for Synthetic<'_> {
     }
 }
 
-/// A measurer that is never called (the synthetic backend measures).
-fn unused_measurer() -> Measurer {
-    Measurer {
-        builder: Builder::new(std::env::temp_dir()),
-        runner: Runner {
-            worker: WorkerCommand {
-                program: "false".into(),
-                args: vec![],
-            },
-            options: MeasureOptions::default(),
-        },
-    }
+/// A tuning setup on the synthetic GPU: `batch_matmul_nt(B=192,M=T,N=T,K=64)` over a
+/// range of T, records in a temporary directory, and the measurement count and planned
+/// spikes that every backend it makes shares.
+struct Fixture {
+    /// A measurer that is never called (the synthetic backend measures).
+    measurer: Measurer,
+    target: GpuTarget,
+    w: Workload,
+    domain: Vec<Instance>,
+    records: PathBuf,
+    tune: TuneOptions,
+    measured: Rc<Cell<usize>>,
+    spike: Rc<RefCell<Vec<(GpuMicroKernel, Bindings, f64)>>>,
+    _dir: tempfile::TempDir,
 }
 
-/// A tuner over `domain` on `backend`, its records in `records` (continued with
-/// `resume`).
-fn open_tuner<'a>(
-    backend: Synthetic<'a>,
-    w: &Workload,
-    domain: &[Instance],
-    options: &TuneOptions,
-    records: &Path,
-    resume: bool,
-) -> Tuner<Synthetic<'a>> {
-    let (log, previous) = RecordLog::open(records, resume).unwrap();
-    Tuner::with_backend(backend, w, domain.to_vec(), options.clone(), log, previous).unwrap()
+impl Fixture {
+    fn new(range: &str, tune: TuneOptions) -> Self {
+        let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
+        let domain = instances(&w, &[ShapeVar::parse(range).unwrap()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        Fixture {
+            measurer: Measurer {
+                builder: Builder::new(std::env::temp_dir()),
+                runner: Runner {
+                    worker: WorkerCommand {
+                        program: "false".into(),
+                        args: vec![],
+                    },
+                    options: MeasureOptions::default(),
+                },
+            },
+            target: GpuTarget::h100_sxm(),
+            w,
+            domain,
+            records: dir.path().join("r.jsonl"),
+            tune,
+            measured: Rc::default(),
+            spike: Rc::default(),
+            _dir: dir,
+        }
+    }
+
+    fn backend(&self) -> Synthetic<'_> {
+        Synthetic {
+            gpu: GpuBackend::new(&self.target, &self.measurer),
+            measured: self.measured.clone(),
+            spike: self.spike.clone(),
+        }
+    }
+
+    /// A tuner over the domain, its records continued with `resume`.
+    fn tuner(&self, resume: bool) -> Tuner<Synthetic<'_>> {
+        let (log, previous) = RecordLog::open(&self.records, resume).unwrap();
+        let (w, domain) = (&self.w, self.domain.clone());
+        Tuner::with_backend(self.backend(), w, domain, self.tune.clone(), log, previous).unwrap()
+    }
 }
 
 #[test]
 fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
-    let measurer = unused_measurer();
-    let target = GpuTarget::h100_sxm();
-    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
-    let vars = [ShapeVar::parse("T=1..64").unwrap()];
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("r.jsonl");
     let options = TuneOptions {
         trials: 240,
         ..TuneOptions::default()
     };
-    let measured = Rc::new(Cell::new(0));
-    let backend = || Synthetic {
-        gpu: GpuBackend::new(&target, &measurer),
-        measured: measured.clone(),
-        spike: Rc::default(),
-    };
-    let domain = instances(&w, &vars).unwrap();
-    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
+    let f = Fixture::new("T=1..64", options.clone());
+    let (target, w, domain, measured) = (&f.target, &f.w, &f.domain, &f.measured);
+    let mut tuner = f.tuner(false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(report.trials, 240);
     assert_eq!(measured.get(), 240);
 
     // The optimum of every instance over the whole space, by enumeration.
-    let truth = backend();
+    let truth = f.backend();
     let mut space = Vec::new();
     for bm in [8, 16, 32, 64, 128, 256] {
         for bn in [8, 16, 32, 64, 128, 256] {
@@ -179,7 +199,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
                 for tm in [1, 2, 4, 8, 16] {
                     for tn in [1, 2, 4, 8, 16] {
                         let mk = GpuMicroKernel { bm, bn, bk, tm, tn };
-                        if mk.validate(&target).is_ok() && !crashes(&mk) {
+                        if mk.validate(target).is_ok() && !crashes(&mk) {
                             space.push(mk);
                         }
                     }
@@ -192,9 +212,9 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         for (x, best) in domain.iter().zip(best) {
             let opt = space
                 .iter()
-                .map(|mk| truth.latency(&w, mk, &x.bound))
+                .map(|mk| truth.latency(w, mk, &x.bound))
                 .fold(f64::INFINITY, f64::min);
-            let got = truth.latency(&w, &best.micro_kernel, &x.bound);
+            let got = truth.latency(w, &best.micro_kernel, &x.bound);
             assert!(!crashes(&best.micro_kernel));
             ratios.push(got / opt);
         }
@@ -205,17 +225,14 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
     // The search is random: its quality is judged on the median of three seeds.
     let mut geos = vec![quality_of(&report.best).0];
     for seed in [1, 2] {
-        let path = dir.path().join(format!("r{seed}.jsonl"));
-        let options = TuneOptions {
-            seed,
-            ..options.clone()
-        };
-        let other = Synthetic {
-            gpu: GpuBackend::new(&target, &measurer),
-            measured: Rc::new(Cell::new(0)),
-            spike: Rc::default(),
-        };
-        let mut t = open_tuner(other, &w, &domain, &options, &path, false);
+        let other = Fixture::new(
+            "T=1..64",
+            TuneOptions {
+                seed,
+                ..options.clone()
+            },
+        );
+        let mut t = other.tuner(false);
         geos.push(quality_of(&t.run(&mut |_| {}, &mut |_| {}).unwrap().best).0);
     }
     let (geo, worst) = quality_of(&report.best);
@@ -246,7 +263,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         before > 240,
         "the votes measured their candidates everywhere"
     );
-    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, true);
+    let mut tuner = f.tuner(true);
     assert_eq!(tuner.trials(), before);
     tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(
@@ -262,23 +279,15 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
 /// resumed run votes the same without measuring.
 #[test]
 fn one_instance_votes_for_the_best_candidate() {
-    let measurer = unused_measurer();
-    let target = GpuTarget::h100_sxm();
-    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
-    let domain = instances(&w, &[ShapeVar::parse("T=48").unwrap()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("r.jsonl");
-    let options = TuneOptions {
-        trials: 24,
-        ..TuneOptions::default()
-    };
-    let measured = Rc::new(Cell::new(0));
-    let backend = || Synthetic {
-        gpu: GpuBackend::new(&target, &measurer),
-        measured: measured.clone(),
-        spike: Rc::default(),
-    };
-    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, false);
+    let f = Fixture::new(
+        "T=48",
+        TuneOptions {
+            trials: 24,
+            ..TuneOptions::default()
+        },
+    );
+    let measured = &f.measured;
+    let mut tuner = f.tuner(false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     let best = report.best[0].latency_seconds;
     let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
@@ -290,7 +299,7 @@ fn one_instance_votes_for_the_best_candidate() {
     );
     drop(tuner);
     let before = measured.get();
-    let mut tuner = open_tuner(backend(), &w, &domain, &options, &records, true);
+    let mut tuner = f.tuner(true);
     let again = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(measured.get(), before, "a resumed vote measures nothing");
     assert_eq!(again.micro_kernels, votes.micro_kernels);
@@ -314,29 +323,20 @@ fn a_lucky_run_does_not_win_a_close_call() {
 /// The vote round's first measurement on the last instance is off: the best candidate's
 /// 5 % slower than the runner-up (`lucky`: the runner-up's 5 % faster than the best).
 fn close_call(lucky: bool) {
-    let measurer = unused_measurer();
-    let target = GpuTarget::h100_sxm();
-    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
-    let domain = instances(&w, &[ShapeVar::parse("T=40..48").unwrap()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("r.jsonl");
-    let tune = TuneOptions {
-        trials: 48,
-        ..TuneOptions::default()
-    };
-    let measured = Rc::new(Cell::new(0));
-    let spike = Rc::new(RefCell::new(Vec::new()));
-    let backend = || Synthetic {
-        gpu: GpuBackend::new(&target, &measurer),
-        measured: measured.clone(),
-        spike: spike.clone(),
-    };
-    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, false);
+    let f = Fixture::new(
+        "T=40..48",
+        TuneOptions {
+            trials: 48,
+            ..TuneOptions::default()
+        },
+    );
+    let (w, domain, measured, spike) = (&f.w, &f.domain, &f.measured, &f.spike);
+    let mut tuner = f.tuner(false);
     tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     // The two fastest micro-kernels the search measured on the last instance, one of
     // whose measurements in the vote round is off.
     let (last, n) = (domain.last().unwrap(), domain.len() - 1);
-    let known = fastest_on(&mut tuner, &backend(), &w, last);
+    let known = fastest_on(&mut tuner, &f.backend(), w, last);
     let [(best, best_mk), (runner_up, runner_up_mk)] = [known[0], known[1]];
     spike.borrow_mut().push(match lucky {
         false => (best_mk, last.bindings.clone(), runner_up / best * 1.05),
@@ -376,8 +376,8 @@ fn close_call(lucky: bool) {
     // Resume from the records without their last trial (a run killed while re-timing):
     // only that trial is measured again, and the votes are the same.
     drop(tuner);
-    drop_last_record(&records);
-    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, true);
+    drop_last_record(&f.records);
+    let mut tuner = f.tuner(true);
     let again = elect(&mut tuner, &options, &mut |_| {}).unwrap();
     assert_eq!(measured.get(), before + 1, "only the cut-off trial again");
     assert_eq!(again.micro_kernels, votes.micro_kernels);
@@ -390,27 +390,18 @@ fn close_call(lucky: bool) {
 /// timed again.
 #[test]
 fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
-    let measurer = unused_measurer();
-    let target = GpuTarget::h100_sxm();
-    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
-    let domain = instances(&w, &[ShapeVar::parse("T=40..48").unwrap()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("r.jsonl");
-    let tune = TuneOptions {
-        trials: 48,
-        ..TuneOptions::default()
-    };
-    let measured = Rc::new(Cell::new(0));
-    let spike = Rc::new(RefCell::new(Vec::new()));
-    let backend = || Synthetic {
-        gpu: GpuBackend::new(&target, &measurer),
-        measured: measured.clone(),
-        spike: spike.clone(),
-    };
-    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, false);
+    let f = Fixture::new(
+        "T=40..48",
+        TuneOptions {
+            trials: 48,
+            ..TuneOptions::default()
+        },
+    );
+    let (w, domain, measured, spike) = (&f.w, &f.domain, &f.measured, &f.spike);
+    let mut tuner = f.tuner(false);
     tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     let (last, n) = (domain.last().unwrap(), domain.len() - 1);
-    let mut known = fastest_on(&mut tuner, &backend(), &w, last);
+    let mut known = fastest_on(&mut tuner, &f.backend(), w, last);
     known.dedup_by(|a, b| a.0 == b.0);
     let [(best, a), (b_true, b), (c_true, c)] = [known[0], known[1], known[2]];
     // On the last instance: B measures 5 % off the best, the outsider C 20 % off
@@ -476,9 +467,9 @@ fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
     assert_eq!(table.latency[0][n], best);
     // Resumed without its last trial, the same re-timing measures only that one.
     drop(tuner);
-    drop_last_record(&records);
+    drop_last_record(&f.records);
     let before = measured.get();
-    let mut tuner = open_tuner(backend(), &w, &domain, &tune, &records, true);
+    let mut tuner = f.tuner(true);
     assert_eq!((retime(&mut tuner), measured.get()), (1, before + 1));
 }
 
@@ -513,23 +504,13 @@ fn drop_last_record(records: &Path) {
 /// and the winner of the most instances gets some.
 #[test]
 fn the_last_round_measures_the_winners_neighbours() {
-    let measurer = unused_measurer();
-    let target = GpuTarget::h100_sxm();
-    let w = Workload::parse("batch_matmul_nt(B=192,M=T,N=T,K=64)").unwrap();
-    let domain = instances(&w, &[ShapeVar::parse("T=1..32").unwrap()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("r.jsonl");
     let tune = TuneOptions {
         trials: 96,
         exploit: 0.25,
         ..TuneOptions::default()
     };
-    let backend = Synthetic {
-        gpu: GpuBackend::new(&target, &measurer),
-        measured: Rc::default(),
-        spike: Rc::default(),
-    };
-    let mut tuner = open_tuner(backend, &w, &domain, &tune, &records, false);
+    let f = Fixture::new("T=1..32", tune.clone());
+    let mut tuner = f.tuner(false);
     let mut exploiting = Vec::new();
     tuner
         .run(&mut |s| exploiting.push(s.exploiting), &mut |_| {})
@@ -545,7 +526,7 @@ fn the_last_round_measures_the_winners_neighbours() {
         first > 0 && exploiting[first..].iter().all(|&e| e),
         "{exploiting:?}"
     );
-    let (_log, all) = RecordLog::open::<GpuMicroKernel, GpuTarget>(&records, true).unwrap();
+    let (_log, all) = RecordLog::open::<GpuMicroKernel, GpuTarget>(&f.records, true).unwrap();
     let rounds: BTreeSet<usize> = all.iter().map(|r| r.round).collect();
     assert_eq!(rounds.len(), exploiting.len());
     let round = *rounds.iter().nth(first).unwrap();
