@@ -64,6 +64,16 @@ impl<B: Backend> Journal<B> {
             .max(self.round_floor)
     }
 
+    /// The (micro-kernel, instance) pairs recorded, or failed by the environment in
+    /// this process: what a search round does not choose again.
+    pub fn tried(&self) -> BTreeSet<(B::MicroKernel, Bindings)> {
+        self.records
+            .iter()
+            .map(|r| (r.micro_kernel, r.bindings.clone()))
+            .chain(self.transient.iter().cloned())
+            .collect()
+    }
+
     /// Append one trial to the records file and the in-memory records, timed since the
     /// previous one; `on_trial` hears the new count of trials.
     pub fn append(

@@ -288,17 +288,6 @@ impl<B: Backend> Tuner<B> {
         out.into_iter().collect()
     }
 
-    /// The (micro-kernel, instance) pairs measured, or failed for a reason outside the
-    /// candidate (transient): what a round does not measure again.
-    pub(crate) fn tried(&self) -> BTreeSet<(B::MicroKernel, Bindings)> {
-        self.journal
-            .records
-            .iter()
-            .map(|r| (r.micro_kernel, r.bindings.clone()))
-            .chain(self.journal.transient.iter().cloned())
-            .collect()
-    }
-
     /// Choose this round's trials: `(micro-kernel, instance)` pairs.
     fn choose(
         &mut self,
@@ -319,7 +308,7 @@ impl<B: Backend> Tuner<B> {
         self.time.search += t0.elapsed().as_secs_f64();
         let pred = self.predict(model, &candidates);
         let t0 = Instant::now();
-        let done = self.tried();
+        let done = self.journal.tried();
         let w: Vec<f64> = self.instances.iter().map(|x| x.weight).collect();
         // Current objective terms; unknown instances count as twice the best prediction.
         let mut cur: Vec<f64> = best
@@ -493,24 +482,23 @@ impl<B: Backend> Tuner<B> {
             );
             let budget = self.options.trials - self.journal.records.len();
             // The last share of the budget goes to the winners' neighbours
-            // (`exploit.rs`); the usual choice stops short of it, and takes it where the
-            // winners have no neighbour left untried.
+            // (`exploit.rs`). Its turn comes when only its share is left, or when a
+            // usual round would get under a quarter of a round's trials (rounds that
+            // fell short of theirs; not worth a build). The usual choice stops short of
+            // the share, and takes everything where the winners have no neighbour left
+            // untried.
             let share = self.exploit_share();
-            // A usual round of under a quarter of a round's trials (rounds that fell
-            // short of theirs) is not worth its build: the exploitation takes it.
             let round_trials = self.options.batch * self.options.instances_per_kernel;
-            let mut trials = Vec::new();
-            if share > 0 && budget < share + round_trials.div_ceil(4) {
-                trials = self.exploit(&model, &mut rng, budget);
-            }
+            let its_turn = share > 0 && budget < share + round_trials.div_ceil(4);
+            let mut trials = if its_turn {
+                self.exploit(&model, &mut rng, budget)
+            } else {
+                Vec::new()
+            };
             let exploiting = !trials.is_empty();
             if !exploiting {
-                let budget = if budget > share {
-                    budget - share
-                } else {
-                    budget
-                };
-                trials = self.choose(&model, &mut rng, budget);
+                let usual = if its_turn { budget } else { budget - share };
+                trials = self.choose(&model, &mut rng, usual);
             }
             if trials.is_empty() {
                 stalled += 1;
