@@ -1,18 +1,21 @@
 //! The contract between generated kernels and whatever calls them: the kernel ABI (the
 //! C signature every kernel and a module's entry point share, its status codes, how a
-//! kernel library is opened), the dispatch tree, and the module manifest's types.
+//! kernel library is opened, where its buffers start), the dispatch tree, and the module
+//! manifest's types.
 //!
 //! The code generator writes to this contract and the runtime reads by it; neither
 //! needs the other. This crate knows shape vars and workloads as text (`anyshape-ir`);
 //! it knows nothing of sketches, targets, compiling, measuring or searching.
 #![deny(missing_docs)]
 
+mod alloc;
 mod cpu;
 mod dispatch;
 mod kernel;
 mod manifest;
 mod model;
 
+pub use alloc::{CacheLineAllocator, ALIGN_FROM_BYTES, BUFFER_ALIGN};
 pub use cpu::host_cpu_features;
 pub use dispatch::DispatchTree;
 pub use kernel::{

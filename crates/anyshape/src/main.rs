@@ -15,6 +15,13 @@ use anyshape_measure::{Builder, MeasureOptions, Runner, WorkerCommand};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// Every buffer a kernel is measured, tuned or run on starts on a cache line, as a
+/// framework's tensors do: where it started at the heap's whim, which of two kernels
+/// was faster changed from one process to the next (see
+/// [`anyshape_abi::CacheLineAllocator`]).
+#[global_allocator]
+static ALLOCATOR: anyshape_abi::CacheLineAllocator = anyshape_abi::CacheLineAllocator;
+
 /// anyshape: tune dynamic-shape tensor programs once, run every shape fast.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
