@@ -16,6 +16,7 @@ mod cost_model;
 mod curve;
 mod error;
 mod exploit;
+mod explore;
 mod family;
 mod features;
 mod instances;

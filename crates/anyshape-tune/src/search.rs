@@ -1,7 +1,7 @@
 //! The joint evolutionary search: one population of micro-kernels serves every instance.
 //!
 //! Each round: evolve candidates from the best micro-kernels known for any instance
-//! (mutation, crossover, fresh samples); score every candidate on every instance with
+//! (mutation, crossover, fresh samples; `explore.rs`); score every candidate on every instance with
 //! the cost model (features once per micro-kernel, adapted per instance; `scores.rs`);
 //! pick a batch that most lowers the predicted weighted latency (plus some random
 //! picks); build them as symbolic kernels, measure each on the instances where it should
@@ -20,7 +20,7 @@ use crate::{
 use anyshape_codegen::{CpuTarget, Program, Sketch};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::Measurer;
-use rand::{Rng, RngExt, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -266,124 +266,6 @@ impl<B: Backend> Tuner<B> {
         }
     }
 
-    /// Evolve candidates from the best known micro-kernels; the family's best ones
-    /// (foreseen, see `family.rs`) are candidates as they are.
-    fn evolve(&self, elites: &[B::MicroKernel], rng: &mut ChaCha8Rng) -> Vec<B::MicroKernel> {
-        let mut out: BTreeSet<B::MicroKernel> = elites.iter().copied().collect();
-        out.extend(self.shared.kernels.iter().copied());
-        for _ in 0..64 {
-            out.insert(self.backend.sample(rng));
-        }
-        if !elites.is_empty() {
-            for _ in 0..192 {
-                let a = elites[rng.random_range(0..elites.len())];
-                out.insert(self.backend.mutate(&a, rng));
-            }
-            for _ in 0..64 {
-                let a = elites[rng.random_range(0..elites.len())];
-                let b = elites[rng.random_range(0..elites.len())];
-                out.insert(self.backend.crossover(&a, &b, rng));
-            }
-        }
-        out.into_iter().collect()
-    }
-
-    /// Choose this round's trials: `(micro-kernel, instance)` pairs.
-    fn choose(
-        &mut self,
-        model: &CostModel,
-        rng: &mut ChaCha8Rng,
-        budget: usize,
-    ) -> Vec<(B::MicroKernel, usize)> {
-        let t0 = Instant::now();
-        let best = self.best_per_instance(model);
-        let mut elites: BTreeSet<B::MicroKernel> = BTreeSet::new();
-        for b in &best {
-            if b.0.is_finite() {
-                elites.insert(b.1);
-            }
-        }
-        let elites: Vec<B::MicroKernel> = elites.into_iter().collect();
-        let candidates = self.evolve(&elites, rng);
-        self.time.search += t0.elapsed().as_secs_f64();
-        let pred = self.predict(model, &candidates);
-        let t0 = Instant::now();
-        let done = self.journal.tried();
-        let w: Vec<f64> = self.instances.iter().map(|x| x.weight).collect();
-        // Current objective terms; unknown instances count as twice the best prediction.
-        let mut cur: Vec<f64> = best
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                if b.0.is_finite() {
-                    b.0
-                } else {
-                    2.0 * pred.iter().map(|p| p[i]).fold(f64::INFINITY, f64::min)
-                }
-            })
-            .collect();
-        let gain = |c: usize, i: usize, cur: &[f64]| w[i] * (cur[i] - pred[c][i]).max(0.0);
-        let n_kernels = self
-            .options
-            .batch
-            .min(budget.div_ceil(self.options.instances_per_kernel))
-            .max(1);
-        // With no measurements yet the model knows nothing: explore at random.
-        let epsilon = if model.samples == 0 {
-            1.0
-        } else {
-            self.options.epsilon
-        };
-        let n_random = ((n_kernels as f64 * epsilon).round() as usize).min(n_kernels);
-        let mut picked: Vec<usize> = Vec::new();
-        let mut trials: Vec<(B::MicroKernel, usize)> = Vec::new();
-        while picked.len() < n_kernels - n_random {
-            let score = |c: usize| (0..w.len()).map(|i| gain(c, i, &cur)).sum::<f64>();
-            let Some(c) = (0..candidates.len())
-                .filter(|c| !picked.contains(c))
-                .max_by(|&a, &b| score(a).total_cmp(&score(b)))
-            else {
-                break;
-            };
-            picked.push(c);
-            // Measure it where it should help most (not measured there yet).
-            let mut order: Vec<usize> = (0..w.len())
-                .filter(|&i| !done.contains(&(candidates[c], self.instances[i].bindings.clone())))
-                .collect();
-            order.sort_by(|&a, &b| gain(c, b, &cur).total_cmp(&gain(c, a, &cur)));
-            for &i in order.iter().take(self.options.instances_per_kernel) {
-                trials.push((candidates[c], i));
-            }
-            for i in 0..w.len() {
-                cur[i] = cur[i].min(pred[c][i]);
-            }
-        }
-        // Exploration: random micro-kernels on instances drawn by weight; before any
-        // measurement, the seeds (the sketch's defaults) first, so that tuning starts
-        // from what an untuned module runs.
-        let seeds = if model.samples == 0 {
-            self.backend.seeds(&self.workload)
-        } else {
-            Vec::new()
-        };
-        for r in 0..n_random.max(seeds.len()) {
-            let mk = match seeds.get(r) {
-                Some(&d) => d,
-                None => self.backend.sample(rng),
-            };
-            for _ in 0..self.options.instances_per_kernel {
-                trials.push((mk, weighted_pick(&w, rng)));
-            }
-        }
-        let mut seen = BTreeSet::new();
-        trials.retain(|(mk, i)| {
-            !done.contains(&(*mk, self.instances[*i].bindings.clone())) && seen.insert((*mk, *i))
-        });
-        trials.truncate(budget);
-        self.time.search += t0.elapsed().as_secs_f64();
-        trials
-    }
-
     /// Build and measure the trials of a search round (or with `vote`, a vote round),
     /// append their records; returns how many failed, and how many the environment
     /// failed with the first reason. Each trial is recorded as soon as it is measured,
@@ -602,16 +484,4 @@ fn trial_batch<'t, K>(
         specialize: options.per_shape.then(|| &instances[0].bindings),
         trials,
     }
-}
-
-fn weighted_pick(w: &[f64], rng: &mut impl Rng) -> usize {
-    let total: f64 = w.iter().sum();
-    let mut x = rng.random_range(0.0..total.max(1e-300));
-    for (i, wi) in w.iter().enumerate() {
-        if x < *wi {
-            return i;
-        }
-        x -= wi;
-    }
-    w.len() - 1
 }
