@@ -241,7 +241,8 @@ fn report_loss(
     if retimed > 0 {
         let (mean_first, at, worst_first) = spread(first);
         let _ = writeln!(s,
-            "  {retimed} instances past {:.0}% timed {RETIMES} more times, every kernel, each keeping its pass of median loss; the first pass alone: mean {:.2}%, worst {:.2}% (at {})",
+            "  {retimed} {} past {:.0}% timed {RETIMES} more times, every kernel, each keeping its pass of median loss; the first pass alone: mean {:.2}%, worst {:.2}% (at {})",
+            if retimed == 1 { "instance" } else { "instances" },
             RETIME_PAST * 100.0,
             mean_first * 100.0,
             worst_first * 100.0,
