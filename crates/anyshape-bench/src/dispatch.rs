@@ -78,7 +78,7 @@ pub fn dispatch_loss(
         .filter(|&i| first[i] > RETIME_PAST)
         .collect();
     if !past.is_empty() {
-        let mut passes: Vec<Vec<Row>> = past.iter().map(|_| Vec::new()).collect();
+        let mut passes: Vec<Vec<Row>> = past.iter().map(|&i| vec![rows[i].clone()]).collect();
         for pass in 1..=RETIMES {
             for (p, again) in passes
                 .iter_mut()
@@ -87,8 +87,7 @@ pub fn dispatch_loss(
                 p.push(again);
             }
         }
-        for (&i, mut p) in past.iter().zip(passes) {
-            p.push(rows[i].clone());
+        for (&i, p) in past.iter().zip(passes) {
             rows[i] = median_pass(p);
         }
     }

@@ -1,15 +1,15 @@
 //! The joint evolutionary search: one population of micro-kernels serves every instance.
 //!
 //! Each round: evolve candidates from the best micro-kernels known for any instance
-//! (mutation, crossover, fresh samples; `explore.rs`); score every candidate on every instance with
-//! the cost model (features once per micro-kernel, adapted per instance; `scores.rs`);
-//! pick a batch that most lowers the predicted weighted latency (plus some random
-//! picks); build them as symbolic kernels, measure each on the instances where it should
-//! help most; append the records (`journal.rs`); retrain the model. The objective is
-//! `Σ_i w_i · latency_i` of the best micro-kernel known for each instance. The last
-//! share of the budget measures the winners' neighbours instead (`exploit.rs`). The
-//! search stops when the budget is spent, when it stalls, or when interrupted
-//! ([`StopReason`]).
+//! (mutation, crossover, fresh samples), score every candidate on every instance with
+//! the cost model (features once per micro-kernel, adapted per instance; `scores.rs`)
+//! and pick a batch that most lowers the predicted weighted latency (plus some random
+//! picks; both `explore.rs`); build them as symbolic kernels, measure each on the
+//! instances where it should help most; append the records (`journal.rs`); retrain the
+//! model. The objective is `Σ_i w_i · latency_i` of the best micro-kernel known for
+//! each instance. The last share of the budget measures the winners' neighbours
+//! instead (`exploit.rs`). The search stops when the budget is spent, when it stalls,
+//! or when interrupted ([`StopReason`]).
 use crate::family::Shared;
 use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
 use crate::{

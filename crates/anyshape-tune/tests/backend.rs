@@ -169,6 +169,22 @@ impl Fixture {
         }
     }
 
+    /// The close-call tests' fixture: nine instances, a search of 48 trials.
+    fn close_calls() -> Self {
+        let tune = TuneOptions {
+            trials: 48,
+            ..TuneOptions::default()
+        };
+        Fixture::new("T=40..48", tune)
+    }
+
+    /// A tuner over the domain after a search from fresh records.
+    fn searched(&self) -> Tuner<Synthetic<'_>> {
+        let mut tuner = self.tuner(false);
+        tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+        tuner
+    }
+
     /// A tuner over the domain, its records continued with `resume`.
     fn tuner(&self, resume: bool) -> Tuner<Synthetic<'_>> {
         let (log, previous) = RecordLog::open(&self.records, resume).unwrap();
@@ -323,16 +339,9 @@ fn a_lucky_run_does_not_win_a_close_call() {
 /// The vote round's first measurement on the last instance is off: the best candidate's
 /// 5 % slower than the runner-up (`lucky`: the runner-up's 5 % faster than the best).
 fn close_call(lucky: bool) {
-    let f = Fixture::new(
-        "T=40..48",
-        TuneOptions {
-            trials: 48,
-            ..TuneOptions::default()
-        },
-    );
+    let f = Fixture::close_calls();
     let (w, domain, measured, spike) = (&f.w, &f.domain, &f.measured, &f.spike);
-    let mut tuner = f.tuner(false);
-    tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    let mut tuner = f.searched();
     // The two fastest micro-kernels the search measured on the last instance, one of
     // whose measurements in the vote round is off.
     let (last, n) = (domain.last().unwrap(), domain.len() - 1);
@@ -390,16 +399,9 @@ fn close_call(lucky: bool) {
 /// timed again.
 #[test]
 fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
-    let f = Fixture::new(
-        "T=40..48",
-        TuneOptions {
-            trials: 48,
-            ..TuneOptions::default()
-        },
-    );
+    let f = Fixture::close_calls();
     let (w, domain, measured, spike) = (&f.w, &f.domain, &f.measured, &f.spike);
-    let mut tuner = f.tuner(false);
-    tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+    let mut tuner = f.searched();
     let (last, n) = (domain.last().unwrap(), domain.len() - 1);
     let mut known = fastest_on(&mut tuner, &f.backend(), w, last);
     known.dedup_by(|a, b| a.0 == b.0);
