@@ -1,7 +1,7 @@
 //! The contract between generated kernels and whatever calls them: the kernel ABI (the
 //! C signature every kernel and a module's entry point share, its status codes, how a
-//! kernel library is opened, where its buffers start), the dispatch tree, and the module
-//! manifest's types.
+//! kernel library is opened, where its buffers start, whether they fit), the dispatch tree,
+//! and the module manifests' types.
 //!
 //! The code generator writes to this contract and the runtime reads by it; neither
 //! needs the other. This crate knows shape vars and workloads as text (`anyshape-ir`);
@@ -13,6 +13,7 @@ mod cpu;
 mod dispatch;
 mod kernel;
 mod manifest;
+mod memory;
 mod model;
 
 pub use alloc::{CacheLineAllocator, ALIGN_FROM_BYTES, BUFFER_ALIGN};
@@ -26,4 +27,5 @@ pub use manifest::{
     sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, Vote, FORMAT_VERSION,
     HEADER_FILE, MANIFEST_FILE,
 };
+pub use memory::{check_fits, gib, memory};
 pub use model::{ModelManifest, ModelTask, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};

@@ -115,16 +115,25 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// SHA-256 of `value`'s JSON with its checksum field (reached by `field`) empty: how a
+/// manifest seals itself.
+pub(crate) fn sealed_digest<T: Serialize + Clone>(
+    value: &T,
+    field: impl FnOnce(&mut T) -> &mut String,
+) -> String {
+    let mut unsealed = value.clone();
+    field(&mut unsealed).clear();
+    sha256_hex(
+        serde_json::to_string(&unsealed)
+            .expect("manifests serialize")
+            .as_bytes(),
+    )
+}
+
 impl Manifest {
     /// The checksum of the content (with `checksum` itself empty).
     pub fn digest(&self) -> String {
-        let mut unsealed = self.clone();
-        unsealed.checksum.clear();
-        sha256_hex(
-            serde_json::to_string(&unsealed)
-                .expect("manifests serialize")
-                .as_bytes(),
-        )
+        sealed_digest(self, |m| &mut m.checksum)
     }
 
     /// Set the checksum over the current content.

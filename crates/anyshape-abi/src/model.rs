@@ -1,16 +1,22 @@
-//! The model module's manifest: a directory holding the source model (`model.onnx`),
-//! one module per task (`tasks/tNN/`, each a module of `manifest.rs`'s format) and this
-//! manifest (`model.json`): the model's dims and their tuned domains, and each task's
-//! workload, how many steps run it and where its module is.
+//! The model module's manifest: a directory holding the source model (`model.onnx`,
+//! with its external data files where it has some), one module per task (`tasks/tNN/`,
+//! each a module of `manifest.rs`'s format), the tuning log (`tuning.json`, where the
+//! model was tuned) and this manifest (`model.json`): the model's dims and their
+//! compiled domains, each task's workload, how many steps run it and where its module
+//! is, and every other file of the module with its checksum. The manifest is sealed by
+//! a checksum of itself, so a module holds exactly what it lists, all of it verifiable.
+use crate::manifest::sealed_digest;
 use crate::FileEntry;
 use anyshape_ir::ShapeVar;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Model module format number; bump when the layout or the manifest changes meaning,
-/// or fusion makes other tasks of the same model (2: attention's transposes, scales and
-/// mask folded into `attention_scores` and `attention_context`, the softmax's NaN guard
-/// into `+nan_to_zero`).
-pub const MODEL_FORMAT: u32 = 2;
+/// or fusion makes other tasks of the same model (3: every file listed with its
+/// checksum, the manifest sealed; 2: attention's transposes, scales and mask folded
+/// into `attention_scores` and `attention_context`, the softmax's NaN guard into
+/// `+nan_to_zero`).
+pub const MODEL_FORMAT: u32 = 3;
 /// The manifest's file name inside a model module.
 pub const MODEL_FILE: &str = "model.json";
 /// The source model's file name inside a model module.
@@ -38,10 +44,31 @@ pub struct ModelManifest {
     pub format: u32,
     /// The anyshape version that wrote it.
     pub anyshape: String,
-    /// The source model's checksum.
-    pub source: FileEntry,
     /// The model's dims with the domains they were compiled for.
     pub dims: Vec<ShapeVar>,
     /// The tasks.
     pub tasks: Vec<ModelTask>,
+    /// Every file of the module but this manifest, by its path inside the module
+    /// (`/`-separated): the source model and its external data, each task module's
+    /// files, the tuning log. A module holds these and nothing else.
+    pub files: BTreeMap<String, FileEntry>,
+    /// SHA-256 of this manifest with this field empty.
+    pub checksum: String,
+}
+
+impl ModelManifest {
+    /// The checksum of the content (with `checksum` itself empty).
+    pub fn digest(&self) -> String {
+        sealed_digest(self, |m| &mut m.checksum)
+    }
+
+    /// Set the checksum over the current content.
+    pub fn seal(&mut self) {
+        self.checksum = self.digest();
+    }
+
+    /// As pretty JSON, the form of `model.json`.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("manifests serialize")
+    }
 }

@@ -1,12 +1,14 @@
 //! `anyshape bench --compare`: the module against the vendor libraries and the tuned
 //! baselines (per-shape, Nimble-style, bucketing), instance by instance, in one run,
 //! with a CSV, a Markdown report and plots.
-use crate::error::{io, BenchError, Result};
+use crate::error::{BenchError, Result};
+use crate::out::OutDir;
 use crate::report::{median, Report};
 use crate::tuned::{buckets, tuned_baselines, PerShapeTuner};
 use crate::{build_vendors, peak, Harness};
 use anyshape_abi::{Manifest, ENTRY_SYMBOL};
 use anyshape_codegen::{MicroKernel, Sketch, Target as _};
+use anyshape_files::Reads;
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurer, Outcome, Progress};
 use anyshape_tune::TuneOptions;
@@ -98,6 +100,8 @@ pub fn compare(
     h: &Harness,
     progress: &mut dyn Progress,
 ) -> Result<(String, Vec<String>)> {
+    // The reports' directory is checked before any work.
+    let out = OutDir::new(o.out_dir, Reads::new().dir(dir).clone())?;
     let workload = Workload::parse(&m.workload)?;
     let w = &workload;
     // The vendors and the tuned baselines are GEMMs.
@@ -312,15 +316,16 @@ pub fn compare(
         methods: &methods,
         failures: &failures,
     };
-    std::fs::create_dir_all(o.out_dir).map_err(io(o.out_dir))?;
-    let csv = o.out_dir.join("results.csv");
-    std::fs::write(&csv, report.csv()).map_err(io(&csv))?;
-    let md = o.out_dir.join("report.md");
-    std::fs::write(&md, report.markdown()).map_err(io(&md))?;
-    let mut written = vec![csv.display().to_string(), md.display().to_string()];
-    for plot in report.plots(o.out_dir) {
+    let mut written = Vec::new();
+    for (name, text) in [
+        ("results.csv", report.csv()),
+        ("report.md", report.markdown()),
+    ] {
+        written.push(out.write(name, text.as_bytes())?.display().to_string());
+    }
+    for plot in report.plots() {
         match plot {
-            Ok(p) => written.push(p.display().to_string()),
+            Ok((name, svg)) => written.push(out.write(name, svg.as_bytes())?.display().to_string()),
             Err(e) => progress.note(&format!("warning: no plot: {e}")),
         }
     }

@@ -5,12 +5,12 @@
 //! of a shared machine does not pass for a wrong dispatch); and the time per call of
 //! the entry point, `Module::run`, the shape check and the tree walk against a bare
 //! kernel call.
-use crate::error::{io, BenchError, Result};
+use crate::error::{BenchError, Result};
 use crate::Harness;
 use anyshape_abi::ENTRY_SYMBOL;
 use anyshape_ir::Bindings;
 use anyshape_measure::{
-    buffer_bytes, check_fits, random_inputs, Candidate, Kernels, MeasureOptions, Outcome, Progress,
+    buffer_bytes, random_inputs, Candidate, Kernels, MeasureOptions, Outcome, Progress,
 };
 use anyshape_runtime::Module;
 use std::fmt::Write as _;
@@ -288,7 +288,9 @@ fn report_loss(
                 r.specialized.map_or(String::new(), |t| format!("{t:e}"))
             );
         }
-        std::fs::write(path, csv).map_err(io(path))?;
+        let mut reads = anyshape_files::Reads::new();
+        reads.dir(module.dir());
+        anyshape_files::write_bytes(path, &reads, "--csv", csv.as_bytes())?;
         let _ = writeln!(s, "  per-instance table written to {}", path.display());
     }
     Ok(s)
@@ -329,7 +331,11 @@ pub fn overhead(module: &Module, at: Option<&Bindings>) -> Result<String> {
     let bound = module.bind(&bindings)?;
     // Two outputs besides the inputs: bare calls and checked calls write their own.
     let n_in = module.workload().inputs.len();
-    check_fits(buffer_bytes(&bound) + bound.lens[n_in] as u128 * 4).map_err(BenchError::Options)?;
+    anyshape_abi::check_fits(
+        buffer_bytes(&bound) + bound.lens[n_in] as u128 * 4,
+        "the instance's buffers",
+    )
+    .map_err(BenchError::Options)?;
     let inputs = random_inputs(&bound, n_in, 7);
     let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
     let mut out = vec![0.0f32; bound.lens[n_in]];

@@ -29,6 +29,10 @@ pub enum BenchError {
         /// Why.
         source: std::io::Error,
     },
+    /// A file could not be read or written as anyshape reads and writes them (not a
+    /// regular file, read by the same command, or the system refused).
+    #[error(transparent)]
+    File(#[from] anyshape_files::FileError),
     /// The machine cannot run the benchmark (a library that does not load).
     #[error("{0}")]
     Environment(String),

@@ -2,7 +2,8 @@
 //! GPU tuning run against cuBLAS, and the paper's Fig. 5 case (local padding against
 //! boundary checks and loop partitioning with a 128×128 micro-kernel); a Markdown
 //! report and a CSV.
-use crate::error::{io, Result};
+use crate::error::Result;
+use crate::out::OutDir;
 use crate::report::{geomean, significant};
 use crate::CUBLAS_SYMBOL;
 use anyshape_abi::DispatchTree;
@@ -140,9 +141,8 @@ pub fn compare_gpu(
     }
     let fig5 = fig5(c, measurer, &runner)?;
     let markdown = render(c, &rows, &fig5);
-    std::fs::create_dir_all(out_dir).map_err(io(out_dir))?;
-    let md = out_dir.join("report.md");
-    std::fs::write(&md, &markdown).map_err(io(&md))?;
+    let out = OutDir::new(out_dir, anyshape_files::Reads::new())?;
+    let md = out.write("report.md", markdown.as_bytes())?;
     let mut csv = String::from("instance,gflop,kernel,anyshape_s,cublas_s,speedup\n");
     for r in &rows {
         let _ = writeln!(
@@ -156,8 +156,7 @@ pub fn compare_gpu(
             speedup(r).map_or(String::new(), |x| x.to_string())
         );
     }
-    let path = out_dir.join("results.csv");
-    std::fs::write(&path, csv).map_err(io(&path))?;
+    let path = out.write("results.csv", csv.as_bytes())?;
     Ok(GpuReport {
         markdown,
         written: vec![md.display().to_string(), path.display().to_string()],

@@ -3,12 +3,14 @@
 //! of dim values. Systems are timed in interleaved rounds (the order rotates each
 //! round) and each keeps its minimum latency; every peer's outputs are checked against
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
-use crate::error::{io, BenchError, Result};
+use crate::error::{BenchError, Result};
+use crate::out::OutDir;
 use crate::peers::{Anyshape, Case, Onnxruntime, Peer};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
 use anyshape_codegen::Target;
+use anyshape_files::Reads;
 use anyshape_graph::{DType, Data, Tensor};
 use anyshape_ir::Bindings;
 use anyshape_measure::Progress;
@@ -161,6 +163,8 @@ pub fn compare_model(
     h: &Harness,
     progress: &mut dyn Progress,
 ) -> Result<(String, Vec<String>)> {
+    // The reports' directory is checked before any work.
+    let out = OutDir::new(o.out_dir, Reads::new().dir(dir).clone())?;
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
@@ -212,7 +216,7 @@ pub fn compare_model(
         progress.message(&b.to_string());
         let npz = case_dir.join(format!("case-{i}.npz"));
         let tensors = inputs(&g, b)?;
-        anyshape_graph::npz::write(&npz, &tensors)
+        anyshape_graph::npz::write(&npz, &tensors, &Reads::new(), "a case file")
             .map_err(|e| BenchError::Environment(e.to_string()))?;
         let case = Case { tensors, npz };
         let n = peers.len();
@@ -281,7 +285,7 @@ pub fn compare_model(
         unavailable: &unavailable,
         failures: &failures,
     };
-    write_all(&report)
+    write_all(&report, &out)
 }
 
 struct ModelReport<'a> {
@@ -433,7 +437,7 @@ impl ModelReport<'_> {
     }
 
     /// Latency against the dim that varies (the instance number if several do).
-    fn plot(&self, path: &Path) -> std::result::Result<(), crate::plot::PlotError> {
+    fn plot(&self) -> std::result::Result<String, crate::plot::PlotError> {
         let varying: Vec<&str> = self
             .o
             .dims
@@ -464,7 +468,6 @@ impl ModelReport<'_> {
             _ => "instance",
         };
         lines_svg(
-            path,
             &format!("{}: latency", self.dir.display()),
             (x_label, "latency (ms, log)"),
             true,
@@ -473,20 +476,19 @@ impl ModelReport<'_> {
     }
 }
 
-fn write_all(r: &ModelReport) -> Result<(String, Vec<String>)> {
-    let out = r.o.out_dir;
-    std::fs::create_dir_all(out).map_err(io(out))?;
+fn write_all(r: &ModelReport, out: &OutDir) -> Result<(String, Vec<String>)> {
     let mut written = Vec::new();
     let md = r.markdown();
     for (name, text) in [("model.md", md.clone()), ("model.csv", r.csv())] {
-        let path = out.join(name);
-        std::fs::write(&path, text).map_err(io(&path))?;
-        written.push(path.display().to_string());
+        written.push(out.write(name, text.as_bytes())?.display().to_string());
     }
-    let svg = out.join("model-latency.svg");
     let mut summary = md;
-    match r.plot(&svg) {
-        Ok(()) => written.push(svg.display().to_string()),
+    match r.plot() {
+        Ok(svg) => written.push(
+            out.write("model-latency.svg", svg.as_bytes())?
+                .display()
+                .to_string(),
+        ),
         Err(e) => {
             let _ = writeln!(summary, "- plot not written: {e}");
         }

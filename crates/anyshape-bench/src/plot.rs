@@ -1,11 +1,11 @@
-//! Plots of a comparison as SVG (with `plotters`): one line per system against the
-//! shape var (DietCode Fig. 10/12) and bars of tuning time per system (Fig. 9).
+//! Plots of a comparison as SVG text (with `plotters`): one line per system against
+//! the shape var (DietCode Fig. 10/12) and bars of tuning time per system (Fig. 9).
+//! Writing them is the report's (`out.rs`).
 //!
 //! Text needs a TrueType font: the first of [`FONTS`] that exists is registered once
 //! (Debian's `fonts-dejavu-core`, which `scripts/setup.sh` installs).
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
-use std::path::Path;
 use std::sync::OnceLock;
 
 /// Where a sans-serif TrueType font is looked for, in order.
@@ -15,7 +15,7 @@ pub const FONTS: [&str; 3] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-/// Why a plot was not written.
+/// Why a plot was not drawn.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
     /// No font to draw text with.
@@ -24,11 +24,11 @@ pub enum PlotError {
     /// Nothing to draw.
     #[error("nothing to plot: {0}")]
     Empty(String),
-    /// The drawing backend failed (e.g. the file cannot be written).
-    #[error("drawing {path}: {message}")]
+    /// The drawing backend failed.
+    #[error("drawing {title}: {message}")]
     Draw {
-        /// The plot file.
-        path: String,
+        /// The plot's title.
+        title: String,
         /// The backend's error.
         message: String,
     },
@@ -62,21 +62,20 @@ fn font() -> Result<(), PlotError> {
     .map_err(PlotError::NoFont)
 }
 
-fn draw_err(path: &Path) -> impl Fn(String) -> PlotError + '_ {
+fn draw_err(title: &str) -> impl Fn(String) -> PlotError + '_ {
     move |message| PlotError::Draw {
-        path: path.display().to_string(),
+        title: title.to_string(),
         message,
     }
 }
 
-/// A line plot of `series` against x; with `log_y` a logarithmic y axis.
+/// A line plot of `series` against x, as SVG; with `log_y` a logarithmic y axis.
 pub fn lines_svg(
-    path: &Path,
     title: &str,
     (x_label, y_label): (&str, &str),
     log_y: bool,
     series: &[Series],
-) -> Result<(), PlotError> {
+) -> Result<String, PlotError> {
     font()?;
     let all = || series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -86,8 +85,9 @@ pub fn lines_svg(
     if x0 > x1 {
         return Err(PlotError::Empty(title.into()));
     }
-    let err = draw_err(path);
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    let err = draw_err(title);
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let mut builder = ChartBuilder::on(&root);
     builder
@@ -148,23 +148,21 @@ pub fn lines_svg(
             .map_err(|e| err(e.to_string()))?;
         draw!(c);
     }
-    root.present().map_err(|e| err(e.to_string()))
+    root.present().map_err(|e| err(e.to_string()))?;
+    drop(root);
+    Ok(svg)
 }
 
-/// A bar per `(label, value)`, e.g. tuning seconds per system.
-pub fn bars_svg(
-    path: &Path,
-    title: &str,
-    y_label: &str,
-    bars: &[(String, f64)],
-) -> Result<(), PlotError> {
+/// A bar per `(label, value)`, e.g. tuning seconds per system, as SVG.
+pub fn bars_svg(title: &str, y_label: &str, bars: &[(String, f64)]) -> Result<String, PlotError> {
     font()?;
     let top = bars.iter().map(|b| b.1).fold(0.0, f64::max);
     if bars.is_empty() || top <= 0.0 {
         return Err(PlotError::Empty(title.into()));
     }
-    let err = draw_err(path);
-    let root = SVGBackend::new(path, (720, 480)).into_drawing_area();
+    let err = draw_err(title);
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (720, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let n = bars.len();
     let mut chart = ChartBuilder::on(&root)
@@ -208,7 +206,10 @@ pub fn bars_svg(
             )
         }))
         .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))
+    drop(chart);
+    root.present().map_err(|e| err(e.to_string()))?;
+    drop(root);
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -216,8 +217,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writes_svg_or_says_why_not() {
-        let dir = tempfile::tempdir().unwrap();
+    fn draws_svg_or_says_why_not() {
         let series = vec![
             Series {
                 name: "a".into(),
@@ -228,35 +228,26 @@ mod tests {
                 points: vec![(2.0, 3.0)],
             },
         ];
-        let lines = dir.path().join("l.svg");
-        let bars = dir.path().join("b.svg");
-        match lines_svg(&lines, "t", ("T", "ms"), true, &series) {
+        let first = match lines_svg("t", ("T", "ms"), true, &series) {
             Err(PlotError::NoFont(f)) => {
                 eprintln!("skipping: no font ({f})");
                 return;
             }
             r => r.unwrap(),
-        }
-        lines_svg(&lines, "t", ("T", "GFLOP/s"), false, &series).unwrap();
-        bars_svg(
-            &bars,
-            "tuning",
-            "s",
-            &[("x".into(), 3.0), ("y".into(), 9.0)],
-        )
-        .unwrap();
-        bars_svg(&bars, "one", "s", &[("x".into(), 3.0)]).unwrap();
-        for p in [&lines, &bars] {
-            let svg = std::fs::read_to_string(p).unwrap();
+        };
+        let svgs = [
+            first,
+            lines_svg("t", ("T", "GFLOP/s"), false, &series).unwrap(),
+            bars_svg("tuning", "s", &[("x".into(), 3.0), ("y".into(), 9.0)]).unwrap(),
+            bars_svg("one", "s", &[("x".into(), 3.0)]).unwrap(),
+        ];
+        for svg in svgs {
             assert!(svg.starts_with("<svg") && svg.contains("<text"), "{svg}");
         }
         assert!(matches!(
-            lines_svg(&lines, "t", ("T", "ms"), true, &[]),
+            lines_svg("t", ("T", "ms"), true, &[]),
             Err(PlotError::Empty(_))
         ));
-        assert!(matches!(
-            bars_svg(&bars, "t", "s", &[]),
-            Err(PlotError::Empty(_))
-        ));
+        assert!(matches!(bars_svg("t", "s", &[]), Err(PlotError::Empty(_))));
     }
 }

@@ -4,7 +4,7 @@ use crate::compare::{Cell, TuningTime, CHECK_FLOPS};
 use crate::plot::{bars_svg, lines_svg, PlotError, Series};
 use anyshape_ir::Bindings;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub(crate) struct Report<'a> {
     pub module: &'a Path,
@@ -225,9 +225,9 @@ impl Report<'_> {
         s
     }
 
-    /// The plots: latency and GFLOP/s against the shape var per system, tuning time per
-    /// tuned system.
-    pub fn plots(&self, dir: &Path) -> Vec<Result<PathBuf, PlotError>> {
+    /// The plots, by file name: latency and GFLOP/s against the shape var per system,
+    /// tuning time per tuned system.
+    pub fn plots(&self) -> Vec<Result<(&'static str, String), PlotError>> {
         let x = |b: &Bindings| match b.iter().collect::<Vec<_>>().as_slice() {
             [(_, v)] => Some(*v as f64),
             _ => None,
@@ -253,22 +253,21 @@ impl Report<'_> {
                 .collect()
         };
         let mut out = Vec::new();
-        let mut plot = |name: &str, draw: &dyn Fn(&Path) -> Result<(), PlotError>| {
-            let path = dir.join(name);
-            out.push(draw(&path).map(|_| path));
+        let mut plot = |name: &'static str, svg: Result<String, PlotError>| {
+            out.push(svg.map(|svg| (name, svg)));
         };
-        plot("latency.svg", &|p| {
+        plot(
+            "latency.svg",
             lines_svg(
-                p,
                 &format!("{}: latency (min) per system", self.workload),
                 (&var, "latency, ms (log)"),
                 true,
                 &series(&|_, c| c.min * 1e3),
-            )
-        });
-        plot("throughput.svg", &|p| {
+            ),
+        );
+        plot(
+            "throughput.svg",
             lines_svg(
-                p,
                 &format!(
                     "{}: GFLOP/s per system (peak {:.0})",
                     self.workload, self.peak
@@ -276,11 +275,11 @@ impl Report<'_> {
                 (&var, "GFLOP/s"),
                 false,
                 &series(&|i, c| self.flops[i] / c.min / 1e9),
-            )
-        });
-        plot("tuning.svg", &|p| {
+            ),
+        );
+        plot(
+            "tuning.svg",
             bars_svg(
-                p,
                 &format!("{}: tuning time", self.workload),
                 "seconds",
                 &self
@@ -288,8 +287,8 @@ impl Report<'_> {
                     .iter()
                     .map(|t| (t.name.clone(), t.seconds))
                     .collect::<Vec<_>>(),
-            )
-        });
+            ),
+        );
         out
     }
 

@@ -6,7 +6,7 @@
 //! compile's curve stays there; the report also gives each compile's build share of its wall time,
 //! trials per hour and the families' held-out Spearman. Writes `tuning.md`,
 //! `tuning.csv` and `tuning-curve.svg`.
-use crate::error::io;
+use crate::out::OutDir;
 use crate::plot::{lines_svg, Series};
 use crate::{BenchError, Result};
 use anyshape_tune::{TuningLog, TUNING_FILE};
@@ -50,7 +50,7 @@ pub struct TuningComparison {
 /// Read a model module's tuning log.
 pub fn read_tuning(module: &Path) -> Result<TuningLog> {
     let path = module.join(TUNING_FILE);
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text = anyshape_files::read_to_string(&path, 256 * anyshape_files::MIB, "a tuning log")?;
     serde_json::from_str(&text).map_err(|e| {
         BenchError::Options(format!(
             "{}: not a tuning log ({e}); a model module compiled with --trials > 0 has one",
@@ -178,14 +178,11 @@ impl TuningComparison {
 
     /// Write `tuning.md`, `tuning.csv` and `tuning-curve.svg` into `out`; returns the
     /// Markdown (with a line where the plot could not be drawn) and the files written.
-    pub fn write(&self, title: &str, out: &Path) -> Result<(String, Vec<String>)> {
-        std::fs::create_dir_all(out).map_err(io(out))?;
+    pub fn write(&self, title: &str, out: &OutDir) -> Result<(String, Vec<String>)> {
         let mut md = self.markdown(title);
         let mut written = Vec::new();
         for (name, text) in [("tuning.md", md.clone()), ("tuning.csv", self.csv())] {
-            let path = out.join(name);
-            std::fs::write(&path, text).map_err(io(&path))?;
-            written.push(path.display().to_string());
+            written.push(out.write(name, text.as_bytes())?.display().to_string());
         }
         let series: Vec<Series> = [&self.log, &self.baseline]
             .iter()
@@ -198,15 +195,17 @@ impl TuningComparison {
                     .collect(),
             })
             .collect();
-        let svg = out.join("tuning-curve.svg");
         match lines_svg(
-            &svg,
             title,
             ("tuning time (s)", "expected model latency (ms, log)"),
             true,
             &series,
         ) {
-            Ok(()) => written.push(svg.display().to_string()),
+            Ok(svg) => written.push(
+                out.write("tuning-curve.svg", svg.as_bytes())?
+                    .display()
+                    .to_string(),
+            ),
             Err(e) => {
                 let _ = writeln!(md, "\n- plot not written: {e}");
             }

@@ -7,14 +7,10 @@ pub type Result<T, E = GraphError> = std::result::Result<T, E>;
 /// Why a model could not be read, understood or run.
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
-    /// The file could not be read (environment).
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// A file could not be read: missing, unreadable (environment), not a regular file
+    /// or too large (user input).
+    #[error(transparent)]
+    File(#[from] anyshape_files::FileError),
     /// A `.npz` file is damaged or holds what anyshape cannot read (user input).
     #[error("{0}")]
     Npz(String),

@@ -209,6 +209,67 @@ impl Plan {
         self.execute(inputs, kernel, Some(seconds))
     }
 
+    /// The bytes a run on `inputs` allocates at its peak, from the inputs' dims alone
+    /// (nothing is allocated): the tensors live at once as steps make and free them,
+    /// and a host step's working space (twice its outputs: the index walks of
+    /// broadcasts and gathers). The inputs themselves are the caller's, not counted.
+    pub fn run_bytes(&self, inputs: &[(&str, Tensor)]) -> Result<u128> {
+        let (_, b) = bind_inputs(&self.graph, inputs)?;
+        let size = |v: ValueId| -> Result<u128> {
+            let f = fact(&self.facts, v);
+            let n = f
+                .shape_at(&b)?
+                .iter()
+                .try_fold(1u128, |n, &d| n.checked_mul(d as u128))
+                .unwrap_or(u128::MAX);
+            let width = match f.dtype {
+                crate::DType::F32 => 4,
+                crate::DType::I64 => 8,
+                crate::DType::Bool => 1,
+            };
+            Ok(n.saturating_mul(width))
+        };
+        let (mut live, mut peak) = (0u128, 0u128);
+        for (k, step) in self.fusion.steps.iter().enumerate() {
+            let made: Vec<ValueId> = match step.output {
+                Some(out) => vec![out],
+                None => step
+                    .nodes
+                    .iter()
+                    .flat_map(|&n| self.graph.nodes[n].outputs.iter().copied())
+                    .collect(),
+            };
+            let mut bytes = 0u128;
+            for v in made {
+                bytes = bytes.saturating_add(size(v)?);
+            }
+            let work = if step.output.is_some() { 0 } else { 2 * bytes };
+            live = live.saturating_add(bytes);
+            peak = peak.max(live.saturating_add(work));
+            let read = step
+                .inputs
+                .iter()
+                .map(|&(v, _)| v)
+                .chain(
+                    step.nodes
+                        .iter()
+                        .flat_map(|&n| self.graph.nodes[n].inputs.iter().flatten().copied()),
+                )
+                .filter(|&v| {
+                    self.last_use[v] == k
+                        && fact(&self.facts, v).value.is_none()
+                        && !self.graph.inputs.iter().any(|i| i.value == v)
+                });
+            let mut freed: Vec<ValueId> = read.collect();
+            freed.sort_unstable();
+            freed.dedup();
+            for v in freed {
+                live = live.saturating_sub(size(v)?);
+            }
+        }
+        Ok(peak)
+    }
+
     /// What step `k` computes, for profiles: its task's workload, `layer_norm`,
     /// `softmax`, or its ops.
     pub fn step_label(&self, k: usize) -> String {

@@ -70,6 +70,9 @@ pub struct Graph {
     pub initializers: BTreeMap<ValueId, Tensor>,
     /// The default-domain opset the model was exported with.
     pub opset: i64,
+    /// The external data files its tensors were read from, relative to the model's
+    /// directory (a compiled model module carries copies of them).
+    pub external: std::collections::BTreeSet<String>,
 }
 
 impl Graph {

@@ -2,12 +2,14 @@
 //! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), the operators'
 //! semantics ([`ops`]), a reference executor ([`exec::run`]) and fusion into steps
-//! and tasks ([`fuse`]); tensors in NumPy files ([`npz`]).
+//! and tasks ([`fuse`]); tensors in NumPy files ([`npz`]) and compared with a
+//! reference ([`compare`]).
 //!
 //! It builds on `anyshape-ir` (expressions, shape vars); it knows nothing of code
 //! generation, measuring or tuning.
 #![deny(missing_docs)]
 
+mod compare;
 mod error;
 pub mod exec;
 mod fact;
@@ -19,6 +21,7 @@ pub mod onnx;
 pub mod ops;
 mod tensor;
 
+pub use compare::{compare, Comparison, Element};
 pub use error::{GraphError, Result};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
 pub use fusion::{fuse, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};

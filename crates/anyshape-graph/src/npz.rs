@@ -1,95 +1,350 @@
-//! NumPy `.npz` files of named tensors (a model's inputs and outputs, recorded test
-//! cases), read and written with the `npyz` crate.
+//! NumPy `.npy` and `.npz` files of named tensors (a model's inputs and outputs,
+//! recorded test cases): read strictly — regular files within a size limit, every
+//! array's bytes exactly what its header declares (no trailing data, none missing),
+//! Fortran-ordered arrays put in C order, names unique — and written atomically
+//! beside their path (`anyshape-files`), never over a file the command reads. The
+//! container and header are the `npyz` crate's.
 use crate::error::{GraphError, Result};
 use crate::tensor::{Data, Tensor};
+use anyshape_files::{Reads, GIB};
 use npyz::WriterBuilder as _;
+use std::collections::BTreeSet;
+use std::io::Read;
 use std::path::Path;
+
+/// The largest `.npy` or `.npz` file, and the largest array, anyshape reads.
+pub const NPZ_LIMIT: u64 = 32 * GIB;
 
 fn format(path: &Path, what: impl std::fmt::Display) -> GraphError {
     GraphError::Npz(format!("{}: {what}", path.display()))
 }
 
 /// The arrays of a `.npz` file as tensors, by name, in the file's order (float32,
-/// int64 and bool arrays; any other dtype is an error that names it).
+/// int64 and bool arrays; any other dtype, a member that is not an array, or a name
+/// given twice is an error that names it).
 pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let file = std::fs::File::open(path).map_err(|source| GraphError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let mut archive = npyz::npz::NpzArchive::new(std::io::BufReader::new(file))
+    let (file, _) = anyshape_files::open(path, NPZ_LIMIT, "a .npz file of arrays")?;
+    let mut zip = npyz::npz::NpzArchive::new(std::io::BufReader::new(file))
         .map_err(|e| format(path, format_args!("not a .npz file ({e})")))?;
-    let names: Vec<String> = archive.array_names().map(String::from).collect();
+    let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    for name in names {
-        let arr = archive
-            .by_name(&name)
-            .map_err(|e| format(path, format_args!("array {name}: {e}")))?
-            .ok_or_else(|| format(path, format_args!("no array {name}")))?;
-        let t = tensor(arr, path, &name)?;
+    for i in 0..zip.zip_archive().len() {
+        let mut entry = zip
+            .zip_archive()
+            .by_index(i)
+            .map_err(|e| format(path, format_args!("member {i}: {e}")))?;
+        let member = entry.name().to_string();
+        let Some(name) = npyz::npz::array_name_from_file_name(&member).map(String::from) else {
+            return Err(format(
+                path,
+                format_args!("member `{member}` is not a NumPy array (.npy)"),
+            ));
+        };
+        if !seen.insert(name.clone()) {
+            return Err(format(path, format_args!("array `{name}` is stored twice")));
+        }
+        if entry.size() > NPZ_LIMIT {
+            return Err(format(
+                path,
+                format_args!(
+                    "array {name} is {} bytes, more than anyshape reads ({NPZ_LIMIT})",
+                    entry.size()
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(entry.size() as usize);
+        entry
+            .read_to_end(&mut bytes)
+            .map_err(|e| format(path, format_args!("array {name}: {e}")))?;
+        let t = array(&bytes, path, &name)?;
         out.push((name, t));
     }
     Ok(out)
 }
 
-/// One NumPy array as a tensor (float32, int64 or bool).
-fn tensor<R: std::io::Read>(arr: npyz::NpyFile<R>, path: &Path, name: &str) -> Result<Tensor> {
-    let shape: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
-    let bad = |e: std::io::Error| format(path, format_args!("array {name}: {e}"));
-    Ok(match arr.dtype().descr().as_str() {
-        "'<i8'" => Tensor::i64(shape, arr.into_vec::<i64>().map_err(bad)?)?,
-        "'<f4'" => Tensor::f32(shape, arr.into_vec::<f32>().map_err(bad)?)?,
-        "'|b1'" => Tensor::bool(shape, arr.into_vec::<bool>().map_err(bad)?)?,
-        d => {
-            return Err(format(
-                path,
-                format_args!("array {name} has dtype {d}; anyshape takes float32, int64 and bool"),
-            ))
-        }
-    })
-}
-
 /// The array of a `.npy` file as a tensor.
 pub fn read_npy(path: &Path) -> Result<Tensor> {
-    let file = std::fs::File::open(path).map_err(|source| GraphError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let arr = npyz::NpyFile::new(std::io::BufReader::new(file))
-        .map_err(|e| format(path, format_args!("not a .npy file ({e})")))?;
+    let bytes = anyshape_files::read(path, NPZ_LIMIT, "a .npy array")?;
     let name = path
         .file_stem()
         .map_or(String::new(), |s| s.to_string_lossy().into_owned());
-    tensor(arr, path, &name)
+    array(&bytes, path, &name)
 }
 
-/// Write tensors to a `.npz` file.
-pub fn write(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
-    let io = |source| GraphError::Io {
-        path: path.display().to_string(),
-        source,
+/// One NumPy array from its file's bytes: float32, int64 (little- or big-endian) or
+/// bool, in C or Fortran order; the data must be exactly what the header declares.
+fn array(bytes: &[u8], path: &Path, name: &str) -> Result<Tensor> {
+    let bad = |what: String| format(path, format_args!("array {name}: {what}"));
+    check_header_shape(bytes).map_err(bad)?;
+    let npy = npyz::NpyFile::new(bytes).map_err(|e| bad(format!("not a .npy array ({e})")))?;
+    let shape: Vec<usize> = npy
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad("a dim past this machine's address space".into()))?;
+    let order = npy.order();
+    let descr = npy.dtype().descr();
+    let data = npy.into_inner();
+    let n = crate::tensor::numel(&shape).map_err(|_| bad(format!("shape {shape:?} overflows")))?;
+    let width = match descr.as_str() {
+        "'<f4'" | "'>f4'" => 4,
+        "'<i8'" | "'>i8'" => 8,
+        "'|b1'" => 1,
+        d => {
+            return Err(bad(format!(
+                "dtype {d}; anyshape takes float32, int64 and bool"
+            )))
+        }
     };
-    let file = std::fs::File::create(path).map_err(io)?;
-    let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
-    for (name, t) in arrays {
-        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
-        // One writer per element type.
-        macro_rules! put {
-            ($t:ty, $v:expr) => {
-                npz.array::<$t>(name, Default::default())
-                    .map_err(io)?
-                    .default_dtype()
-                    .shape(&shape)
-                    .begin_nd()
-                    .map_err(io)?
-                    .extend($v.iter().copied())
-                    .map_err(io)?
-            };
+    let want = n
+        .checked_mul(width)
+        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
+    if data.len() != want {
+        return Err(bad(format!(
+            "{} bytes of data where its header ({shape:?} of {descr}) declares {want}{}",
+            data.len(),
+            if data.len() > want {
+                " (trailing bytes: not an array NumPy wrote)"
+            } else {
+                " (truncated)"
+            }
+        )));
+    }
+    let big = descr.starts_with("'>");
+    let elements = match width {
+        4 => Data::F32(
+            data.chunks_exact(4)
+                .map(|b| {
+                    let b = [b[0], b[1], b[2], b[3]];
+                    if big {
+                        f32::from_be_bytes(b)
+                    } else {
+                        f32::from_le_bytes(b)
+                    }
+                })
+                .collect(),
+        ),
+        8 => Data::I64(
+            data.chunks_exact(8)
+                .map(|b| {
+                    let b: [u8; 8] = b.try_into().expect("chunks of 8");
+                    if big {
+                        i64::from_be_bytes(b)
+                    } else {
+                        i64::from_le_bytes(b)
+                    }
+                })
+                .collect(),
+        ),
+        _ => Data::Bool(
+            data.iter()
+                .map(|&b| match b {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    _ => Err(bad(format!("a bool byte {b} (NumPy writes 0 or 1)"))),
+                })
+                .collect::<Result<_>>()?,
+        ),
+    };
+    let elements = match order {
+        npyz::Order::C => elements,
+        // Fortran order: the first axis varies fastest; read it with those strides.
+        npyz::Order::Fortran => {
+            let mut strides = vec![0usize; shape.len()];
+            let mut s = 1;
+            for (k, &d) in shape.iter().enumerate() {
+                strides[k] = s;
+                s *= d;
+            }
+            if n == 0 {
+                elements
+            } else {
+                crate::ops::strided(&elements, &shape, &strides)
+            }
         }
-        match &t.data {
-            Data::F32(v) => put!(f32, v),
-            Data::I64(v) => put!(i64, v),
-            Data::Bool(v) => put!(bool, v),
-        }
+    };
+    Tensor::new(shape, elements)
+}
+
+/// Refuse a header whose shape has more elements than 64 bits count, before the
+/// header parser multiplies them out.
+fn check_header_shape(bytes: &[u8]) -> std::result::Result<(), String> {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(65_536 + 12)]);
+    let Some(at) = text.find("'shape'") else {
+        return Ok(()); // the parser reports what is missing
+    };
+    let rest = &text[at..];
+    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else {
+        return Ok(());
+    };
+    if open > close {
+        return Ok(());
+    }
+    let mut n = 1u64;
+    for dim in rest[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+    {
+        let d: u64 = dim
+            .trim_end_matches('L')
+            .parse()
+            .map_err(|_| format!("the header's shape has the dim `{dim}`"))?;
+        n = n
+            .checked_mul(d)
+            .ok_or_else(|| "the header's shape has more elements than 64 bits count".to_string())?;
     }
     Ok(())
+}
+
+/// Write tensors to the `.npz` file `path` (named by `option` in messages), atomically:
+/// never over a file of `reads`; on any error `path` keeps what it held.
+pub fn write(path: &Path, arrays: &[(String, Tensor)], reads: &Reads, option: &str) -> Result<()> {
+    anyshape_files::write_atomic(path, reads, option, |file| {
+        let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
+        for (name, t) in arrays {
+            let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+            // One writer per element type.
+            macro_rules! put {
+                ($t:ty, $v:expr) => {{
+                    let mut w = npz
+                        .array::<$t>(name, Default::default())?
+                        .default_dtype()
+                        .shape(&shape)
+                        .begin_nd()?;
+                    w.extend($v.iter().copied())?;
+                    w.finish()?;
+                }};
+            }
+            match &t.data {
+                Data::F32(v) => put!(f32, v),
+                Data::I64(v) => put!(i64, v),
+                Data::Bool(v) => put!(bool, v),
+            }
+        }
+        npz.zip_writer()
+            .finish()?
+            .into_inner()
+            .map_err(|e| e.into_error())?;
+        Ok(())
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `.npy` file's bytes: the header NumPy writes, then `data`.
+    fn npy(descr: &str, fortran: bool, shape: &[usize], data: &[u8]) -> Vec<u8> {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        let shape = match dims.len() {
+            1 => format!("({},)", dims[0]),
+            _ => format!("({})", dims.join(", ")),
+        };
+        let mut header = format!(
+            "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
+            if fortran { "True" } else { "False" }
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend((header.len() as u16).to_le_bytes());
+        out.extend(header.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn fortran_order_is_honoured() {
+        // [[0, 1, 2], [3, 4, 5]] stored column by column.
+        let bytes = npy("<f4", true, &[2, 3], &f32s(&[0., 3., 1., 4., 2., 5.]));
+        let t = array(&bytes, Path::new("x.npy"), "x").unwrap();
+        assert_eq!(t.as_f32().unwrap(), &[0., 1., 2., 3., 4., 5.]);
+        let c = npy("<f4", false, &[2, 3], &f32s(&[0., 1., 2., 3., 4., 5.]));
+        assert_eq!(array(&c, Path::new("x.npy"), "x").unwrap(), t);
+        // Rank 3: element (i, j, k) at i + 2j + 6k.
+        let shape = [2usize, 3, 4];
+        let fortran: Vec<f32> = (0..24)
+            .map(|f| {
+                let (i, j, k) = (f % 2, (f / 2) % 3, f / 6);
+                (i * 12 + j * 4 + k) as f32
+            })
+            .collect();
+        let t = array(
+            &npy("<f4", true, &shape, &f32s(&fortran)),
+            Path::new("y"),
+            "y",
+        )
+        .unwrap();
+        assert_eq!(
+            t.as_f32().unwrap(),
+            (0..24).map(|x| x as f32).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn data_must_be_what_the_header_declares() {
+        let mut long = f32s(&[1., 2.]);
+        long.push(0);
+        let e = array(&npy("<f4", false, &[2], &long), Path::new("a.npy"), "a")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trailing"), "{e}");
+        let e = array(
+            &npy("<f4", false, &[3], &f32s(&[1., 2.])),
+            Path::new("a"),
+            "a",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("truncated"), "{e}");
+        let e = array(&npy("<f2", false, &[1], &[0, 0]), Path::new("a"), "a")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dtype"), "{e}");
+        let e = array(&npy("|b1", false, &[1], &[7]), Path::new("a"), "a")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bool byte"), "{e}");
+        let huge = npy("<f4", false, &[1 << 40, 1 << 30], &[]);
+        assert!(array(&huge, Path::new("a"), "a").is_err());
+        let be: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_be_bytes())
+            .collect();
+        let t = array(&npy(">f4", false, &[2], &be), Path::new("a"), "a").unwrap();
+        assert_eq!(t.as_f32().unwrap(), &[1.5, -2.0]);
+    }
+
+    #[test]
+    fn written_arrays_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.npz");
+        let arrays = vec![
+            (
+                "a".to_string(),
+                Tensor::f32(vec![2, 2], vec![1., 2., 3., 4.]).unwrap(),
+            ),
+            (
+                "b".to_string(),
+                Tensor::i64(vec![3], vec![1, -2, 3]).unwrap(),
+            ),
+            ("c".to_string(), Tensor::bool(vec![], vec![true]).unwrap()),
+        ];
+        write(&p, &arrays, &Reads::new(), "--output").unwrap();
+        assert_eq!(read(&p).unwrap(), arrays);
+        // Never over a file the command reads.
+        let mut reads = Reads::new();
+        reads.file(&p);
+        assert!(write(&p, &arrays[..1], &reads, "--output").is_err());
+        assert_eq!(read(&p).unwrap(), arrays);
+    }
 }

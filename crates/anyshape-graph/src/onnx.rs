@@ -22,20 +22,17 @@ pub const MAX_MODEL_BYTES: u64 = 2 << 30;
 /// The ONNX IR versions anyshape reads.
 pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=10;
 
-/// Read the model at `path` (external data relative to its directory).
+/// The largest external data file anyshape reads.
+pub const MAX_EXTERNAL_BYTES: u64 = 64 << 30;
+
+/// Read the model at `path` (a regular file of at most [`MAX_MODEL_BYTES`]; external
+/// data relative to its directory).
 pub fn load(path: &Path) -> Result<Graph> {
-    let io = |source| GraphError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let len = std::fs::metadata(path).map_err(io)?.len();
-    if len > MAX_MODEL_BYTES {
-        return Err(GraphError::Unsupported(format!(
-            "{}: {len} bytes; models over 2 GiB keep their weights in external data files",
-            path.display()
-        )));
-    }
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = anyshape_files::read(
+        path,
+        MAX_MODEL_BYTES,
+        "an ONNX model (models over 2 GiB keep their weights in external data files)",
+    )?;
     decode(&bytes, path.parent())
 }
 
@@ -59,7 +56,7 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
     let graph = model
         .graph
         .ok_or_else(|| GraphError::Format("the model has no graph".into()))?;
-    Reader {
+    let g = Reader {
         dir,
         g: Graph {
             opset,
@@ -68,7 +65,9 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
         names: BTreeMap::new(),
         unnamed_dims: 0,
     }
-    .read(graph)
+    .read(graph)?;
+    crate::ops::check_opset(g.opset, &g.nodes)?;
+    Ok(g)
 }
 
 struct Reader<'a> {
@@ -216,7 +215,7 @@ impl Reader<'_> {
         Ok((dtype, dims))
     }
 
-    fn attr(&self, a: &proto::AttributeProto) -> Result<Attr> {
+    fn attr(&mut self, a: &proto::AttributeProto) -> Result<Attr> {
         use proto::attribute_proto::AttributeType as A;
         let ty = a.r#type.unwrap_or(0);
         Ok(match A::try_from(ty).unwrap_or(A::Undefined) {
@@ -235,7 +234,7 @@ impl Reader<'_> {
     }
 
     /// A tensor in any of its encodings.
-    fn tensor(&self, t: &proto::TensorProto) -> Result<Tensor> {
+    fn tensor(&mut self, t: &proto::TensorProto) -> Result<Tensor> {
         let code = t.data_type.unwrap_or(0);
         let dtype = DType::from_onnx(code)
             .ok_or_else(|| GraphError::Unsupported(format!("tensors of element type {code}")))?;
@@ -302,9 +301,10 @@ impl Reader<'_> {
         Tensor::new(shape, data).map_err(|e| GraphError::Format(e.to_string()))
     }
 
-    /// The bytes of an external-data tensor: a file beside the model (never outside
-    /// its directory), an offset and a length.
-    fn external(&self, t: &proto::TensorProto) -> Result<Vec<u8>> {
+    /// The bytes of an external-data tensor: a regular file beside the model, whose
+    /// real path (links followed) lies inside the model's directory, an offset and a
+    /// length within it. The file is recorded in [`Graph::external`].
+    fn external(&mut self, t: &proto::TensorProto) -> Result<Vec<u8>> {
         let get = |k: &str| {
             t.external_data
                 .iter()
@@ -314,7 +314,7 @@ impl Reader<'_> {
         let location = get("location")
             .ok_or_else(|| GraphError::Format("external data without a location".into()))?;
         let rel = Path::new(&location);
-        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        if location.is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return Err(GraphError::Format(format!(
                 "external data location `{location}` leaves the model's directory"
             )));
@@ -325,31 +325,40 @@ impl Reader<'_> {
             ))
         })?;
         let path = dir.join(rel);
-        let bytes = std::fs::read(&path).map_err(|source| GraphError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let num = |k: &str| -> Result<Option<usize>> {
+        // The path as written stays inside; its real path must too (a link out of the
+        // directory is refused, as onnxruntime refuses it).
+        let real_dir = anyshape_files::normalized(dir);
+        if !anyshape_files::normalized(&path).starts_with(&real_dir) {
+            return Err(GraphError::Format(format!(
+                "external data `{location}` is a link to a file outside the model's directory {}",
+                dir.display()
+            )));
+        }
+        let num = |k: &str| -> Result<Option<u64>> {
             get(k)
                 .map(|v| {
-                    v.parse::<usize>().map_err(|_| {
+                    v.parse::<u64>().map_err(|_| {
                         GraphError::Format(format!("external data {k} `{v}` is not a number"))
                     })
                 })
                 .transpose()
         };
+        let (mut file, len) =
+            anyshape_files::open(&path, MAX_EXTERNAL_BYTES, "an ONNX model's external data")?;
         let offset = num("offset")?.unwrap_or(0);
-        let length = num("length")?.unwrap_or(bytes.len().saturating_sub(offset));
-        let end = offset
-            .checked_add(length)
-            .filter(|&e| e <= bytes.len())
-            .ok_or_else(|| {
-                GraphError::Format(format!(
-                    "external data `{location}`: bytes {offset}..+{length} past its end ({} bytes)",
-                    bytes.len()
-                ))
-            })?;
-        Ok(bytes[offset..end].to_vec())
+        let length = num("length")?.unwrap_or(len.saturating_sub(offset));
+        if offset.checked_add(length).is_none_or(|end| end > len) {
+            return Err(GraphError::Format(format!(
+                "external data `{location}`: bytes {offset}..+{length} past its end ({len} bytes)"
+            )));
+        }
+        use std::io::{Read, Seek};
+        let mut bytes = vec![0u8; length as usize];
+        file.seek(std::io::SeekFrom::Start(offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(anyshape_files::FileError::io(&path))?;
+        self.g.external.insert(location);
+        Ok(bytes)
     }
 }
 

@@ -58,7 +58,7 @@ fn damaged_files_are_format_errors() {
     // Damage anywhere is an error or a graph that still reads; never a panic.
     let _ = onnx::decode(&flipped, None).and_then(|g| infer(&g).map(|_| ()));
     let missing = onnx::load(Path::new("/nonexistent/model.onnx"));
-    assert!(matches!(missing, Err(GraphError::Io { .. })));
+    assert!(matches!(missing, Err(GraphError::File(_))));
 }
 
 #[test]

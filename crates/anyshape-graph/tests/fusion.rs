@@ -162,6 +162,7 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
         outputs: vec![3],
         initializers: [(1, Tensor::f32(vec![n, k], w).unwrap())].into(),
         opset: 17,
+        ..Graph::default()
     };
     let facts = infer(&g).unwrap();
     let f = fuse(&g, &facts);

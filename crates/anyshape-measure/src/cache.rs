@@ -23,21 +23,35 @@ fn digest(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Write `bytes` to `path` through a temporary file in the same directory and a rename:
-/// readers see the old content or the new, never part of it.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+/// Write `bytes` to `path` atomically (`anyshape-files`): readers see the old content
+/// or the new, never part of it.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    anyshape_files::write_bytes(
+        path,
+        &anyshape_files::Reads::new(),
+        "the kernel cache",
+        bytes,
+    )
+    .map_err(io::Error::other)
+}
+
+/// The largest cache entry read (a kernel library, PTX).
+const ENTRY_LIMIT: u64 = anyshape_files::GIB;
+
+/// A cache file's bytes, as a regular file within [`ENTRY_LIMIT`]; `Ok(None)` if absent.
+fn read_entry(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    match anyshape_files::read(path, ENTRY_LIMIT, "a kernel cache entry") {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Move the finished file `built` to the cache entry `entry`, with its sidecar.
 pub(crate) fn store(built: &Path, entry: &Path) -> io::Result<()> {
-    let bytes = std::fs::read(built)?;
+    let bytes = read_entry(built)
+        .map_err(io::Error::other)?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
     // The sidecar first: an entry without a matching sidecar is rebuilt, so a kill
     // between the two renames costs a rebuild, never a damaged entry in use.
     write_atomic(
@@ -59,14 +73,13 @@ pub(crate) fn store_bytes(entry: &Path, bytes: &[u8]) -> io::Result<()> {
 /// Whether `entry` is in the cache: `Ok(true)` if present and intact, `Ok(false)` if
 /// absent, `Err(why)` if present but damaged (the caller rebuilds it).
 pub(crate) fn lookup(entry: &Path) -> Result<bool, String> {
-    let bytes = match std::fs::read(entry) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e.to_string()),
+    let Some(bytes) = read_entry(entry)? else {
+        return Ok(false);
     };
-    let Ok(expected) = std::fs::read_to_string(sidecar(entry)) else {
+    let Ok(Some(expected)) = read_entry(&sidecar(entry)) else {
         return Err("its checksum file is missing".into());
     };
+    let expected = String::from_utf8_lossy(&expected);
     let mut parts = expected.split_whitespace();
     let (Some(sha), Some(len)) = (parts.next(), parts.next()) else {
         return Err("its checksum file is unreadable".into());
@@ -93,9 +106,10 @@ fn failures_path(entry: &Path) -> PathBuf {
 pub(crate) fn cached_build(entry: &Path) -> Option<Failures> {
     match lookup(entry) {
         Ok(true) => Some(
-            std::fs::read_to_string(failures_path(entry))
+            read_entry(&failures_path(entry))
                 .ok()
-                .and_then(|s| serde_json::from_str(&s).ok())
+                .flatten()
+                .and_then(|s| serde_json::from_slice(&s).ok())
                 .unwrap_or_default(),
         ),
         Ok(false) => None,
@@ -118,21 +132,6 @@ pub(crate) fn record_failures(entry: &Path, failed: &Failures) -> io::Result<()>
     write_atomic(&failures_path(entry), json.as_bytes())
 }
 
-/// Whether the process `pid` is alive (on systems without `/proc`, assumed alive, so
-/// nothing of a running process is ever removed).
-pub fn process_alive(pid: u32) -> bool {
-    if !Path::new("/proc/self").exists() {
-        return true;
-    }
-    Path::new("/proc").join(pid.to_string()).exists()
-}
-
-/// The process id in a temporary name `<anything>-<pid>` (as [`write_atomic`] and the
-/// module writer make them), if it ends in one.
-pub fn temp_owner(name: &str) -> Option<u32> {
-    name.rsplit_once('-')?.1.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,8 +149,5 @@ mod tests {
         assert!(lookup(&entry).unwrap_err().contains("SHA-256"));
         std::fs::remove_file(sidecar(&entry)).unwrap();
         assert!(lookup(&entry).unwrap_err().contains("missing"));
-        assert!(process_alive(std::process::id()));
-        assert_eq!(temp_owner(".m.tmp-123"), Some(123));
-        assert_eq!(temp_owner("m"), None);
     }
 }

@@ -111,8 +111,8 @@ impl GpuDevice {
 
     /// Load a PTX file the builder wrote.
     pub(crate) fn load(&self, ptx: &Path) -> std::result::Result<Arc<CudaModule>, String> {
-        let text = std::fs::read_to_string(ptx)
-            .map_err(|e| format!("cannot read {}: {e}", ptx.display()))?;
+        let text = anyshape_files::read_to_string(ptx, anyshape_files::GIB, "a PTX file")
+            .map_err(|e| e.to_string())?;
         self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(text))
             .map_err(gpu_err("loading the PTX"))

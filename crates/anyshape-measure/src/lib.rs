@@ -24,7 +24,7 @@ pub use error::{MeasureError, Result};
 pub use gpu::{GpuBuffers, GpuBuiltin, GpuCall, GpuDevice};
 pub use progress::{Progress, Silent};
 pub use reference::{
-    buffer_bytes, check_fits, check_output, random_inputs, reference_output, CheckReport, Reference,
+    buffer_bytes, check_output, random_inputs, reference_output, CheckReport, Reference,
 };
 pub use runner::{
     Candidate, Kernels, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand,

@@ -10,41 +10,6 @@ pub fn buffer_bytes(bound: &BoundWorkload) -> u128 {
     bound.lens.iter().map(|&n| n as u128 * 4).sum()
 }
 
-/// This machine's physical memory in bytes, if the system says (`/proc/meminfo`).
-fn memory_total() -> Option<u128> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u128 = info
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
-}
-
-/// Refuse to allocate `bytes` of buffers where they cannot fit: more than the machine's
-/// memory, or more than the allocator grants (checked without touching the pages), so
-/// a huge shape is an error instead of an allocation abort or the out-of-memory killer.
-pub fn check_fits(bytes: u128) -> Result<(), String> {
-    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-    let refuse = || {
-        Err(format!(
-            "the instance's buffers take {:.1} GiB, more than this machine can hold{}",
-            gib(bytes),
-            memory_total().map_or(String::new(), |m| format!(" ({:.1} GiB)", gib(m)))
-        ))
-    };
-    if memory_total().is_some_and(|m| bytes > m) {
-        return refuse();
-    }
-    let mut probe: Vec<u8> = Vec::new();
-    if usize::try_from(bytes).map_or(true, |b| probe.try_reserve_exact(b).is_err()) {
-        return refuse();
-    }
-    Ok(())
-}
-
 /// Deterministic random inputs in `[-1, 1)` for an instance.
 pub fn random_inputs(bound: &BoundWorkload, n_inputs: usize, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

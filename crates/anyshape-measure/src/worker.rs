@@ -10,8 +10,8 @@
 use crate::gpu::GpuKernel;
 use crate::runner::{Event, Job};
 use crate::{
-    buffer_bytes, check_fits, check_output, random_inputs, reference_output, Candidate,
-    CheckReport, GpuBuiltin, GpuDevice, Kernels, Measurement, Outcome, Reference,
+    buffer_bytes, check_output, random_inputs, reference_output, Candidate, CheckReport,
+    GpuBuiltin, GpuDevice, Kernels, Measurement, Outcome, Reference,
 };
 use anyshape_abi::{load_library, status_message, KernelFn, STATUS_OK};
 use anyshape_codegen::DeviceKind;
@@ -344,7 +344,7 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
         // Inputs and output in f32, the reference and its magnitudes in f64.
         let out_len = bound.lens[cand.workload.inputs.len()];
         let bytes = buffer_bytes(&bound) + if cand.check { out_len as u128 * 16 } else { 0 };
-        check_fits(bytes)?;
+        anyshape_abi::check_fits(bytes, "the instance's buffers")?;
         let inputs = random_inputs(&bound, cand.workload.inputs.len(), 42);
         let reference = cand.check.then(|| {
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();

@@ -15,14 +15,29 @@ pub enum RuntimeError {
         /// Why.
         source: std::io::Error,
     },
-    /// The path holds no manifest.
-    #[error("{path} is not an anyshape module (no readable manifest.json: {source})")]
+    /// The path is not a module (user input): what it is instead.
+    #[error("{path} is not an anyshape module: {why}")]
     NotAModule {
         /// The module path.
         path: String,
         /// Why.
-        source: std::io::Error,
+        why: String,
     },
+    /// A file the module needs is gone (user input: the module was changed by hand).
+    #[error("{path} is an incomplete module: its {file} is missing; compile (or tune) it again")]
+    Missing {
+        /// The module path.
+        path: String,
+        /// The missing file, relative to the module.
+        file: String,
+    },
+    /// A file could not be read as anyshape reads files (not a regular file, too large,
+    /// unreadable).
+    #[error(transparent)]
+    File(#[from] anyshape_files::FileError),
+    /// A run would need more memory than the machine has (user input: the shape).
+    #[error("{0}")]
+    Memory(String),
     /// The manifest is not valid JSON of the module format.
     #[error("{path}: corrupted manifest: {reason}")]
     BadManifest {

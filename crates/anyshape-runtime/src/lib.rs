@@ -15,6 +15,9 @@ mod model;
 mod module;
 
 pub use error::{Result, RuntimeError};
-pub use manifest::{check_cpu, check_files, listed_files, read_manifest, write_manifest};
+pub use manifest::{
+    check_cpu, check_files, listed_files, read_manifest, read_model_manifest, write_manifest,
+    ModuleKind, MANIFEST_LIMIT, MODULE_FILE_LIMIT,
+};
 pub use model::Model;
 pub use module::{Dispatch, Module};

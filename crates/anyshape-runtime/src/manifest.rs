@@ -1,29 +1,135 @@
-//! Reading a module's manifest and checking the module against it: format and version,
-//! the manifest's own checksum, every file's checksum, the CPU's instruction sets.
+//! Reading a module's manifest and checking the module against it: which kind of module
+//! a directory is, format and version, the manifest's own checksum, every file's size
+//! and checksum (regular files only, read within limits), the CPU's instruction sets;
+//! and which files a module owns, whatever anyshape version wrote it.
 use crate::{Result, RuntimeError};
-use anyshape_abi::{sha256_hex, Manifest, FORMAT_VERSION, MANIFEST_FILE};
+use anyshape_abi::{
+    sha256_hex, FileEntry, Manifest, ModelManifest, FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE,
+    MODEL_SOURCE,
+};
+use anyshape_files::MIB;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Component, Path};
+
+/// The largest manifest anyshape reads.
+pub const MANIFEST_LIMIT: u64 = 64 * MIB;
+/// The largest file of a module anyshape reads (the source model of a model module may
+/// be up to protobuf's 2 GiB; its external data files as large).
+pub const MODULE_FILE_LIMIT: u64 = 64 << 30;
+
+/// What a directory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleKind {
+    /// An operator module (`anyshape tune --out`): `manifest.json`, kernels, header.
+    Operator,
+    /// A model module (`anyshape compile`): `model.json`, the model, task modules.
+    Model,
+}
+
+impl ModuleKind {
+    /// Which kind of module `dir` is, or why it is none: a directory that holds
+    /// neither manifest, or a model module whose `model.json` is gone.
+    pub fn of(dir: &Path) -> Result<ModuleKind> {
+        let shown = dir.display().to_string();
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(RuntimeError::NotAModule {
+                    path: shown,
+                    why: "it is a file; a module is a directory (from `anyshape tune --out` or `anyshape compile --out`)".into(),
+                })
+            }
+            Err(e) => {
+                return Err(RuntimeError::NotAModule {
+                    path: shown,
+                    why: e.to_string(),
+                })
+            }
+        }
+        if dir.join(MODEL_FILE).exists() {
+            return Ok(ModuleKind::Model);
+        }
+        if dir.join(MANIFEST_FILE).exists() {
+            return Ok(ModuleKind::Operator);
+        }
+        if dir.join(MODEL_SOURCE).exists() || dir.join("tasks").exists() {
+            return Err(RuntimeError::Missing {
+                path: shown,
+                file: MODEL_FILE.into(),
+            });
+        }
+        Err(RuntimeError::NotAModule {
+            path: shown,
+            why: format!(
+                "it holds neither {MODEL_FILE} (a model module, from `anyshape compile`) nor {MANIFEST_FILE} (an operator module, from `anyshape tune --out`)"
+            ),
+        })
+    }
+}
+
+/// A module's file, read as a regular file within [`MODULE_FILE_LIMIT`] (a missing
+/// one is reported as the module being incomplete).
+pub(crate) fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>> {
+    let path = dir.join(name);
+    anyshape_files::read(&path, limit, &format!("a module's {name}")).map_err(|e| match e {
+        e if e.is_missing() => RuntimeError::Missing {
+            path: dir.display().to_string(),
+            file: name.to_string(),
+        },
+        e => RuntimeError::File(e),
+    })
+}
+
+/// A manifest's text.
+fn read_manifest_text(dir: &Path, name: &str) -> Result<String> {
+    let bytes = read_file(dir, name, MANIFEST_LIMIT)?;
+    String::from_utf8(bytes).map_err(|_| RuntimeError::BadManifest {
+        path: dir.join(name).display().to_string(),
+        reason: "not UTF-8 text".into(),
+    })
+}
+
+/// The version fields every format keeps, so that another format is reported as such.
+#[derive(Deserialize)]
+struct Head {
+    format: u32,
+    anyshape: String,
+}
+
+fn head(text: &str, path: &Path) -> Result<Head> {
+    serde_json::from_str(text).map_err(|e| RuntimeError::BadManifest {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Refuse `dir` unless it is a module of `kind` (saying what it is instead).
+fn expect_kind(dir: &Path, kind: ModuleKind) -> Result<()> {
+    let found = ModuleKind::of(dir)?;
+    if found == kind {
+        return Ok(());
+    }
+    Err(RuntimeError::NotAModule {
+        path: dir.display().to_string(),
+        why: match found {
+            ModuleKind::Model => {
+                "it is a model module (from `anyshape compile`), not an operator module".into()
+            }
+            ModuleKind::Operator => {
+                "it is an operator module (from `anyshape tune --out`), not a model module".into()
+            }
+        },
+    })
+}
 
 /// Read `dir/manifest.json` and check its format, checksum and version (not the files).
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    expect_kind(dir, ModuleKind::Operator)?;
     let path = dir.join(MANIFEST_FILE);
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    // The version fields first, so that another format is reported as such.
-    #[derive(Deserialize)]
-    struct Head {
-        format: u32,
-        anyshape: String,
-    }
-    let head: Head = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
+    let text = read_manifest_text(dir, MANIFEST_FILE)?;
+    let head = head(&text, &path)?;
     let running = env!("CARGO_PKG_VERSION");
     if head.format != FORMAT_VERSION || head.anyshape != running {
         return Err(RuntimeError::Version {
@@ -43,7 +149,51 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(m)
 }
 
-/// Write the manifest as `dir/manifest.json`.
+/// Read `dir/model.json` and check its format, checksum, version and file names (not
+/// the files).
+pub fn read_model_manifest(dir: &Path) -> Result<ModelManifest> {
+    expect_kind(dir, ModuleKind::Model)?;
+    let path = dir.join(MODEL_FILE);
+    let shown = path.display().to_string();
+    let text = read_manifest_text(dir, MODEL_FILE)?;
+    let head = head(&text, &path)?;
+    let running = env!("CARGO_PKG_VERSION");
+    if head.format != anyshape_abi::MODEL_FORMAT || head.anyshape != running {
+        return Err(RuntimeError::Version {
+            built: head.anyshape,
+            format: head.format,
+            running: running.into(),
+            expected: anyshape_abi::MODEL_FORMAT,
+        });
+    }
+    let m: ModelManifest = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
+        path: shown.clone(),
+        reason: e.to_string(),
+    })?;
+    if m.checksum != m.digest() {
+        return Err(RuntimeError::Tampered { path: shown });
+    }
+    for name in m.files.keys().chain(m.tasks.iter().map(|t| &t.module)) {
+        if !inside(name) {
+            return Err(RuntimeError::BadManifest {
+                path: shown,
+                reason: format!("`{name}` lies outside the module"),
+            });
+        }
+    }
+    Ok(m)
+}
+
+/// Whether a manifest's relative path stays inside its module (plain names only).
+fn inside(name: &str) -> bool {
+    !name.is_empty()
+        && Path::new(name)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Write the manifest as `dir/manifest.json` (into a module being built beside its
+/// destination, see `anyshape-tune`'s `output.rs`).
 pub fn write_manifest(m: &Manifest, dir: &Path) -> Result<()> {
     let path = dir.join(MANIFEST_FILE);
     std::fs::write(&path, m.to_json()).map_err(|source| RuntimeError::Io {
@@ -52,68 +202,39 @@ pub fn write_manifest(m: &Manifest, dir: &Path) -> Result<()> {
     })
 }
 
-/// The files of the module in `dir` by its manifest, `manifest.json` included,
-/// whatever anyshape version wrote it (for a model module: `model.json`, `model.onnx`
-/// and `tasks/`); an error if `dir` holds neither kind of manifest. (What a module writer may replace: see `anyshape-tune`.)
-pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
-    // A model module: its manifest, the source model and the task modules.
-    if let Ok(text) = std::fs::read_to_string(dir.join(anyshape_abi::MODEL_FILE)) {
-        if serde_json::from_str::<anyshape_abi::ModelManifest>(&text).is_ok() {
-            return Ok([
-                anyshape_abi::MODEL_FILE,
-                anyshape_abi::MODEL_SOURCE,
-                "tasks",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect());
-        }
-    }
-    let path = dir.join(MANIFEST_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    /// The part of the format every version keeps.
-    #[derive(Deserialize)]
-    #[allow(dead_code)]
-    struct Listing {
-        format: u32,
-        anyshape: String,
-        files: BTreeMap<String, serde_json::Value>,
-        checksum: String,
-    }
-    let listing: Listing = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
+/// Check the file `name` of the module in `dir` against its entry: size, then checksum.
+/// Returns its bytes.
+pub(crate) fn check_file(dir: &Path, name: &str, entry: &FileEntry) -> Result<Vec<u8>> {
+    let path = dir.join(name);
+    let corrupt = |reason: String| RuntimeError::CorruptFile {
         path: path.display().to_string(),
-        reason: format!("not an anyshape manifest: {e}"),
+        reason,
+    };
+    // The size first, from the metadata: a truncated file is reported without reading.
+    let len = anyshape_files::regular_file_len(&path).map_err(|e| match e {
+        e if e.is_missing() => RuntimeError::Missing {
+            path: dir.display().to_string(),
+            file: name.to_string(),
+        },
+        e => RuntimeError::File(e),
     })?;
-    let mut names: BTreeSet<String> = listing.files.into_keys().collect();
-    names.insert(MANIFEST_FILE.to_string());
-    Ok(names)
+    if len != entry.bytes {
+        return Err(corrupt(format!(
+            "{len} bytes, the manifest says {}",
+            entry.bytes
+        )));
+    }
+    let bytes = read_file(dir, name, entry.bytes.min(MODULE_FILE_LIMIT))?;
+    if sha256_hex(&bytes) != entry.sha256 {
+        return Err(corrupt("SHA-256 differs from the manifest's".into()));
+    }
+    Ok(bytes)
 }
 
 /// Check every file of the module in `dir` against its checksum in `m`.
 pub fn check_files(m: &Manifest, dir: &Path) -> Result<()> {
     for (name, entry) in &m.files {
-        let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|source| RuntimeError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let corrupt = |reason: String| RuntimeError::CorruptFile {
-            path: path.display().to_string(),
-            reason,
-        };
-        if bytes.len() as u64 != entry.bytes {
-            return Err(corrupt(format!(
-                "{} bytes, the manifest says {}",
-                bytes.len(),
-                entry.bytes
-            )));
-        }
-        if sha256_hex(&bytes) != entry.sha256 {
-            return Err(corrupt("SHA-256 differs from the manifest's".into()));
-        }
+        check_file(dir, name, entry)?;
     }
     if !m.files.contains_key(&m.library) {
         return Err(RuntimeError::BadManifest {
@@ -122,6 +243,65 @@ pub fn check_files(m: &Manifest, dir: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The files of the module in `dir` by its manifest, paths relative to `dir`
+/// (`/`-separated), its manifest included, whatever anyshape version wrote it; an
+/// error if `dir` holds no manifest anyshape wrote. A module holds these and nothing
+/// else. (What a module writer may replace: see `anyshape-tune`.)
+pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
+    /// The part of every format that lists files.
+    #[derive(Deserialize)]
+    struct Listing {
+        #[allow(dead_code)]
+        format: u32,
+        #[allow(dead_code)]
+        anyshape: String,
+        #[serde(default)]
+        files: Option<BTreeMap<String, serde_json::Value>>,
+        #[serde(default)]
+        tasks: Option<Vec<serde_json::Value>>,
+        #[allow(dead_code)]
+        #[serde(default)]
+        checksum: Option<String>,
+    }
+    let (name, model) = match ModuleKind::of(dir)? {
+        ModuleKind::Model => (MODEL_FILE, true),
+        ModuleKind::Operator => (MANIFEST_FILE, false),
+    };
+    let path = dir.join(name);
+    let text = read_manifest_text(dir, name)?;
+    let listing: Listing = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
+        path: path.display().to_string(),
+        reason: format!("not an anyshape manifest: {e}"),
+    })?;
+    let mut names: BTreeSet<String> = BTreeSet::from([name.to_string()]);
+    match (listing.files, model) {
+        (Some(files), _) => names.extend(files.into_keys()),
+        (None, false) => {
+            return Err(RuntimeError::BadManifest {
+                path: path.display().to_string(),
+                reason: "not an anyshape manifest: it lists no files".into(),
+            })
+        }
+        // A model module of format 2 listed no files: its source, its tuning log and
+        // its task modules, each listing its own.
+        (None, true) => {
+            names.extend([MODEL_SOURCE.to_string(), "tuning.json".to_string()]);
+            for t in listing.tasks.unwrap_or_default() {
+                let Some(module) = t.get("module").and_then(|m| m.as_str()) else {
+                    continue;
+                };
+                if !inside(module) {
+                    continue;
+                }
+                if let Ok(inner) = listed_files(&dir.join(module)) {
+                    names.extend(inner.into_iter().map(|f| format!("{module}/{f}")));
+                }
+            }
+        }
+    }
+    Ok(names)
 }
 
 /// Fail unless this CPU (`host`) has every instruction-set extension the module may use.

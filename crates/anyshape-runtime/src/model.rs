@@ -2,8 +2,9 @@
 //! same steps the compiler made), each task's module loaded and checked, and `run` for
 //! any binding of the model's dims — in the compiled range or past it — with the
 //! inputs checked (names, element types, ranks, dims that agree).
+use crate::manifest::{check_file, read_model_manifest};
 use crate::{Module, Result, RuntimeError};
-use anyshape_abi::{sha256_hex, ModelManifest, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};
+use anyshape_abi::{ModelManifest, MANIFEST_FILE, MODEL_FILE, MODEL_SOURCE};
 use anyshape_graph::{exec::Plan, onnx, Graph, GraphError, StepKind, Tensor};
 use anyshape_ir::{Bindings, Workload};
 use std::collections::HashMap;
@@ -22,45 +23,38 @@ pub struct Model {
 }
 
 impl Model {
-    /// Load the model module in `dir`: format, the source model's checksum, every task
-    /// module (their own checks), and that fusing the source gives the same tasks.
+    /// Load the model module in `dir`: format, its manifest's checksum, every file it
+    /// lists (size and checksum, the source model's and its external data's included),
+    /// every task module (their own checks), and that fusing the source gives the same
+    /// tasks.
     pub fn load(dir: impl AsRef<Path>) -> Result<Model> {
         let dir = dir.as_ref().to_path_buf();
+        let manifest = read_model_manifest(&dir)?;
         let path = dir.join(MODEL_FILE);
         let bad = |reason: String| RuntimeError::BadManifest {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(&path).map_err(|source| RuntimeError::NotAModule {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        let manifest: ModelManifest =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not a model manifest: {e}")))?;
-        if manifest.format != MODEL_FORMAT {
-            return Err(bad(format!(
-                "model format {} (this anyshape reads {MODEL_FORMAT}); compile the model again",
-                manifest.format
-            )));
+        let Some(source_entry) = manifest.files.get(MODEL_SOURCE) else {
+            return Err(bad(format!("it lists no {MODEL_SOURCE}")));
+        };
+        for (name, entry) in &manifest.files {
+            if name != MODEL_SOURCE {
+                check_file(&dir, name, entry)?;
+            }
         }
-        let source = dir.join(MODEL_SOURCE);
-        let bytes = std::fs::read(&source).map_err(|source_err| RuntimeError::NotAModule {
-            path: source.display().to_string(),
-            source: source_err,
-        })?;
-        if sha256_hex(&bytes) != manifest.source.sha256 {
-            return Err(bad(format!(
-                "{MODEL_SOURCE} was changed since the model was compiled"
-            )));
-        }
+        let bytes = check_file(&dir, MODEL_SOURCE, source_entry)?;
         let graph = onnx::decode(&bytes, Some(&dir)).map_err(model_error)?;
         let plan = Plan::new(graph).map_err(model_error)?;
         let mut by_workload = HashMap::new();
         let mut modules = Vec::new();
         for t in &manifest.tasks {
-            if t.module.contains("..") || Path::new(&t.module).is_absolute() {
+            if !manifest
+                .files
+                .contains_key(&format!("{}/{MANIFEST_FILE}", t.module))
+            {
                 return Err(bad(format!(
-                    "task module `{}` lies outside the model",
+                    "the task module `{}` is not among its files",
                     t.module
                 )));
             }
@@ -119,6 +113,8 @@ impl Model {
 
     /// Run the model on `inputs` (by input name); returns the outputs in the model's
     /// order.
+    /// The memory the run needs (computed from the inputs' dims) is checked against
+    /// what the machine has before anything is allocated.
     pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
         self.execute(inputs, None)
     }
@@ -149,6 +145,12 @@ impl Model {
         inputs: &[(&str, Tensor)],
         seconds: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
+        let bytes = self.plan.run_bytes(inputs).map_err(model_error)?;
+        anyshape_abi::check_fits(bytes, "the run's tensors").map_err(|e| {
+            RuntimeError::Memory(format!(
+                "{e}: run the model at smaller dims (the inputs' shapes set them)"
+            ))
+        })?;
         let mut kernel = |k: usize,
                           w: &Workload,
                           b: &Bindings,

@@ -39,6 +39,10 @@ pub enum TuneError {
         /// Why.
         source: std::io::Error,
     },
+    /// A file could not be read or written as anyshape reads and writes them (not a
+    /// regular file, too large, read by the same command, or the system refused).
+    #[error(transparent)]
+    File(#[from] anyshape_files::FileError),
     /// A module could not be written or read back.
     #[error(transparent)]
     Runtime(#[from] anyshape_runtime::RuntimeError),

@@ -45,7 +45,7 @@ pub use instances::{instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;
 pub use model::{compile_model, CompiledModel, ModelObserver, ModelOptions, Slice};
 pub use module::{write_module, ModuleSpec, Specialize};
-pub use output::{check_distinct, check_out_dir, check_outputs, normalized};
+pub use output::{check_distinct, check_out_dir, check_outputs};
 pub use pipeline::{compile, Compiled, Observer, Packaged, PipelineOptions, Step};
 pub use records::{Record, RecordLog, TrialResult};
 pub use report::{InstanceBest, RoundSummary, StopReason, TimeBreakdown, TuneOptions, TuneReport};

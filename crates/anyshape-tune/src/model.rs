@@ -89,7 +89,10 @@ pub struct CompiledModel {
     pub tuning: Option<TuningLog>,
 }
 
-/// Compile the model at `source` for the dims' domains into the model module `out`.
+/// Compile the model at `source` for the dims' domains into the model module `out`
+/// (what [`output`] allows: never over what the command reads — the model and its
+/// external data included — nor over a directory holding files anyshape did not
+/// write). A model without symbolic dims takes no `dims`.
 pub fn compile_model(
     source: &Path,
     dims: &[ShapeVar],
@@ -99,19 +102,37 @@ pub fn compile_model(
     out: &Path,
     observer: &mut dyn ModelObserver,
 ) -> Result<CompiledModel> {
-    let bytes = std::fs::read(source).map_err(|e| TuneError::Io {
-        path: source.display().to_string(),
-        source: e,
-    })?;
-    let graph = onnx::decode(&bytes, source.parent()).map_err(graph_error)?;
+    let bytes = anyshape_files::read(
+        source,
+        onnx::MAX_MODEL_BYTES,
+        "an ONNX model (models over 2 GiB keep their weights in external data files)",
+    )?;
+    let model_dir = source.parent().unwrap_or(Path::new("."));
+    let graph = onnx::decode(&bytes, Some(model_dir)).map_err(graph_error)?;
+    let mut reads = options.pipeline.reads.clone();
+    reads.file(source);
+    for f in &graph.external {
+        reads.file(&model_dir.join(f));
+    }
     let facts = infer(&graph).map_err(graph_error)?;
     let names = graph.dim_names();
     for d in dims {
         if !names.contains(&d.name) {
             return Err(TuneError::Options(format!(
-                "--dim {}: the model has no dim of that name (its dims: {})",
+                "--dim {}: the model has no dim of that name ({})",
                 d.name,
-                names.join(", ")
+                if names.is_empty() {
+                    "it has none: its inputs' shapes are fixed, compile it without --dim"
+                        .to_string()
+                } else {
+                    format!("its dims: {}", names.join(", "))
+                }
+            )));
+        }
+        if d.domain.bounds().is_some_and(|(lo, _)| lo < 1) {
+            return Err(TuneError::Options(format!(
+                "--dim {}: a model dim's values start at 1 (a tensor with an empty axis has nothing to compute)",
+                d.name
             )));
         }
     }
@@ -125,19 +146,26 @@ pub fn compile_model(
             "tuning a model needs --records DIR (each task's trials go there; a killed run resumes from them)".into(),
         ));
     }
-    output::clean_leftovers(out);
-    output::check_out_dir(
-        out,
-        &options
-            .records
-            .iter()
-            .map(|p| p.as_path())
-            .collect::<Vec<_>>(),
-    )?;
+    if let Some(r) = &options.records {
+        if r.exists() && !r.is_dir() {
+            return Err(TuneError::Options(format!(
+                "--records {} is a file: name a directory for the tasks' records (one tNN.jsonl per task)",
+                r.display()
+            )));
+        }
+        reads
+            .check("--records", r)
+            .map_err(|e| TuneError::Output(e.to_string()))?;
+    }
+    anyshape_files::clean_leftovers(out);
+    let others: Vec<&Path> = options.records.iter().map(|p| p.as_path()).collect();
+    output::check_out_dir(out, "--out", &reads, &others)?;
     let fusion = fuse(&graph, &facts);
     let tasks = fusion.tasks();
-    let tmp = output::temp_dir_for(out);
+    let tmp = anyshape_files::temp_dir(out);
     let _ = std::fs::remove_dir_all(&tmp);
+    // A compile that fails leaves nothing of its module behind.
+    let removed = RemoveOnDrop(&tmp);
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source: std::io::Error| TuneError::Io { path, source }
@@ -205,26 +233,57 @@ pub fn compile_model(
         .collect();
     let src = tmp.join(MODEL_SOURCE);
     std::fs::write(&src, &bytes).map_err(io(&src))?;
-    let manifest = ModelManifest {
-        format: MODEL_FORMAT,
-        anyshape: env!("CARGO_PKG_VERSION").to_string(),
-        source: FileEntry {
-            sha256: sha256_hex(&bytes),
-            bytes: bytes.len() as u64,
-        },
-        dims: dims.to_vec(),
-        tasks: entries,
-    };
-    let json = serde_json::to_string_pretty(&manifest).expect("manifests serialize");
-    let mpath = tmp.join(MODEL_FILE);
-    std::fs::write(&mpath, json).map_err(io(&mpath))?;
+    // The model's external data travels with it, at the same places beside it.
+    for f in &graph.external {
+        let (from, to) = (model_dir.join(f), tmp.join(f));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::copy(&from, &to).map_err(io(&from))?;
+    }
     if let Some(log) = &tuning {
         let json = serde_json::to_string_pretty(log).expect("tuning logs serialize");
         let path = tmp.join(TUNING_FILE);
         std::fs::write(&path, json).map_err(io(&path))?;
     }
-    output::swap_into_place(&tmp, out).map_err(io(out))?;
+    let mut files = std::collections::BTreeMap::new();
+    for name in output::files_under(&tmp).map_err(io(&tmp))? {
+        let path = tmp.join(&name);
+        let content = std::fs::read(&path).map_err(io(&path))?;
+        files.insert(
+            name,
+            FileEntry {
+                sha256: sha256_hex(&content),
+                bytes: content.len() as u64,
+            },
+        );
+    }
+    let mut manifest = ModelManifest {
+        format: MODEL_FORMAT,
+        anyshape: env!("CARGO_PKG_VERSION").to_string(),
+        dims: dims.to_vec(),
+        tasks: entries,
+        files,
+        checksum: String::new(),
+    };
+    manifest.seal();
+    let mpath = tmp.join(MODEL_FILE);
+    std::fs::write(&mpath, manifest.to_json()).map_err(io(&mpath))?;
+    // Whatever appeared at `out` meanwhile is checked once more.
+    output::check_out_dir(out, "--out", &reads, &others)?;
+    anyshape_files::swap_dir(&tmp, out).map_err(io(out))?;
+    drop(removed);
     Ok(CompiledModel { manifest, tuning })
+}
+
+/// Removes a directory when dropped (a half-built module, when its compile fails);
+/// once swapped into place, there is nothing left to remove.
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0);
+    }
 }
 
 /// The tasks' searches, as the task scheduler gives out the model's budget; the
@@ -369,6 +428,7 @@ fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(job: &TaskJob) -> Re
             tree_accuracy: 1.0,
             specialize: &[],
             tuning: None,
+            reads: &job.options.pipeline.reads,
         },
         &job.measurer.builder,
         &job.dir,

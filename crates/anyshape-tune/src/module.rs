@@ -102,11 +102,14 @@ pub struct ModuleSpec<'a, K: Sketch = MicroKernel> {
     pub specialize: &'a [Bindings],
     /// The tuning run, for the record.
     pub tuning: Option<TuningInfo>,
+    /// What the command reads: the module never replaces or enters them.
+    pub reads: &'a anyshape_files::Reads,
 }
 
 /// Build the module into directory `dir` and return its manifest. `dir` may be absent,
-/// empty or an anyshape module (see `output.rs` for what is refused); the new module is
-/// swapped in whole, so `dir` holds the old module or the new one at every moment.
+/// empty or an anyshape module holding only its files (see `output.rs` for what is
+/// refused); the new module is swapped in whole, so `dir` holds the old module or the
+/// new one at every moment.
 pub fn write_module<K: Sketch<Target = CpuTarget>>(
     spec: &ModuleSpec<K>,
     builder: &Builder,
@@ -116,8 +119,8 @@ pub fn write_module<K: Sketch<Target = CpuTarget>>(
         let path = path.display().to_string();
         move |source: std::io::Error| TuneError::Io { path, source }
     };
-    output::clean_leftovers(dir);
-    output::check_out_dir(dir, &[])?;
+    anyshape_files::clean_leftovers(dir);
+    output::check_out_dir(dir, "--out", spec.reads, &[])?;
     let vars = spec.workload.shape_vars();
     let mks = &spec.votes.micro_kernels;
     let mut sources = Vec::new();
@@ -175,7 +178,7 @@ pub fn write_module<K: Sketch<Target = CpuTarget>>(
     let lib = builder.build(spec.target, &sources)?;
     lib.require_all()?;
 
-    let tmp = output::temp_dir_for(dir);
+    let tmp = anyshape_files::temp_dir(dir);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     let so = std::fs::read(&lib.path).map_err(io(&lib.path))?;
@@ -218,8 +221,8 @@ pub fn write_module<K: Sketch<Target = CpuTarget>>(
     manifest.seal();
     write_manifest(&manifest, &tmp)?;
     // Whatever appeared at `dir` while the kernels were built is checked once more.
-    let swapped = output::check_out_dir(dir, &[])
-        .and_then(|()| output::swap_into_place(&tmp, dir).map_err(io(dir)));
+    let swapped = output::check_out_dir(dir, "--out", spec.reads, &[])
+        .and_then(|()| anyshape_files::swap_dir(&tmp, dir).map_err(io(dir)));
     if swapped.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }

@@ -61,6 +61,8 @@ pub struct PipelineOptions {
     pub votes: VoteOptions,
     /// Write the module here (votes and the tree are made for it).
     pub out: Option<PathBuf>,
+    /// What the command reads: the module never replaces or enters them.
+    pub reads: anyshape_files::Reads,
     /// Instances that get specialized kernels in the module.
     pub specialize: Specialize,
     /// Check the best kernel of every instance up to this many FLOPs.
@@ -192,6 +194,7 @@ where
                         resumed_trials: compiled.report.resumed_trials,
                         untimed_trials,
                     }),
+                    reads: &options.reads,
                 },
                 measurer,
                 out,

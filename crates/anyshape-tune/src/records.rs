@@ -179,6 +179,10 @@ impl RecordLog {
         if path.is_dir() {
             return Err(err("is a directory; name a file, e.g. records.jsonl".into()));
         }
+        // Only a regular file (or none yet): a FIFO or a device would hang or never end.
+        if path.exists() {
+            anyshape_files::regular_file_len(path).map_err(|e| err(e.to_string()))?;
+        }
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
@@ -205,24 +209,22 @@ impl RecordLog {
         let mut text = Vec::new();
         file.read_to_end(&mut text)
             .map_err(|e| err(e.to_string()))?;
-        if !text.is_empty() && !resume {
-            return Err(err("the file already holds records; pass --resume to continue that run, or name a new file".into()));
-        }
         let parse = |line: &[u8]| serde_json::from_slice::<Record<K, T>>(line);
-        let mut complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if !text.is_empty() && !resume {
+            let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
+            return Err(err(if parse(first).is_ok() {
+                "the file already holds records; pass --resume to continue that run, or name a new file".into()
+            } else {
+                "is not a records file (its first line is not a record): name a new file".into()
+            }));
+        }
+        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let tail = &text[complete..];
         // A last line without its newline: a complete record is kept (and terminated),
-        // anything else is what a killed writer left and is cut off.
+        // anything else is what a killed writer left and is cut off — but only once
+        // every complete line is known to be a record: the file is changed only if it
+        // is a records file.
         let keep_tail = !tail.iter().all(u8::is_ascii_whitespace) && parse(tail).is_ok();
-        let mut torn_bytes = 0;
-        if keep_tail {
-            file.write_all(b"\n").map_err(|e| err(e.to_string()))?;
-            complete = text.len();
-        } else if complete < text.len() {
-            torn_bytes = text.len() - complete;
-            file.set_len(complete as u64)
-                .map_err(|e| err(format!("cannot cut the torn last line: {e}")))?;
-        }
         let mut records = Vec::new();
         let mut invalid = Vec::new();
         for (n, line) in text[..complete].split(|&b| b == b'\n').enumerate() {
@@ -240,6 +242,25 @@ impl RecordLog {
                 Some(why) => invalid.push((n + 1, why)),
                 None => records.push(rec),
             }
+        }
+        let mut torn_bytes = 0;
+        if keep_tail {
+            let rec = parse(tail).expect("parsed above");
+            let n = text[..complete].split(|&b| b == b'\n').count();
+            match rec.invalid() {
+                Some(why) => invalid.push((n, why)),
+                None => records.push(rec),
+            }
+            file.write_all(b"\n").map_err(|e| err(e.to_string()))?;
+        } else if complete < text.len() {
+            if records.is_empty() && invalid.is_empty() && complete == 0 {
+                return Err(err(
+                    "holds no records (its only line is not one): not a records file; name a new file".into(),
+                ));
+            }
+            torn_bytes = text.len() - complete;
+            file.set_len(complete as u64)
+                .map_err(|e| err(format!("cannot cut the torn last line: {e}")))?;
         }
         Ok((
             RecordLog {

@@ -75,6 +75,7 @@ fn build_voted(
             tree_accuracy: accuracy,
             specialize: &chosen,
             tuning: None,
+            reads: &Default::default(),
         },
         &Builder::new(dir.parent().unwrap().join("cache")),
         dir,
@@ -176,7 +177,7 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
     let e = variant("missing-lib", &|d| {
         std::fs::remove_file(d.join(&lib)).unwrap()
     });
-    assert!(matches!(e, RuntimeError::Io { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::Missing { .. }), "{e}");
     let e = variant("bad-json", &|d| {
         std::fs::write(d.join(MANIFEST_FILE), "{\"format\": 1, \"anysh").unwrap()
     });

@@ -8,7 +8,7 @@ use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
     compare, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
-    ModelCompareOptions, TuningComparison,
+    ModelCompareOptions, OutDir, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -48,12 +48,13 @@ pub struct BenchArgs {
     /// speedup is the median over rounds of the ratio within a round.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
-    /// With --model: onnxruntime's intra-op threads.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    threads: u32,
-    /// With --model: the Python interpreter that has the onnxruntime package.
-    #[arg(long, default_value = "python3")]
-    python: String,
+    /// With --model: onnxruntime's intra-op threads [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
+    /// With --model: the Python interpreter that has the onnxruntime package
+    /// [default: python3].
+    #[arg(long)]
+    python: Option<String>,
     /// Compare the module, instance by instance in one run, with the vendor libraries
     /// (oneDNN, OpenBLAS: whichever are installed, a missing one is skipped with a
     /// warning; the `gemm` crate) and, with --per-shape-trials, per-shape (Ansor-style),
@@ -69,16 +70,17 @@ pub struct BenchArgs {
     samples: Option<String>,
     /// Trials per sample for per-shape tuning (factor-only tiles, specialized kernels);
     /// Nimble-style runs the largest sample's micro-kernel everywhere with loop
-    /// partitioning. 0: no tuned baselines. Records go to --out-dir/records (resumable).
-    #[arg(long, default_value_t = 0)]
-    per_shape_trials: usize,
+    /// partitioning. 0: no tuned baselines [default]. Records go to --out-dir/records
+    /// (resumable).
+    #[arg(long)]
+    per_shape_trials: Option<usize>,
     /// With --per-shape-trials: the bucketing baseline's bucket width along the shape
     /// var (buckets start at the smallest instance); the largest instance of each bucket
     /// is tuned per shape and the others are padded up to it (global padding: inputs
     /// copied into zero-filled buffers, the output copied back, all inside the timed
-    /// call). 0: no bucketing.
-    #[arg(long, default_value_t = 16, value_name = "WIDTH", value_parser = clap::value_parser!(i64).range(0..))]
-    bucket: i64,
+    /// call). 0: no bucketing [default: 16].
+    #[arg(long, value_name = "WIDTH", value_parser = clap::value_parser!(i64).range(0..))]
+    bucket: Option<i64>,
     /// Where --compare writes `results.csv`, `report.md`, the plots and the baselines'
     /// records.
     #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
@@ -118,12 +120,23 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         (None, Some(module)) => Module::load(module)?,
         (None, None) => bail!("give --module or --model"),
     };
+    let model_only = [
+        (args.threads.is_some(), "--threads"),
+        (args.python.is_some(), "--python"),
+    ];
+    let wrong: Vec<&str> = model_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+    if !wrong.is_empty() {
+        bail!(
+            "{} are for --model (a model raced against onnxruntime), not an operator module",
+            wrong.join(", ")
+        );
+    }
     if args.compare {
         let options = CompareOptions {
             range: args.range.as_deref(),
             samples: args.samples.as_deref(),
-            per_shape_trials: args.per_shape_trials,
-            bucket: args.bucket,
+            per_shape_trials: args.per_shape_trials.unwrap_or(0),
+            bucket: args.bucket.unwrap_or(16),
             out_dir: &args.out_dir,
             seconds: args.seconds,
             rounds: args.rounds as usize,
@@ -167,13 +180,29 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 /// `anyshape bench --model M --compare`.
 fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
-    if args.dispatch_loss || args.overhead {
-        bail!("a model module is benchmarked with --compare (against onnxruntime and tract) and --tuning-against");
+    let operator_only = [
+        (args.dispatch_loss, "--dispatch-loss"),
+        (args.overhead, "--overhead"),
+        (args.range.is_some(), "--range"),
+        (args.samples.is_some(), "--samples"),
+        (args.per_shape_trials.is_some(), "--per-shape-trials"),
+        (args.bucket.is_some(), "--bucket"),
+        (args.set.is_some(), "--set"),
+        (args.csv.is_some(), "--csv"),
+    ];
+    let wrong: Vec<&str> = operator_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+    if !wrong.is_empty() {
+        bail!(
+            "a model module is benchmarked with --compare (against onnxruntime and tract) and --tuning-against; {} are for an operator module (--module)",
+            wrong.join(", ")
+        );
     }
     if let Some(baseline) = &args.tuning_against {
         let c = TuningComparison::new(read_tuning(model)?, read_tuning(baseline)?)?;
         let title = format!("Tuning {} against {}", model.display(), baseline.display());
-        let (summary, written) = c.write(&title, &args.out_dir)?;
+        let mut reads = args.common.reads();
+        reads.dir(model).dir(baseline);
+        let (summary, written) = c.write(&title, &OutDir::new(&args.out_dir, reads)?)?;
         print!("{summary}");
         println!("written: {}", written.join(", "));
     }
@@ -195,8 +224,8 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         dims: &dims,
         rounds: args.rounds as usize,
         seconds: args.seconds,
-        threads: args.threads as usize,
-        python: &args.python,
+        threads: args.threads.unwrap_or(2) as usize,
+        python: args.python.as_deref().unwrap_or("python3"),
         out_dir: &args.out_dir,
     };
     let mut reporter = Reporter::new(args.quiet);

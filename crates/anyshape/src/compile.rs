@@ -1,26 +1,27 @@
 //! `anyshape compile`: an ONNX model into a model module — every task tuned over the
-//! model's dims (or, with `--trials 0`, given default micro-kernels) — and running one
-//! (`anyshape run --module M --inputs case.npz`), with NumPy files in and out.
+//! model's dims (or, with `--trials 0`, given default micro-kernels). Running one is
+//! `run_model.rs`.
 use crate::progress::Reporter;
 use crate::tune::interrupt_flag;
 use crate::{runner, Common};
-use anyhow::{bail, Context, Result};
-use anyshape_graph::{Data, Tensor};
+use anyhow::Result;
 use anyshape_ir::ShapeVar;
 use anyshape_measure::{MeasureOptions, Measurer};
 use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, TuneOptions};
 use clap::Args;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// Options of `anyshape compile`.
 #[derive(Args)]
 pub struct CompileArgs {
-    /// The ONNX model (as `torch.onnx.export` writes it, opsets 13–21).
+    /// The ONNX model (as `torch.onnx.export` writes it; opsets up to 28, each op of a
+    /// version anyshape implements).
     model: PathBuf,
     /// The domain of a model dim: `--dim sequence=1..512`, `--dim batch=1`; one per
-    /// dim the model's inputs name (`anyshape inspect model.onnx` lists them).
-    #[arg(long = "dim", value_name = "NAME=DOMAIN", required = true)]
+    /// dim the model's inputs name (`anyshape inspect model.onnx` lists them; a model
+    /// whose inputs have fixed shapes takes none).
+    #[arg(long = "dim", value_name = "NAME=DOMAIN")]
     dims: Vec<String>,
     /// Trials per task on average: the tasks' joint searches share trials × tasks,
     /// which the task scheduler gives out where they cut the model's latency most; 0
@@ -87,6 +88,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         pipeline: PipelineOptions {
             votes: Default::default(),
             out: None,
+            reads: args.common.reads(),
             specialize: anyshape_tune::Specialize::None,
             verify_flops: None,
             dispatch: false,
@@ -128,161 +130,6 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             100.0 * t.build_share(),
             t.final_latency().map_or("-".into(), |l| format!("{:.3}", l * 1e3)),
             args.out.join(anyshape_tune::TUNING_FILE).display()
-        );
-    }
-    Ok(())
-}
-
-/// What `anyshape run --module M` does with a model module.
-pub struct ModelRun<'a> {
-    /// A `.npz` of inputs by name (outputs of the same names are compared).
-    pub inputs: Option<&'a Path>,
-    /// `NAME=FILE.npy` inputs (they win over the `.npz`'s arrays of the same name).
-    pub input: &'a [String],
-    /// Where to write the outputs (`.npz`).
-    pub output: Option<&'a Path>,
-    /// Keep timing for this many seconds.
-    pub seconds: f64,
-    /// The largest relative error from recorded outputs that passes.
-    pub max_error: f64,
-    /// Print where a run spends its time.
-    pub profile: bool,
-}
-
-/// `anyshape run --module M` for a model module: its inputs from `.npz`/`.npy`, its
-/// outputs printed (and written with `--output`), the latency of a run; outputs that
-/// the `.npz` also records are compared, and an error past `max_error` fails the run.
-pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
-    let ModelRun {
-        inputs,
-        output,
-        seconds,
-        max_error,
-        profile,
-        ..
-    } = *r;
-    let model = anyshape_runtime::Model::load(dir)?;
-    let g = model.graph();
-    let input_names: Vec<&str> = g
-        .inputs
-        .iter()
-        .map(|i| g.values[i.value].as_str())
-        .collect();
-    for spec in r.input {
-        let name = spec.split('=').next().unwrap_or_default();
-        if !input_names.contains(&name) {
-            bail!(
-                "--input {name}: the model has no input of that name (its inputs: {})",
-                input_names.join(", ")
-            );
-        }
-    }
-    let mut arrays = match inputs {
-        Some(p) => anyshape_graph::npz::read(p)?,
-        None => Vec::new(),
-    };
-    for spec in r.input {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
-        let t = anyshape_graph::npz::read_npy(Path::new(file))?;
-        arrays.retain(|(n, _)| n != name);
-        arrays.push((name.to_string(), t));
-    }
-    let sources = match (inputs, r.input.is_empty()) {
-        (Some(p), true) => p.display().to_string(),
-        (Some(p), false) => format!("{} and --input", p.display()),
-        (None, _) => "--input".to_string(),
-    };
-    let given: Vec<(&str, Tensor)> = g
-        .inputs
-        .iter()
-        .map(|i| {
-            let name = g.values[i.value].as_str();
-            arrays
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| (name, t.clone()))
-                .with_context(|| {
-                    format!("the model's input `{name}` is not given ({sources} has no array of that name)")
-                })
-        })
-        .collect::<Result<_>>()?;
-    let t0 = Instant::now();
-    let outs = model.run(&given)?;
-    let mut best = t0.elapsed().as_secs_f64();
-    let mut runs = 1;
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < seconds {
-        let t = Instant::now();
-        model.run(&given)?;
-        best = best.min(t.elapsed().as_secs_f64());
-        runs += 1;
-    }
-    println!(
-        "model        {}  ({} runs, min latency {:.3} ms)",
-        dir.display(),
-        runs,
-        best * 1e3
-    );
-    if profile {
-        let steps = model.profile(&given)?;
-        let total: f64 = steps.iter().map(|s| s.2).sum();
-        println!("profile      one run, {:.3} ms in steps:", total * 1e3);
-        for (label, n, s) in steps.iter().filter(|s| s.2 >= total * 1e-3) {
-            println!(
-                "  {:>9.3} ms {:>5.1}%  {n:>3}x  {label}",
-                s * 1e3,
-                100.0 * s / total.max(1e-30)
-            );
-        }
-    }
-    let mut named = Vec::new();
-    let mut mismatched = Vec::new();
-    for (&o, t) in g.outputs.iter().zip(outs) {
-        let name = g.values[o].clone();
-        let preview: Vec<String> = match &t.data {
-            Data::F32(v) => v.iter().take(4).map(|x| format!("{x:.5}")).collect(),
-            Data::I64(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
-            Data::Bool(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
-        };
-        println!(
-            "output       {name} {:?} [{} ...]",
-            t.shape,
-            preview.join(", ")
-        );
-        // Where the inputs file also holds this output (a recorded case), compare.
-        if let (Some((_, want)), Data::F32(got)) =
-            (arrays.iter().find(|(n, _)| *n == name), &t.data)
-        {
-            if let (Ok(want), true) = (want.as_f32(), want.shape == t.shape) {
-                let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-                let e = got
-                    .iter()
-                    .zip(want)
-                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-                    / scale;
-                println!("check        {name}: max relative error {e:.2e} against {sources}");
-                if e.is_nan() || e > max_error as f32 {
-                    mismatched.push(format!("{name} ({e:.2e})"));
-                }
-            } else {
-                mismatched.push(format!(
-                    "{name} (shape {:?}, recorded {:?})",
-                    t.shape, want.shape
-                ));
-            }
-        }
-        named.push((name, t));
-    }
-    if let Some(path) = output {
-        anyshape_graph::npz::write(path, &named)?;
-        println!("outputs written to {}", path.display());
-    }
-    if !mismatched.is_empty() {
-        bail!(
-            "outputs differ from those recorded in {sources} by more than {max_error:e}: {}",
-            mismatched.join(", ")
         );
     }
     Ok(())

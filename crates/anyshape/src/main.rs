@@ -5,6 +5,7 @@ mod gpu;
 mod inspect;
 mod progress;
 mod run;
+mod run_model;
 mod tune;
 
 use anyhow::{bail, Context, Result};
@@ -78,12 +79,24 @@ struct Common {
 }
 
 impl Common {
+    /// What these options make a command read (the target description).
+    fn reads(&self) -> anyshape_files::Reads {
+        let mut reads = anyshape_files::Reads::new();
+        if let Some(t) = &self.target {
+            reads.file(t);
+        }
+        reads
+    }
+
     fn target(&self) -> Result<CpuTarget> {
         match &self.target {
             None => Ok(CpuTarget::detect()),
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading target {}", path.display()))?;
+                let text = anyshape_files::read_to_string(
+                    path,
+                    anyshape_files::MIB,
+                    "a target description (JSON)",
+                )?;
                 Ok(CpuTarget::from_json(&text)?)
             }
         }
@@ -98,11 +111,14 @@ impl Common {
     }
 }
 
-/// A duration option: a finite number of seconds, at least 0.
+/// A duration option: seconds, at least 0, at most a week.
 pub(crate) fn seconds(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err(format!("`{text}` is not a number of seconds >= 0")),
+        Ok(x) if (0.0..=anyshape_measure::MAX_TIMEOUT_SECONDS).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "`{text}` is not a duration: need seconds from 0 to {} (a week)",
+            anyshape_measure::MAX_TIMEOUT_SECONDS
+        )),
     }
 }
 
@@ -234,10 +250,10 @@ fn main() -> Result<()> {
         Command::Tune(args) => tune::tune(args),
         Command::Compile(args) => compile::compile(args),
         Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
-        Command::Inspect { module } if module.join(anyshape_abi::MODEL_FILE).is_file() => {
-            inspect::inspect_model_module(&module)
-        }
-        Command::Inspect { module } => inspect::inspect(&module),
+        Command::Inspect { module } => match anyshape_runtime::ModuleKind::of(&module)? {
+            anyshape_runtime::ModuleKind::Model => inspect::inspect_model_module(&module),
+            anyshape_runtime::ModuleKind::Operator => inspect::inspect(&module),
+        },
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),
         Command::Target => {

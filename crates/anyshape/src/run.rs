@@ -9,7 +9,7 @@ use anyshape_codegen::{
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurement, Outcome};
-use anyshape_runtime::Module;
+use anyshape_runtime::{Module, ModuleKind};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -35,7 +35,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.npz", requires = "module")]
     output: Option<PathBuf>,
     /// A model's outputs recorded in the `--inputs` file must match within this
-    /// relative error (max |error| ÷ max |recorded|), or the run fails.
+    /// relative error (max |error| ÷ max |recorded|; a NaN or an infinity must be
+    /// matched by the same value), or the run fails.
     #[arg(long, default_value_t = 1e-4, value_parser = relative_error, requires = "module")]
     max_error: f64,
     /// With a model module: print where a run spends its time, per task and host op.
@@ -44,12 +45,13 @@ pub struct RunArgs {
     /// Shape var values, e.g. `--set T=37` (repeat or comma-separate for several).
     #[arg(long = "set", value_name = "VAR=VALUE")]
     set: Vec<String>,
-    /// How tiles that overhang the tensors are handled.
-    #[arg(long, default_value = "local-pad", value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "global-pad", "loop-partition", "local-pad"]))]
-    strategy: String,
-    /// Bake the shape into the kernel (specialized) or read it at run time (symbolic).
-    #[arg(long, default_value = "specialized", value_parser = clap::builder::PossibleValuesParser::new(["specialized", "symbolic"]))]
-    mode: String,
+    /// How tiles that overhang the tensors are handled [default: local-pad].
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["boundary-check", "global-pad", "loop-partition", "local-pad"]))]
+    strategy: Option<String>,
+    /// Bake the shape into the kernel (specialized) or read it at run time (symbolic)
+    /// [default: specialized].
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["specialized", "symbolic"]))]
+    mode: Option<String>,
     /// Micro-kernel parameters of the workload's sketch (contractions:
     /// `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`; softmax: `rows=4,vectors=2`) or JSON; a
     /// default for the target when absent.
@@ -61,7 +63,7 @@ pub struct RunArgs {
     /// Print the generated C and stop.
     #[arg(long)]
     print_c: bool,
-    /// Keep timing for at least this many seconds.
+    /// Keep timing for at least this many seconds (at most a week).
     #[arg(long, default_value_t = 0.5, value_parser = crate::seconds, allow_negative_numbers = true)]
     seconds: f64,
     /// Time cold, as `anyshape compile` times a model's kernels: before every call the
@@ -69,30 +71,56 @@ pub struct RunArgs {
     /// layers evict a model's weights between its calls).
     #[arg(long)]
     cold: bool,
-    /// Kill the program if it runs longer than this many seconds.
-    #[arg(long, default_value_t = 60.0, value_parser = crate::time_limit, allow_negative_numbers = true)]
-    timeout: f64,
+    /// Kill the program if it runs longer than this many seconds [default: 60].
+    #[arg(long, value_parser = crate::time_limit, allow_negative_numbers = true)]
+    timeout: Option<f64>,
     #[command(flatten)]
     common: Common,
+}
+
+/// The options given that only apply to a program or an operator module, not to a
+/// model module (which runs on its inputs, not on random data).
+fn operator_only(args: &RunArgs) -> Vec<&'static str> {
+    let given = [
+        (!args.set.is_empty(), "--set"),
+        (args.strategy.is_some(), "--strategy"),
+        (args.mode.is_some(), "--mode"),
+        (args.micro_kernel.is_some(), "--micro-kernel"),
+        (args.check, "--check"),
+        (args.print_c, "--print-c"),
+        (args.cold, "--cold"),
+        (args.timeout.is_some(), "--timeout"),
+        (args.common.target.is_some(), "--target"),
+        (args.common.cache_dir.is_some(), "--cache-dir"),
+    ];
+    given.iter().filter(|g| g.0).map(|g| g.1).collect()
 }
 
 /// Run `anyshape run`.
 pub fn run(args: RunArgs) -> Result<()> {
     let options = MeasureOptions {
         min_seconds: args.seconds,
-        timeout_seconds: args.timeout,
+        timeout_seconds: args.timeout.unwrap_or(60.0),
         cold: args.cold,
         ..Default::default()
     };
     if let Some(module) = &args.module {
-        if module.join(anyshape_abi::MODEL_FILE).is_file() {
+        if ModuleKind::of(module)? == ModuleKind::Model {
+            let wrong = operator_only(&args);
+            if !wrong.is_empty() {
+                bail!(
+                    "{} is a model module: it runs on its inputs (--inputs, --input) and takes no {} (those are for a workload or an operator module)",
+                    module.display(),
+                    wrong.join(", ")
+                );
+            }
             if args.inputs.is_none() && args.input.is_empty() {
                 bail!(
                     "{} is a model module: give its inputs with --inputs FILE.npz or --input NAME=FILE.npy",
                     module.display()
                 );
             }
-            let run = crate::compile::ModelRun {
+            let run = crate::run_model::ModelRun {
                 inputs: args.inputs.as_deref(),
                 input: &args.input,
                 output: args.output.as_deref(),
@@ -100,7 +128,21 @@ pub fn run(args: RunArgs) -> Result<()> {
                 max_error: args.max_error,
                 profile: args.profile,
             };
-            return crate::compile::run_model(module, &run);
+            return crate::run_model::run_model(module, &run);
+        }
+        let model_only = [
+            (args.inputs.is_some(), "--inputs"),
+            (!args.input.is_empty(), "--input"),
+            (args.output.is_some(), "--output"),
+            (args.profile, "--profile"),
+        ];
+        let wrong: Vec<&str> = model_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+        if !wrong.is_empty() {
+            bail!(
+                "{} is an operator module: it runs on random data at --set values and takes no {} (those are for a model module, from `anyshape compile`)",
+                module.display(),
+                wrong.join(", ")
+            );
         }
         let bindings = bindings(&args.set, None)?;
         return run_module(module, &bindings, args.check, options);
@@ -127,8 +169,18 @@ fn run_program<K: Sketch<Target = CpuTarget>>(
         None => K::default_for(target),
     };
     micro_kernel.validate(target)?;
-    let strategy: PaddingStrategy = args.strategy.parse().map_err(anyhow::Error::msg)?;
-    let mode: KernelMode = args.mode.parse().map_err(anyhow::Error::msg)?;
+    let strategy: PaddingStrategy = args
+        .strategy
+        .as_deref()
+        .unwrap_or("local-pad")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    let mode: KernelMode = args
+        .mode
+        .as_deref()
+        .unwrap_or("specialized")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
     let program = Program {
         workload: workload.clone(),
         micro_kernel,

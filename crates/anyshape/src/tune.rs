@@ -115,8 +115,8 @@ pub fn shape_vars(ranges: &[String], weights: Option<&Path>) -> Result<Vec<Shape
         }
     }
     if let Some(path) = weights {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading weights {}", path.display()))?;
+        let text =
+            anyshape_files::read_to_string(path, anyshape_files::MIB * 64, "weights (JSON)")?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("weights {} are not JSON", path.display()))?;
         let Some(map) = json.as_object() else {
@@ -266,6 +266,8 @@ pub struct Job<'a> {
     pub records: PathBuf,
     /// Search options.
     pub options: TuneOptions,
+    /// What the run reads (a target description, weights): no output replaces them.
+    pub reads: anyshape_files::Reads,
 }
 
 impl Job<'_> {
@@ -282,7 +284,16 @@ impl Job<'_> {
             .context("--records FILE is needed: every trial is appended to it, and a killed or interrupted run resumes from it (--resume)")?
             .to_path_buf();
         // Everything that could only fail at the end is checked before any work.
-        check_outputs(&records, args.report.as_deref(), args.out.as_deref())?;
+        let mut reads = args.common.reads();
+        if let Some(w) = &args.weights {
+            reads.file(w);
+        }
+        check_outputs(
+            &records,
+            args.report.as_deref(),
+            args.out.as_deref(),
+            &reads,
+        )?;
         let options = TuneOptions {
             trials: args.trials as usize,
             batch: args.batch as usize,
@@ -298,6 +309,7 @@ impl Job<'_> {
             domain,
             records,
             options,
+            reads,
         })
     }
 }
@@ -314,6 +326,7 @@ pub fn tune_on<K: Packaged>(
         runner: runner(job.options.measure.clone())?,
     };
     let records = job.records;
+    let reads = job.reads;
     let (log, previous) = RecordLog::open(&records, args.resume)?;
     report_log(&log);
     let n = job.domain.len();
@@ -343,6 +356,7 @@ pub fn tune_on<K: Packaged>(
             ..VoteOptions::default()
         },
         out: args.out.clone(),
+        reads,
         specialize: args.specialize,
         verify_flops: args.verify.then_some(args.verify_flops),
         dispatch: args.device == DeviceKind::Cuda,
@@ -381,8 +395,8 @@ pub fn tune_on<K: Packaged>(
         }
     }
     if let Some(path) = &args.report {
-        std::fs::write(path, serde_json::to_string_pretty(&compiled.report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let json = serde_json::to_string_pretty(&compiled.report)?;
+        anyshape_files::write_bytes(path, &options.reads, "--report", json.as_bytes())?;
         println!("report written to {}", path.display());
     }
     if compiled.report.stop == StopReason::Interrupted {

@@ -168,11 +168,11 @@ fn bad_input_is_a_clear_error() {
                 "--target",
                 "/nonexistent.json",
             ],
-            "reading target",
+            "/nonexistent.json: No such file",
         ),
         (
             &["run", "-w", w, "--set", "T=99999999999"],
-            "more than this machine can hold",
+            "the machine has",
         ),
         // Durations that cannot be durations.
         (

@@ -368,7 +368,7 @@ fn odd_module_records_and_weights_are_handled() {
         &[],
     );
     assert!(
-        !o.status.success() && text(&o).contains("more than this machine can hold"),
+        !o.status.success() && text(&o).contains("the machine has"),
         "{}",
         text(&o)
     );

@@ -11,16 +11,19 @@ use anyshape_ir::Expr;
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "MatMul",
+        since: 1,
         infer: infer_matmul,
         eval: eval_matmul,
     },
     OpSpec {
         name: "Gemm",
+        since: 7,
         infer: infer_gemm,
         eval: eval_gemm,
     },
     OpSpec {
         name: "Conv",
+        since: 11,
         infer: infer_conv,
         eval: eval_conv,
     },

@@ -23,10 +23,20 @@ pub type InferFn = fn(&Node, &[Option<&Fact>]) -> Result<Vec<Fact>>;
 /// What a node computes on concrete inputs.
 pub type EvalFn = fn(&Node, &[Option<&Tensor>]) -> Result<Vec<Tensor>>;
 
+/// The newest ONNX opset whose operator definitions anyshape was checked against:
+/// every version of a registered op from its [`OpSpec::since`] up to this opset means
+/// what its `infer` and `eval` compute (the later versions add element types).
+pub const NEWEST_OPSET: i64 = 28;
+
 /// One operator.
 pub struct OpSpec {
     /// The ONNX op type.
     pub name: &'static str,
+    /// The oldest version of the op (the opset that introduced it) whose semantics
+    /// `infer` and `eval` implement; a model whose opset selects an older version of
+    /// the op (where its meaning differed: `Softmax` before 13 flattened to 2-D) is
+    /// refused.
+    pub since: i64,
     /// Shape propagation.
     pub infer: InferFn,
     /// Evaluation.
@@ -46,6 +56,33 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
 /// The operator named `op`.
 pub fn op(name: &str) -> Option<&'static OpSpec> {
     registry().find(|o| o.name == name)
+}
+
+/// Check that anyshape knows what every node of a model of default-domain `opset`
+/// means: the opset is at most [`NEWEST_OPSET`], and for each op, the version the
+/// opset selects is one whose semantics anyshape implements. Ops anyshape does not
+/// import at all are left to the importer's own error.
+pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) -> Result<()> {
+    if opset > NEWEST_OPSET {
+        return Err(GraphError::Unsupported(format!(
+            "opset {opset}: anyshape knows the operators of opsets up to {NEWEST_OPSET}, and a newer one may change what an op means; export the model with an opset up to {NEWEST_OPSET} (e.g. torch.onnx.export(..., opset_version=17))"
+        )));
+    }
+    if opset < 1 {
+        return Err(GraphError::Format(format!(
+            "opset {opset} is no ONNX opset"
+        )));
+    }
+    for node in nodes {
+        let Some(spec) = op(&node.op) else { continue };
+        if opset < spec.since {
+            return Err(GraphError::Unsupported(format!(
+                "node `{}`: {} at opset {opset} is an older version of the op than anyshape implements (it implements {} from opset {} to {NEWEST_OPSET}); export the model with opset {} or newer",
+                node.name, node.op, node.op, spec.since, spec.since.max(13)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The required input `i`.

@@ -13,76 +13,91 @@ use anyshape_ir::Expr;
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "Shape",
+        since: 1,
         infer: infer_shape,
         eval: eval_shape,
     },
     OpSpec {
         name: "Reshape",
+        since: 5,
         infer: infer_reshape,
         eval: eval_reshape,
     },
     OpSpec {
         name: "Flatten",
+        since: 9,
         infer: infer_reshape,
         eval: eval_reshape,
     },
     OpSpec {
         name: "Unsqueeze",
+        since: 1,
         infer: infer_reshape,
         eval: eval_reshape,
     },
     OpSpec {
         name: "Squeeze",
+        since: 1,
         infer: infer_reshape,
         eval: eval_reshape,
     },
     OpSpec {
         name: "Concat",
+        since: 4,
         infer: infer_concat,
         eval: eval_concat,
     },
     OpSpec {
         name: "Slice",
+        since: 10,
         infer: infer_slice,
         eval: eval_slice,
     },
     OpSpec {
         name: "Gather",
+        since: 1,
         infer: infer_gather,
         eval: eval_gather,
     },
     OpSpec {
         name: "GatherND",
+        since: 11,
         infer: infer_gather_nd,
         eval: eval_gather_nd,
     },
     OpSpec {
         name: "Expand",
+        since: 8,
         infer: infer_expand,
         eval: eval_expand,
     },
     OpSpec {
         name: "Range",
+        since: 11,
         infer: infer_range,
         eval: eval_range,
     },
     OpSpec {
         name: "ConstantOfShape",
+        since: 9,
         infer: infer_constant_of_shape,
         eval: eval_constant_of_shape,
     },
     OpSpec {
         name: "Transpose",
+        since: 1,
         infer: infer_transpose,
         eval: eval_transpose,
     },
     OpSpec {
         name: "Split",
+        since: 2,
         infer: infer_split,
         eval: eval_split,
     },
     OpSpec {
         name: "Constant",
+        since: 9,
         infer: infer_constant,
         eval: eval_constant,
     },
@@ -603,10 +618,16 @@ fn eval_gather(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     sized(node, &[outer, idx.len(), inner])?;
     let mut order = Vec::with_capacity(outer * idx.len() * inner);
     for o in 0..outer {
-        for &k in idx {
-            let k = if k < 0 { k + d } else { k };
+        for &given in idx {
+            let k = if given < 0 { given + d } else { given };
             if !(0..d).contains(&k) {
-                return fail(node, format!("index {k} out of range for a dim of {d}"));
+                return fail(
+                    node,
+                    format!(
+                        "index {given} is out of range [-{d}, {d}) of axis {a} of its data (shape {:?})",
+                        x.shape
+                    ),
+                );
             }
             let base = (o * d as usize + k as usize) * inner;
             order.extend(base..base + inner);
@@ -655,10 +676,16 @@ fn eval_gather_nd(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
             let mut off = base;
             for j in 0..k {
                 let d = x.shape[b + j] as i64;
-                let v = idx[at + j];
-                let v = if v < 0 { v + d } else { v };
+                let given = idx[at + j];
+                let v = if given < 0 { given + d } else { given };
                 if !(0..d).contains(&v) {
-                    return fail(node, format!("index {v} out of range for a dim of {d}"));
+                    return fail(
+                        node,
+                        format!(
+                            "index {given} is out of range [-{d}, {d}) of axis {} of its data",
+                            b + j
+                        ),
+                    );
                 }
                 off += v as usize * xs[b + j];
             }

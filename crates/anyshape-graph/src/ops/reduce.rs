@@ -8,21 +8,25 @@ use anyshape_ir::Expr;
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "Softmax",
+        since: 13,
         infer: infer_same,
         eval: eval_softmax,
     },
     OpSpec {
         name: "LayerNormalization",
+        since: 17,
         infer: infer_layer_norm,
         eval: eval_layer_norm,
     },
     OpSpec {
         name: "ReduceMean",
+        since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
     },
     OpSpec {
         name: "ReduceSum",
+        since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
     },

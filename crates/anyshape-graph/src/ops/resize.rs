@@ -7,11 +7,84 @@ use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[OpSpec {
     name: "Resize",
+    since: 11,
     infer: infer_resize,
     eval: eval_resize,
 }];
 
+/// The attributes of a `Resize` anyshape computes; any other value of one is refused
+/// (it would change the result).
+struct Attrs {
+    mode: String,
+    coordinates: String,
+    nearest: String,
+    cubic_a: f32,
+    exclude_outside: bool,
+}
+
+fn attrs(node: &Node) -> Result<Attrs> {
+    let pick = |name: &str, default: &str, known: &[&str]| -> Result<String> {
+        let v = node.string(name, default)?;
+        if known.contains(&v.as_str()) {
+            Ok(v)
+        } else {
+            fail(
+                node,
+                format!(
+                    "{name} `{v}` is not one anyshape computes ({})",
+                    known.join(", ")
+                ),
+            )
+        }
+    };
+    if node.int("antialias", 0)? != 0 {
+        return fail(node, "antialias is not implemented");
+    }
+    if node.attrs.contains_key("axes") {
+        return fail(
+            node,
+            "the axes attribute is not implemented (give every axis)",
+        );
+    }
+    pick("keep_aspect_ratio_policy", "stretch", &["stretch"])?;
+    Ok(Attrs {
+        mode: pick("mode", "nearest", &["nearest", "linear", "cubic"])?,
+        coordinates: pick(
+            "coordinate_transformation_mode",
+            "half_pixel",
+            &[
+                "half_pixel",
+                "pytorch_half_pixel",
+                "align_corners",
+                "asymmetric",
+            ],
+        )?,
+        nearest: pick(
+            "nearest_mode",
+            "round_prefer_floor",
+            &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"],
+        )?,
+        cubic_a: node.float("cubic_coeff_a", -0.75)?,
+        exclude_outside: node.int("exclude_outside", 0)? != 0,
+    })
+}
+
+/// The index `nearest_mode` rounds the source coordinate `x` to.
+fn nearest(mode: &str, x: f32) -> isize {
+    let f = x.floor();
+    let frac = x - f;
+    (match mode {
+        "floor" => f,
+        "ceil" => x.ceil(),
+        "round_prefer_ceil" if frac >= 0.5 => f + 1.0,
+        "round_prefer_ceil" => f,
+        _ if frac > 0.5 => f + 1.0, // round_prefer_floor
+        _ => f,
+    }) as isize
+}
+
 fn infer_resize(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    attrs(node)?;
     let x = req(node, ins, 0)?;
     if let Some(sizes) = ins.get(3).copied().flatten() {
         let s = sizes
@@ -103,10 +176,13 @@ fn resample(
 fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let r = x.shape.len();
-    let mode = node.string("mode", "nearest")?;
-    let ct = node.string("coordinate_transformation_mode", "half_pixel")?;
-    let a = node.float("cubic_coeff_a", -0.75)?;
-    let exclude = node.int("exclude_outside", 0)? != 0;
+    let Attrs {
+        mode,
+        coordinates: ct,
+        nearest: nearest_mode,
+        cubic_a: a,
+        exclude_outside: exclude,
+    } = attrs(node)?;
     let (out_shape, scales): (Vec<usize>, Vec<f32>) =
         match (ins.get(3).copied().flatten(), ins.get(2).copied().flatten()) {
             (Some(s), _) => {
@@ -153,7 +229,7 @@ fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
             let src = source(&ct, j, s, n, m);
             let clampi = |k: isize| k.clamp(0, n as isize - 1) as usize;
             match mode.as_str() {
-                "nearest" => vec![(clampi(src.round() as isize), 1.0)],
+                "nearest" => vec![(clampi(nearest(&nearest_mode, src)), 1.0)],
                 "linear" => {
                     let src = src.max(0.0);
                     let f = src.floor();
@@ -161,6 +237,7 @@ fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
                     vec![(clampi(f as isize), 1.0 - t), (clampi(f as isize + 1), t)]
                 }
                 _ => {
+                    // cubic
                     let f = src.floor();
                     let w = cubic(src - f, a);
                     let mut taps: Vec<(usize, f32)> = Vec::new();

@@ -1,0 +1,29 @@
+//! Where a benchmark writes its reports: one directory, every file written atomically
+//! beside its path (`anyshape-files`), never over or inside what the benchmark reads
+//! (the module it measures).
+use crate::error::{io, Result};
+use anyshape_files::Reads;
+use std::path::{Path, PathBuf};
+
+/// A report directory.
+pub struct OutDir<'a> {
+    dir: &'a Path,
+    reads: Reads,
+}
+
+impl<'a> OutDir<'a> {
+    /// The directory `dir` (`--out-dir`), made if absent; refused where it is, lies
+    /// inside or holds what the benchmark `reads`.
+    pub fn new(dir: &'a Path, reads: Reads) -> Result<OutDir<'a>> {
+        reads.check("--out-dir", dir)?;
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        Ok(OutDir { dir, reads })
+    }
+
+    /// Write the file `name` in it; returns its path.
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+        let path = self.dir.join(name);
+        anyshape_files::write_bytes(&path, &self.reads, "--out-dir", bytes)?;
+        Ok(path)
+    }
+}

@@ -1,0 +1,194 @@
+//! `anyshape run --module M` of a model module: its inputs from `.npz`/`.npy` files
+//! (read strictly: every array must be one the model takes or gives), its outputs
+//! printed and compared with those the `.npz` records (shapes and element types first,
+//! a NaN or an infinity only matching itself, the worst element named), written with
+//! `--output` (atomically, never over a file the command reads), and the latency of a
+//! run.
+use anyhow::{bail, Context, Result};
+use anyshape_files::Reads;
+use anyshape_graph::{Data, Tensor};
+use std::path::Path;
+use std::time::Instant;
+
+/// What `anyshape run --module M` does with a model module.
+pub struct ModelRun<'a> {
+    /// A `.npz` of inputs by name (outputs of the same names are compared).
+    pub inputs: Option<&'a Path>,
+    /// `NAME=FILE.npy` inputs (they win over the `.npz`'s arrays of the same name).
+    pub input: &'a [String],
+    /// Where to write the outputs (`.npz`).
+    pub output: Option<&'a Path>,
+    /// Keep timing for this many seconds.
+    pub seconds: f64,
+    /// The largest relative error from recorded outputs that passes.
+    pub max_error: f64,
+    /// Print where a run spends its time.
+    pub profile: bool,
+}
+
+/// `--input NAME=FILE.npy` options, split.
+fn input_files(specs: &[String]) -> Result<Vec<(&str, &Path)>> {
+    let mut out: Vec<(&str, &Path)> = Vec::new();
+    for spec in specs {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+        if out.iter().any(|(n, _)| *n == name) {
+            bail!("--input {name} is given twice");
+        }
+        out.push((name, Path::new(file)));
+    }
+    Ok(out)
+}
+
+/// Run the model module in `dir` as `r` says; an error where a recorded output differs
+/// by more than `r.max_error`.
+pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
+    let ModelRun {
+        inputs,
+        output,
+        seconds,
+        max_error,
+        profile,
+        ..
+    } = *r;
+    let files = input_files(r.input)?;
+    // What this command reads; `--output` may be none of it (checked before the run).
+    let mut reads = Reads::new();
+    reads.dir(dir);
+    if let Some(p) = inputs {
+        reads.file(p);
+    }
+    for (_, f) in &files {
+        reads.file(f);
+    }
+    if let Some(out) = output {
+        reads.check("--output", out)?;
+    }
+    let model = anyshape_runtime::Model::load(dir)?;
+    let g = model.graph();
+    let input_names: Vec<&str> = g
+        .inputs
+        .iter()
+        .map(|i| g.values[i.value].as_str())
+        .collect();
+    let output_names: Vec<&str> = g.outputs.iter().map(|&o| g.values[o].as_str()).collect();
+    for (name, _) in &files {
+        if !input_names.contains(name) {
+            bail!(
+                "--input {name}: the model has no input of that name (its inputs: {})",
+                input_names.join(", ")
+            );
+        }
+    }
+    let mut arrays = match inputs {
+        Some(p) => anyshape_graph::npz::read(p)?,
+        None => Vec::new(),
+    };
+    let unknown: Vec<&str> = arrays
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| !input_names.contains(n) && !output_names.contains(n))
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "{} holds arrays the model neither takes nor gives: {} (its inputs: {}; its outputs: {}); a misspelt name would be an input left out",
+            inputs.map_or(String::new(), |p| p.display().to_string()),
+            unknown.join(", "),
+            input_names.join(", "),
+            output_names.join(", ")
+        );
+    }
+    for (name, file) in &files {
+        let t = anyshape_graph::npz::read_npy(file)?;
+        arrays.retain(|(n, _)| n != name);
+        arrays.push((name.to_string(), t));
+    }
+    let sources = match (inputs, files.is_empty()) {
+        (Some(p), true) => p.display().to_string(),
+        (Some(p), false) => format!("{} and --input", p.display()),
+        (None, _) => "--input".to_string(),
+    };
+    let given: Vec<(&str, Tensor)> = input_names
+        .iter()
+        .map(|&name| {
+            arrays
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| (name, t.clone()))
+                .with_context(|| {
+                    format!("the model's input `{name}` is not given ({sources} has no array of that name)")
+                })
+        })
+        .collect::<Result<_>>()?;
+    let t0 = Instant::now();
+    let outs = model.run(&given)?;
+    let mut best = t0.elapsed().as_secs_f64();
+    let mut runs = 1;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        let t = Instant::now();
+        model.run(&given)?;
+        best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
+    }
+    println!(
+        "model        {}  ({} runs, min latency {:.3} ms)",
+        dir.display(),
+        runs,
+        best * 1e3
+    );
+    if profile {
+        let steps = model.profile(&given)?;
+        let total: f64 = steps.iter().map(|s| s.2).sum();
+        println!("profile      one run, {:.3} ms in steps:", total * 1e3);
+        for (label, n, s) in steps.iter().filter(|s| s.2 >= total * 1e-3) {
+            println!(
+                "  {:>9.3} ms {:>5.1}%  {n:>3}x  {label}",
+                s * 1e3,
+                100.0 * s / total.max(1e-30)
+            );
+        }
+    }
+    let mut named = Vec::new();
+    let mut mismatched = Vec::new();
+    for (name, t) in output_names.iter().zip(outs) {
+        let preview: Vec<String> = match &t.data {
+            Data::F32(v) => v.iter().take(4).map(|x| format!("{x:.5}")).collect(),
+            Data::I64(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
+            Data::Bool(v) => v.iter().take(4).map(|x| x.to_string()).collect(),
+        };
+        println!(
+            "output       {name} {:?} [{} ...]",
+            t.shape,
+            preview.join(", ")
+        );
+        // Where the inputs file also holds this output (a recorded case), compare.
+        if let Some((_, want)) = arrays.iter().find(|(n, _)| n == name) {
+            match anyshape_graph::compare(&t, want) {
+                Ok(c) => {
+                    println!("check        {name}: {c} against {sources}");
+                    if !c.passes(max_error) {
+                        mismatched.push(format!("{name} ({:.2e})", c.error()));
+                    }
+                }
+                Err(why) => {
+                    println!("check        {name}: {why}");
+                    mismatched.push(format!("{name} ({why})"));
+                }
+            }
+        }
+        named.push((name.to_string(), t));
+    }
+    if let Some(path) = output {
+        anyshape_graph::npz::write(path, &named, &reads, "--output")?;
+        println!("outputs written to {}", path.display());
+    }
+    if !mismatched.is_empty() {
+        bail!(
+            "outputs differ from those recorded in {sources} by more than {max_error:e}: {}",
+            mismatched.join(", ")
+        );
+    }
+    Ok(())
+}
