@@ -4,7 +4,13 @@
 //! trial twice; `M` holds the old module or the new one, complete (it loads, its
 //! checksums match); and resuming finishes the budget, measuring nothing twice.
 //!
+//! Likewise a model's `run --output`: killed at random moments, its output path holds
+//! the previous file or the new outputs, whole, and the next run removes what the
+//! killed one left.
+//!
 //! `ANYSHAPE_CRASH_RUNS` sets the number of killed runs (default 20).
+mod support;
+
 use anyshape_codegen::{CpuTarget, MicroKernel};
 use anyshape_runtime::Module;
 use anyshape_tune::{Record, RecordLog};
@@ -365,4 +371,99 @@ fn a_killed_model_compile_resumes_from_its_records() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+/// `anyshape run --module M --output out.npz` killed with SIGKILL at random moments of
+/// its run: `out.npz` always reads back whole as the previous file or the new outputs;
+/// a later run leaves no temporary file behind.
+#[test]
+fn a_killed_run_output_leaves_the_old_file_or_the_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let onnx = support::models().join("gpt2_tiny.ts.onnx");
+    let o = support::anyshape(
+        d,
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1..4",
+            "--dim",
+            "sequence=1..64",
+            "--out",
+            "m",
+            "--quiet",
+        ],
+    );
+    assert!(o.status.success(), "{}", support::text(&o));
+    std::fs::copy(
+        support::models().join("gpt2_tiny.ts.b3s17.npz"),
+        d.join("case.npz"),
+    )
+    .unwrap();
+    let args = [
+        "run",
+        "--module",
+        "m",
+        "--inputs",
+        "case.npz",
+        "--output",
+        "out.npz",
+        "--seconds",
+        "0",
+    ];
+    // The new outputs, from a run left alone, and how long a run takes.
+    let start = Instant::now();
+    let o = support::anyshape(d, &args);
+    let full = start.elapsed();
+    assert!(o.status.success(), "{}", support::text(&o));
+    let new = anyshape_graph::npz::read(&d.join("out.npz")).unwrap();
+    let old = vec![(
+        "previous".to_string(),
+        anyshape_graph::Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap(),
+    )];
+    let runs: usize = std::env::var("ANYSHAPE_CRASH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut kept_old, mut got_new) = (0, 0);
+    for _ in 0..runs {
+        anyshape_graph::npz::write(
+            &d.join("out.npz"),
+            &old,
+            &anyshape_files::Reads::new(),
+            "test",
+        )
+        .unwrap();
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let at = full.mul_f64((state % 1000) as f64 / 1000.0 * 1.2);
+        let mut child = support::command(d, &args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(at);
+        child.kill().ok();
+        child.wait().unwrap();
+        let now = anyshape_graph::npz::read(&d.join("out.npz"))
+            .expect("out.npz reads back whole after a kill");
+        if now == old {
+            kept_old += 1;
+        } else {
+            assert_eq!(now, new, "out.npz holds the old file or the new outputs");
+            got_new += 1;
+        }
+    }
+    // A run to the end cleans up what the killed ones left.
+    let o = support::anyshape(d, &args);
+    assert!(o.status.success(), "{}", support::text(&o));
+    let left: Vec<String> = support::listing(d)
+        .into_iter()
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    eprintln!("{runs} runs killed: {kept_old} left the old file, {got_new} the new outputs");
 }

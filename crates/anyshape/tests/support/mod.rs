@@ -1,0 +1,239 @@
+//! Helpers shared by the CLI's tests: running the binary as a user would, and making
+//! the ONNX models and NumPy files the tests feed it (in code, so the tests need no
+//! Python).
+#![allow(dead_code)]
+use anyshape_graph::onnx::proto;
+use prost::Message;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The binary under test: this build's, or `ANYSHAPE_TEST_BIN` (to show a test fail
+/// on an older build).
+pub fn bin() -> PathBuf {
+    std::env::var_os("ANYSHAPE_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_anyshape")))
+}
+
+/// A kernel cache shared by the tests of this binary (kernels are built once).
+pub fn cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("anyshape-test-cache")
+}
+
+/// `anyshape ARGS` in `dir`.
+pub fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .current_dir(dir)
+        .env("RUST_BACKTRACE", "0")
+        .env("ANYSHAPE_CACHE", cache());
+    cmd
+}
+
+/// Run `anyshape ARGS` in `dir`.
+pub fn anyshape(dir: &Path, args: &[&str]) -> Output {
+    command(dir, args).output().unwrap()
+}
+
+/// Standard output and error together.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The repository's test models.
+pub fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+/// Names of the entries of `dir`, sorted.
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// An ONNX model made in code: float inputs and outputs with fixed or named dims,
+/// nodes, float initializers.
+pub struct Onnx {
+    opset: i64,
+    graph: proto::GraphProto,
+}
+
+/// A dim of an input or output: fixed or named.
+pub enum Dim {
+    /// A fixed extent.
+    Fixed(i64),
+    /// A symbolic dim (`dim_param`).
+    Named(&'static str),
+}
+
+fn value(name: &str, dims: &[Dim]) -> proto::ValueInfoProto {
+    use proto::tensor_shape_proto::{dimension::Value, Dimension};
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Dim::Fixed(v) => Value::DimValue(*v),
+                Dim::Named(n) => Value::DimParam(n.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    proto::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(proto::TypeProto {
+            value: Some(proto::type_proto::Value::TensorType(
+                proto::type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(proto::TensorShapeProto { dim }),
+                },
+            )),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+impl Onnx {
+    /// An empty graph of default-domain `opset`.
+    pub fn new(opset: i64) -> Onnx {
+        Onnx {
+            opset,
+            graph: proto::GraphProto {
+                name: Some("test".into()),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A float input.
+    pub fn input(mut self, name: &str, dims: &[Dim]) -> Onnx {
+        self.graph.input.push(value(name, dims));
+        self
+    }
+
+    /// A float output.
+    pub fn output(mut self, name: &str, dims: &[Dim]) -> Onnx {
+        self.graph.output.push(value(name, dims));
+        self
+    }
+
+    /// A node with integer attributes.
+    pub fn node(mut self, op: &str, ins: &[&str], outs: &[&str], ints: &[(&str, i64)]) -> Onnx {
+        let n = self.graph.node.len();
+        self.graph.node.push(proto::NodeProto {
+            name: Some(format!("{op}_{n}")),
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            attribute: ints
+                .iter()
+                .map(|(k, v)| proto::AttributeProto {
+                    name: Some(k.to_string()),
+                    r#type: Some(2), // INT
+                    i: Some(*v),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        self
+    }
+
+    /// A float initializer, inline.
+    pub fn weight(mut self, name: &str, shape: &[i64], data: &[f32]) -> Onnx {
+        self.graph.initializer.push(proto::TensorProto {
+            name: Some(name.into()),
+            dims: shape.to_vec(),
+            data_type: Some(1),
+            raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            ..Default::default()
+        });
+        self
+    }
+
+    /// A float initializer whose data is in the external file `location` (relative to
+    /// the model), written there by [`Onnx::write`].
+    pub fn external_weight(mut self, name: &str, shape: &[i64], location: &str) -> Onnx {
+        let entry = |k: &str, v: String| proto::StringStringEntryProto {
+            key: Some(k.into()),
+            value: Some(v),
+        };
+        self.graph.initializer.push(proto::TensorProto {
+            name: Some(name.into()),
+            dims: shape.to_vec(),
+            data_type: Some(1),
+            data_location: Some(1),
+            external_data: vec![entry("location", location.into())],
+            ..Default::default()
+        });
+        self
+    }
+
+    /// The model's bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(self.opset),
+            }],
+            graph: Some(self.graph.clone()),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    /// Write the model to `path`.
+    pub fn write(&self, path: &Path) {
+        std::fs::write(path, self.bytes()).unwrap();
+    }
+}
+
+/// A `.npy` file's bytes as NumPy writes them (header version 1.0), Fortran order if
+/// asked: `data` is already in that order.
+pub fn npy(descr: &str, fortran: bool, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
+        if fortran { "True" } else { "False" }
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(data);
+    out
+}
+
+/// Little-endian bytes of floats.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A `.npz` file of `.npy` members (name, bytes), stored uncompressed as NumPy does.
+pub fn npz(path: &Path, members: &[(&str, Vec<u8>)]) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut npz = npyz::npz::NpzWriter::new(std::io::BufWriter::new(file));
+    let zip = npz.zip_writer();
+    for (name, bytes) in members {
+        zip.start_file(format!("{name}.npy"), Default::default())
+            .unwrap();
+        std::io::Write::write_all(zip, bytes).unwrap();
+    }
+    zip.finish().unwrap();
+}
