@@ -236,54 +236,58 @@ pub fn write(path: &Path, arrays: &[(String, Tensor)], reads: &Reads, option: &s
 mod tests {
     use super::*;
 
-    /// A `.npy` file's bytes: the header NumPy writes, then `data`.
-    fn npy(descr: &str, fortran: bool, shape: &[usize], data: &[u8]) -> Vec<u8> {
-        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        let shape = match dims.len() {
-            1 => format!("({},)", dims[0]),
-            _ => format!("({})", dims.join(", ")),
+    /// A `.npy` file's bytes as `npyz` writes them: `data` in the given order.
+    fn npy<T: npyz::AutoSerialize + Copy>(fortran: bool, shape: &[u64], data: &[T]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let order = if fortran {
+            npyz::Order::Fortran
+        } else {
+            npyz::Order::C
         };
-        let mut header = format!(
-            "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
-            if fortran { "True" } else { "False" }
-        );
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend((header.len() as u16).to_le_bytes());
-        out.extend(header.as_bytes());
-        out.extend(data);
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(shape)
+            .order(order)
+            .writer(&mut out)
+            .begin_nd()
+            .unwrap();
+        w.extend(data.iter().copied()).unwrap();
+        w.finish().unwrap();
         out
     }
 
-    fn f32s(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    /// `bytes` with `from` in the header replaced by `to`, taking the difference in
+    /// length from the header's padding, so the header keeps its length.
+    fn retyped(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+        let at = bytes
+            .windows(from.len())
+            .position(|w| w == from.as_bytes())
+            .unwrap();
+        let mut out = bytes[..at].to_vec();
+        out.extend(to.as_bytes());
+        out.extend(&bytes[at + from.len()..]);
+        let end = out.iter().position(|&b| b == b'\n').unwrap();
+        out.drain(end - (to.len() - from.len())..end);
+        out
     }
 
     #[test]
     fn fortran_order_is_honoured() {
         // [[0, 1, 2], [3, 4, 5]] stored column by column.
-        let bytes = npy("<f4", true, &[2, 3], &f32s(&[0., 3., 1., 4., 2., 5.]));
+        let bytes = npy(true, &[2, 3], &[0f32, 3., 1., 4., 2., 5.]);
         let t = array(&bytes, Path::new("x.npy"), "x").unwrap();
         assert_eq!(t.as_f32().unwrap(), &[0., 1., 2., 3., 4., 5.]);
-        let c = npy("<f4", false, &[2, 3], &f32s(&[0., 1., 2., 3., 4., 5.]));
+        let c = npy(false, &[2, 3], &[0f32, 1., 2., 3., 4., 5.]);
         assert_eq!(array(&c, Path::new("x.npy"), "x").unwrap(), t);
         // Rank 3: element (i, j, k) at i + 2j + 6k.
-        let shape = [2usize, 3, 4];
+        let shape = [2u64, 3, 4];
         let fortran: Vec<f32> = (0..24)
             .map(|f| {
                 let (i, j, k) = (f % 2, (f / 2) % 3, f / 6);
                 (i * 12 + j * 4 + k) as f32
             })
             .collect();
-        let t = array(
-            &npy("<f4", true, &shape, &f32s(&fortran)),
-            Path::new("y"),
-            "y",
-        )
-        .unwrap();
+        let t = array(&npy(true, &shape, &fortran), Path::new("y"), "y").unwrap();
         assert_eq!(
             t.as_f32().unwrap(),
             (0..24).map(|x| x as f32).collect::<Vec<_>>()
@@ -292,35 +296,34 @@ mod tests {
 
     #[test]
     fn data_must_be_what_the_header_declares() {
-        let mut long = f32s(&[1., 2.]);
+        let mut long = npy(false, &[2], &[1f32, 2.]);
         long.push(0);
-        let e = array(&npy("<f4", false, &[2], &long), Path::new("a.npy"), "a")
+        let e = array(&long, Path::new("a.npy"), "a")
             .unwrap_err()
             .to_string();
         assert!(e.contains("trailing"), "{e}");
-        let e = array(
-            &npy("<f4", false, &[3], &f32s(&[1., 2.])),
-            Path::new("a"),
-            "a",
-        )
-        .unwrap_err()
-        .to_string();
+        let short = npy(false, &[3], &[1f32, 2., 3.]);
+        let e = array(&short[..short.len() - 4], Path::new("a"), "a")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("truncated"), "{e}");
-        let e = array(&npy("<f2", false, &[1], &[0, 0]), Path::new("a"), "a")
-            .unwrap_err()
-            .to_string();
+        let half = retyped(&npy(false, &[2], &[0i16, 0]), "'<i2'", "'<f2'");
+        let e = array(&half, Path::new("a"), "a").unwrap_err().to_string();
         assert!(e.contains("dtype"), "{e}");
-        let e = array(&npy("|b1", false, &[1], &[7]), Path::new("a"), "a")
-            .unwrap_err()
-            .to_string();
+        let mut flags = npy(false, &[1], &[true]);
+        *flags.last_mut().unwrap() = 7;
+        let e = array(&flags, Path::new("a"), "a").unwrap_err().to_string();
         assert!(e.contains("bool byte"), "{e}");
-        let huge = npy("<f4", false, &[1 << 40, 1 << 30], &[]);
+        let huge = retyped(
+            &npy(false, &[1], &[1f32]),
+            "(1, )",
+            "(1099511627776, 1073741824)",
+        );
         assert!(array(&huge, Path::new("a"), "a").is_err());
-        let be: Vec<u8> = [1.5f32, -2.0]
-            .iter()
-            .flat_map(|x| x.to_be_bytes())
-            .collect();
-        let t = array(&npy(">f4", false, &[2], &be), Path::new("a"), "a").unwrap();
+        let be = retyped(&npy(false, &[2], &[0f32, 0.]), "'<f4'", "'>f4'");
+        let mut be = be[..be.len() - 8].to_vec();
+        be.extend([1.5f32, -2.0].iter().flat_map(|x| x.to_be_bytes()));
+        let t = array(&be, Path::new("a"), "a").unwrap();
         assert_eq!(t.as_f32().unwrap(), &[1.5, -2.0]);
     }
 

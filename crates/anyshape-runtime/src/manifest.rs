@@ -90,18 +90,67 @@ fn read_manifest_text(dir: &Path, name: &str) -> Result<String> {
     })
 }
 
-/// The version fields every format keeps, so that another format is reported as such.
-#[derive(Deserialize)]
-struct Head {
-    format: u32,
-    anyshape: String,
+/// A sealed manifest of either kind, as its reader needs it.
+trait Sealed: serde::de::DeserializeOwned {
+    /// Its kind, file name and format number.
+    const KIND: ModuleKind;
+    const FILE: &'static str;
+    const FORMAT: u32;
+    /// Its checksum field and the digest of its content.
+    fn sealed(&self) -> (&str, String);
 }
 
-fn head(text: &str, path: &Path) -> Result<Head> {
-    serde_json::from_str(text).map_err(|e| RuntimeError::BadManifest {
-        path: path.display().to_string(),
+impl Sealed for Manifest {
+    const KIND: ModuleKind = ModuleKind::Operator;
+    const FILE: &'static str = MANIFEST_FILE;
+    const FORMAT: u32 = FORMAT_VERSION;
+    fn sealed(&self) -> (&str, String) {
+        (&self.checksum, self.digest())
+    }
+}
+
+impl Sealed for ModelManifest {
+    const KIND: ModuleKind = ModuleKind::Model;
+    const FILE: &'static str = MODEL_FILE;
+    const FORMAT: u32 = anyshape_abi::MODEL_FORMAT;
+    fn sealed(&self) -> (&str, String) {
+        (&self.checksum, self.digest())
+    }
+}
+
+/// Read the manifest of kind `M` in `dir` and check its kind, format and version (the
+/// fields every format keeps, read first so that another format is reported as such)
+/// and its checksum.
+fn read_sealed<M: Sealed>(dir: &Path) -> Result<M> {
+    /// The version fields every format keeps.
+    #[derive(Deserialize)]
+    struct Head {
+        format: u32,
+        anyshape: String,
+    }
+    expect_kind(dir, M::KIND)?;
+    let shown = dir.join(M::FILE).display().to_string();
+    let text = read_manifest_text(dir, M::FILE)?;
+    let bad = |e: serde_json::Error| RuntimeError::BadManifest {
+        path: shown.clone(),
         reason: e.to_string(),
-    })
+    };
+    let head: Head = serde_json::from_str(&text).map_err(bad)?;
+    let running = env!("CARGO_PKG_VERSION");
+    if head.format != M::FORMAT || head.anyshape != running {
+        return Err(RuntimeError::Version {
+            built: head.anyshape,
+            format: head.format,
+            running: running.into(),
+            expected: M::FORMAT,
+        });
+    }
+    let m: M = serde_json::from_str(&text).map_err(bad)?;
+    let (checksum, digest) = m.sealed();
+    if checksum != digest {
+        return Err(RuntimeError::Tampered { path: shown });
+    }
+    Ok(m)
 }
 
 /// Refuse `dir` unless it is a module of `kind` (saying what it is instead).
@@ -125,58 +174,17 @@ fn expect_kind(dir: &Path, kind: ModuleKind) -> Result<()> {
 
 /// Read `dir/manifest.json` and check its format, checksum and version (not the files).
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
-    expect_kind(dir, ModuleKind::Operator)?;
-    let path = dir.join(MANIFEST_FILE);
-    let shown = path.display().to_string();
-    let text = read_manifest_text(dir, MANIFEST_FILE)?;
-    let head = head(&text, &path)?;
-    let running = env!("CARGO_PKG_VERSION");
-    if head.format != FORMAT_VERSION || head.anyshape != running {
-        return Err(RuntimeError::Version {
-            built: head.anyshape,
-            format: head.format,
-            running: running.into(),
-            expected: FORMAT_VERSION,
-        });
-    }
-    let m: Manifest = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
-    if m.checksum != m.digest() {
-        return Err(RuntimeError::Tampered { path: shown });
-    }
-    Ok(m)
+    read_sealed(dir)
 }
 
 /// Read `dir/model.json` and check its format, checksum, version and file names (not
 /// the files).
 pub fn read_model_manifest(dir: &Path) -> Result<ModelManifest> {
-    expect_kind(dir, ModuleKind::Model)?;
-    let path = dir.join(MODEL_FILE);
-    let shown = path.display().to_string();
-    let text = read_manifest_text(dir, MODEL_FILE)?;
-    let head = head(&text, &path)?;
-    let running = env!("CARGO_PKG_VERSION");
-    if head.format != anyshape_abi::MODEL_FORMAT || head.anyshape != running {
-        return Err(RuntimeError::Version {
-            built: head.anyshape,
-            format: head.format,
-            running: running.into(),
-            expected: anyshape_abi::MODEL_FORMAT,
-        });
-    }
-    let m: ModelManifest = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
-    if m.checksum != m.digest() {
-        return Err(RuntimeError::Tampered { path: shown });
-    }
+    let m: ModelManifest = read_sealed(dir)?;
     for name in m.files.keys().chain(m.tasks.iter().map(|t| &t.module)) {
         if !inside(name) {
             return Err(RuntimeError::BadManifest {
-                path: shown,
+                path: dir.join(MODEL_FILE).display().to_string(),
                 reason: format!("`{name}` lies outside the module"),
             });
         }

@@ -38,6 +38,27 @@ fn run(dir: &Path, args: &[&str]) -> std::process::Output {
     anyshape(dir, &all)
 }
 
+/// `run --module MODULE --inputs NPZ --seconds 0` in `d`.
+fn run_on(d: &Path, module: &str, inputs: &str) -> std::process::Output {
+    anyshape(
+        d,
+        &[
+            "run",
+            "--module",
+            module,
+            "--inputs",
+            inputs,
+            "--seconds",
+            "0",
+        ],
+    )
+}
+
+/// `compile MODEL --dim n=1..4 --out OUT` in `d` (the small models of these tests).
+fn compile_n(d: &Path, model: &str, out: &str) -> std::process::Output {
+    anyshape(d, &["compile", model, "--dim", "n=1..4", "--out", out])
+}
+
 fn failed_with(o: &std::process::Output, words: &[&str]) {
     let t = text(o);
     assert!(!o.status.success(), "should fail: {t}");
@@ -332,19 +353,13 @@ fn case07_opsets_are_honoured() {
         (99, vec!["opset 99", "up to"]),
     ] {
         softmax(opset).write(&d.join("m.onnx"));
-        let o = anyshape(
-            d,
-            &["compile", "m.onnx", "--dim", "n=1..4", "--out", "m.module"],
-        );
+        let o = compile_n(d, "m.onnx", "m.module");
         failed_with(&o, &words);
         let o = anyshape(d, &["inspect", "m.onnx"]);
         failed_with(&o, &words);
     }
     softmax(13).write(&d.join("m.onnx"));
-    let o = anyshape(
-        d,
-        &["compile", "m.onnx", "--dim", "n=1..4", "--out", "m.module"],
-    );
+    let o = compile_n(d, "m.onnx", "m.module");
     assert!(o.status.success(), "{}", text(&o));
     let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
     let mut y = vec![0f32; 24];
@@ -365,18 +380,7 @@ fn case07_opsets_are_honoured() {
             ("y", npy("<f4", false, &[2, 3, 4], &f32_bytes(&y))),
         ],
     );
-    let o = anyshape(
-        d,
-        &[
-            "run",
-            "--module",
-            "m.module",
-            "--inputs",
-            "c.npz",
-            "--seconds",
-            "0",
-        ],
-    );
+    let o = run_on(d, "m.module", "c.npz");
     assert!(o.status.success(), "{}", text(&o));
 }
 
@@ -416,31 +420,10 @@ fn case08_static_models_compile() {
             ("y", npy("<f4", false, &[2, 5], &f32_bytes(&y))),
         ],
     );
-    let o = anyshape(
-        d,
-        &[
-            "run",
-            "--module",
-            "s.module",
-            "--inputs",
-            "c.npz",
-            "--seconds",
-            "0",
-        ],
-    );
+    let o = run_on(d, "s.module", "c.npz");
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("check        y"), "{}", text(&o));
-    let o = anyshape(
-        d,
-        &[
-            "compile",
-            "static.onnx",
-            "--dim",
-            "n=1..4",
-            "--out",
-            "t.module",
-        ],
-    );
+    let o = compile_n(d, "static.onnx", "t.module");
     failed_with(&o, &["it has none"]);
 }
 
@@ -459,17 +442,7 @@ fn case09_a_run_too_large_for_the_machine_is_refused() {
         .node("Relu", &["y"], &["z"], &[])
         .output("z", &[Dim::Named("n"), Dim::Fixed(65536)])
         .write(&d.join("wide.onnx"));
-    let o = anyshape(
-        d,
-        &[
-            "compile",
-            "wide.onnx",
-            "--dim",
-            "n=1..4",
-            "--out",
-            "w.module",
-        ],
-    );
+    let o = compile_n(d, "wide.onnx", "w.module");
     assert!(o.status.success(), "{}", text(&o));
     let n = 131072;
     npz(
@@ -479,18 +452,7 @@ fn case09_a_run_too_large_for_the_machine_is_refused() {
             npy("<f4", false, &[n, 8], &f32_bytes(&vec![1.0; n * 8])),
         )],
     );
-    let o = anyshape(
-        d,
-        &[
-            "run",
-            "--module",
-            "w.module",
-            "--inputs",
-            "big.npz",
-            "--seconds",
-            "0",
-        ],
-    );
+    let o = run_on(d, "w.module", "big.npz");
     failed_with(&o, &["need", "GiB", "the machine has"]);
     assert_eq!(o.status.code(), Some(1), "an error, not an abort");
 }
@@ -544,12 +506,7 @@ fn case10_nothing_hangs() {
     let fifo_module = |file: &str| {
         let copy = d.join("f.module");
         let _ = std::fs::remove_dir_all(&copy);
-        std::fs::create_dir_all(copy.join("tasks")).unwrap();
-        for e in walk(&m) {
-            let rel = e.strip_prefix(&m).unwrap();
-            std::fs::create_dir_all(copy.join(rel).parent().unwrap()).unwrap();
-            std::fs::copy(&e, copy.join(rel)).unwrap();
-        }
+        copy_dir(&m, &copy);
         std::fs::remove_file(copy.join(file)).unwrap();
         mkfifo(&copy.join(file));
     };
@@ -589,6 +546,15 @@ fn case10_nothing_hangs() {
     failed_with(&o, &["a week"]);
 }
 
+/// A copy of the directory `from` at `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    for e in walk(from) {
+        let rel = e.strip_prefix(from).unwrap();
+        std::fs::create_dir_all(to.join(rel).parent().unwrap()).unwrap();
+        std::fs::copy(&e, to.join(rel)).unwrap();
+    }
+}
+
 /// Every file under `dir`.
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -620,17 +586,7 @@ fn case11_external_data_travels_with_the_module() {
         .node("MatMul", &["x", "w"], &["y"], &[])
         .output("y", &[Dim::Named("n"), Dim::Fixed(5)]);
     model.write(&src.join("ext.onnx"));
-    let o = anyshape(
-        d,
-        &[
-            "compile",
-            "src/ext.onnx",
-            "--dim",
-            "n=1..4",
-            "--out",
-            "e.module",
-        ],
-    );
+    let o = compile_n(d, "src/ext.onnx", "e.module");
     assert!(o.status.success(), "{}", text(&o));
     std::fs::remove_dir_all(&src).unwrap();
     let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect();
@@ -644,18 +600,7 @@ fn case11_external_data_travels_with_the_module() {
             ),
         ],
     );
-    let o = anyshape(
-        d,
-        &[
-            "run",
-            "--module",
-            "e.module",
-            "--inputs",
-            "c.npz",
-            "--seconds",
-            "0",
-        ],
-    );
+    let o = run_on(d, "e.module", "c.npz");
     assert!(o.status.success(), "{}", text(&o));
     // A link out of the model's directory.
     let inner = d.join("inner");
@@ -663,17 +608,7 @@ fn case11_external_data_travels_with_the_module() {
     std::fs::write(d.join("outside.bin"), f32_bytes(&w)).unwrap();
     std::os::unix::fs::symlink(d.join("outside.bin"), inner.join("weights.bin")).unwrap();
     model.write(&inner.join("ext.onnx"));
-    let o = anyshape(
-        d,
-        &[
-            "compile",
-            "inner/ext.onnx",
-            "--dim",
-            "n=1..4",
-            "--out",
-            "l.module",
-        ],
-    );
+    let o = compile_n(d, "inner/ext.onnx", "l.module");
     failed_with(&o, &["outside the model's directory"]);
 }
 
@@ -688,11 +623,7 @@ fn case12_messages_say_what_is_wrong() {
     let m = bert(d);
     let copy = |name: &str| {
         let to = d.join(name);
-        for e in walk(&m) {
-            let rel = e.strip_prefix(&m).unwrap();
-            std::fs::create_dir_all(to.join(rel).parent().unwrap()).unwrap();
-            std::fs::copy(&e, to.join(rel)).unwrap();
-        }
+        copy_dir(&m, &to);
         to
     };
     for file in ["model.json", "model.onnx"] {
