@@ -1,7 +1,8 @@
 //! The contract between generated kernels and whatever calls them: the kernel ABI (the
 //! C signature every kernel and a module's entry point share, its status codes, how a
 //! kernel library is opened, where its buffers start, whether they fit), the dispatch tree,
-//! and the module manifests' types.
+//! and the modules' manifests: their types, reading and writing them, checking a module
+//! against its manifest, and what a module owns.
 //!
 //! The code generator writes to this contract and the runtime reads by it; neither
 //! needs the other. This crate knows shape vars and workloads as text (`anyshape-ir`);
@@ -11,14 +12,17 @@
 mod alloc;
 mod cpu;
 mod dispatch;
+mod error;
 mod kernel;
 mod manifest;
 mod memory;
 mod model;
+mod read;
 
 pub use alloc::{CacheLineAllocator, ALIGN_FROM_BYTES, BUFFER_ALIGN};
 pub use cpu::host_cpu_features;
 pub use dispatch::DispatchTree;
+pub use error::ModuleError;
 pub use kernel::{
     load_library, status_message, KernelFn, LoadError, SelectFn, ENTRY_SYMBOL, KERNEL_SIGNATURE,
     SELECT_SYMBOL, STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
@@ -28,4 +32,8 @@ pub use manifest::{
     HEADER_FILE, MANIFEST_FILE,
 };
 pub use memory::{check_fits, gib, memory};
-pub use model::{ModelManifest, ModelTask, MODEL_FILE, MODEL_FORMAT, MODEL_SOURCE};
+pub use model::{ModelManifest, ModelTask, Source, MODEL_FILE, MODEL_FORMAT, MODEL_PLAN};
+pub use read::{
+    check_cpu, check_file, check_files, listed_files, read_file, read_manifest,
+    read_model_manifest, write_manifest, ModuleKind, MANIFEST_LIMIT, MODULE_FILE_LIMIT,
+};

@@ -1,10 +1,12 @@
-//! The model module's manifest: a directory holding the source model (`model.onnx`,
-//! with its external data files where it has some), one module per task (`tasks/tNN/`,
-//! each a module of `manifest.rs`'s format), the tuning log (`tuning.json`, where the
-//! model was tuned) and this manifest (`model.json`): the model's dims and their
-//! compiled domains, each task's workload, how many steps run it and where its module
-//! is, and every other file of the module with its checksum. The manifest is sealed by
-//! a checksum of itself, so a module holds exactly what it lists, all of it verifiable.
+//! The model module's manifest: a directory holding the compiled plan (`plan.bin`:
+//! steps, memory plan, constants in their run-time layouts; `anyshape-plan`), one
+//! module per task (`tasks/tNN/`, each a module of `manifest.rs`'s format), the tuning
+//! log (`tuning.json`, where the model was tuned) and this manifest (`model.json`): the
+//! source model it was compiled from (by checksum), the model's dims and their compiled
+//! domains, each task's workload, how many steps run it and where its module is, and
+//! every other file of the module with its checksum. The manifest is sealed by a
+//! checksum of itself, so a module holds exactly what it lists, all of it verifiable.
+//! The source ONNX is not part of the module: nothing is imported at load.
 use crate::manifest::sealed_digest;
 use crate::FileEntry;
 use anyshape_ir::ShapeVar;
@@ -12,15 +14,27 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Model module format number; bump when the layout or the manifest changes meaning,
-/// or fusion makes other tasks of the same model (3: every file listed with its
-/// checksum, the manifest sealed; 2: attention's transposes, scales and mask folded
-/// into `attention_scores` and `attention_context`, the softmax's NaN guard into
-/// `+nan_to_zero`).
-pub const MODEL_FORMAT: u32 = 3;
+/// or fusion makes other tasks of the same model (4: the compiled plan instead of the
+/// source model; 3: every file listed with its checksum, the manifest sealed; 2:
+/// attention's transposes, scales and mask folded into `attention_scores` and
+/// `attention_context`, the softmax's NaN guard into `+nan_to_zero`).
+pub const MODEL_FORMAT: u32 = 4;
 /// The manifest's file name inside a model module.
 pub const MODEL_FILE: &str = "model.json";
-/// The source model's file name inside a model module.
-pub const MODEL_SOURCE: &str = "model.onnx";
+/// The compiled plan's file name inside a model module.
+pub const MODEL_PLAN: &str = "plan.bin";
+
+/// The source model a module was compiled from: where it was then and its checksum, so
+/// a peer racing the module can be handed the same model (and a moved or changed one is
+/// noticed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// Its path when the module was compiled (absolute).
+    pub path: String,
+    /// Its checksum and size.
+    pub file: FileEntry,
+}
 
 /// One task of a model module.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,13 +58,15 @@ pub struct ModelManifest {
     pub format: u32,
     /// The anyshape version that wrote it.
     pub anyshape: String,
+    /// The source model.
+    pub source: Source,
     /// The model's dims with the domains they were compiled for.
     pub dims: Vec<ShapeVar>,
     /// The tasks.
     pub tasks: Vec<ModelTask>,
     /// Every file of the module but this manifest, by its path inside the module
-    /// (`/`-separated): the source model and its external data, each task module's
-    /// files, the tuning log. A module holds these and nothing else.
+    /// (`/`-separated): the plan, each task module's files, the tuning log. A module
+    /// holds these and nothing else.
     pub files: BTreeMap<String, FileEntry>,
     /// SHA-256 of this manifest with this field empty.
     pub checksum: String,

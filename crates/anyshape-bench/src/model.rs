@@ -1,6 +1,6 @@
 //! `anyshape bench --model M --compare`: a model module raced against onnxruntime and
-//! tract on the same `.onnx` (the module's own copy) and the same inputs, over a grid
-//! of dim values. Systems are timed in interleaved rounds (the order rotates each
+//! tract on the same `.onnx` (the one it was compiled from, checked by its SHA-256) and
+//! the same inputs, over a grid of dim values. Systems are timed in interleaved rounds (the order rotates each
 //! round) and each keeps its minimum latency; every peer's outputs are checked against
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
@@ -11,11 +11,11 @@ use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
 use anyshape_codegen::Target;
 use anyshape_files::Reads;
-use anyshape_graph::{DType, Data, Tensor};
 use anyshape_ir::Bindings;
 use anyshape_measure::Progress;
+use anyshape_tensor::{DType, Data, Tensor, TensorSpec};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What `compare_model` measures and where it writes.
 pub struct ModelCompareOptions<'a> {
@@ -32,6 +32,9 @@ pub struct ModelCompareOptions<'a> {
     pub python: &'a str,
     /// Where the CSV, report and plot go.
     pub out_dir: &'a Path,
+    /// The ONNX model the peers run (the one the module was compiled from); by default
+    /// where it was when the module was compiled.
+    pub onnx: Option<&'a Path>,
 }
 
 /// One instance's results: per system, its best latency of each round (seconds) and the
@@ -59,18 +62,18 @@ impl Row {
 /// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
 /// generator, integer inputs (token ids, masks, token types) all 1, booleans true —
 /// valid for any vocabulary, and what the model computes does not depend on them.
-fn inputs(g: &anyshape_graph::Graph, b: &Bindings) -> Result<Vec<(String, Tensor)>> {
+fn inputs(specs: &[TensorSpec], b: &Bindings) -> Result<Vec<(String, Tensor)>> {
     let mut state = 0x2545_f491_4f6c_dd1du64;
-    g.inputs
+    specs
         .iter()
         .map(|i| {
             let shape = i
-                .dims
+                .shape
                 .iter()
                 .map(|d| {
                     let v = d.eval(b)?;
                     usize::try_from(v).map_err(|_| {
-                        BenchError::Options(format!("{b}: a dim of {} is {v}", g.values[i.value]))
+                        BenchError::Options(format!("{b}: a dim of {} is {v}", i.name))
                     })
                 })
                 .collect::<Result<Vec<usize>>>()?;
@@ -90,33 +93,26 @@ fn inputs(g: &anyshape_graph::Graph, b: &Bindings) -> Result<Vec<(String, Tensor
                 DType::Bool => Data::Bool(vec![true; n]),
             };
             let t = Tensor::new(shape, data).map_err(|e| BenchError::Options(e.to_string()))?;
-            Ok((g.values[i.value].clone(), t))
+            Ok((i.name.clone(), t))
         })
         .collect()
 }
 
-/// max |a - b| over max |b| across all outputs.
+/// The largest error of `got` against `want` over the outputs (see
+/// [`anyshape_tensor::compare`]): infinite where NaNs or infinities differ, or an
+/// output's shape or type does.
 fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
-    let mut err = 0f64;
-    let mut scale = 0f64;
-    for (a, b) in got.iter().zip(want) {
-        let (Ok(a), Ok(b)) = (a.as_f32(), b.as_f32()) else {
-            return f64::NAN;
-        };
-        if a.len() != b.len() {
-            return f64::NAN;
-        }
-        for (x, y) in a.iter().zip(b) {
-            err = err.max((x - y).abs() as f64);
-            scale = scale.max(y.abs() as f64);
-        }
+    if got.len() != want.len() {
+        return f64::INFINITY;
     }
-    err / scale.max(1e-30)
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| anyshape_tensor::compare(a, b).map_or(f64::INFINITY, |c| c.error()))
+        .fold(0.0, f64::max)
 }
 
 /// The instances: the cross product of the dims' values, checked against the model.
-fn instances(g: &anyshape_graph::Graph, dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
-    let names = g.dim_names();
+fn instances(names: &[String], dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
     for (d, values) in dims {
         if !names.contains(d) {
             return Err(BenchError::Options(format!(
@@ -155,6 +151,25 @@ fn instances(g: &anyshape_graph::Graph, dims: &[(String, Vec<i64>)]) -> Result<V
         .collect())
 }
 
+/// The ONNX model the module was compiled from: `given`, or where it was then;
+/// checked by its SHA-256 (the peers must run the same model).
+fn source_model(model: &anyshape_runtime::Model, given: Option<&Path>) -> Result<PathBuf> {
+    let s = &model.manifest().source;
+    let path = given.map_or_else(|| PathBuf::from(&s.path), Path::to_path_buf);
+    let hint = "give the model it was compiled from with --onnx FILE";
+    let bytes = anyshape_files::read(&path, 1 << 40, "the source model").map_err(|e| {
+        BenchError::Options(format!("the peers need the source model: {e}; {hint}"))
+    })?;
+    if anyshape_abi::sha256_hex(&bytes) != s.file.sha256 {
+        return Err(BenchError::Options(format!(
+            "{} is not the model {} was compiled from (its SHA-256 differs); {hint}",
+            path.display(),
+            model.dir().display()
+        )));
+    }
+    Ok(path)
+}
+
 /// Race the model module in `dir` against its peers; returns the summary and the
 /// files written.
 pub fn compare_model(
@@ -168,8 +183,10 @@ pub fn compare_model(
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
-    let g = model.graph().clone();
-    let instances = instances(&g, o.dims)?;
+    let source = source_model(&model, o.onnx)?;
+    let dims: Vec<String> = model.dims().iter().map(|d| d.name.clone()).collect();
+    let specs = model.inputs().to_vec();
+    let instances = instances(&dims, o.dims)?;
     // The generated inputs (and onnxruntime's outputs) live only as long as the run.
     let scratch = tempfile::Builder::new()
         .prefix("anyshape-bench-model")
@@ -180,8 +197,7 @@ pub fn compare_model(
     let peak = peak::measure(&h.target, &h.builder, 0.3)?
         .last()
         .map_or(f64::NAN, |p| p.1);
-    let source = dir.join(anyshape_abi::MODEL_SOURCE);
-    let outputs: Vec<String> = g.outputs.iter().map(|&v| g.values[v].clone()).collect();
+    let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
     let mut unavailable = Vec::new();
     match Onnxruntime::start(o.python, &source, o.threads, outputs, &case_dir) {
@@ -215,8 +231,8 @@ pub fn compare_model(
     for (i, b) in instances.iter().enumerate() {
         progress.message(&b.to_string());
         let npz = case_dir.join(format!("case-{i}.npz"));
-        let tensors = inputs(&g, b)?;
-        anyshape_graph::npz::write(&npz, &tensors, &Reads::new(), "a case file")
+        let tensors = inputs(&specs, b)?;
+        anyshape_tensor::npz::write(&npz, &tensors, &Reads::new(), "a case file")
             .map_err(|e| BenchError::Environment(e.to_string()))?;
         let case = Case { tensors, npz };
         let n = peers.len();

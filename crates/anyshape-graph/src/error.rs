@@ -1,5 +1,6 @@
-//! Errors of model import, shape propagation and execution. Every variant is the
-//! model's or the caller's fault (user input) unless its doc says otherwise.
+//! Errors of model import, shape propagation, fusion and the reference executor. Every
+//! variant is the model's or the caller's fault (user input) unless its doc says
+//! otherwise.
 
 /// Result alias for this crate.
 pub type Result<T, E = GraphError> = std::result::Result<T, E>;
@@ -7,35 +8,22 @@ pub type Result<T, E = GraphError> = std::result::Result<T, E>;
 /// Why a model could not be read, understood or run.
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
-    /// A file could not be read: missing, unreadable (environment), not a regular file
-    /// or too large (user input).
-    #[error(transparent)]
-    File(#[from] anyshape_files::FileError),
-    /// A `.npz` file is damaged or holds what anyshape cannot read (user input).
-    #[error("{0}")]
-    Npz(String),
     /// The bytes are not an ONNX model (truncated, another format, damaged).
     #[error("not a valid ONNX model: {0}")]
     Format(String),
     /// The model uses something anyshape does not support (named in the message).
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// A node is wrong or cannot be handled: which node, which op, what.
-    #[error("node `{node}` ({op}): {message}")]
-    Node {
-        /// The node's name.
-        node: String,
-        /// Its op type.
-        op: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// A shape problem outside any node (inputs, sizes).
-    #[error("{0}")]
-    Shape(String),
-    /// An element-type problem outside any node.
-    #[error("{0}")]
-    Type(String),
+    /// A file could not be read (see its error).
+    #[error(transparent)]
+    File(#[from] anyshape_files::FileError),
+    /// An op, a tensor or a shape of the model is wrong or cannot be handled (its error
+    /// says which node and what).
+    #[error(transparent)]
+    Tensor(#[from] anyshape_tensor::TensorError),
+    /// The plan the graph lowers to breaks an invariant (a bug in fusion or lowering).
+    #[error(transparent)]
+    Plan(#[from] anyshape_plan::PlanError),
     /// A symbolic expression could not be built or evaluated.
     #[error(transparent)]
     Ir(#[from] anyshape_ir::IrError),

@@ -3,10 +3,10 @@
 //! expressions, small constant subgraphs evaluated. What is left for run time is the
 //! evaluation of expressions; an op or a shape that cannot be handled is an error that
 //! names the node, the op and what could not be inferred.
-use crate::fact::FOLD_LIMIT;
-use crate::graph::{Graph, ValueId};
-use crate::ops::{op, unsupported};
-use crate::{Fact, GraphError, Result, Tensor};
+use crate::graph::Graph;
+use crate::{GraphError, Result};
+use anyshape_tensor::ops::{op, unsupported};
+use anyshape_tensor::{Fact, TensorRef, ValueId, FOLD_LIMIT};
 
 /// The facts of every value of `g`, by value id (`None` for values no node makes).
 pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
@@ -26,7 +26,7 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
             .collect();
         // Constant subgraphs are evaluated: every input known and small, and every
         // output small (its shape inferred first, so nothing large is ever allocated).
-        let known: Option<Vec<Option<&Tensor>>> = node
+        let known: Option<Vec<Option<TensorRef>>> = node
             .inputs
             .iter()
             .map(|i| match i {
@@ -35,14 +35,14 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
                     .as_ref()
                     .and_then(|f| f.value.as_ref())
                     .filter(|t| t.len() <= FOLD_LIMIT)
-                    .map(Some),
+                    .map(|t| Some(t.view())),
             })
             .collect();
         let inferred = (spec.infer)(node, &ins);
         let small = |outs: &[Fact]| {
             outs.iter().all(|f| {
                 f.const_shape()
-                    .is_some_and(|s| crate::numel(&s).is_ok_and(|n| n <= FOLD_LIMIT))
+                    .is_some_and(|s| anyshape_tensor::numel(&s).is_ok_and(|n| n <= FOLD_LIMIT))
             })
         };
         let outs = match (known, inferred) {
@@ -57,14 +57,16 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
                 .into_iter()
                 .map(Fact::known)
                 .collect(),
-            (None, Err(e)) => return Err(e),
+            (None, Err(e)) => return Err(e.into()),
         };
         if outs.len() < node.outputs.len() {
-            return Err(node.error(format!(
-                "{} outputs inferred for {} outputs",
-                outs.len(),
-                node.outputs.len()
-            )));
+            return Err(node
+                .error(format!(
+                    "{} outputs inferred for {} outputs",
+                    outs.len(),
+                    node.outputs.len()
+                ))
+                .into());
         }
         for (&id, f) in node.outputs.iter().zip(outs) {
             facts[id] = Some(f);

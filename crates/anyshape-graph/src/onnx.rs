@@ -3,9 +3,10 @@
 //! bytes, typed fields, external data files next to the model), attributes, the
 //! inputs' symbolic dims, and checks that the graph is well formed (every value defined
 //! once, before its use). Anything else is a clear error naming what and where.
-use crate::graph::{Attr, Graph, Input, Node};
-use crate::{DType, Data, GraphError, Result, Tensor};
+use crate::graph::{Graph, Input};
+use crate::{GraphError, Result};
 use anyshape_ir::Expr;
+use anyshape_tensor::{Attr, DType, Data, Node, Tensor};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -66,7 +67,7 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
         unnamed_dims: 0,
     }
     .read(graph)?;
-    crate::ops::check_opset(g.opset, &g.nodes)?;
+    anyshape_tensor::ops::check_opset(g.opset, &g.nodes)?;
     Ok(g)
 }
 
@@ -141,9 +142,9 @@ impl Reader<'_> {
                 }
                 let id = self.id(i);
                 if !defined.contains(&id) {
-                    return Err(node.error(format!(
+                    return Err(GraphError::from(node.error(format!(
                         "input `{i}` is used before any node makes it (the graph is not in topological order, or the value does not exist)"
-                    )));
+                    ))));
                 }
                 node.inputs.push(Some(id));
             }
@@ -160,7 +161,9 @@ impl Reader<'_> {
                 }
                 let id = self.id(o);
                 if !defined.insert(id) {
-                    return Err(node.error(format!("output `{o}` is defined twice")));
+                    return Err(GraphError::from(
+                        node.error(format!("output `{o}` is defined twice")),
+                    ));
                 }
                 node.outputs.push(id);
             }
@@ -244,7 +247,7 @@ impl Reader<'_> {
             .map(|&d| usize::try_from(d))
             .collect::<Result<_, _>>()
             .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))?;
-        let n = crate::tensor::numel(&shape)?;
+        let n = anyshape_tensor::numel(&shape)?;
         let external = t.data_location == Some(1);
         let raw: Option<Vec<u8>> = if external {
             Some(self.external(t)?)

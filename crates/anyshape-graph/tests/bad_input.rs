@@ -1,7 +1,8 @@
 //! Bad models are clear errors, never panics: damaged and truncated files, an
 //! unsupported op (named with its node), an input of the wrong type or rank; and the
 //! symbolic shapes of the outputs are the expressions a reader expects.
-use anyshape_graph::{fact, infer, onnx, shape_text, GraphError, Tensor};
+use anyshape_graph::{fact, infer, onnx, GraphError};
+use anyshape_tensor::{shape_text, Tensor};
 use std::path::{Path, PathBuf};
 
 fn model(name: &str) -> PathBuf {

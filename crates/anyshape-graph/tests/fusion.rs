@@ -16,7 +16,7 @@ fn tasks(file: &str) -> (Vec<(String, usize)>, anyshape_graph::Fusion, usize) {
     let t = f
         .tasks()
         .into_iter()
-        .map(|t| (t.workload, t.count))
+        .map(|t| (t.workload.to_string(), t.count))
         .collect();
     (t, f, g.nodes.len())
 }
@@ -134,10 +134,11 @@ fn vit_fuses_its_encoder() {
 /// agrees with the reference executor, at several lengths.
 #[test]
 fn a_transposed_constant_weight_is_laid_out_from_its_source() {
-    use anyshape_graph::{exec, DType, Graph, Input, Node, Tensor};
+    use anyshape_graph::{exec, Graph, Input};
     use anyshape_ir::Expr;
+    use anyshape_tensor::{DType, Node, Tensor};
     let (n, k) = (300usize, 250usize); // n·k > FOLD_LIMIT
-    assert!(n * k > anyshape_graph::FOLD_LIMIT);
+    assert!(n * k > anyshape_tensor::FOLD_LIMIT);
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 97.0)
         .collect();
@@ -174,7 +175,9 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
     assert_eq!(kernels.len(), 1, "{:#?}", f.steps);
     assert_eq!(
         kernels[0].kind,
-        StepKind::Kernel(format!("dense_packed(M=m,N={n},K={k},P=16)"))
+        StepKind::Kernel(
+            anyshape_ir::Workload::parse(&format!("dense_packed(M=m,N={n},K={k},P=16)")).unwrap()
+        )
     );
     assert_eq!(
         kernels[0].inputs,
@@ -190,12 +193,11 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
         ]
     );
     steps_cover_each_node_once(&f, g.nodes.len());
-    let plan = exec::Plan::new(g.clone()).unwrap();
     for m in [1usize, 2, 7, 31] {
         let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
         let inputs = [("x", Tensor::f32(vec![m, k], x).unwrap())];
         let want = exec::run(&g, &inputs).unwrap();
-        let got = plan.run(&inputs, &mut common::reference_kernel).unwrap();
+        let got = common::run_plan(&g, &inputs).unwrap();
         assert_eq!(got[0].shape, vec![m, n]);
         let (a, b) = (got[0].as_f32().unwrap(), want[0].as_f32().unwrap());
         let err = a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs()));

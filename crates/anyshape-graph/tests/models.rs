@@ -1,12 +1,13 @@
 //! The models in `models/` (tiny BERT, GPT-2 and ViT exported by PyTorch's TorchScript
 //! and dynamo exporters, with onnxruntime's outputs): every one imports, its shapes
 //! propagate symbolically (the inferred output shapes, evaluated at each case's dims,
-//! are the recorded ones), and both the reference executor and the fused steps (kernel
-//! steps computed by the workloads' own reference, `anyshape_measure::reference_output`)
-//! reproduce onnxruntime's outputs.
+//! are the recorded ones), and both the reference executor and the compiled plan (run
+//! by the runtime's executor, kernel steps computed by the workloads' own reference,
+//! `anyshape_measure::reference_output`) reproduce onnxruntime's outputs.
 mod common;
-use anyshape_graph::{fact, infer, onnx, Tensor};
+use anyshape_graph::{fact, infer, onnx};
 use anyshape_ir::{Bindings, Expr};
+use anyshape_tensor::Tensor;
 use std::path::{Path, PathBuf};
 
 fn models() -> PathBuf {
@@ -14,13 +15,12 @@ fn models() -> PathBuf {
 }
 
 fn npz(path: &Path) -> Vec<(String, Tensor)> {
-    anyshape_graph::npz::read(path).unwrap()
+    anyshape_tensor::npz::read(path).unwrap()
 }
 
-/// Max |a - b| over max |b|.
-fn rel_error(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+/// The relative error of `got` against `want` (NaN-aware; see `anyshape_tensor::compare`).
+fn rel_error(got: &Tensor, want: &Tensor) -> f64 {
+    anyshape_tensor::compare(got, want).unwrap().error()
 }
 
 fn check(model: &str, cases: &[&str]) {
@@ -53,20 +53,18 @@ fn check(model: &str, cases: &[&str]) {
             .collect();
         let outs = anyshape_graph::exec::run(&g, &inputs)
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
-        let plan = anyshape_graph::exec::Plan::new(g.clone()).unwrap();
-        let fused = plan
-            .run(&inputs, &mut common::reference_kernel)
-            .unwrap_or_else(|e| panic!("{model} {case} fused: {e}"));
+        let fused =
+            common::run_plan(&g, &inputs).unwrap_or_else(|e| panic!("{model} {case} plan: {e}"));
         for (&o, got) in g.outputs.iter().zip(&fused) {
             let name = &g.values[o];
             let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
             assert_eq!(got.shape, want.shape, "{model} {case} {name}: fused shape");
-            let e = rel_error(got.as_f32().unwrap(), want.as_f32().unwrap());
+            let e = rel_error(got, want);
             assert!(
                 e <= 1e-4,
-                "{model} {case} {name}: fused relative error {e:e}"
+                "{model} {case} {name}: plan relative error {e:e}"
             );
-            eprintln!("{model} {case} {name}: fused relative error {e:.1e}");
+            eprintln!("{model} {case} {name}: plan relative error {e:.1e}");
         }
         for (&o, got) in g.outputs.iter().zip(&outs) {
             let name = &g.values[o];
@@ -77,7 +75,7 @@ fn check(model: &str, cases: &[&str]) {
                 "{model} {case} {name}: inferred shape"
             );
             assert_eq!(got.shape, want.shape, "{model} {case} {name}: shape");
-            let e = rel_error(got.as_f32().unwrap(), want.as_f32().unwrap());
+            let e = rel_error(got, want);
             assert!(e <= 1e-4, "{model} {case} {name}: relative error {e:e}");
             eprintln!("{model} {case} {name}: relative error {e:.1e}");
         }

@@ -11,6 +11,7 @@
 //! `anyshape-codegen`, which depends on this crate and never the other way round.
 #![deny(missing_docs)]
 
+mod build;
 mod epilogue;
 mod error;
 mod expr;

@@ -12,8 +12,8 @@
 //! [`Workload`]'s `Display` writes the form [`Workload::parse`] reads back.
 use crate::ops::{operator, OPERATORS};
 use crate::{
-    parse_expr, split_top_level, Binary, EpilogueOp, Expr, IrError, ParseError, Result, Scalar,
-    TensorRef, Unary, Workload,
+    parse_expr, split_top_level, Binary, EpilogueOp, Expr, IrError, ParseError, Result, Unary,
+    Workload,
 };
 use std::fmt;
 
@@ -102,17 +102,17 @@ impl Workload {
             });
         }
         let args: Vec<Expr> = values.into_iter().flatten().collect();
-        let mut w = (def.build)(&args);
+        let mut w = Workload::of(name, &args)?;
         for &(at, piece) in &pieces[1..] {
-            add_epilogue(&mut w, piece.trim()).map_err(|m| perr(at, m))?;
+            w = add_epilogue(w, piece.trim()).map_err(|m| perr(at, m))?;
         }
         w.validate()?;
         Ok(w)
     }
 }
 
-/// Append the epilogue op written `piece` (see the module doc).
-fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String> {
+/// The workload with the epilogue op written `piece` appended (see the module doc).
+fn add_epilogue(w: Workload, piece: &str) -> std::result::Result<Workload, String> {
     let (head, arg) = match piece.split_once('(') {
         Some((h, rest)) => (
             h.trim(),
@@ -127,9 +127,10 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
     let known = Unary::ALL.map(|u| u.name()).join(", ")
         + ", scale(C), add(AXES), mul(AXES), bias, residual";
     let out_axes = w.output_axes();
-    let op = match (head, arg) {
+    let in_piece = |e: IrError| format!("`{piece}`: {e}");
+    match (head, arg) {
         (u, None) if Unary::ALL.iter().any(|x| x.name() == u) => {
-            EpilogueOp::Unary(*Unary::ALL.iter().find(|x| x.name() == u).expect("found"))
+            Ok(w.then(*Unary::ALL.iter().find(|x| x.name() == u).expect("found")))
         }
         ("scale", Some(c)) => {
             let v: f64 = c
@@ -137,16 +138,7 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
                 .ok()
                 .filter(|v: &f64| v.is_finite())
                 .ok_or_else(|| format!("`scale({c})`: expected a finite number"))?;
-            EpilogueOp::Scale(Scalar(v))
-        }
-        ("bias", None) | ("residual", None) | ("add", Some(_)) | ("mul", Some(_))
-            if w.class.operands() != 2 =>
-        {
-            return Err(format!(
-                "`{piece}`: a {} takes epilogue ops without inputs only ({}, scale(C))",
-                w.class.name(),
-                Unary::ALL.map(|u| u.name()).join(", ")
-            ));
+            w.then_scale(v).map_err(in_piece)
         }
         ("bias", None) | ("residual", None) | ("add", Some(_)) | ("mul", Some(_)) => {
             let axes: Vec<usize> = match (head, arg) {
@@ -156,38 +148,29 @@ fn add_epilogue(w: &mut Workload, piece: &str) -> std::result::Result<(), String
                     .split(',')
                     .map(|n| {
                         let n = n.trim();
-                        out_axes
-                            .iter()
-                            .copied()
-                            .find(|&a| w.axes[a].name == n)
-                            .ok_or_else(|| {
-                                format!(
-                                    "`{piece}`: `{n}` is not an output axis (they are {})",
-                                    out_axes
-                                        .iter()
-                                        .map(|&a| w.axes[a].name.as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                )
-                            })
+                        w.output_axis(n).ok_or_else(|| {
+                            format!(
+                                "`{piece}`: `{n}` is not an output axis (they are {})",
+                                out_axes
+                                    .iter()
+                                    .map(|&a| w.axes[a].name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        })
                     })
                     .collect::<std::result::Result<_, _>>()?,
                 _ => unreachable!("matched above"),
             };
-            let input = w.inputs.len();
-            let name = format!("E{}", input - w.class.operands());
-            w.inputs.push(TensorRef::over(&name, &w.axes, &axes));
             let op = if head == "mul" {
                 Binary::Mul
             } else {
                 Binary::Add
             };
-            EpilogueOp::With { op, input }
+            w.then_with(op, &axes).map_err(in_piece)
         }
-        _ => return Err(format!("unknown epilogue `{piece}` (known: {known})")),
-    };
-    w.epilogue.0.push(op);
-    Ok(())
+        _ => Err(format!("unknown epilogue `{piece}` (known: {known})")),
+    }
 }
 
 impl fmt::Display for Workload {

@@ -1,4 +1,4 @@
-//! Errors of the runtime.
+//! Errors of the runtime. Each variant (or the error it wraps) says whose fault it is.
 use anyshape_ir::IrError;
 
 /// Result alias for this crate.
@@ -7,80 +7,12 @@ pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 /// Why a module cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// A file of the module cannot be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The path is not a module (user input): what it is instead.
-    #[error("{path} is not an anyshape module: {why}")]
-    NotAModule {
-        /// The module path.
-        path: String,
-        /// Why.
-        why: String,
-    },
-    /// A file the module needs is gone (user input: the module was changed by hand).
-    #[error("{path} is an incomplete module: its {file} is missing; compile (or tune) it again")]
-    Missing {
-        /// The module path.
-        path: String,
-        /// The missing file, relative to the module.
-        file: String,
-    },
-    /// A file could not be read as anyshape reads files (not a regular file, too large,
-    /// unreadable).
+    /// The module cannot be read or checked (its error says why: not a module, missing
+    /// or damaged files, another version or CPU).
     #[error(transparent)]
-    File(#[from] anyshape_files::FileError),
-    /// A run would need more memory than the machine has (user input: the shape).
-    #[error("{0}")]
-    Memory(String),
-    /// The manifest is not valid JSON of the module format.
-    #[error("{path}: corrupted manifest: {reason}")]
-    BadManifest {
-        /// The manifest path.
-        path: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The manifest's content does not match its checksum.
-    #[error("{path}: the manifest was modified after the module was written (checksum mismatch); rebuild the module")]
-    Tampered {
-        /// The manifest path.
-        path: String,
-    },
-    /// A file does not match the checksum in the manifest.
-    #[error("{path}: corrupted or truncated ({reason}); rebuild the module")]
-    CorruptFile {
-        /// The file.
-        path: String,
-        /// What differs.
-        reason: String,
-    },
-    /// Written by another anyshape version or module format.
-    #[error("the module was written by anyshape {built} (format {format}); this is anyshape {running} (format {expected}): rebuild the module with this version")]
-    Version {
-        /// The version that wrote it.
-        built: String,
-        /// Its format number.
-        format: u32,
-        /// This version.
-        running: String,
-        /// This version's format number.
-        expected: u32,
-    },
-    /// This CPU lacks instructions the module's kernels may use.
-    #[error("the module was built for a CPU with {missing}, which this CPU lacks (built on: {built_on}); rebuild it on this machine")]
-    CpuFeatures {
-        /// The missing features, comma-separated.
-        missing: String,
-        /// The CPU the module was built on.
-        built_on: String,
-    },
-    /// The kernel library cannot be loaded or lacks a symbol.
+    Module(#[from] anyshape_abi::ModuleError),
+    /// The kernel library cannot be loaded or lacks a symbol (a damaged module, or the
+    /// system's loader refused it).
     #[error("{path}: cannot load the kernels: {reason}")]
     Load {
         /// The library.
@@ -88,10 +20,10 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
-    /// The shape-var values are invalid for the workload.
+    /// The shape-var values are invalid for the workload (user input).
     #[error(transparent)]
     Shape(#[from] IrError),
-    /// A shape var the workload does not have.
+    /// A shape var the workload does not have (user input).
     #[error("`{name}` is not a shape var of {workload} (its shape vars: {vars})")]
     UnknownVar {
         /// The name given.
@@ -101,7 +33,7 @@ pub enum RuntimeError {
         /// Its shape vars.
         vars: String,
     },
-    /// Wrong number of buffers.
+    /// Wrong number of buffers (user input).
     #[error("expected {expected} {what} buffers, got {got}")]
     BufferCount {
         /// `input` or `output`.
@@ -111,7 +43,7 @@ pub enum RuntimeError {
         /// How many were passed.
         got: usize,
     },
-    /// A buffer's length does not match the bound shape.
+    /// A buffer's length does not match the bound shape (user input).
     #[error("tensor {tensor} has {expected} elements at {bindings}, the buffer has {got}")]
     BufferLen {
         /// The tensor's name.
@@ -126,7 +58,15 @@ pub enum RuntimeError {
     /// The kernel reported a failure.
     #[error("the kernel failed: {0}")]
     Kernel(String),
-    /// The model could not be read or run (its error says what and where).
+    /// The model's plan cannot be loaded or does not fit its task modules (its error
+    /// says why).
     #[error(transparent)]
-    Model(anyshape_graph::GraphError),
+    Plan(#[from] anyshape_plan::PlanError),
+    /// The inputs do not fit the model, or a host step failed on them (its error says
+    /// which input or node).
+    #[error(transparent)]
+    Tensor(#[from] anyshape_tensor::TensorError),
+    /// A run would need more memory than the machine has (user input: the shape).
+    #[error("{0}")]
+    Memory(String),
 }

@@ -1,99 +1,134 @@
-//! A loaded model module ([`Model`]): the source model imported and fused again (the
-//! same steps the compiler made), each task's module loaded and checked, and `run` for
-//! any binding of the model's dims — in the compiled range or past it — with the
-//! inputs checked (names, element types, ranks, dims that agree).
-use crate::manifest::{check_file, read_model_manifest};
-use crate::{Module, Result, RuntimeError};
-use anyshape_abi::{ModelManifest, MANIFEST_FILE, MODEL_FILE, MODEL_SOURCE};
-use anyshape_graph::{exec::Plan, onnx, Graph, GraphError, StepKind, Tensor};
-use anyshape_ir::{Bindings, Workload};
-use std::collections::HashMap;
+//! A loaded model module ([`Model`]): its manifest checked (sealed, of this version,
+//! every listed file present at its size), its compiled plan mapped and verified, each
+//! task's module loaded and checked to compute its task's workload — nothing imported,
+//! inferred or fused at load — and `run` for any binding of the model's dims, in the
+//! compiled range or past it.
+use crate::{Executor, Kernels, Module, Result, RuntimeError};
+use anyshape_abi::{
+    check_file, read_model_manifest, ModelManifest, ModuleError, MODEL_FILE, MODEL_PLAN,
+};
+use anyshape_ir::ShapeVar;
+use anyshape_plan::{Plan, PlanFile};
+
+use anyshape_tensor::{Tensor, TensorRef, TensorSpec};
 use std::path::{Path, PathBuf};
 
 /// A model module, loaded.
 pub struct Model {
     dir: PathBuf,
     manifest: ModelManifest,
-    plan: Plan,
-    /// Each task's module.
-    modules: Vec<Module>,
-    /// Per step of the plan, for kernel steps: its task's module (an index into
-    /// `modules`) and the task's shape vars — resolved once, not on every call.
-    step_modules: Vec<Option<(usize, Vec<String>)>>,
+    executor: Executor,
+    /// Each task's module, in the plan's task order.
+    modules: TaskModules,
+}
+
+/// A model's task modules, which run its plan's kernel steps.
+struct TaskModules(Vec<Module>);
+
+impl Kernels for TaskModules {
+    unsafe fn call(
+        &self,
+        task: usize,
+        vars: &[i64],
+        ins: &[*const f32],
+        out: *mut f32,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.0[task].call(vars, ins, out) }
+    }
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("dir", &self.dir)
+            .field("tasks", &self.modules.0.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Model {
-    /// Load the model module in `dir`: format, its manifest's checksum, every file it
-    /// lists (size and checksum, the source model's and its external data's included),
-    /// every task module (their own checks), and that fusing the source gives the same
-    /// tasks.
+    /// Load the model module in `dir`: its manifest (seal, format, version), every file
+    /// it lists present at its size, the plan (mapped; its checksums and invariants),
+    /// and every task module (its own checks) computing its task's workload. The
+    /// SHA-256 of every file is [`Model::verify_files`]'s (what `anyshape inspect`
+    /// reports), too slow for every load of a large model.
     pub fn load(dir: impl AsRef<Path>) -> Result<Model> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = read_model_manifest(&dir)?;
-        let path = dir.join(MODEL_FILE);
-        let bad = |reason: String| RuntimeError::BadManifest {
-            path: path.display().to_string(),
-            reason,
-        };
-        let Some(source_entry) = manifest.files.get(MODEL_SOURCE) else {
-            return Err(bad(format!("it lists no {MODEL_SOURCE}")));
+        let bad = |reason: String| {
+            RuntimeError::Module(ModuleError::BadManifest {
+                path: dir.join(MODEL_FILE).display().to_string(),
+                reason,
+            })
         };
         for (name, entry) in &manifest.files {
-            if name != MODEL_SOURCE {
-                check_file(&dir, name, entry)?;
+            let len = anyshape_files::regular_file_len(&dir.join(name)).map_err(|e| {
+                if e.is_missing() {
+                    RuntimeError::Module(ModuleError::Missing {
+                        path: dir.display().to_string(),
+                        file: name.clone(),
+                    })
+                } else {
+                    RuntimeError::Module(ModuleError::File(e))
+                }
+            })?;
+            if len != entry.bytes {
+                return Err(RuntimeError::Module(ModuleError::CorruptFile {
+                    path: dir.join(name).display().to_string(),
+                    reason: format!("{len} bytes, the manifest says {}", entry.bytes),
+                }));
             }
         }
-        let bytes = check_file(&dir, MODEL_SOURCE, source_entry)?;
-        let graph = onnx::decode(&bytes, Some(&dir)).map_err(model_error)?;
-        let plan = Plan::new(graph).map_err(model_error)?;
-        let mut by_workload = HashMap::new();
-        let mut modules = Vec::new();
-        for t in &manifest.tasks {
-            if !manifest
-                .files
-                .contains_key(&format!("{}/{MANIFEST_FILE}", t.module))
-            {
+        if !manifest.files.contains_key(MODEL_PLAN) {
+            return Err(bad(format!("it lists no {MODEL_PLAN}")));
+        }
+        let plan = PlanFile::open(&dir.join(MODEL_PLAN))?;
+        let tasks = &plan.plan().tasks;
+        if tasks.len() != manifest.tasks.len() {
+            return Err(bad(format!(
+                "{} tasks, its plan has {}",
+                manifest.tasks.len(),
+                tasks.len()
+            )));
+        }
+        let mut modules = Vec::with_capacity(tasks.len());
+        for (t, task) in manifest.tasks.iter().zip(tasks) {
+            if !manifest.files.contains_key(&format!(
+                "{}/{}",
+                t.module,
+                anyshape_abi::MANIFEST_FILE
+            )) {
                 return Err(bad(format!(
                     "the task module `{}` is not among its files",
                     t.module
                 )));
             }
             let m = Module::load(dir.join(&t.module))?;
-            let w = Workload::parse(&t.workload)?.to_string();
-            if m.workload().to_string() != w {
+            if m.workload() != &task.workload || t.workload != task.workload.to_string() {
                 return Err(bad(format!(
-                    "task module `{}` computes {}, not {w}",
+                    "task module `{}` computes {}, the plan's task is {}",
                     t.module,
-                    m.workload()
+                    m.workload(),
+                    task.workload
                 )));
             }
-            by_workload.insert(w, modules.len());
             modules.push(m);
         }
-        let step_modules = plan
-            .fusion()
-            .steps
-            .iter()
-            .map(|step| match &step.kind {
-                StepKind::Kernel(text) => {
-                    let Some(&m) = by_workload.get(text) else {
-                        return Err(bad(format!(
-                            "no module for the task {text} (compiled by another fusion? compile the model again)"
-                        )));
-                    };
-                    let vars = Workload::parse(text)?.shape_vars();
-                    Ok(Some((m, vars)))
-                }
-                _ => Ok(None),
-            })
-            .collect::<Result<_>>()?;
         Ok(Model {
             dir,
             manifest,
-            plan,
-            modules,
-            step_modules,
+            executor: Executor::new(plan),
+            modules: TaskModules(modules),
         })
+    }
+
+    /// Check every file of the module against its SHA-256 in the manifest.
+    pub fn verify_files(&self) -> Result<()> {
+        for (name, entry) in &self.manifest.files {
+            check_file(&self.dir, name, entry)?;
+        }
+        Ok(())
     }
 
     /// The manifest.
@@ -106,28 +141,45 @@ impl Model {
         &self.dir
     }
 
-    /// The imported graph.
-    pub fn graph(&self) -> &Graph {
-        self.plan.graph()
+    /// The compiled plan.
+    pub fn plan(&self) -> &Plan {
+        self.executor.plan()
     }
 
-    /// Run the model on `inputs` (by input name); returns the outputs in the model's
-    /// order.
-    /// The memory the run needs (computed from the inputs' dims) is checked against
-    /// what the machine has before anything is allocated.
-    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
-        self.execute(inputs, None)
+    /// The model's dims with the domains they were compiled for.
+    pub fn dims(&self) -> &[ShapeVar] {
+        &self.manifest.dims
+    }
+
+    /// The inputs a run takes: names, element types, dims over the model's dims.
+    pub fn inputs(&self) -> &[TensorSpec] {
+        self.executor.inputs()
+    }
+
+    /// The outputs a run gives, in order.
+    pub fn outputs(&self) -> Vec<&TensorSpec> {
+        self.plan().outputs.iter().map(|(s, _)| s).collect()
+    }
+
+    /// Run the model on `inputs` (by input name): the outputs in the model's order.
+    /// The inputs' dims set the model's dims (in the compiled range or past it); the
+    /// memory the run needs is checked against what the machine has before anything
+    /// is allocated. Runs may go on from several threads at once (each takes its own
+    /// arena).
+    pub fn run(&self, inputs: &[(&str, TensorRef)]) -> Result<Vec<Tensor>> {
+        self.executor.run(&self.modules, inputs, None)
     }
 
     /// Where a run on `inputs` spends its time: per kind of step (a task's workload,
     /// a host op), its number of steps and total seconds, slowest first.
-    pub fn profile(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, usize, f64)>> {
-        let n = self.plan.fusion().steps.len();
-        let mut seconds = vec![0.0; n];
-        self.execute(inputs, Some(&mut seconds))?;
+    pub fn profile(&self, inputs: &[(&str, TensorRef)]) -> Result<Vec<(String, usize, f64)>> {
+        let plan = self.plan();
+        let mut seconds = vec![0.0; plan.steps.len()];
+        self.executor
+            .run(&self.modules, inputs, Some(&mut seconds))?;
         let mut by_label: Vec<(String, usize, f64)> = Vec::new();
         for (k, s) in seconds.iter().enumerate() {
-            let label = self.plan.step_label(k);
+            let label = plan.step_label(k);
             match by_label.iter_mut().find(|(l, _, _)| *l == label) {
                 Some(e) => {
                     e.1 += 1;
@@ -139,43 +191,4 @@ impl Model {
         by_label.sort_by(|a, b| b.2.total_cmp(&a.2));
         Ok(by_label)
     }
-
-    fn execute(
-        &self,
-        inputs: &[(&str, Tensor)],
-        seconds: Option<&mut [f64]>,
-    ) -> Result<Vec<Tensor>> {
-        let bytes = self.plan.run_bytes(inputs).map_err(model_error)?;
-        anyshape_abi::check_fits(bytes, "the run's tensors").map_err(|e| {
-            RuntimeError::Memory(format!(
-                "{e}: run the model at smaller dims (the inputs' shapes set them)"
-            ))
-        })?;
-        let mut kernel = |k: usize,
-                          w: &Workload,
-                          b: &Bindings,
-                          _: &anyshape_ir::BoundWorkload,
-                          ins: &[&[f32]],
-                          out: &mut [f32]|
-         -> anyshape_graph::Result<()> {
-            let Some((m, vars)) = &self.step_modules[k] else {
-                return Err(GraphError::Unsupported(format!(
-                    "no module for the task {w}"
-                )));
-            };
-            let own = Bindings::from_pairs(b.iter().filter(|(n, _)| vars.iter().any(|v| v == n)));
-            self.modules[*m]
-                .run(&own, ins, &mut [out])
-                .map_err(|e| GraphError::Shape(format!("{w}: {e}")))
-        };
-        match seconds {
-            Some(s) => self.plan.run_profiled(inputs, &mut kernel, s),
-            None => self.plan.run(inputs, &mut kernel),
-        }
-        .map_err(model_error)
-    }
-}
-
-fn model_error(e: GraphError) -> RuntimeError {
-    RuntimeError::Model(e)
 }

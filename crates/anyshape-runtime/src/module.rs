@@ -1,8 +1,9 @@
 //! A loaded module: checked on load, callable for any instance of its workload.
-use crate::{check_cpu, check_files, read_manifest, Result, RuntimeError};
+use crate::{Result, RuntimeError};
 use anyshape_abi::{
-    host_cpu_features, load_library, status_message, DispatchTree, KernelFn, Manifest, SelectFn,
-    ENTRY_SYMBOL, MANIFEST_FILE, SELECT_SYMBOL, STATUS_OK,
+    check_cpu, check_files, host_cpu_features, load_library, read_manifest, status_message,
+    DispatchTree, KernelFn, Manifest, ModuleError, SelectFn, ENTRY_SYMBOL, MANIFEST_FILE,
+    SELECT_SYMBOL, STATUS_OK,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use std::collections::HashMap;
@@ -54,9 +55,11 @@ impl Module {
         let manifest = read_manifest(&dir)?;
         check_files(&manifest, &dir)?;
         check_cpu(&manifest, &host_cpu_features())?;
-        let bad = |reason: String| RuntimeError::BadManifest {
-            path: dir.join(MANIFEST_FILE).display().to_string(),
-            reason,
+        let bad = |reason: String| {
+            RuntimeError::Module(ModuleError::BadManifest {
+                path: dir.join(MANIFEST_FILE).display().to_string(),
+                reason,
+            })
         };
         let workload = Workload::parse(&manifest.workload).map_err(|e| bad(e.to_string()))?;
         let vars = workload.shape_vars();
@@ -220,6 +223,24 @@ impl Module {
         outputs: &mut [&mut [f32]],
     ) -> Result<()> {
         self.run_with(self.entry, bindings, inputs, outputs)
+    }
+
+    /// Call the module's entry point on raw buffers: `vars` are the shape vars' values in
+    /// the workload's order ([`Workload::shape_vars`]).
+    ///
+    /// # Safety
+    /// `ins` must point to the workload's inputs and `out` to its output, each with as
+    /// many elements as the bound workload takes at `vars`, valid for the call; `out`
+    /// may alias none of the inputs.
+    pub unsafe fn call(&self, vars: &[i64], ins: &[*const f32], out: *mut f32) -> Result<()> {
+        let outs = [out];
+        // SAFETY: the caller's promise; `vars` holds a value per shape var.
+        let status = unsafe { (self.entry)(vars.as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+        if status == STATUS_OK {
+            Ok(())
+        } else {
+            Err(RuntimeError::Kernel(status_message(status)))
+        }
     }
 
     /// Like [`Module::run`] with a given kernel of the module (see [`Module::kernel`]).

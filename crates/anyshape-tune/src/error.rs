@@ -43,9 +43,12 @@ pub enum TuneError {
     /// regular file, too large, read by the same command, or the system refused).
     #[error(transparent)]
     File(#[from] anyshape_files::FileError),
-    /// A module could not be written or read back.
+    /// A module could not be written or read back (its error says why).
     #[error(transparent)]
-    Runtime(#[from] anyshape_runtime::RuntimeError),
+    Module(#[from] anyshape_abi::ModuleError),
+    /// A model's plan could not be written (its error says why).
+    #[error(transparent)]
+    Plan(#[from] anyshape_plan::PlanError),
     /// Something anyshape does not do yet (user input asked for it).
     #[error("{0}")]
     Unsupported(String),

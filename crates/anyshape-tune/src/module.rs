@@ -2,16 +2,15 @@
 //! for some instances, the dispatcher, one shared library, a C header and the manifest.
 use crate::{output, Result, TuneError, Votes};
 use anyshape_abi::{
-    host_cpu_features, sha256_hex, DispatchTree, FileEntry, Manifest, SpecializedKernel,
-    TuningInfo, ENTRY_SYMBOL, FORMAT_VERSION, HEADER_FILE, SELECT_SYMBOL, STATUS_NO_KERNEL,
-    STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
+    host_cpu_features, sha256_hex, write_manifest, DispatchTree, FileEntry, Manifest,
+    SpecializedKernel, TuningInfo, ENTRY_SYMBOL, FORMAT_VERSION, HEADER_FILE, SELECT_SYMBOL,
+    STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 use anyshape_codegen::{
     dispatcher_c, CpuTarget, DispatcherSpec, MicroKernel, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Builder, KernelSource};
-use anyshape_runtime::write_manifest;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;

@@ -15,8 +15,8 @@
 //! ([`anyshape_files::swap_dir`]), so the path holds the old module or the new one at
 //! every moment; leftovers of a killed run are cleaned up by the next one.
 use crate::{Result, TuneError};
+use anyshape_abi::listed_files;
 use anyshape_files::{normalized, Reads};
-use anyshape_runtime::listed_files;
 use std::collections::BTreeSet;
 use std::path::Path;
 

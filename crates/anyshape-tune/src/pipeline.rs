@@ -8,7 +8,7 @@ use crate::{
 };
 use anyshape_abi::{DispatchTree, Manifest, TuningInfo};
 use anyshape_codegen::{CpuTarget, GpuMicroKernel, MicroKernel, RowKernel, Sketch};
-use anyshape_ir::ShapeVar;
+use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,7 +44,9 @@ pub enum Step {
     Verify,
 }
 
-/// Hears the pipeline's progress.
+/// Hears the progress of tuning: the pipeline's steps and rounds, and, compiling a
+/// model, its tasks, the task scheduler's slices and the families (those have nothing
+/// to say for one workload, so they default to nothing).
 pub trait Observer {
     /// A step starts.
     fn step(&mut self, step: &Step);
@@ -52,6 +54,16 @@ pub trait Observer {
     fn round(&mut self, summary: &crate::RoundSummary);
     /// The records hold `n` trials.
     fn trials(&mut self, n: usize);
+    /// Task `index` of `total` (run `count` times by the model) starts its votes and
+    /// module (or, untuned, its module).
+    fn task(&mut self, _index: usize, _total: usize, _workload: &Workload, _count: usize) {}
+    /// The task scheduler gives a task a slice of the model's budget.
+    fn slice(&mut self, _slice: &crate::Slice) {}
+    /// The scheduler is done: `given` trials given out, the model's expected latency
+    /// after them (seconds per call).
+    fn scheduled(&mut self, _given: usize, _expected_seconds: f64) {}
+    /// A family of tasks and how well its shared cost model ranks held-out trials.
+    fn family(&mut self, _quality: &crate::FamilyQuality) {}
 }
 
 /// What to do after the search.

@@ -15,6 +15,13 @@
 //! The model's expected latency is `Σ count · weighted latency` over the tasks, each
 //! task's latency the mean over its tuned instances (measured where measured, the cost
 //! model's prediction elsewhere): what the scheduler minimizes, and what progress shows.
+//! [`schedule`] runs a model's task searches as the scheduler gives out the slices,
+//! moving the families' offers between their members, and records the tuning curve.
+use crate::task::TaskSearch;
+use crate::{
+    family_quality, CurvePoint, ModelOptions, Observer, Offer, Result, TimeBreakdown, TuningLog,
+};
+use anyshape_ir::Workload;
 
 /// The least a task's next slice is expected to gain, as a fraction of its latency,
 /// after its first slice; divided by its slices since.
@@ -185,6 +192,129 @@ impl Scheduler {
             .filter_map(|t| t.latency.map(|l| t.count as f64 * l))
             .sum()
     }
+}
+
+/// A slice of a model's trial budget, as the task scheduler gives it out.
+#[derive(Clone, Debug)]
+pub struct Slice<'a> {
+    /// The task (index).
+    pub task: usize,
+    /// Its workload.
+    pub workload: &'a Workload,
+    /// Its search runs until its records hold this many trials.
+    pub budget: usize,
+    /// The model's trials given out so far, this slice's included.
+    pub given: usize,
+    /// The model's trial budget.
+    pub total: usize,
+    /// The model's expected latency before this slice, seconds per call (the tasks with
+    /// a measured latency; see [`Scheduler::expected_latency`]).
+    pub expected_seconds: f64,
+}
+
+/// The tasks' searches, as the task scheduler gives out the model's budget; the
+/// families' offers moved between their members before every slice. Returns the tuning
+/// log.
+pub(crate) fn schedule(
+    runs: &mut [Box<dyn TaskSearch + '_>],
+    tasks: &[anyshape_plan::Task],
+    families: &[String],
+    options: &ModelOptions,
+    observer: &mut dyn Observer,
+) -> Result<TuningLog> {
+    let start = std::time::Instant::now();
+    let counts: Vec<usize> = tasks.iter().map(|t| t.count).collect();
+    let held: Vec<usize> = runs.iter().map(|r| r.trials()).collect();
+    let resumed_seconds: f64 = runs.iter().map(|r| r.tuning_seconds()).sum();
+    // A quarter of a task's average share a slice: the first slices measure every
+    // task, the rest go where they cut the model's latency most (or round the tasks).
+    let slice = (options.trials / 4).max(1);
+    let total = options.trials * tasks.len();
+    let mut scheduler = Scheduler::new(&counts, &held, slice, total);
+    if options.equal_shares {
+        scheduler = scheduler.equal_shares();
+    }
+    if options.families {
+        // A family's first member gets a whole first slice, the later ones one foreseen
+        // micro-kernel measured on the instances a search round gives each kernel.
+        let first: Vec<usize> = (0..tasks.len())
+            .map(|j| match families[..j].contains(&families[j]) {
+                true => options.tune.instances_per_kernel,
+                false => slice,
+            })
+            .collect();
+        scheduler = scheduler.first_slices(&first);
+    }
+    // A resumed run's members offer what their records hold from the start.
+    let mut offers: Vec<Option<Offer>> = runs
+        .iter_mut()
+        .zip(&held)
+        .map(|(r, &n)| (options.families && n > 0).then(|| r.offer()))
+        .collect();
+    let mut curve = Vec::new();
+    while let Some(a) = scheduler.next_slice() {
+        observer.slice(&Slice {
+            task: a.task,
+            workload: &tasks[a.task].workload,
+            budget: a.budget,
+            given: scheduler.given(),
+            total,
+            expected_seconds: scheduler.expected_latency(),
+        });
+        if options.families {
+            let others: Vec<&Offer> = (0..runs.len())
+                .filter(|&j| j != a.task && families[j] == families[a.task])
+                .filter_map(|j| offers[j].as_ref())
+                .collect();
+            runs[a.task].adopt(&others);
+        }
+        let (latency, stalled) = runs[a.task].search_to(a.budget, observer)?;
+        scheduler.record(a.task, latency, stalled);
+        if options.families {
+            offers[a.task] = Some(runs[a.task].offer());
+        }
+        curve.push(CurvePoint {
+            seconds: resumed_seconds + start.elapsed().as_secs_f64(),
+            trials: runs.iter().map(|r| r.trials()).sum(),
+            expected_seconds: scheduler
+                .measured_all()
+                .then(|| scheduler.expected_latency()),
+        });
+    }
+    observer.scheduled(scheduler.given(), scheduler.expected_latency());
+    let mut time = TimeBreakdown::default();
+    for r in runs.iter() {
+        time += r.time();
+    }
+    let mut names: Vec<&String> = families.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut qualities = Vec::new();
+    for name in names {
+        let members: Vec<usize> = (0..runs.len()).filter(|&j| &families[j] == name).collect();
+        if members.len() > 1 {
+            let samples: Vec<_> = members.iter().map(|&j| runs[j].offer().samples).collect();
+            qualities.push(family_quality(name, &members, &samples));
+        }
+    }
+    Ok(TuningLog {
+        mode: format!(
+            "{}{}",
+            if options.equal_shares {
+                "equal shares"
+            } else {
+                "scheduler"
+            },
+            if options.families { " + families" } else { "" }
+        ),
+        trials_per_task: options.trials,
+        tasks: tasks.len(),
+        curve,
+        time,
+        wall_seconds: start.elapsed().as_secs_f64(),
+        new_trials: runs.iter().map(|r| r.trials()).sum::<usize>() - held.iter().sum::<usize>(),
+        families: qualities,
+    })
 }
 
 #[cfg(test)]

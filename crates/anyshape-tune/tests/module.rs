@@ -1,11 +1,12 @@
 //! Modules: written from votes, loaded by the runtime, correct for every instance in the
 //! tuned range and past it; damaged, tampered or foreign modules fail cleanly; bad
 //! buffers and shapes are errors.
+use anyshape_abi::{read_manifest, write_manifest, ModuleError};
 use anyshape_abi::{Manifest, Vote, MANIFEST_FILE};
 use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{check_output, random_inputs, reference_output, Builder};
-use anyshape_runtime::{read_manifest, write_manifest, Module, RuntimeError};
+use anyshape_runtime::{Module, RuntimeError};
 use anyshape_tune::{train_tree, write_module, ModuleSpec, Specialize, Votes};
 use std::path::{Path, PathBuf};
 
@@ -165,7 +166,10 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
     });
-    assert!(matches!(e, RuntimeError::CorruptFile { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::CorruptFile { .. })),
+        "{e}"
+    );
     let e = variant("flipped", &|d| {
         let p = d.join(&lib);
         let mut bytes = std::fs::read(&p).unwrap();
@@ -173,21 +177,33 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
         bytes[mid] ^= 0x40;
         std::fs::write(&p, &bytes).unwrap();
     });
-    assert!(matches!(e, RuntimeError::CorruptFile { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::CorruptFile { .. })),
+        "{e}"
+    );
     let e = variant("missing-lib", &|d| {
         std::fs::remove_file(d.join(&lib)).unwrap()
     });
-    assert!(matches!(e, RuntimeError::Missing { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::Missing { .. })),
+        "{e}"
+    );
     let e = variant("bad-json", &|d| {
         std::fs::write(d.join(MANIFEST_FILE), "{\"format\": 1, \"anysh").unwrap()
     });
-    assert!(matches!(e, RuntimeError::BadManifest { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::BadManifest { .. })),
+        "{e}"
+    );
     let e = variant("tampered", &|d| {
         let p = d.join(MANIFEST_FILE);
         let text = std::fs::read_to_string(&p).unwrap();
         std::fs::write(&p, text.replacen("\"at\": 39", "\"at\": 60", 1)).unwrap();
     });
-    assert!(matches!(e, RuntimeError::Tampered { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::Tampered { .. })),
+        "{e}"
+    );
     fn resealed(d: &Path, edit: &dyn Fn(&mut Manifest)) {
         let mut m = read_manifest(d).unwrap();
         edit(&mut m);
@@ -197,7 +213,10 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
     let e = variant("old-version", &|d| {
         resealed(d, &|m| m.anyshape = "0.0.1".into())
     });
-    assert!(matches!(e, RuntimeError::Version { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::Version { .. })),
+        "{e}"
+    );
     assert!(e.to_string().contains("0.0.1"));
     let e = variant("other-cpu", &|d| {
         resealed(d, &|m| m.cpu_features.push("avx9000".into()))
@@ -208,9 +227,15 @@ fn damaged_tampered_and_foreign_modules_fail_cleanly() {
             m.symbolic.pop();
         })
     });
-    assert!(matches!(e, RuntimeError::BadManifest { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::BadManifest { .. })),
+        "{e}"
+    );
     let e = Module::load(tmp.path().join("nothing-here")).unwrap_err();
-    assert!(matches!(e, RuntimeError::NotAModule { .. }), "{e}");
+    assert!(
+        matches!(e, RuntimeError::Module(ModuleError::NotAModule { .. })),
+        "{e}"
+    );
 
     // Bad calls on a good module.
     let module = Module::load(&good).unwrap();

@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// `tuning-curve.svg` to --out-dir.
     #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
     tuning_against: Option<PathBuf>,
+    /// With --model: the ONNX model the peers run, the one the module was compiled
+    /// from (checked by its SHA-256) [default: where it was when compiled].
+    #[arg(long, value_name = "FILE", requires = "model")]
+    onnx: Option<PathBuf>,
     /// With --model: the values of a model dim, e.g. `--dim sequence=1,8,16,32
     /// --dim batch=1` (ranges such as `1..4` too); every dim of the model is named.
     #[arg(long = "dim", value_name = "NAME=VALUES", requires = "model")]
@@ -227,6 +231,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         threads: args.threads.unwrap_or(2) as usize,
         python: args.python.as_deref().unwrap_or("python3"),
         out_dir: &args.out_dir,
+        onnx: args.onnx.as_deref(),
     };
     let mut reporter = Reporter::new(args.quiet);
     let (summary, written) =

@@ -1,10 +1,11 @@
 //! `anyshape inspect`: what a module holds and where each instance goes; for an ONNX
-//! model or a model module, its inputs and outputs with symbolic shapes, the tasks
-//! fusion makes and (module) how each task was compiled.
+//! model, its inputs and outputs with symbolic shapes and the tasks fusion makes; for a
+//! model module, how each task was compiled and what its plan holds.
 use anyhow::Result;
 use anyshape_codegen::{CpuTarget, Target as _};
 use anyshape_ir::Bindings;
 use anyshape_runtime::Module;
+use anyshape_tensor::shape_text;
 use std::path::Path;
 
 /// Print what a module holds: micro-kernels, the dispatch tree, which instances go where.
@@ -87,26 +88,47 @@ pub fn inspect(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Print what a model module holds: its dims and domains, each task with its count,
-/// trials and task module, then the model as [`inspect_model`] shows it.
+/// Print what a model module holds: its source, dims and tasks (how each was compiled),
+/// its inputs and outputs, and its plan (steps, constants, the arena's peak as an
+/// expression over the dims and at their largest compiled values) — every file's
+/// SHA-256 verified.
 pub fn inspect_model_module(dir: &Path) -> Result<()> {
     let model = anyshape_runtime::Model::load(dir)?;
+    model.verify_files()?;
     let m = model.manifest();
     println!(
-        "model module {} (anyshape {}, format {}; checksums verified)",
+        "model module {} (anyshape {}, format {}; every file's SHA-256 verified)",
         dir.display(),
         m.anyshape,
         m.format
+    );
+    println!(
+        "compiled from {} (SHA-256 {}…, {} bytes)",
+        m.source.path,
+        &m.source.file.sha256[..16],
+        m.source.file.bytes
     );
     for v in &m.dims {
         let (lo, hi) = v.domain.bounds().unwrap_or((0, 0));
         println!("dim          {} compiled for {lo}..{hi}", v.name);
     }
-    println!(
-        "
-tasks ({}):",
-        m.tasks.len()
-    );
+    for s in model.inputs() {
+        println!(
+            "input        {} {} {}",
+            s.name,
+            s.dtype,
+            shape_text(&s.shape)
+        );
+    }
+    for s in model.outputs() {
+        println!(
+            "output       {} {} {}",
+            s.name,
+            s.dtype,
+            shape_text(&s.shape)
+        );
+    }
+    println!("\ntasks ({}):", m.tasks.len());
     for t in &m.tasks {
         let module = Module::load(dir.join(&t.module))?;
         let tm = module.manifest();
@@ -124,8 +146,45 @@ tasks ({}):",
             }
         );
     }
-    println!();
-    print_graph(model.graph(), &dir.join(anyshape_abi::MODEL_SOURCE))
+    let plan = model.plan();
+    let kernels = plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s, anyshape_plan::Step::Kernel { .. }))
+        .count();
+    let mut host: std::collections::BTreeMap<&str, usize> = Default::default();
+    for s in &plan.steps {
+        if let anyshape_plan::Step::Host(n) = s {
+            *host.entry(n.op.as_str()).or_default() += 1;
+        }
+    }
+    println!(
+        "\nplan: {} steps: {kernels} kernel calls, {} host ops ({})",
+        plan.steps.len(),
+        plan.steps.len() - kernels,
+        host.iter()
+            .map(|(op, n)| format!("{n} {op}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let weights: u64 = plan.constants.iter().map(|c| c.bytes).sum();
+    println!(
+        "constants: {} ({:.1} MiB, weights read by kernels already in panels)",
+        plan.constants.len(),
+        weights as f64 / (1u64 << 20) as f64
+    );
+    let peak = plan.memory.peak();
+    let largest = Bindings::from_pairs(
+        m.dims
+            .iter()
+            .map(|d| (d.name.as_str(), d.domain.bounds().map_or(1, |b| b.1))),
+    );
+    println!(
+        "arena: {} slots, {peak} bytes ({:.1} MiB at {largest})",
+        plan.memory.slots.len(),
+        peak.eval(&largest).unwrap_or(0) as f64 / (1u64 << 20) as f64
+    );
+    Ok(())
 }
 
 /// Print what an ONNX model is: inputs and outputs with their symbolic shapes, and the
@@ -135,7 +194,7 @@ pub fn inspect_model(path: &Path) -> Result<()> {
 }
 
 fn print_graph(g: &anyshape_graph::Graph, path: &Path) -> Result<()> {
-    use anyshape_graph::{fact, fuse, infer, shape_text};
+    use anyshape_graph::{fact, fuse, infer};
     let facts = infer(g)?;
     println!(
         "model        {} (opset {}, {} nodes)",

@@ -250,9 +250,9 @@ fn main() -> Result<()> {
         Command::Tune(args) => tune::tune(args),
         Command::Compile(args) => compile::compile(args),
         Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
-        Command::Inspect { module } => match anyshape_runtime::ModuleKind::of(&module)? {
-            anyshape_runtime::ModuleKind::Model => inspect::inspect_model_module(&module),
-            anyshape_runtime::ModuleKind::Operator => inspect::inspect(&module),
+        Command::Inspect { module } => match anyshape_abi::ModuleKind::of(&module)? {
+            anyshape_abi::ModuleKind::Model => inspect::inspect_model_module(&module),
+            anyshape_abi::ModuleKind::Operator => inspect::inspect(&module),
         },
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),

@@ -1,8 +1,9 @@
 //! How long work shows its progress: a bar on a terminal, a line per step elsewhere (a
 //! log file, CI). One [`Reporter`] hears both the libraries' counted work
 //! ([`Progress`]) and the compile pipeline's steps and rounds ([`Observer`]).
+use anyshape_ir::Workload;
 use anyshape_measure::Progress;
-use anyshape_tune::{FamilyQuality, ModelObserver, Observer, RoundSummary, Slice, Step};
+use anyshape_tune::{FamilyQuality, Observer, RoundSummary, Slice, Step};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -161,10 +162,8 @@ impl Observer for Reporter {
             bar.set_position(n as u64);
         }
     }
-}
 
-impl ModelObserver for Reporter {
-    fn task(&mut self, index: usize, total: usize, workload: &str, count: usize) {
+    fn task(&mut self, index: usize, total: usize, workload: &Workload, count: usize) {
         self.note(&format!(
             "task {}/{total}: {workload} (run {count}x per call)",
             index + 1

@@ -3,13 +3,14 @@
 //! `--check`, the comparison with the reference.
 use crate::{bindings, runner, Common};
 use anyhow::{bail, Result};
+use anyshape_abi::ModuleKind;
 use anyshape_abi::ENTRY_SYMBOL;
 use anyshape_codegen::{
     cpu_sketch, CpuTarget, KernelMode, PaddingStrategy, Program, Sketch, Target,
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurement, Outcome};
-use anyshape_runtime::{Module, ModuleKind};
+use anyshape_runtime::Module;
 use clap::Args;
 use std::path::{Path, PathBuf};
 

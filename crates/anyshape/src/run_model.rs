@@ -6,7 +6,7 @@
 //! run.
 use anyhow::{bail, Context, Result};
 use anyshape_files::Reads;
-use anyshape_graph::{Data, Tensor};
+use anyshape_tensor::{Data, TensorRef};
 use std::path::Path;
 use std::time::Instant;
 
@@ -66,13 +66,8 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         reads.check("--output", out)?;
     }
     let model = anyshape_runtime::Model::load(dir)?;
-    let g = model.graph();
-    let input_names: Vec<&str> = g
-        .inputs
-        .iter()
-        .map(|i| g.values[i.value].as_str())
-        .collect();
-    let output_names: Vec<&str> = g.outputs.iter().map(|&o| g.values[o].as_str()).collect();
+    let input_names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
+    let output_names: Vec<&str> = model.outputs().iter().map(|s| s.name.as_str()).collect();
     for (name, _) in &files {
         if !input_names.contains(name) {
             bail!(
@@ -82,7 +77,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         }
     }
     let mut arrays = match inputs {
-        Some(p) => anyshape_graph::npz::read(p)?,
+        Some(p) => anyshape_tensor::npz::read(p)?,
         None => Vec::new(),
     };
     let unknown: Vec<&str> = arrays
@@ -100,7 +95,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         );
     }
     for (name, file) in &files {
-        let t = anyshape_graph::npz::read_npy(file)?;
+        let t = anyshape_tensor::npz::read_npy(file)?;
         arrays.retain(|(n, _)| n != name);
         arrays.push((name.to_string(), t));
     }
@@ -109,13 +104,13 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         (Some(p), false) => format!("{} and --input", p.display()),
         (None, _) => "--input".to_string(),
     };
-    let given: Vec<(&str, Tensor)> = input_names
+    let given: Vec<(&str, TensorRef)> = input_names
         .iter()
         .map(|&name| {
             arrays
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, t)| (name, t.clone()))
+                .map(|(_, t)| (name, t.view()))
                 .with_context(|| {
                     format!("the model's input `{name}` is not given ({sources} has no array of that name)")
                 })
@@ -165,7 +160,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         );
         // Where the inputs file also holds this output (a recorded case), compare.
         if let Some((_, want)) = arrays.iter().find(|(n, _)| n == name) {
-            match anyshape_graph::compare(&t, want) {
+            match anyshape_tensor::compare(&t, want) {
                 Ok(c) => {
                     println!("check        {name}: {c} against {sources}");
                     if !c.passes(max_error) {
@@ -181,7 +176,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         named.push((name.to_string(), t));
     }
     if let Some(path) = output {
-        anyshape_graph::npz::write(path, &named, &reads, "--output")?;
+        anyshape_tensor::npz::write(path, &named, &reads, "--output")?;
         println!("outputs written to {}", path.display());
     }
     if !mismatched.is_empty() {

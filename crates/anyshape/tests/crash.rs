@@ -417,10 +417,10 @@ fn a_killed_run_output_leaves_the_old_file_or_the_new() {
     let o = support::anyshape(d, &args);
     let full = start.elapsed();
     assert!(o.status.success(), "{}", support::text(&o));
-    let new = anyshape_graph::npz::read(&d.join("out.npz")).unwrap();
+    let new = anyshape_tensor::npz::read(&d.join("out.npz")).unwrap();
     let old = vec![(
         "previous".to_string(),
-        anyshape_graph::Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap(),
+        anyshape_tensor::Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap(),
     )];
     let runs: usize = std::env::var("ANYSHAPE_CRASH_RUNS")
         .ok()
@@ -429,7 +429,7 @@ fn a_killed_run_output_leaves_the_old_file_or_the_new() {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let (mut kept_old, mut got_new) = (0, 0);
     for _ in 0..runs {
-        anyshape_graph::npz::write(
+        anyshape_tensor::npz::write(
             &d.join("out.npz"),
             &old,
             &anyshape_files::Reads::new(),
@@ -448,7 +448,7 @@ fn a_killed_run_output_leaves_the_old_file_or_the_new() {
         std::thread::sleep(at);
         child.kill().ok();
         child.wait().unwrap();
-        let now = anyshape_graph::npz::read(&d.join("out.npz"))
+        let now = anyshape_tensor::npz::read(&d.join("out.npz"))
             .expect("out.npz reads back whole after a kill");
         if now == old {
             kept_old += 1;

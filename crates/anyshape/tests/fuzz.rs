@@ -13,10 +13,11 @@
 //! crashed a reader goes there, so it is checked forever.
 mod support;
 
+use anyshape_abi::write_manifest;
 use anyshape_abi::{Manifest, MANIFEST_FILE};
 use anyshape_codegen::{CpuTarget, MicroKernel};
 use anyshape_ir::{parse_expr, Bindings, ShapeVar, Workload};
-use anyshape_runtime::{write_manifest, Module};
+use anyshape_runtime::Module;
 use anyshape_tune::{Record, RecordLog};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -343,7 +344,7 @@ fn fuzz_onnx_models() {
         if anyshape_graph::infer(&g).is_err() {
             return;
         }
-        let inputs: Vec<(&str, anyshape_graph::Tensor)> = g
+        let inputs: Vec<(&str, anyshape_tensor::Tensor)> = g
             .inputs
             .iter()
             .filter_map(|i| {
@@ -354,10 +355,12 @@ fn fuzz_onnx_models() {
                     .collect();
                 let n: usize = shape.iter().product();
                 let t = match i.dtype {
-                    anyshape_graph::DType::F32 => anyshape_graph::Tensor::f32(shape, vec![0.5; n]),
-                    anyshape_graph::DType::I64 => anyshape_graph::Tensor::i64(shape, vec![1; n]),
-                    anyshape_graph::DType::Bool => {
-                        anyshape_graph::Tensor::bool(shape, vec![true; n])
+                    anyshape_tensor::DType::F32 => {
+                        anyshape_tensor::Tensor::f32(shape, vec![0.5; n])
+                    }
+                    anyshape_tensor::DType::I64 => anyshape_tensor::Tensor::i64(shape, vec![1; n]),
+                    anyshape_tensor::DType::Bool => {
+                        anyshape_tensor::Tensor::bool(shape, vec![true; n])
                     }
                 }
                 .ok()?;
@@ -401,10 +404,10 @@ fn fuzz_npz_and_npy_files() {
     let path = dir.path().join("f.npz");
     let n = fuzz("npz", seeds, |b| {
         std::fs::write(&path, b).unwrap();
-        for t in anyshape_graph::npz::read(&path).into_iter().flatten() {
+        for t in anyshape_tensor::npz::read(&path).into_iter().flatten() {
             assert_eq!(t.1.len(), t.1.shape.iter().product::<usize>());
         }
-        if let Ok(t) = anyshape_graph::npz::read_npy(&path) {
+        if let Ok(t) = anyshape_tensor::npz::read_npy(&path) {
             assert_eq!(t.len(), t.shape.iter().product::<usize>());
         }
     });
@@ -437,7 +440,7 @@ fn fuzz_model_modules() {
     assert!(o.status.success(), "{}", support::text(&o));
     let module = d.join("m");
     let real = std::fs::read(module.join(anyshape_abi::MODEL_FILE)).unwrap();
-    let case = anyshape_graph::npz::read(&models.join("bert_tiny.ts.s1.npz")).unwrap();
+    let case = anyshape_tensor::npz::read(&models.join("bert_tiny.ts.s1.npz")).unwrap();
     let n = fuzz("model-module", vec![real], |b| {
         let json = module.join(anyshape_abi::MODEL_FILE);
         std::fs::write(&json, b).unwrap();
@@ -446,10 +449,10 @@ fn fuzz_model_modules() {
             m.seal();
             std::fs::write(&json, m.to_json()).unwrap();
             if let Ok(model) = anyshape_runtime::Model::load(&module) {
-                let inputs: Vec<(&str, anyshape_graph::Tensor)> = case
+                let inputs: Vec<(&str, anyshape_tensor::TensorRef)> = case
                     .iter()
                     .filter(|(n, _)| n != "last_hidden_state" && n != "pooler_output")
-                    .map(|(n, t)| (n.as_str(), t.clone()))
+                    .map(|(n, t)| (n.as_str(), t.view()))
                     .collect();
                 let _ = model.run(&inputs);
             }

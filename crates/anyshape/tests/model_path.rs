@@ -84,7 +84,7 @@ fn case01_output_never_replaces_what_the_command_reads() {
     failed_with(&o, &["reads"]);
     assert_eq!(std::fs::read(d.join("case.npz")).unwrap(), case);
     // An --input .npy.
-    let ids = anyshape_graph::npz::read(&d.join("case.npz")).unwrap();
+    let ids = anyshape_tensor::npz::read(&d.join("case.npz")).unwrap();
     let ids = &ids.iter().find(|(n, _)| n == "input_ids").unwrap().1;
     let bytes: Vec<u8> = ids
         .as_i64()
@@ -108,7 +108,7 @@ fn case01_output_never_replaces_what_the_command_reads() {
     failed_with(&o, &["--output ids.npy", "reads"]);
     assert_eq!(std::fs::read(d.join("ids.npy")).unwrap(), ids_npy);
     // Inside the module: neither its files nor a new one.
-    for out in ["bert.module/model.onnx", "bert.module/out.npz"] {
+    for out in ["bert.module/plan.bin", "bert.module/out.npz"] {
         let o = run(d, &["--inputs", "case.npz", "--output", out]);
         failed_with(&o, &["lies inside bert.module"]);
     }
@@ -116,7 +116,7 @@ fn case01_output_never_replaces_what_the_command_reads() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         listing(&d.join("bert.module")),
-        ["model.json", "model.onnx", "tasks"]
+        ["model.json", "plan.bin", "tasks"]
     );
 }
 
@@ -256,7 +256,7 @@ fn case04_a_tuned_module_recompiles_in_place() {
 /// The arrays of `case.npz` rewritten as Fortran-ordered arrays (what
 /// `np.save(p, np.asfortranarray(a))` writes).
 fn fortran_case(d: &Path) {
-    let arrays = anyshape_graph::npz::read(&d.join("case.npz")).unwrap();
+    let arrays = anyshape_tensor::npz::read(&d.join("case.npz")).unwrap();
     let members: Vec<(&str, Vec<u8>)> = arrays
         .iter()
         .map(|(name, t)| {
@@ -264,7 +264,7 @@ fn fortran_case(d: &Path) {
             // with the transposed strides.
             let shape = &t.shape;
             let n: usize = shape.iter().product();
-            let c_strides = anyshape_graph::strides(shape);
+            let c_strides = anyshape_tensor::strides(shape);
             let order: Vec<usize> = (0..n)
                 .map(|f| {
                     let (mut rest, mut at) = (f, 0);
@@ -276,15 +276,15 @@ fn fortran_case(d: &Path) {
                 })
                 .collect();
             let (descr, bytes) = match &t.data {
-                anyshape_graph::Data::F32(v) => (
+                anyshape_tensor::Data::F32(v) => (
                     "<f4",
                     f32_bytes(&order.iter().map(|&i| v[i]).collect::<Vec<_>>()),
                 ),
-                anyshape_graph::Data::I64(v) => (
+                anyshape_tensor::Data::I64(v) => (
                     "<i8",
                     order.iter().flat_map(|&i| v[i].to_le_bytes()).collect(),
                 ),
-                anyshape_graph::Data::Bool(_) => unreachable!("no bool arrays in the case"),
+                anyshape_tensor::Data::Bool(_) => unreachable!("no bool arrays in the case"),
             };
             (name.as_str(), npy(descr, true, shape, &bytes))
         })
@@ -313,13 +313,13 @@ fn case06_the_check_sees_nan() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     bert(d);
-    let mut arrays = anyshape_graph::npz::read(&d.join("case.npz")).unwrap();
+    let mut arrays = anyshape_tensor::npz::read(&d.join("case.npz")).unwrap();
     for (name, t) in arrays.iter_mut() {
         if name == "last_hidden_state" {
-            t.data = anyshape_graph::Data::F32(vec![f32::NAN; t.len()]);
+            t.data = anyshape_tensor::Data::F32(vec![f32::NAN; t.len()]);
         }
     }
-    anyshape_graph::npz::write(
+    anyshape_tensor::npz::write(
         &d.join("nan.npz"),
         &arrays,
         &anyshape_files::Reads::new(),
@@ -484,7 +484,7 @@ fn mkfifo(path: &Path) {
 }
 
 /// Case 10: no reader hangs or reads forever: a device or a FIFO as the model, a FIFO
-/// as a module's model or kernel library (run and inspect), an endless `--seconds`.
+/// as a module's plan or kernel library (run and inspect), an endless `--seconds`.
 #[test]
 fn case10_nothing_hangs() {
     let dir = tempfile::tempdir().unwrap();
@@ -520,7 +520,7 @@ fn case10_nothing_hangs() {
         .to_str()
         .unwrap()
         .to_string();
-    for file in ["model.onnx", library.as_str()] {
+    for file in ["plan.bin", library.as_str()] {
         fifo_module(file);
         for args in [
             vec!["run", "--module", "f.module", "--inputs", "case.npz"],
@@ -569,9 +569,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Case 11: a model's external data travels with its module (the module runs after the
-/// source is gone), and external data reached through a link out of the model's
-/// directory is refused.
+/// Case 11: a model's external data travels with its module (its weights are in the
+/// plan: the module runs after the source is gone), and external data reached through a
+/// link out of the model's directory is refused.
 #[test]
 fn case11_external_data_travels_with_the_module() {
     let dir = tempfile::tempdir().unwrap();
@@ -626,7 +626,7 @@ fn case12_messages_say_what_is_wrong() {
         copy_dir(&m, &to);
         to
     };
-    for file in ["model.json", "model.onnx"] {
+    for file in ["model.json", "plan.bin"] {
         let c = copy("c.module");
         std::fs::remove_file(c.join(file)).unwrap();
         let o = anyshape(d, &["run", "--module", "c.module", "--inputs", "case.npz"]);
@@ -669,22 +669,22 @@ fn case12_messages_say_what_is_wrong() {
         ],
     );
     failed_with(&o, &["start at 1"]);
-    let mut arrays = anyshape_graph::npz::read(&d.join("case.npz")).unwrap();
-    let write = |name: &str, arrays: &[(String, anyshape_graph::Tensor)]| {
-        anyshape_graph::npz::write(&d.join(name), arrays, &anyshape_files::Reads::new(), "t")
+    let mut arrays = anyshape_tensor::npz::read(&d.join("case.npz")).unwrap();
+    let write = |name: &str, arrays: &[(String, anyshape_tensor::Tensor)]| {
+        anyshape_tensor::npz::write(&d.join(name), arrays, &anyshape_files::Reads::new(), "t")
             .unwrap()
     };
-    if let anyshape_graph::Data::I64(v) = &mut arrays[0].1.data {
+    if let anyshape_tensor::Data::I64(v) = &mut arrays[0].1.data {
         v[3] = -1001;
     }
     assert_eq!(arrays[0].0, "input_ids");
     write("neg.npz", &arrays);
     let o = run(d, &["--inputs", "neg.npz"]);
     failed_with(&o, &["index -1001", "[-1000, 1000)"]);
-    let mut arrays = anyshape_graph::npz::read(&d.join("case.npz")).unwrap();
+    let mut arrays = anyshape_tensor::npz::read(&d.join("case.npz")).unwrap();
     arrays.push((
         "input_idz".into(),
-        anyshape_graph::Tensor::i64(vec![1], vec![0]).unwrap(),
+        anyshape_tensor::Tensor::i64(vec![1], vec![0]).unwrap(),
     ));
     write("extra.npz", &arrays);
     let o = run(d, &["--inputs", "extra.npz"]);

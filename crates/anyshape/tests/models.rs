@@ -1,113 +1,117 @@
-//! Imported models run with compiled kernels: every task of a tiny model built as a
-//! symbolic kernel with its sketch's default micro-kernel (what `--trials 0` gives),
-//! the fused steps run through them, and the outputs compared with onnxruntime's.
-use anyshape_abi::{load_library, KernelFn, STATUS_OK};
-use anyshape_codegen::{cpu_sketch, CpuTarget, PaddingStrategy, Program, Sketch};
-use anyshape_graph::{exec, onnx, GraphError, Tensor};
-use anyshape_ir::{Bindings, Workload};
-use anyshape_measure::Builder;
-use std::collections::HashMap;
+//! Imported models compiled into model modules (`anyshape_tune::compile_model`, every
+//! task with its sketch's default micro-kernel, what `--trials 0` gives), loaded by the
+//! runtime from their plans and run on every recorded case — in the compiled range and
+//! past it — against onnxruntime's outputs.
+use anyshape_codegen::CpuTarget;
+use anyshape_ir::ShapeVar;
+use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
+use anyshape_runtime::Model;
+use anyshape_tensor::TensorRef;
+use anyshape_tune::{compile_model, ModelOptions, Observer, PipelineOptions, Step};
 use std::path::{Path, PathBuf};
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
 }
 
-fn npz(path: &Path) -> Vec<(String, Tensor)> {
-    anyshape_graph::npz::read(path).unwrap()
+/// Hears nothing.
+struct Quiet;
+
+impl Observer for Quiet {
+    fn step(&mut self, _: &Step) {}
+    fn round(&mut self, _: &anyshape_tune::RoundSummary) {}
+    fn trials(&mut self, _: usize) {}
 }
 
-/// Build `w`'s symbolic kernel with its sketch's default micro-kernel; returns the
-/// library and the symbol.
-fn build<K: Sketch<Target = CpuTarget>>(
-    w: &Workload,
-    target: &CpuTarget,
-    builder: &Builder,
-) -> (PathBuf, String) {
-    let p = Program::symbolic(w, K::default_for(target), PaddingStrategy::LocalPad);
-    let lib = builder
-        .build_programs(target, std::slice::from_ref(&p))
-        .unwrap();
-    lib.require_all().unwrap();
-    (lib.path, p.symbol(target))
-}
-
-fn check(model: &str, cases: &[&str]) {
-    let g = onnx::load(&models().join(format!("{model}.onnx"))).unwrap();
-    let plan = exec::Plan::new(g.clone()).unwrap();
-    let fusion = plan.fusion();
-    let target = CpuTarget::detect();
+/// Compile `model` for `dims`, then run every case and compare every output.
+fn check(model: &str, dims: &[&str], cases: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let builder = Builder::new(dir.path());
-    let mut kernels: HashMap<String, (libloading::Library, String)> = HashMap::new();
-    for t in fusion.tasks() {
-        let w = Workload::parse(&t.workload).unwrap();
-        let (path, symbol) = cpu_sketch!(w.class, build(&w, &target, &builder));
-        // SAFETY: a library the builder just made from generated kernels.
-        let lib = unsafe { load_library(&path) }.unwrap();
-        kernels.insert(w.to_string(), (lib, symbol));
-    }
+    let out = dir.path().join("m");
+    let measurer = Measurer {
+        builder: Builder::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("anyshape-test-cache")),
+        runner: Runner {
+            worker: WorkerCommand {
+                program: env!("CARGO_BIN_EXE_anyshape").into(),
+                args: vec!["__worker".into()],
+            },
+            options: MeasureOptions::default(),
+        },
+    };
+    let defaults = anyshape_tune::TuneOptions::default();
+    let options = ModelOptions {
+        trials: 0,
+        equal_shares: false,
+        families: true,
+        tune_values: 24,
+        records: None,
+        resume: false,
+        tune: defaults,
+        pipeline: PipelineOptions {
+            votes: Default::default(),
+            out: None,
+            reads: Default::default(),
+            specialize: anyshape_tune::Specialize::None,
+            verify_flops: None,
+            dispatch: false,
+        },
+    };
+    let dims: Vec<ShapeVar> = dims.iter().map(|d| ShapeVar::parse(d).unwrap()).collect();
+    compile_model(
+        &models().join(format!("{model}.onnx")),
+        &dims,
+        &CpuTarget::detect(),
+        &measurer,
+        &options,
+        &out,
+        &mut Quiet,
+    )
+    .unwrap_or_else(|e| panic!("{model}: {e}"));
+    let m = Model::load(&out).unwrap();
     for case in cases {
-        let arrays = npz(&models().join(format!("{model}.{case}.npz")));
-        let inputs: Vec<(&str, Tensor)> = g
-            .inputs
+        let arrays =
+            anyshape_tensor::npz::read(&models().join(format!("{model}.{case}.npz"))).unwrap();
+        let inputs: Vec<(&str, TensorRef)> = m
+            .inputs()
             .iter()
-            .map(|i| {
-                let name = g.values[i.value].as_str();
-                (
-                    name,
-                    arrays.iter().find(|(n, _)| n == name).unwrap().1.clone(),
-                )
+            .map(|s| {
+                let t = &arrays.iter().find(|(n, _)| *n == s.name).unwrap().1;
+                (s.name.as_str(), t.view())
             })
             .collect();
-        let mut run = |_: usize,
-                       w: &Workload,
-                       b: &Bindings,
-                       _: &anyshape_ir::BoundWorkload,
-                       ins: &[&[f32]],
-                       out: &mut [f32]| {
-            let (lib, symbol) = &kernels[&w.to_string()];
-            // SAFETY: generated kernels have the KernelFn signature.
-            let f = unsafe { lib.get::<KernelFn>(symbol.as_bytes()) }.unwrap();
-            let vars: Vec<i64> = w
-                .shape_vars()
-                .iter()
-                .map(|v| b.get(v).unwrap_or(0))
-                .collect();
-            let ptrs: Vec<*const f32> = ins.iter().map(|x| x.as_ptr()).collect();
-            let outs = [out.as_mut_ptr()];
-            // SAFETY: Plan::run checked every buffer against the bound workload.
-            let status = unsafe { f(vars.as_ptr(), ptrs.as_ptr(), outs.as_ptr()) };
-            if status == STATUS_OK {
-                Ok(())
-            } else {
-                Err(GraphError::Shape(format!("{w}: kernel status {status}")))
-            }
-        };
-        let got = plan.run(&inputs, &mut run).unwrap();
-        for (&o, got) in g.outputs.iter().zip(&got) {
-            let name = &g.values[o];
-            let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
-            let (a, b) = (got.as_f32().unwrap(), want.as_f32().unwrap());
-            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let e = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
-            eprintln!("{model} {case} {name}: compiled, relative error {e:.1e}");
-            assert!(e <= 1e-4, "{model} {case} {name}: relative error {e:e}");
+        let outs = m
+            .run(&inputs)
+            .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
+        for (spec, got) in m.outputs().iter().zip(&outs) {
+            let want = &arrays.iter().find(|(n, _)| *n == spec.name).unwrap().1;
+            let c = anyshape_tensor::compare(got, want).unwrap();
+            eprintln!("{model} {case} {}: compiled, {c}", spec.name);
+            assert!(c.passes(1e-4), "{model} {case} {}: {c}", spec.name);
         }
     }
 }
 
+const TEXT: [&str; 2] = ["batch=1..2", "sequence=1..64"];
+
+/// Sequence 128 and batch 3 are past the compiled range.
 #[test]
 fn bert_runs_compiled() {
-    check("bert_tiny.ts", &["s1", "s37", "b3s17"]);
+    check("bert_tiny.ts", &TEXT, &["s1", "s37", "s128", "b3s17"]);
+    check("bert_tiny.dynamo", &TEXT, &["s37", "b3s17"]);
 }
 
 #[test]
 fn gpt2_runs_compiled() {
-    check("gpt2_tiny.dynamo18", &["s1", "s37", "b3s17"]);
+    check("gpt2_tiny.dynamo18", &TEXT, &["s1", "s37", "s128", "b3s17"]);
+    check("gpt2_tiny.ts", &TEXT, &["s37", "b3s17"]);
 }
 
 #[test]
 fn vit_runs_compiled() {
-    check("vit_tiny.dynamo", &["i224", "i160x256"]);
+    let dims = ["batch=1", "height=160..224", "width=160..224"];
+    check(
+        "vit_tiny.dynamo",
+        &dims,
+        &["i224", "i160x256", "i384", "b2i224"],
+    );
+    check("vit_tiny.ts", &dims, &["i224", "b2i224"]);
 }

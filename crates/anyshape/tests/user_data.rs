@@ -381,7 +381,7 @@ fn odd_module_records_and_weights_are_handled() {
         hi: 1_000_000_000_000_000_000,
     };
     m.seal();
-    anyshape_runtime::write_manifest(&m, &d.join("m")).unwrap();
+    anyshape_abi::write_manifest(&m, &d.join("m")).unwrap();
     let o = anyshape_in(d, &["inspect", "m"], &[]);
     assert!(
         o.status.success() && text(&o).contains("1000000000000000000 values"),

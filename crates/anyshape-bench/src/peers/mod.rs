@@ -3,7 +3,7 @@
 //! child process, 2 intra-op threads by default) and tract (`tract-onnx`, in process,
 //! when built with the `tract` feature). Each runs the same `.onnx` on the same inputs.
 use crate::error::{io, BenchError, Result};
-use anyshape_graph::Tensor;
+use anyshape_tensor::{Tensor, TensorRef};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -65,10 +65,10 @@ impl Peer for Anyshape {
         seconds: f64,
         _: bool,
     ) -> Result<(Vec<f64>, Option<Vec<Tensor>>)> {
-        let given: Vec<(&str, Tensor)> = case
+        let given: Vec<(&str, TensorRef)> = case
             .tensors
             .iter()
-            .map(|(n, t)| (n.as_str(), t.clone()))
+            .map(|(n, t)| (n.as_str(), t.view()))
             .collect();
         let (times, outs) = time_loop(seconds, || Ok(self.0.run(&given)?))?;
         Ok((times, Some(outs)))
@@ -181,7 +181,7 @@ impl Peer for Onnxruntime {
         if !outputs {
             return Ok((times, None));
         }
-        let arrays = anyshape_graph::npz::read(&out_path)
+        let arrays = anyshape_tensor::npz::read(&out_path)
             .map_err(|e| BenchError::Environment(format!("onnxruntime's outputs: {e}")))?;
         std::fs::remove_file(&out_path).map_err(io(&out_path))?;
         let outs = self

@@ -3,7 +3,7 @@
 //! per input shape with the dims made concrete. tract runs on one thread.
 use super::{time_loop, Case, Peer};
 use crate::error::{BenchError, Result};
-use anyshape_graph::{Data, Tensor};
+use anyshape_tensor::{Data, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use tract_onnx::prelude::*;

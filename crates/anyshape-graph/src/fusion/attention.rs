@@ -12,15 +12,14 @@
 //! Every value inside a pattern must have that one use; anything else stays the plain
 //! `batch_matmul_nn` and host steps.
 use super::{Fuser, VIEWS};
-use crate::fact::exact_quotient;
-use crate::graph::ValueId;
-use crate::{fact, DType};
-use anyshape_ir::Expr;
+use crate::fact;
+use anyshape_ir::{Expr, Workload};
+use anyshape_tensor::{exact_quotient, DType, ValueId};
 
 /// An attention contraction found around a `MatMul`.
 pub(super) struct Attention {
-    /// The workload's text form without the epilogue.
-    pub workload: String,
+    /// The workload, without the epilogue.
+    pub workload: Workload,
     /// The tensors it reads, in the workload's operand order.
     pub inputs: [ValueId; 2],
     /// The product of the constant scales folded into it (1 for none).
@@ -56,10 +55,17 @@ impl Fuser<'_> {
                 return None;
             }
             return Some(Attention {
-                workload: format!(
-                    "attention_scores(B={},H={},M={},N={},K={})",
-                    sq[0], sq[2], sq[1], sk[1], sq[3]
-                ),
+                workload: Workload::of(
+                    "attention_scores",
+                    &[
+                        sq[0].clone(),
+                        sq[2].clone(),
+                        sq[1].clone(),
+                        sk[1].clone(),
+                        sq[3].clone(),
+                    ],
+                )
+                .ok()?,
                 inputs: [q.0, kt.0],
                 scale: q.1 * kt.1,
                 nodes: [q.2, kt.2].concat(),
@@ -86,10 +92,17 @@ impl Fuser<'_> {
         nodes.extend(views);
         nodes.push(back);
         Some(Attention {
-            workload: format!(
-                "attention_context(B={},H={},M={},N={},K={})",
-                sp[0], sp[1], sp[2], sv[3], sp[3]
-            ),
+            workload: Workload::of(
+                "attention_context",
+                &[
+                    sp[0].clone(),
+                    sp[1].clone(),
+                    sp[2].clone(),
+                    sv[3].clone(),
+                    sp[3].clone(),
+                ],
+            )
+            .ok()?,
             inputs: [a, v.0],
             scale: v.1,
             nodes,

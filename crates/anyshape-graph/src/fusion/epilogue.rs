@@ -3,18 +3,17 @@
 //! the products), an input added along some of a contraction's output axes (a mask),
 //! and the NaN guard after a softmax.
 use super::Fuser;
-use crate::fact;
-use crate::graph::ValueId;
-use anyshape_ir::{Expr, Workload};
+use anyshape_ir::{Expr, Unary, Workload};
+use anyshape_tensor::ValueId;
 
 impl Fuser<'_> {
-    /// A GELU decomposition reading `x`: its epilogue name, nodes and output.
-    pub(super) fn gelu(&self, x: ValueId) -> Option<(&'static str, Vec<usize>, ValueId)> {
+    /// A GELU decomposition reading `x`: its epilogue op, nodes and output.
+    pub(super) fn gelu(&self, x: ValueId) -> Option<(Unary, Vec<usize>, ValueId)> {
         if self.g.outputs.contains(&x) {
             return None;
         }
         if let Some((nodes, end)) = self.gelu_tanh(x) {
-            return Some(("+gelu_tanh", nodes, end));
+            return Some((Unary::GeluTanh, nodes, end));
         }
         let uses = self.uses(x);
         let div = uses.iter().find(|(c, op)| {
@@ -32,27 +31,21 @@ impl Fuser<'_> {
                         .is_some_and(|s| (s - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-3))
         })?;
         let (nodes, end) = self.gelu_erf(x, div.0)?;
-        Some(("+gelu", nodes, end))
+        Some((Unary::Gelu, nodes, end))
     }
 
-    /// The output axes, by the workload's names (comma-separated), along which `o` is
-    /// added to the contraction's output `v` (shaped `out_shape` and not reshaped since),
-    /// the others broadcast (dims of 1): e.g. an attention mask `[B, 1, M, N]` over the
-    /// scores `[B, H, M, N]` is `b,m,n`. `None` where it is not such a broadcast.
+    /// The output axes of the contraction `backbone` along which `o` is added to its
+    /// output `v` (shaped `out_shape` and not reshaped since), the others broadcast
+    /// (dims of 1): e.g. an attention mask `[B, 1, M, N]` over the scores `[B, H, M, N]`
+    /// is axes `b, m, n`. `None` where it is not such a broadcast.
     pub(super) fn broadcast_axes(
         &self,
         o: ValueId,
         v: ValueId,
         out_shape: &[Expr],
-        backbone: &str,
-    ) -> Option<String> {
-        let names: Vec<String> = {
-            let w = Workload::parse(backbone).ok()?;
-            w.output_axes()
-                .iter()
-                .map(|&a| w.axes[a].name.clone())
-                .collect()
-        };
+        backbone: &Workload,
+    ) -> Option<Vec<usize>> {
+        let names = backbone.output_axes();
         let (os, vs) = (self.shape(o), self.shape(v));
         if vs != out_shape || vs.len() != names.len() || os.len() > vs.len() {
             return None;
@@ -60,13 +53,13 @@ impl Fuser<'_> {
         let lead = vs.len() - os.len();
         let mut axes = Vec::new();
         for (i, d) in os.iter().enumerate() {
-            match fact::equal(d, &vs[lead + i]) {
-                Some(true) => axes.push(names[lead + i].as_str()),
+            match anyshape_tensor::equal(d, &vs[lead + i]) {
+                Some(true) => axes.push(names[lead + i]),
                 _ if d.as_const() == Some(1) => {}
                 _ => return None,
             }
         }
-        (!axes.is_empty()).then(|| axes.join(","))
+        (!axes.is_empty()).then_some(axes)
     }
 
     /// `x · 0.5 · (1 + erf(x / √2))` from `x`, whose division by √2 is `div`: its

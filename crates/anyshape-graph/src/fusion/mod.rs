@@ -25,16 +25,17 @@
 mod attention;
 mod epilogue;
 
-use crate::graph::{Graph, Node, ValueId};
-use crate::{fact, DType, Fact};
-use anyshape_ir::{Expr, Workload};
+use crate::fact;
+use crate::graph::Graph;
+use anyshape_ir::{Binary, Expr, Unary, Workload};
+use anyshape_tensor::{DType, Fact, Node, ValueId};
 use std::collections::BTreeMap;
 
 /// What a step does.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepKind {
-    /// A compiled kernel of a task (its workload's text form).
-    Kernel(String),
+    /// A compiled kernel of a task (its workload).
+    Kernel(Workload),
     /// Layer normalization over the last axis: `M` rows of `N`.
     LayerNorm(String),
     /// Elementwise ops (their op types).
@@ -92,8 +93,8 @@ impl Layout {
 /// A kernel task and how often the model runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Task {
-    /// The workload's text form.
-    pub workload: String,
+    /// The workload.
+    pub workload: Workload,
     /// How many steps run it.
     pub count: usize,
 }
@@ -107,21 +108,33 @@ pub struct Fusion {
 impl Fusion {
     /// The kernel tasks, deduplicated, most frequent first.
     pub fn tasks(&self) -> Vec<Task> {
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut tasks: Vec<Task> = Vec::new();
         for s in &self.steps {
             if let StepKind::Kernel(w) = &s.kind {
-                *counts.entry(w).or_default() += 1;
+                match tasks.iter_mut().find(|t| &t.workload == w) {
+                    Some(t) => t.count += 1,
+                    None => tasks.push(Task {
+                        workload: w.clone(),
+                        count: 1,
+                    }),
+                }
             }
         }
-        let mut tasks: Vec<Task> = counts
-            .into_iter()
-            .map(|(w, count)| Task {
-                workload: w.to_string(),
-                count,
-            })
-            .collect();
-        tasks.sort_by(|a, b| b.count.cmp(&a.count).then(a.workload.cmp(&b.workload)));
+        // Most frequent first; ties in the order of the workloads' text form.
+        tasks.sort_by_cached_key(|t| (std::cmp::Reverse(t.count), t.workload.to_string()));
         tasks
+    }
+
+    /// The index in [`Fusion::tasks`] of the task each kernel step runs (`None` for
+    /// other steps).
+    pub fn step_tasks(&self, tasks: &[Task]) -> Vec<Option<usize>> {
+        self.steps
+            .iter()
+            .map(|s| match &s.kind {
+                StepKind::Kernel(w) => tasks.iter().position(|t| &t.workload == w),
+                _ => None,
+            })
+            .collect()
     }
 
     /// How many steps of each kind other than kernels, by a short name.
@@ -274,7 +287,7 @@ impl Fuser<'_> {
         &fact(self.facts, v).shape
     }
 
-    fn constant(&self, v: ValueId) -> Option<&crate::Tensor> {
+    fn constant(&self, v: ValueId) -> Option<&anyshape_tensor::Tensor> {
         fact(self.facts, v).value.as_ref()
     }
 
@@ -328,18 +341,18 @@ impl Fuser<'_> {
         if fact(self.facts, a).dtype != DType::F32 {
             return None;
         }
-        let mut epilogue = String::new();
+        let panel = Expr::Const(PANEL_WIDTH as i64);
         let mut inputs = vec![(a, Layout::AsIs)];
         let mut extra = Vec::new();
         let mut y = node.outputs[0];
-        let text = if let Some(att) = self.attention.get(&k) {
+        let mut w = if let Some(att) = self.attention.get(&k) {
             inputs = att.inputs.iter().map(|&v| (v, Layout::AsIs)).collect();
             extra = att.nodes.clone();
-            if att.scale != 1.0 {
-                epilogue = format!("+scale({})", att.scale);
-            }
             y = att.output;
-            att.workload.clone()
+            match att.scale {
+                1.0 => att.workload.clone(),
+                s => att.workload.clone().then_scale(s as f64).ok()?,
+            }
         } else if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0
                 || node.float("alpha", 1.0).ok()? != 1.0
@@ -355,26 +368,31 @@ impl Fuser<'_> {
                 (&sb[1], &sb[0])
             };
             inputs.push((b, Layout::panels(!trans_b)));
-            if let Some(c) = node.optional_input(2) {
-                let cs = self.shape(c);
-                if node.float("beta", 1.0).ok()? != 1.0
-                    || cs.len() != 1
-                    || self.constant(c).is_none()
-                {
-                    return None;
+            let w = Workload::of(
+                "dense_packed",
+                &[sa[0].clone(), n.clone(), kk.clone(), panel],
+            )
+            .ok()?;
+            match node.optional_input(2) {
+                Some(c) => {
+                    let cs = self.shape(c);
+                    if node.float("beta", 1.0).ok()? != 1.0
+                        || cs.len() != 1
+                        || self.constant(c).is_none()
+                    {
+                        return None;
+                    }
+                    inputs.push((c, Layout::AsIs));
+                    let last = *w.output_axes().last()?;
+                    w.then_with(Binary::Add, &[last]).ok()?
                 }
-                epilogue.push_str("+bias");
-                inputs.push((c, Layout::AsIs));
+                None => w,
             }
-            format!("dense_packed(M={},N={n},K={kk},P={PANEL_WIDTH})", sa[0])
         } else if (self.constant(b).is_some() || self.transposed.contains_key(&b))
             && sb.len() == 2
             && sa.len() >= 2
         {
-            let m = sa[..sa.len() - 1]
-                .iter()
-                .fold(Expr::Const(1), |acc, d| acc * d.clone())
-                .simplify();
+            let m = numel(&sa[..sa.len() - 1]);
             match self.transposed.get(&b) {
                 Some(&(src, t)) => {
                     inputs.push((src, Layout::panels(false)));
@@ -382,24 +400,21 @@ impl Fuser<'_> {
                 }
                 None => inputs.push((b, Layout::panels(true))),
             }
-            format!(
-                "dense_packed(M={m},N={},K={},P={PANEL_WIDTH})",
-                sb[1], sb[0]
-            )
+            Workload::of("dense_packed", &[m, sb[1].clone(), sb[0].clone(), panel]).ok()?
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
             let r = sa.len();
-            let batch = sa[..r - 2]
-                .iter()
-                .fold(Expr::Const(1), |acc, d| acc * d.clone())
-                .simplify();
             inputs.push((b, Layout::AsIs));
-            format!(
-                "batch_matmul_nn(B={batch},M={},N={},K={})",
-                sa[r - 2],
-                sb[r - 1],
-                sa[r - 1]
+            Workload::of(
+                "batch_matmul_nn",
+                &[
+                    numel(&sa[..r - 2]),
+                    sa[r - 2].clone(),
+                    sb[r - 1].clone(),
+                    sa[r - 1].clone(),
+                ],
             )
+            .ok()?
         } else {
             return None;
         };
@@ -408,62 +423,55 @@ impl Fuser<'_> {
         let out_shape = self.shape(y).to_vec();
         loop {
             let (v, views) = self.through_views(y);
-            if let Some((name, g, end)) = self.gelu(v) {
+            if let Some((op, g, end)) = self.gelu(v) {
                 nodes.extend(views);
                 nodes.extend(g);
-                epilogue.push_str(name);
+                w = w.then(op);
                 y = end;
                 continue;
             }
             let Some(c) = self.sole_use(v) else { break };
             let n = &self.g.nodes[c];
-            let op = match (n.op.as_str(), self.operand(n, v)) {
+            let next = match (n.op.as_str(), self.operand(n, v)) {
                 ("Add", Some(o)) => {
                     let os = self.shape(o);
-                    if self.constant(o).is_some()
+                    let axes = if self.constant(o).is_some()
                         && os.len() == 1
                         && Some(&os[0]) == out_shape.last()
                     {
-                        inputs.push((o, Layout::AsIs));
-                        if epilogue.contains("+bias") {
-                            "+add(n)".to_string()
-                        } else {
-                            "+bias".to_string()
-                        }
+                        vec![*w.output_axes().last()?]
                     } else if self.constant(o).is_none()
                         && numel(os) == numel(&out_shape)
                         && os == self.shape(v)
                     {
-                        inputs.push((o, Layout::AsIs));
-                        "+residual".to_string()
-                    } else if let Some(axes) = self.broadcast_axes(o, v, &out_shape, &text) {
-                        inputs.push((o, Layout::AsIs));
-                        format!("+add({axes})")
+                        w.output_axes()
+                    } else if let Some(axes) = self.broadcast_axes(o, v, &out_shape, &w) {
+                        axes
                     } else {
                         break;
-                    }
+                    };
+                    inputs.push((o, Layout::AsIs));
+                    w.clone().then_with(Binary::Add, &axes).ok()
                 }
-                ("Mul", Some(o)) => match self.scalar(o) {
-                    Some(s) => format!("+scale({s})"),
-                    None => break,
-                },
-                ("Div", Some(o)) if n.inputs[0] == Some(v) => match self.scalar(o) {
-                    Some(s) if s != 0.0 => format!("+scale({})", 1.0 / s),
-                    _ => break,
-                },
-                ("Tanh", _) => "+tanh".to_string(),
-                ("Relu", _) => "+relu".to_string(),
-                _ => break,
+                ("Mul", Some(o)) => self
+                    .scalar(o)
+                    .and_then(|s| w.clone().then_scale(s as f64).ok()),
+                ("Div", Some(o)) if n.inputs[0] == Some(v) => self
+                    .scalar(o)
+                    .filter(|&s| s != 0.0)
+                    .and_then(|s| w.clone().then_scale(1.0 / s as f64).ok()),
+                ("Tanh", _) => Some(w.clone().then(Unary::Tanh)),
+                ("Relu", _) => Some(w.clone().then(Unary::Relu)),
+                _ => None,
             };
-            epilogue.push_str(&op);
+            let Some(next) = next else { break };
+            w = next;
             nodes.extend(views);
             nodes.push(c);
             y = n.outputs[0];
         }
-        let text = format!("{text}{epilogue}");
-        let w = Workload::parse(&text).ok()?;
         Some(Step {
-            kind: StepKind::Kernel(w.to_string()),
+            kind: StepKind::Kernel(w),
             nodes,
             inputs,
             output: Some(y),
@@ -495,18 +503,14 @@ impl Fuser<'_> {
         if r == 0 || !(a == -1 || a == r as i64 - 1) {
             return None;
         }
-        let m = s[..r - 1]
-            .iter()
-            .fold(Expr::Const(1), |acc, d| acc * d.clone())
-            .simplify();
-        let (epilogue, mut nodes, y) = match self.nan_to_zero(node.outputs[0]) {
-            Some((guard, y)) => ("+nan_to_zero", guard, y),
-            None => ("", vec![], node.outputs[0]),
+        let w = Workload::of("softmax", &[numel(&s[..r - 1]), s[r - 1].clone()]).ok()?;
+        let (w, mut nodes, y) = match self.nan_to_zero(node.outputs[0]) {
+            Some((guard, y)) => (w.then(Unary::NanToZero), guard, y),
+            None => (w, vec![], node.outputs[0]),
         };
-        let w = Workload::parse(&format!("softmax(M={m},N={}){epilogue}", s[r - 1])).ok()?;
         nodes.insert(0, k);
         Some(Step {
-            kind: StepKind::Kernel(w.to_string()),
+            kind: StepKind::Kernel(w),
             nodes,
             inputs: vec![(node.input(0).ok()?, Layout::AsIs)],
             output: Some(y),
@@ -521,12 +525,8 @@ impl Fuser<'_> {
         if r == 0 || !(a == -1 || a == r as i64 - 1) || node.outputs.len() > 1 {
             return None;
         }
-        let m = s[..r - 1]
-            .iter()
-            .fold(Expr::Const(1), |acc, d| acc * d.clone())
-            .simplify();
         Some(Step {
-            kind: StepKind::LayerNorm(format!("(M={m},N={})", s[r - 1])),
+            kind: StepKind::LayerNorm(format!("(M={},N={})", numel(&s[..r - 1]), s[r - 1])),
             nodes: vec![k],
             inputs: vec![],
             output: None,

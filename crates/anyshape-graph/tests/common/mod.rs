@@ -1,19 +1,55 @@
 //! Helpers shared by the graph crate's tests.
-use anyshape_ir::{Bindings, BoundWorkload, Workload};
+use anyshape_graph::{fuse, infer, lower, Graph};
+use anyshape_ir::{Bindings, Workload};
+use anyshape_runtime::{Executor, Kernels, Result};
+use anyshape_tensor::{Tensor, TensorRef};
 
 /// Kernel steps computed by the workloads' own reference
-/// (`anyshape_measure::reference_output`), for `exec::Plan::run`.
-pub fn reference_kernel(
-    _: usize,
-    w: &Workload,
-    _: &Bindings,
-    bound: &BoundWorkload,
-    ins: &[&[f32]],
-    out: &mut [f32],
-) -> anyshape_graph::Result<()> {
-    let r = anyshape_measure::reference_output(w, bound, ins);
-    for (y, x) in out.iter_mut().zip(&r.output) {
-        *y = *x as f32;
+/// (`anyshape_measure::reference_output`): a plan runs without compiled kernels.
+pub struct Reference(pub Vec<Workload>);
+
+impl Kernels for Reference {
+    unsafe fn call(
+        &self,
+        task: usize,
+        vars: &[i64],
+        ins: &[*const f32],
+        out: *mut f32,
+    ) -> Result<()> {
+        let w = &self.0[task];
+        let b = Bindings::from_pairs(
+            w.shape_vars()
+                .iter()
+                .map(|v| v.as_str())
+                .zip(vars.iter().copied()),
+        );
+        let bound = w.bind(&b)?;
+        // SAFETY: the executor hands each tensor's buffer at its bound length.
+        let views: Vec<&[f32]> = ins
+            .iter()
+            .zip(&bound.lens)
+            .map(|(&p, &n)| unsafe { std::slice::from_raw_parts(p, n) })
+            .collect();
+        let r = anyshape_measure::reference_output(w, &bound, &views);
+        // SAFETY: as above, for the output.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, bound.lens[ins.len()]) };
+        for (y, x) in out.iter_mut().zip(&r.output) {
+            *y = *x as f32;
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+/// `g` fused, lowered to a plan and run on `inputs`, kernel steps by the reference.
+pub fn run_plan(g: &Graph, inputs: &[(&str, Tensor)]) -> anyshape_runtime::Result<Vec<Tensor>> {
+    let facts = infer(g).unwrap();
+    let plan = lower(g, &facts, &fuse(g, &facts)).unwrap();
+    let tasks = plan
+        .plan()
+        .tasks
+        .iter()
+        .map(|t| t.workload.clone())
+        .collect();
+    let views: Vec<(&str, TensorRef)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
+    Executor::new(plan).run(&Reference(tasks), &views, None)
 }

@@ -5,9 +5,9 @@
 //! runtime only evaluates expressions.
 use super::{axis, broadcast_shape, broadcast_strides, const_ints, fail, req, sized, OpSpec};
 use crate::fact::{broadcast, exact_quotient};
-use crate::graph::{Attr, Node};
+use crate::node::{Attr, Node};
 use crate::tensor::strides;
-use crate::{Data, Fact, Result, Tensor};
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -114,7 +114,7 @@ fn sym_input(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<Vec<Expr>> 
 }
 
 /// The concrete integers of input `i`.
-fn ints(node: &Node, ins: &[Option<&Tensor>], i: usize) -> Result<Vec<i64>> {
+fn ints(node: &Node, ins: &[Option<TensorRef>], i: usize) -> Result<Vec<i64>> {
     Ok(req(node, ins, i)?
         .as_i64()
         .map_err(|e| node.error(e))?
@@ -138,7 +138,7 @@ fn infer_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::symbolic(x.shape[s..e.max(s)].to_vec(), 1)])
 }
 
-fn eval_shape(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_shape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let (s, e) = shape_range(node, x.shape.len())?;
     let d = dims_as_i64(&x.shape[s..e.max(s)]);
@@ -286,7 +286,7 @@ fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![f])
 }
 
-fn eval_reshape(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_reshape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let target = if node.op == "Reshape" {
         Some(ints(node, ins, 1)?)
@@ -300,7 +300,7 @@ fn eval_reshape(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
         _ => None,
     };
-    let input = dims_as_i64(&x.shape);
+    let input = dims_as_i64(x.shape);
     let shape = reshaped(
         node,
         &input,
@@ -321,7 +321,7 @@ fn eval_reshape(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
 fn infer_concat(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let first = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, first.rank())?;
-    let mut shape = first.shape.clone();
+    let mut shape = first.shape.to_vec();
     let mut total = Expr::Const(0);
     for f in ins.iter().flatten() {
         if f.rank() != shape.len() {
@@ -339,13 +339,13 @@ fn infer_concat(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(first.dtype, shape)])
 }
 
-fn eval_concat(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
+fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let parts: Vec<TensorRef> = ins.iter().flatten().copied().collect();
     let first = parts.first().ok_or_else(|| node.error("no inputs"))?;
     let r = first.shape.len();
     let a = axis(node, node.int("axis", 0)?, r)?;
     let outer: usize = first.shape[..a].iter().product();
-    let mut shape = first.shape.clone();
+    let mut shape = first.shape.to_vec();
     shape[a] = parts
         .iter()
         .map(|t| t.shape.get(a).copied().unwrap_or(0))
@@ -374,32 +374,23 @@ fn eval_concat(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
 }
 
 /// The data of `parts` one after another.
-fn concat_data(node: &Node, parts: &[&Tensor]) -> Result<Data> {
-    Ok(match &parts[0].data {
-        Data::F32(_) => Data::F32(
-            parts
-                .iter()
-                .map(|t| t.as_f32().map(|v| v.to_vec()))
-                .collect::<Result<Vec<_>>>()
-                .map_err(|e| node.error(e))?
-                .concat(),
-        ),
-        Data::I64(_) => Data::I64(
-            parts
-                .iter()
-                .map(|t| t.as_i64().map(|v| v.to_vec()))
-                .collect::<Result<Vec<_>>>()
-                .map_err(|e| node.error(e))?
-                .concat(),
-        ),
-        Data::Bool(_) => Data::Bool(
-            parts
-                .iter()
-                .map(|t| t.as_bool().map(|v| v.to_vec()))
-                .collect::<Result<Vec<_>>>()
-                .map_err(|e| node.error(e))?
-                .concat(),
-        ),
+fn concat_data(node: &Node, parts: &[TensorRef]) -> Result<Data> {
+    fn all<'a, T: Clone + 'a>(
+        node: &Node,
+        parts: &[TensorRef<'a>],
+        get: impl Fn(&TensorRef<'a>) -> Result<&'a [T]>,
+    ) -> Result<Vec<T>> {
+        Ok(parts
+            .iter()
+            .map(get)
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| node.error(e))?
+            .concat())
+    }
+    Ok(match parts[0].data {
+        DataRef::F32(_) => Data::F32(all(node, parts, TensorRef::as_f32)?),
+        DataRef::I64(_) => Data::I64(all(node, parts, TensorRef::as_i64)?),
+        DataRef::Bool(_) => Data::Bool(all(node, parts, TensorRef::as_bool)?),
     })
 }
 
@@ -508,7 +499,7 @@ fn infer_slice(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         axes,
         steps,
     )?;
-    let mut shape = x.shape.clone();
+    let mut shape = x.shape.to_vec();
     let mut picks: Vec<(usize, Expr, Expr, i64)> = Vec::new();
     for (a, s, e, step) in params {
         let (start, len) = slice_axis(node, &x.shape[a], &s, &e, step)?;
@@ -528,7 +519,7 @@ fn infer_slice(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_slice(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_slice(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let axes = ins
         .get(3)
@@ -553,7 +544,7 @@ fn eval_slice(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let r = x.shape.len();
     let mut start = vec![0i64; r];
     let mut step = vec![1i64; r];
-    let mut shape = x.shape.clone();
+    let mut shape = x.shape.to_vec();
     for (a, s, e, st) in params {
         let d = x.shape[a] as i64;
         let (s, e) = slice_bounds(d, s, e, st);
@@ -566,7 +557,7 @@ fn eval_slice(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         step[a] = st;
         shape[a] = len as usize;
     }
-    let st = strides(&x.shape);
+    let st = strides(x.shape);
     let n: usize = shape.iter().product();
     let mut idx = Vec::with_capacity(n);
     let mut counter = vec![0usize; r];
@@ -608,7 +599,7 @@ fn infer_gather(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_gather(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_gather(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
@@ -634,7 +625,7 @@ fn eval_gather(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         }
     }
     let mut shape = x.shape[..a].to_vec();
-    shape.extend(&i.shape);
+    shape.extend(i.shape.iter());
     shape.extend(&x.shape[a + 1..]);
     Ok(vec![Tensor::new(shape, x.data.pick(&order))?])
 }
@@ -656,7 +647,7 @@ fn infer_gather_nd(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_gather_nd(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_gather_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let b = node.int("batch_dims", 0)? as usize;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
@@ -667,7 +658,7 @@ fn eval_gather_nd(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let batch: usize = x.shape[..b].iter().product();
     let per_batch: usize = i.shape[b..i.shape.len() - 1].iter().product();
     let inner: usize = x.shape[b + k..].iter().product();
-    let xs = strides(&x.shape);
+    let xs = strides(x.shape);
     let mut order = Vec::new();
     for bi in 0..batch {
         let base = bi * x.shape[b..].iter().product::<usize>();
@@ -719,16 +710,16 @@ fn infer_expand(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_expand(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_expand(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let target: Vec<usize> = ints(node, ins, 1)?
         .iter()
         .map(|&d| d.max(0) as usize)
         .collect();
-    let out = broadcast_shape(&x.shape, &target)
+    let out = broadcast_shape(x.shape, &target)
         .ok_or_else(|| node.error(format!("{:?} does not expand to {target:?}", x.shape)))?;
     sized(node, &out)?;
-    let data = super::strided(&x.data, &out, &broadcast_strides(&x.shape, out.len()));
+    let data = super::strided(x.data, &out, &broadcast_strides(x.shape, out.len()));
     Ok(vec![Tensor::new(out, data)?])
 }
 
@@ -751,10 +742,10 @@ fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     )])
 }
 
-fn eval_range(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_range(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (s, l, d) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
     match (&s.data, &l.data, &d.data) {
-        (Data::I64(s), Data::I64(l), Data::I64(d)) => {
+        (DataRef::I64(s), DataRef::I64(l), DataRef::I64(d)) => {
             let (s, l, d) = (s[0], l[0], d[0]);
             if d == 0 {
                 return fail(node, "a step of 0");
@@ -764,7 +755,7 @@ fn eval_range(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
             let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
             Ok(vec![Tensor::i64(vec![n], v)?])
         }
-        (Data::F32(s), Data::F32(l), Data::F32(d)) => {
+        (DataRef::F32(s), DataRef::F32(l), DataRef::F32(d)) => {
             let (s, l, d) = (s[0], l[0], d[0]);
             if d == 0.0 || !(l - s).is_finite() {
                 return fail(node, "a step of 0 or an infinite range");
@@ -802,7 +793,7 @@ fn infer_constant_of_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fac
     Ok(vec![Fact::new(v.dtype(), shape)])
 }
 
-fn eval_constant_of_shape(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_constant_of_shape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let shape: Vec<usize> = ints(node, ins, 0)?
         .iter()
         .map(|&d| d.max(0) as usize)
@@ -838,13 +829,13 @@ fn infer_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     )])
 }
 
-fn eval_transpose(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let p = perm(node, x.shape.len())?;
-    let st = strides(&x.shape);
+    let st = strides(x.shape);
     let out: Vec<usize> = p.iter().map(|&a| x.shape[a]).collect();
     let permuted: Vec<usize> = p.iter().map(|&a| st[a]).collect();
-    let data = super::strided(&x.data, &out, &permuted);
+    let data = super::strided(x.data, &out, &permuted);
     Ok(vec![Tensor::new(out, data)?])
 }
 
@@ -881,14 +872,14 @@ fn infer_split(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(sizes
         .into_iter()
         .map(|s| {
-            let mut shape = x.shape.clone();
+            let mut shape = x.shape.to_vec();
             shape[a] = s;
             Fact::new(x.dtype, shape)
         })
         .collect())
 }
 
-fn eval_split(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_split(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
     let given = match (ins.get(1).copied().flatten(), node.ints("split")?) {
@@ -914,7 +905,7 @@ fn eval_split(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
             let base = (o * x.shape[a] + at) * inner;
             order.extend(base..base + s * inner);
         }
-        let mut shape = x.shape.clone();
+        let mut shape = x.shape.to_vec();
         shape[a] = s;
         out.push(Tensor::new(shape, x.data.pick(&order))?);
         at += s;
@@ -941,6 +932,6 @@ fn infer_constant(node: &Node, _: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::known(constant(node)?)])
 }
 
-fn eval_constant(node: &Node, _: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_constant(node: &Node, _: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![constant(node)?])
 }

@@ -1,8 +1,8 @@
 //! `Resize` of the last two axes (nearest, linear and cubic modes; ViT interpolates its
 //! position embeddings bicubically to the image's patch grid).
 use super::{fail, req, sized, OpSpec};
-use crate::graph::Node;
-use crate::{Fact, Result, Tensor};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[OpSpec {
@@ -173,7 +173,7 @@ fn resample(
     out
 }
 
-fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_resize(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let r = x.shape.len();
     let Attrs {
@@ -190,7 +190,7 @@ fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
                 let shape: Vec<usize> = s.iter().map(|&d| d.max(0) as usize).collect();
                 let sc = shape
                     .iter()
-                    .zip(&x.shape)
+                    .zip(x.shape)
                     .map(|(&o, &i)| o as f32 / i.max(1) as f32)
                     .collect();
                 (shape, sc)
@@ -213,7 +213,7 @@ fn eval_resize(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     }
     sized(node, &out_shape)?;
     let mut v = x.as_f32().map_err(|e| node.error(e))?.to_vec();
-    let mut shape = x.shape.clone();
+    let mut shape = x.shape.to_vec();
     for ax in 0..r {
         let (n, m) = (shape[ax], out_shape[ax]);
         if n == m {

@@ -4,7 +4,7 @@
 //! Fortran-ordered arrays put in C order, names unique — and written atomically
 //! beside their path (`anyshape-files`), never over a file the command reads. The
 //! container and header are the `npyz` crate's.
-use crate::error::{GraphError, Result};
+use crate::error::{Result, TensorError};
 use crate::tensor::{Data, Tensor};
 use anyshape_files::{Reads, GIB};
 use npyz::WriterBuilder as _;
@@ -15,8 +15,8 @@ use std::path::Path;
 /// The largest `.npy` or `.npz` file, and the largest array, anyshape reads.
 pub const NPZ_LIMIT: u64 = 32 * GIB;
 
-fn format(path: &Path, what: impl std::fmt::Display) -> GraphError {
-    GraphError::Npz(format!("{}: {what}", path.display()))
+fn format(path: &Path, what: impl std::fmt::Display) -> TensorError {
+    TensorError::Npz(format!("{}: {what}", path.display()))
 }
 
 /// The arrays of a `.npz` file as tensors, by name, in the file's order (float32,
@@ -160,7 +160,7 @@ fn array(bytes: &[u8], path: &Path, name: &str) -> Result<Tensor> {
             if n == 0 {
                 elements
             } else {
-                crate::ops::strided(&elements, &shape, &strides)
+                crate::ops::strided(elements.view(), &shape, &strides)
             }
         }
     };

@@ -1,21 +1,24 @@
-//! Reading a module's manifest and checking the module against it: which kind of module
-//! a directory is, format and version, the manifest's own checksum, every file's size
-//! and checksum (regular files only, read within limits), the CPU's instruction sets;
-//! and which files a module owns, whatever anyshape version wrote it.
-use crate::{Result, RuntimeError};
-use anyshape_abi::{
-    sha256_hex, FileEntry, Manifest, ModelManifest, FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE,
-    MODEL_SOURCE,
+//! Reading and writing modules' manifests and checking a module against its manifest:
+//! which kind of module a directory is, format and version, the manifest's own
+//! checksum, every file's size and checksum (regular files only, read within limits),
+//! the CPU's instruction sets; and which files a module owns, whatever anyshape version
+//! wrote it. Below both the module writers (`anyshape-tune`) and the runtime.
+use crate::MODEL_PLAN;
+use crate::{
+    sha256_hex, FileEntry, Manifest, ModelManifest, ModuleError, FORMAT_VERSION, MANIFEST_FILE,
+    MODEL_FILE,
 };
 use anyshape_files::MIB;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path};
 
+type Result<T, E = ModuleError> = std::result::Result<T, E>;
+
 /// The largest manifest anyshape reads.
 pub const MANIFEST_LIMIT: u64 = 64 * MIB;
-/// The largest file of a module anyshape reads (the source model of a model module may
-/// be up to protobuf's 2 GiB; its external data files as large).
+/// The largest file of a module anyshape reads (a model module's plan holds its
+/// weights).
 pub const MODULE_FILE_LIMIT: u64 = 64 << 30;
 
 /// What a directory holds.
@@ -35,13 +38,13 @@ impl ModuleKind {
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
-                return Err(RuntimeError::NotAModule {
+                return Err(ModuleError::NotAModule {
                     path: shown,
                     why: "it is a file; a module is a directory (from `anyshape tune --out` or `anyshape compile --out`)".into(),
                 })
             }
             Err(e) => {
-                return Err(RuntimeError::NotAModule {
+                return Err(ModuleError::NotAModule {
                     path: shown,
                     why: e.to_string(),
                 })
@@ -53,13 +56,13 @@ impl ModuleKind {
         if dir.join(MANIFEST_FILE).exists() {
             return Ok(ModuleKind::Operator);
         }
-        if dir.join(MODEL_SOURCE).exists() || dir.join("tasks").exists() {
-            return Err(RuntimeError::Missing {
+        if dir.join(MODEL_PLAN).exists() || dir.join("tasks").exists() {
+            return Err(ModuleError::Missing {
                 path: shown,
                 file: MODEL_FILE.into(),
             });
         }
-        Err(RuntimeError::NotAModule {
+        Err(ModuleError::NotAModule {
             path: shown,
             why: format!(
                 "it holds neither {MODEL_FILE} (a model module, from `anyshape compile`) nor {MANIFEST_FILE} (an operator module, from `anyshape tune --out`)"
@@ -70,21 +73,21 @@ impl ModuleKind {
 
 /// A module's file, read as a regular file within [`MODULE_FILE_LIMIT`] (a missing
 /// one is reported as the module being incomplete).
-pub(crate) fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>> {
+pub fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>> {
     let path = dir.join(name);
     anyshape_files::read(&path, limit, &format!("a module's {name}")).map_err(|e| match e {
-        e if e.is_missing() => RuntimeError::Missing {
+        e if e.is_missing() => ModuleError::Missing {
             path: dir.display().to_string(),
             file: name.to_string(),
         },
-        e => RuntimeError::File(e),
+        e => ModuleError::File(e),
     })
 }
 
 /// A manifest's text.
 fn read_manifest_text(dir: &Path, name: &str) -> Result<String> {
     let bytes = read_file(dir, name, MANIFEST_LIMIT)?;
-    String::from_utf8(bytes).map_err(|_| RuntimeError::BadManifest {
+    String::from_utf8(bytes).map_err(|_| ModuleError::BadManifest {
         path: dir.join(name).display().to_string(),
         reason: "not UTF-8 text".into(),
     })
@@ -112,7 +115,7 @@ impl Sealed for Manifest {
 impl Sealed for ModelManifest {
     const KIND: ModuleKind = ModuleKind::Model;
     const FILE: &'static str = MODEL_FILE;
-    const FORMAT: u32 = anyshape_abi::MODEL_FORMAT;
+    const FORMAT: u32 = crate::MODEL_FORMAT;
     fn sealed(&self) -> (&str, String) {
         (&self.checksum, self.digest())
     }
@@ -131,14 +134,14 @@ fn read_sealed<M: Sealed>(dir: &Path) -> Result<M> {
     expect_kind(dir, M::KIND)?;
     let shown = dir.join(M::FILE).display().to_string();
     let text = read_manifest_text(dir, M::FILE)?;
-    let bad = |e: serde_json::Error| RuntimeError::BadManifest {
+    let bad = |e: serde_json::Error| ModuleError::BadManifest {
         path: shown.clone(),
         reason: e.to_string(),
     };
     let head: Head = serde_json::from_str(&text).map_err(bad)?;
     let running = env!("CARGO_PKG_VERSION");
     if head.format != M::FORMAT || head.anyshape != running {
-        return Err(RuntimeError::Version {
+        return Err(ModuleError::Version {
             built: head.anyshape,
             format: head.format,
             running: running.into(),
@@ -148,7 +151,7 @@ fn read_sealed<M: Sealed>(dir: &Path) -> Result<M> {
     let m: M = serde_json::from_str(&text).map_err(bad)?;
     let (checksum, digest) = m.sealed();
     if checksum != digest {
-        return Err(RuntimeError::Tampered { path: shown });
+        return Err(ModuleError::Tampered { path: shown });
     }
     Ok(m)
 }
@@ -159,7 +162,7 @@ fn expect_kind(dir: &Path, kind: ModuleKind) -> Result<()> {
     if found == kind {
         return Ok(());
     }
-    Err(RuntimeError::NotAModule {
+    Err(ModuleError::NotAModule {
         path: dir.display().to_string(),
         why: match found {
             ModuleKind::Model => {
@@ -183,7 +186,7 @@ pub fn read_model_manifest(dir: &Path) -> Result<ModelManifest> {
     let m: ModelManifest = read_sealed(dir)?;
     for name in m.files.keys().chain(m.tasks.iter().map(|t| &t.module)) {
         if !inside(name) {
-            return Err(RuntimeError::BadManifest {
+            return Err(ModuleError::BadManifest {
                 path: dir.join(MODEL_FILE).display().to_string(),
                 reason: format!("`{name}` lies outside the module"),
             });
@@ -204,7 +207,7 @@ fn inside(name: &str) -> bool {
 /// destination, see `anyshape-tune`'s `output.rs`).
 pub fn write_manifest(m: &Manifest, dir: &Path) -> Result<()> {
     let path = dir.join(MANIFEST_FILE);
-    std::fs::write(&path, m.to_json()).map_err(|source| RuntimeError::Io {
+    std::fs::write(&path, m.to_json()).map_err(|source| ModuleError::Io {
         path: path.display().to_string(),
         source,
     })
@@ -212,19 +215,19 @@ pub fn write_manifest(m: &Manifest, dir: &Path) -> Result<()> {
 
 /// Check the file `name` of the module in `dir` against its entry: size, then checksum.
 /// Returns its bytes.
-pub(crate) fn check_file(dir: &Path, name: &str, entry: &FileEntry) -> Result<Vec<u8>> {
+pub fn check_file(dir: &Path, name: &str, entry: &FileEntry) -> Result<Vec<u8>> {
     let path = dir.join(name);
-    let corrupt = |reason: String| RuntimeError::CorruptFile {
+    let corrupt = |reason: String| ModuleError::CorruptFile {
         path: path.display().to_string(),
         reason,
     };
     // The size first, from the metadata: a truncated file is reported without reading.
     let len = anyshape_files::regular_file_len(&path).map_err(|e| match e {
-        e if e.is_missing() => RuntimeError::Missing {
+        e if e.is_missing() => ModuleError::Missing {
             path: dir.display().to_string(),
             file: name.to_string(),
         },
-        e => RuntimeError::File(e),
+        e => ModuleError::File(e),
     })?;
     if len != entry.bytes {
         return Err(corrupt(format!(
@@ -245,7 +248,7 @@ pub fn check_files(m: &Manifest, dir: &Path) -> Result<()> {
         check_file(dir, name, entry)?;
     }
     if !m.files.contains_key(&m.library) {
-        return Err(RuntimeError::BadManifest {
+        return Err(ModuleError::BadManifest {
             path: dir.join(MANIFEST_FILE).display().to_string(),
             reason: format!("the library {} has no checksum", m.library),
         });
@@ -279,7 +282,7 @@ pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
     };
     let path = dir.join(name);
     let text = read_manifest_text(dir, name)?;
-    let listing: Listing = serde_json::from_str(&text).map_err(|e| RuntimeError::BadManifest {
+    let listing: Listing = serde_json::from_str(&text).map_err(|e| ModuleError::BadManifest {
         path: path.display().to_string(),
         reason: format!("not an anyshape manifest: {e}"),
     })?;
@@ -287,7 +290,7 @@ pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
     match (listing.files, model) {
         (Some(files), _) => names.extend(files.into_keys()),
         (None, false) => {
-            return Err(RuntimeError::BadManifest {
+            return Err(ModuleError::BadManifest {
                 path: path.display().to_string(),
                 reason: "not an anyshape manifest: it lists no files".into(),
             })
@@ -295,7 +298,7 @@ pub fn listed_files(dir: &Path) -> Result<BTreeSet<String>> {
         // A model module of format 2 listed no files: its source, its tuning log and
         // its task modules, each listing its own.
         (None, true) => {
-            names.extend([MODEL_SOURCE.to_string(), "tuning.json".to_string()]);
+            names.extend(["model.onnx".to_string(), "tuning.json".to_string()]);
             for t in listing.tasks.unwrap_or_default() {
                 let Some(module) = t.get("module").and_then(|m| m.as_str()) else {
                     continue;
@@ -323,7 +326,7 @@ pub fn check_cpu(m: &Manifest, host: &[String]) -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(RuntimeError::CpuFeatures {
+        Err(ModuleError::CpuFeatures {
             missing: missing.join(", "),
             built_on: m.target_name().to_string(),
         })

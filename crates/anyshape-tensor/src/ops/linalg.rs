@@ -4,8 +4,8 @@
 //! it, 50 % of ViT-base as a loop nest) is patches × weights through the `gemm` crate.
 use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
 use crate::fact::broadcast;
-use crate::graph::Node;
-use crate::{Fact, Result, Tensor};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -37,12 +37,12 @@ fn infer_matmul(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let sa = if a.rank() == 1 {
         vec![Expr::Const(1), a.shape[0].clone()]
     } else {
-        a.shape.clone()
+        a.shape.to_vec()
     };
     let sb = if b.rank() == 1 {
         vec![b.shape[0].clone(), Expr::Const(1)]
     } else {
-        b.shape.clone()
+        b.shape.to_vec()
     };
     let (ra, rb) = (sa.len(), sb.len());
     let mut shape = broadcast(&sa[..ra - 2], &sb[..rb - 2]).map_err(|e| node.error(e))?;
@@ -69,7 +69,7 @@ fn gemm_into(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) 
     }
 }
 
-fn eval_matmul(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_matmul(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let (x, y) = (
         a.as_f32().map_err(|e| node.error(e))?,
@@ -78,12 +78,12 @@ fn eval_matmul(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     let sa = if a.shape.len() == 1 {
         vec![1, a.shape[0]]
     } else {
-        a.shape.clone()
+        a.shape.to_vec()
     };
     let sb = if b.shape.len() == 1 {
         vec![b.shape[0], 1]
     } else {
-        b.shape.clone()
+        b.shape.to_vec()
     };
     let (ra, rb) = (sa.len(), sb.len());
     let (m, k, k2, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 2], sb[rb - 1]);
@@ -146,7 +146,7 @@ fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-fn eval_gemm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_gemm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
     if a.shape.len() != 2 || b.shape.len() != 2 {
         return fail(node, "Gemm takes 2-D operands");
@@ -187,13 +187,13 @@ fn eval_gemm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
     }
     if let Some(c) = ins.get(2).copied().flatten() {
         let cv = c.as_f32().map_err(|e| node.error(e))?;
-        if broadcast_shape(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+        if broadcast_shape(c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
             return fail(
                 node,
                 format!("C of shape {:?} does not broadcast to [{m}, {n}]", c.shape),
             );
         }
-        let ic = broadcast_indices(&c.shape, &[m, n]);
+        let ic = broadcast_indices(c.shape, &[m, n]);
         for (v, &i) in out.iter_mut().zip(&ic) {
             *v += beta * cv[i];
         }
@@ -270,7 +270,7 @@ fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     )])
 }
 
-fn eval_conv(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
     if x.shape.len() != 4 || w.shape.len() != 4 || x.shape[1] != w.shape[1] {
         return fail(node, "2-D convolutions (NCHW) with matching channels only");
@@ -374,7 +374,7 @@ fn eval_conv(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::Attr;
+    use crate::node::Attr;
 
     /// The convolution as a plain loop nest, for the test.
     #[allow(clippy::too_many_arguments)]
@@ -469,7 +469,11 @@ mod tests {
             let xt = Tensor::f32(xs.to_vec(), x.clone()).unwrap();
             let wt = Tensor::f32(vec![co, ci, kh, kw], w.clone()).unwrap();
             let bt = Tensor::f32(vec![co], bias.clone()).unwrap();
-            let ins = [Some(&xt), Some(&wt), with_bias.then_some(&bt)];
+            let ins = [
+                Some(xt.view()),
+                Some(wt.view()),
+                with_bias.then(|| bt.view()),
+            ];
             let got = eval_conv(&node, &ins).unwrap().remove(0);
             let c = conv_attrs(&node).unwrap();
             let [oh, ow] = [got.shape[2], got.shape[3]];

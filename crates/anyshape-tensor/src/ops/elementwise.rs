@@ -5,8 +5,8 @@ use super::{
     broadcast_out, broadcast_shape, broadcast_strides, fail, for_each_row, req, sized, OpSpec,
 };
 use crate::fact::{broadcast, equal};
-use crate::graph::Node;
-use crate::{DType, Data, Fact, Result, Tensor};
+use crate::node::Node;
+use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -299,11 +299,11 @@ fn zip<A: Copy, B: Copy, C>(
     v
 }
 
-fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let out = broadcast_out(node, &a.shape, &b.shape)?;
+fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
+    let out = broadcast_out(node, a.shape, b.shape)?;
     let op = node.op.as_str();
     let data = match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => {
+        (DataRef::F32(x), DataRef::F32(y)) => {
             // One monomorphized loop per op (a function pointer would not vectorize).
             macro_rules! op {
                 ($f:expr) => {
@@ -329,10 +329,10 @@ fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 _ => return fail(node, "unsupported for float"),
             }
         }
-        (Data::F32(x), Data::I64(y)) if op == "Pow" => {
-            Data::F32(zip(x, &a.shape, y, &b.shape, &out, |p, q| p.powi(q as i32)))
+        (DataRef::F32(x), DataRef::I64(y)) if op == "Pow" => {
+            Data::F32(zip(x, a.shape, y, b.shape, &out, |p, q| p.powi(q as i32)))
         }
-        (Data::I64(x), Data::I64(y)) => {
+        (DataRef::I64(x), DataRef::I64(y)) => {
             let f: fn(i64, i64) -> Option<i64> = match op {
                 "Add" => i64::checked_add,
                 "Sub" => i64::checked_sub,
@@ -343,7 +343,7 @@ fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 "Min" => |p, q| Some(p.min(q)),
                 _ => return fail(node, "unsupported for int64"),
             };
-            let v: Option<Vec<i64>> = zip(x, &a.shape, y, &b.shape, &out, f).into_iter().collect();
+            let v: Option<Vec<i64>> = zip(x, a.shape, y, b.shape, &out, f).into_iter().collect();
             Data::I64(v.ok_or_else(|| node.error("integer overflow or division by zero"))?)
         }
         (x, y) => {
@@ -356,15 +356,15 @@ fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Tensor::new(out, data)
 }
 
-fn eval_arith(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_arith(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let first = req(node, ins, 0)?;
     let mut rest = ins[1..].iter().flatten();
     let Some(second) = rest.next() else {
-        return Ok(vec![first.clone()]);
+        return Ok(vec![first.to_tensor()]);
     };
-    let mut acc = binary(node, first, second)?;
+    let mut acc = binary(node, first, *second)?;
     for t in rest {
-        acc = binary(node, &acc, t)?;
+        acc = binary(node, acc.view(), *t)?;
     }
     Ok(vec![acc])
 }
@@ -390,9 +390,9 @@ fn infer_compare(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(DType::Bool, shape)])
 }
 
-fn eval_compare(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_compare(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let out = broadcast_out(node, &a.shape, &b.shape)?;
+    let out = broadcast_out(node, a.shape, b.shape)?;
     let op = node.op.as_str();
     fn cmp<T: PartialOrd + Copy>(op: &str) -> Option<fn(T, T) -> bool> {
         Some(match op {
@@ -405,15 +405,15 @@ fn eval_compare(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         })
     }
     let data = match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => match cmp::<f32>(op) {
-            Some(f) => zip(x, &a.shape, y, &b.shape, &out, f),
+        (DataRef::F32(x), DataRef::F32(y)) => match cmp::<f32>(op) {
+            Some(f) => zip(x, a.shape, y, b.shape, &out, f),
             None => return fail(node, "unsupported for float"),
         },
-        (Data::I64(x), Data::I64(y)) => match cmp::<i64>(op) {
-            Some(f) => zip(x, &a.shape, y, &b.shape, &out, f),
+        (DataRef::I64(x), DataRef::I64(y)) => match cmp::<i64>(op) {
+            Some(f) => zip(x, a.shape, y, b.shape, &out, f),
             None => return fail(node, "unsupported for int64"),
         },
-        (Data::Bool(x), Data::Bool(y)) => {
+        (DataRef::Bool(x), DataRef::Bool(y)) => {
             let f: fn(bool, bool) -> bool = match op {
                 "And" => |p, q| p && q,
                 "Or" => |p, q| p || q,
@@ -421,7 +421,7 @@ fn eval_compare(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
                 "Equal" => |p, q| p == q,
                 _ => return fail(node, "unsupported for bool"),
             };
-            zip(x, &a.shape, y, &b.shape, &out, f)
+            zip(x, a.shape, y, b.shape, &out, f)
         }
         (x, y) => {
             return fail(
@@ -466,10 +466,10 @@ fn infer_where(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_where(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_where(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (c, x, y) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
-    let out = broadcast_shape(&c.shape, &x.shape)
-        .and_then(|s| broadcast_shape(&s, &y.shape))
+    let out = broadcast_shape(c.shape, x.shape)
+        .and_then(|s| broadcast_shape(&s, y.shape))
         .ok_or_else(|| node.error("the shapes do not broadcast"))?;
     sized(node, &out)?;
     let cond = c.as_bool().map_err(|e| node.error(e))?;
@@ -522,9 +522,9 @@ fn eval_where(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         v
     }
     let data = match (&x.data, &y.data) {
-        (Data::F32(a), Data::F32(b)) => Data::F32(pick(&out, cond, a, b, s3)),
-        (Data::I64(a), Data::I64(b)) => Data::I64(pick(&out, cond, a, b, s3)),
-        (Data::Bool(a), Data::Bool(b)) => Data::Bool(pick(&out, cond, a, b, s3)),
+        (DataRef::F32(a), DataRef::F32(b)) => Data::F32(pick(&out, cond, a, b, s3)),
+        (DataRef::I64(a), DataRef::I64(b)) => Data::I64(pick(&out, cond, a, b, s3)),
+        (DataRef::Bool(a), DataRef::Bool(b)) => Data::Bool(pick(&out, cond, a, b, s3)),
         _ => return fail(node, "the two branches have different element types"),
     };
     Ok(vec![Tensor::new(out, data)?])
@@ -546,7 +546,7 @@ fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
             if to == DType::I64 && x.dtype == DType::I64 {
                 x.clone()
             } else {
-                Fact::new(to, x.shape.clone())
+                Fact::new(to, x.shape.to_vec())
             }
         }
         "Neg" if x.sym.is_some() && x.dtype == DType::I64 => Fact::symbolic(
@@ -558,39 +558,39 @@ fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
                 .collect(),
             x.rank(),
         ),
-        "IsNaN" | "IsInf" | "Not" => Fact::new(DType::Bool, x.shape.clone()),
-        _ => Fact::new(x.dtype, x.shape.clone()),
+        "IsNaN" | "IsInf" | "Not" => Fact::new(DType::Bool, x.shape.to_vec()),
+        _ => Fact::new(x.dtype, x.shape.to_vec()),
     }])
 }
 
-fn eval_unary(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let shape = x.shape.clone();
+    let shape = x.shape.to_vec();
     let op = node.op.as_str();
     let data = match (op, &x.data) {
-        ("Identity", d) => d.clone(),
+        ("Identity", d) => d.to_data(),
         ("Cast", d) => {
             let to = cast_to(node)?;
             match (d, to) {
-                (Data::F32(v), DType::F32) => Data::F32(v.clone()),
-                (Data::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),
-                (Data::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&f| f != 0.0).collect()),
-                (Data::I64(v), DType::F32) => Data::F32(v.iter().map(|&i| i as f32).collect()),
-                (Data::I64(v), DType::I64) => Data::I64(v.clone()),
-                (Data::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&i| i != 0).collect()),
-                (Data::Bool(v), DType::F32) => {
+                (DataRef::F32(v), DType::F32) => Data::F32(v.to_vec()),
+                (DataRef::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),
+                (DataRef::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&f| f != 0.0).collect()),
+                (DataRef::I64(v), DType::F32) => Data::F32(v.iter().map(|&i| i as f32).collect()),
+                (DataRef::I64(v), DType::I64) => Data::I64(v.to_vec()),
+                (DataRef::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&i| i != 0).collect()),
+                (DataRef::Bool(v), DType::F32) => {
                     Data::F32(v.iter().map(|&b| b as i32 as f32).collect())
                 }
-                (Data::Bool(v), DType::I64) => Data::I64(v.iter().map(|&b| b as i64).collect()),
-                (Data::Bool(v), DType::Bool) => Data::Bool(v.clone()),
+                (DataRef::Bool(v), DType::I64) => Data::I64(v.iter().map(|&b| b as i64).collect()),
+                (DataRef::Bool(v), DType::Bool) => Data::Bool(v.to_vec()),
             }
         }
-        ("Not", Data::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
-        ("IsNaN", Data::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
-        ("IsInf", Data::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
-        ("Neg", Data::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
-        ("Abs", Data::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
-        (_, Data::F32(v)) => {
+        ("Not", DataRef::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
+        ("IsNaN", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
+        ("IsInf", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
+        ("Neg", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
+        ("Abs", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
+        (_, DataRef::F32(v)) => {
             let f: fn(f32) -> f32 = match op {
                 "Sqrt" => f32::sqrt,
                 "Exp" => f32::exp,

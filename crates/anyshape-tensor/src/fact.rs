@@ -3,7 +3,7 @@
 //! tensor (weights, folded constants) or, for the small integer tensors of shape
 //! plumbing (`Shape → Gather → Concat → Reshape`), each element as an expression
 //! ([`Fact::sym`]). Shape propagation (`infer.rs`) makes one per value.
-use crate::{DType, Data, GraphError, Result, Tensor};
+use crate::{DType, Data, Result, Tensor, TensorError};
 use anyshape_ir::{Bindings, Expr};
 
 /// What is known of a value.
@@ -88,7 +88,7 @@ impl Fact {
             .map(|d| {
                 let v = d.eval(b)?;
                 usize::try_from(v).map_err(|_| {
-                    GraphError::Shape(format!("the dim {d} is {v} at {b}, below zero"))
+                    TensorError::Shape(format!("the dim {d} is {v} at {b}, below zero"))
                 })
             })
             .collect()
@@ -154,7 +154,11 @@ pub fn positive(e: &Expr) -> bool {
 /// Whether `a == b` for every binding, where it can tell.
 pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
     let (a, b) = (vacuous_max(&a.simplify()), vacuous_max(&b.simplify()));
-    if a == b {
+    // The same expression, or products of the same factors in another order.
+    if a == b
+        || exact_quotient(std::slice::from_ref(&a), std::slice::from_ref(&b))
+            == Some(Expr::Const(1))
+    {
         return Some(true);
     }
     match (a.as_const(), b.as_const()) {
@@ -165,17 +169,27 @@ pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
     }
 }
 
-/// `e` without an outer bound `max(x, c)` that cannot bind: `x` positive, `c ≤ 0`
-/// (shape inference clamps dims at 0, e.g. `Expand`'s).
+/// `e` without the bounds `max(x, c)` that cannot bind — `x` positive, `c ≤ 0` (shape
+/// inference clamps dims at 0, e.g. `Expand`'s) — anywhere in it, simplified.
 fn vacuous_max(e: &Expr) -> Expr {
+    let b = |x: &Expr| Box::new(vacuous_max(x));
     match e {
         Expr::Max(x, c) | Expr::Max(c, x)
             if c.as_const().is_some_and(|c| c <= 0) && positive(x) =>
         {
-            (**x).clone()
+            vacuous_max(x)
         }
-        other => other.clone(),
+        Expr::Const(_) | Expr::Var(_) => e.clone(),
+        Expr::Add(x, y) => Expr::Add(b(x), b(y)),
+        Expr::Sub(x, y) => Expr::Sub(b(x), b(y)),
+        Expr::Mul(x, y) => Expr::Mul(b(x), b(y)),
+        Expr::FloorDiv(x, y) => Expr::FloorDiv(b(x), b(y)),
+        Expr::CeilDiv(x, y) => Expr::CeilDiv(b(x), b(y)),
+        Expr::Mod(x, y) => Expr::Mod(b(x), b(y)),
+        Expr::Min(x, y) => Expr::Min(b(x), b(y)),
+        Expr::Max(x, y) => Expr::Max(b(x), b(y)),
     }
+    .simplify()
 }
 
 /// The factors of a product, flattened.

@@ -1,8 +1,8 @@
 //! Reductions and normalizations over axes: `Softmax`, `LayerNormalization`,
 //! `ReduceMean`, `ReduceSum`. The reference accumulates in `f64`.
 use super::{axis, const_ints, fail, req, OpSpec};
-use crate::graph::Node;
-use crate::{Fact, Result, Tensor};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -34,7 +34,7 @@ pub(super) static OPS: &[OpSpec] = &[
 
 fn infer_same(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    Ok(vec![Fact::new(x.dtype, x.shape.to_vec())])
 }
 
 /// `(outer, n, inner)` of a tensor seen along `a`.
@@ -46,12 +46,12 @@ fn split_at(shape: &[usize], a: usize) -> (usize, usize, usize) {
     )
 }
 
-fn eval_softmax(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_softmax(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let v = x.as_f32().map_err(|e| node.error(e))?;
     // Opset 13 on: the axis alone (before, the input was flattened to 2-D at `axis`).
     let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
-    let (outer, n, inner) = split_at(&x.shape, a);
+    let (outer, n, inner) = split_at(x.shape, a);
     let mut out = vec![0f32; v.len()];
     for o in 0..outer {
         for i in 0..inner {
@@ -63,7 +63,7 @@ fn eval_softmax(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
             }
         }
     }
-    Ok(vec![Tensor::f32(x.shape.clone(), out)?])
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
 }
 
 fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -71,14 +71,14 @@ fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let a = axis(node, node.int("axis", -1)?, x.rank())?;
     let mut stat = x.shape[..a].to_vec();
     stat.extend(std::iter::repeat_n(Expr::Const(1), x.rank() - a));
-    let mut outs = vec![Fact::new(x.dtype, x.shape.clone())];
+    let mut outs = vec![Fact::new(x.dtype, x.shape.to_vec())];
     for _ in 1..node.outputs.len() {
         outs.push(Fact::new(x.dtype, stat.clone()));
     }
     Ok(outs)
 }
 
-fn eval_layer_norm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
     let bias = ins
@@ -125,7 +125,7 @@ fn eval_layer_norm(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> 
     invs.resize(rows, f32::NAN);
     let mut stat: Vec<usize> = x.shape[..a].to_vec();
     stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
-    let mut outs = vec![Tensor::f32(x.shape.clone(), out)?];
+    let mut outs = vec![Tensor::f32(x.shape.to_vec(), out)?];
     if node.outputs.len() > 1 {
         outs.push(Tensor::f32(stat.clone(), means)?);
     }
@@ -190,7 +190,7 @@ fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-fn eval_reduce(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let input = ins
         .get(1)

@@ -14,14 +14,15 @@ mod movement;
 mod reduce;
 mod resize;
 
-use crate::graph::Node;
-use crate::{Data, Fact, GraphError, Result, Tensor};
+use crate::node::Node;
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
 pub type InferFn = fn(&Node, &[Option<&Fact>]) -> Result<Vec<Fact>>;
-/// What a node computes on concrete inputs.
-pub type EvalFn = fn(&Node, &[Option<&Tensor>]) -> Result<Vec<Tensor>>;
+/// What a node computes on concrete inputs (borrowed: in a tensor, an arena, a mapped
+/// file).
+pub type EvalFn = fn(&Node, &[Option<TensorRef>]) -> Result<Vec<Tensor>>;
 
 /// The newest ONNX opset whose operator definitions anyshape was checked against:
 /// every version of a registered op from its [`OpSpec::since`] up to this opset means
@@ -64,19 +65,19 @@ pub fn op(name: &str) -> Option<&'static OpSpec> {
 /// import at all are left to the importer's own error.
 pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) -> Result<()> {
     if opset > NEWEST_OPSET {
-        return Err(GraphError::Unsupported(format!(
+        return Err(TensorError::Unsupported(format!(
             "opset {opset}: anyshape knows the operators of opsets up to {NEWEST_OPSET}, and a newer one may change what an op means; export the model with an opset up to {NEWEST_OPSET} (e.g. torch.onnx.export(..., opset_version=17))"
         )));
     }
     if opset < 1 {
-        return Err(GraphError::Format(format!(
+        return Err(TensorError::Unsupported(format!(
             "opset {opset} is no ONNX opset"
         )));
     }
     for node in nodes {
         let Some(spec) = op(&node.op) else { continue };
         if opset < spec.since {
-            return Err(GraphError::Unsupported(format!(
+            return Err(TensorError::Unsupported(format!(
                 "node `{}`: {} at opset {opset} is an older version of the op than anyshape implements (it implements {} from opset {} to {NEWEST_OPSET}); export the model with opset {} or newer",
                 node.name, node.op, node.op, spec.since, spec.since.max(13)
             )));
@@ -86,7 +87,7 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
 }
 
 /// The required input `i`.
-pub(crate) fn req<'a, T>(node: &Node, ins: &[Option<&'a T>], i: usize) -> Result<&'a T> {
+pub(crate) fn req<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> {
     ins.get(i)
         .copied()
         .flatten()
@@ -170,7 +171,7 @@ pub(crate) fn for_each_row<const N: usize>(
 
 /// The elements of `data` read with `strides` over the shape `out` (row-major order):
 /// a transpose or a broadcast, copied row by row without an index vector.
-pub(crate) fn strided(data: &Data, out: &[usize], strides: &[usize]) -> Data {
+pub(crate) fn strided(data: DataRef, out: &[usize], strides: &[usize]) -> Data {
     fn walk<T: Copy>(v: &[T], out: &[usize], strides: &[usize]) -> Vec<T> {
         let Some(&inner) = out.last() else {
             return v[..1].to_vec();
@@ -187,9 +188,9 @@ pub(crate) fn strided(data: &Data, out: &[usize], strides: &[usize]) -> Data {
         r
     }
     match data {
-        Data::F32(v) => Data::F32(walk(v, out, strides)),
-        Data::I64(v) => Data::I64(walk(v, out, strides)),
-        Data::Bool(v) => Data::Bool(walk(v, out, strides)),
+        DataRef::F32(v) => Data::F32(walk(v, out, strides)),
+        DataRef::I64(v) => Data::I64(walk(v, out, strides)),
+        DataRef::Bool(v) => Data::Bool(walk(v, out, strides)),
     }
 }
 
@@ -255,14 +256,14 @@ pub(crate) fn const_ints(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result
     }
 }
 
-/// A [`GraphError`] from a message about `node`.
+/// A [`TensorError`] from a message about `node`.
 pub(crate) fn fail<T>(node: &Node, message: impl std::fmt::Display) -> Result<T> {
     Err(node.error(message))
 }
 
 /// The error of an unsupported op.
-pub fn unsupported(node: &Node) -> GraphError {
-    GraphError::Unsupported(format!(
+pub fn unsupported(node: &Node) -> TensorError {
+    TensorError::Unsupported(format!(
         "op {} (node `{}`) is not one anyshape imports yet",
         node.op, node.name
     ))
@@ -290,7 +291,7 @@ mod tests {
             let out: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
             let strides: Vec<usize> = p.iter().map(|&a| st[a]).collect();
             let want = data.pick(&strided_walk(&out, &strides));
-            assert_eq!(strided(&data, &out, &strides), want, "{p:?}");
+            assert_eq!(strided(data.view(), &out, &strides), want, "{p:?}");
         }
         for (inp, out) in [
             (vec![3, 1], vec![2, 3, 5]),
@@ -301,10 +302,10 @@ mod tests {
             let d = Data::F32((0..n).map(|i| i as f32).collect());
             let s = broadcast_strides(&inp, out.len());
             assert_eq!(
-                strided(&d, &out, &s),
+                strided(d.view(), &out, &s),
                 d.pick(&broadcast_indices(&inp, &out))
             );
         }
-        assert_eq!(strided(&data, &[], &[]), Data::I64(vec![0]));
+        assert_eq!(strided(data.view(), &[], &[]), Data::I64(vec![0]));
     }
 }

@@ -1,0 +1,244 @@
+//! Lowering a fused graph to a plan (`anyshape-plan`): every run-time value gets its
+//! storage — a caller's input, a constant (weights read by kernels laid out in panels
+//! here, once), shape plumbing kept as expressions, the arena for kernels' outputs, a
+//! host step's own tensor, or a view of another value — kernel steps name their task,
+//! every other run-time node becomes a host step, and the arena's slots are assigned.
+//! The plan is verified before it is returned.
+use crate::fusion::{Fusion, Layout, StepKind};
+use crate::graph::Graph;
+use crate::{fact, GraphError, Result};
+use anyshape_ir::Expr;
+use anyshape_plan::{ConstantLayout, MemoryPlan, Plan, PlanFile, Step, Storage, Task, Value};
+use anyshape_tensor::{DType, Data, Fact, Node, Tensor, TensorSpec, ValueId};
+use std::collections::HashMap;
+
+/// The plan of `g`, whose facts are `facts` and whose steps are `fusion`'s.
+pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanFile> {
+    let tasks = fusion.tasks();
+    let step_tasks = fusion.step_tasks(&tasks);
+    let mut l = Lowering {
+        g,
+        facts,
+        plan: Plan {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            values: Vec::new(),
+            constants: Vec::new(),
+            tasks: tasks
+                .into_iter()
+                .map(|t| Task {
+                    workload: t.workload,
+                    count: t.count,
+                })
+                .collect(),
+            steps: Vec::new(),
+            memory: MemoryPlan::default(),
+        },
+        data: Vec::new(),
+        ids: HashMap::new(),
+        panels: HashMap::new(),
+    };
+    for (i, input) in g.inputs.iter().enumerate() {
+        let v = l.value(input.value)?;
+        l.plan.values[v].storage = Storage::Input(i);
+        let spec = TensorSpec {
+            name: g.values[input.value].clone(),
+            dtype: input.dtype,
+            shape: input.dims.clone(),
+        };
+        l.plan.inputs.push((spec, v));
+    }
+    for (k, step) in fusion.steps.iter().enumerate() {
+        match &step.kind {
+            StepKind::Kernel(_) => {
+                let task = step_tasks[k].ok_or_else(|| internal("a kernel step without a task"))?;
+                let inputs = step
+                    .inputs
+                    .iter()
+                    .map(|&(v, layout)| match layout {
+                        Layout::AsIs => l.value(v),
+                        Layout::Panels { width, transposed } => l.panels(v, width, transposed),
+                    })
+                    .collect::<Result<_>>()?;
+                let y = step
+                    .output
+                    .ok_or_else(|| internal("a kernel step without an output"))?;
+                let output = l.made(y, Storage::Arena(0))?;
+                l.plan.steps.push(Step::Kernel {
+                    task,
+                    inputs,
+                    output,
+                });
+            }
+            StepKind::View => {
+                let node = &g.nodes[step.nodes[0]];
+                let src = node.input(0)?;
+                let src = l.value(src)?;
+                l.made(node.outputs[0], Storage::View(src))?;
+            }
+            _ => {
+                for &n in &step.nodes {
+                    let node = &g.nodes[n];
+                    let inputs = node
+                        .inputs
+                        .iter()
+                        .map(|i| i.map(|v| l.value(v)).transpose())
+                        .collect::<Result<_>>()?;
+                    let outputs = node
+                        .outputs
+                        .iter()
+                        .map(|&v| l.made(v, Storage::Owned))
+                        .collect::<Result<_>>()?;
+                    l.plan.steps.push(Step::Host(Node {
+                        inputs,
+                        outputs,
+                        ..node.clone()
+                    }));
+                }
+            }
+        }
+    }
+    for &o in &g.outputs {
+        let v = l.value(o)?;
+        let f = fact(facts, o);
+        let spec = TensorSpec {
+            name: g.values[o].clone(),
+            dtype: f.dtype,
+            shape: f.shape.clone(),
+        };
+        l.plan.outputs.push((spec, v));
+    }
+    MemoryPlan::assign(&mut l.plan);
+    Ok(PlanFile::new(l.plan, l.data)?)
+}
+
+fn internal(what: &str) -> GraphError {
+    GraphError::Format(format!("{what} (a bug in fusion)"))
+}
+
+struct Lowering<'a> {
+    g: &'a Graph,
+    facts: &'a [Option<Fact>],
+    plan: Plan,
+    data: Vec<u8>,
+    /// The plan's value of each graph value lowered so far.
+    ids: HashMap<ValueId, usize>,
+    /// The plan's value of each weight laid out in panels: (graph value, width,
+    /// transposed).
+    panels: HashMap<(ValueId, usize, bool), usize>,
+}
+
+impl Lowering<'_> {
+    fn push(&mut self, value: Value) -> usize {
+        self.plan.values.push(value);
+        self.plan.values.len() - 1
+    }
+
+    /// The plan's value of graph value `v` as steps read it: a constant, shape
+    /// plumbing, or (until its writer says otherwise) a run-time value.
+    fn value(&mut self, v: ValueId) -> Result<usize> {
+        if let Some(&id) = self.ids.get(&v) {
+            return Ok(id);
+        }
+        let f = fact(self.facts, v);
+        let name = self.g.values[v].clone();
+        let storage = match (&f.value, &f.sym) {
+            (Some(t), _) => Storage::Constant(self.constant(&name, t, ConstantLayout::RowMajor)),
+            (None, Some(sym)) if f.dtype == DType::I64 && f.rank() <= 1 => {
+                Storage::Plumbing(sym.clone())
+            }
+            _ => Storage::Owned,
+        };
+        let id = self.push(Value {
+            name,
+            dtype: f.dtype,
+            shape: f.shape.clone(),
+            storage,
+        });
+        self.ids.insert(v, id);
+        Ok(id)
+    }
+
+    /// The plan's value of graph value `v`, which a step writes, stored as `storage`.
+    fn made(&mut self, v: ValueId, storage: Storage) -> Result<usize> {
+        let id = self.value(v)?;
+        self.plan.values[id].storage = storage;
+        Ok(id)
+    }
+
+    /// Add tensor `t` to the constants in `layout`.
+    fn constant(&mut self, name: &str, t: &Tensor, layout: ConstantLayout) -> usize {
+        let bytes: Vec<u8> = match &t.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        };
+        PlanFile::add_constant(
+            &mut self.plan,
+            &mut self.data,
+            name,
+            t.dtype(),
+            t.shape.clone(),
+            layout,
+            &bytes,
+        )
+    }
+
+    /// The plan's value of the constant weight `v` laid out in panels of `width` rows
+    /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`), made once.
+    fn panels(&mut self, v: ValueId, width: usize, transposed: bool) -> Result<usize> {
+        if let Some(&id) = self.panels.get(&(v, width, transposed)) {
+            return Ok(id);
+        }
+        let name = self.g.values[v].clone();
+        let t = fact(self.facts, v).value.as_ref().ok_or_else(|| {
+            GraphError::Format(format!("`{name}` is laid out in panels but not a constant"))
+        })?;
+        let packed = panels(t, width, transposed)?;
+        let c = self.constant(&name, &packed, ConstantLayout::Panels { width });
+        let id = self.push(Value {
+            name: format!("{name} (in panels)"),
+            dtype: DType::F32,
+            shape: packed
+                .shape
+                .iter()
+                .map(|&d| Expr::Const(d as i64))
+                .collect(),
+            storage: Storage::Constant(c),
+        });
+        self.panels.insert((v, width, transposed), id);
+        Ok(id)
+    }
+}
+
+/// A 2-D weight laid out in panels of `width` rows of `W[n, k]` (`dense_packed`'s
+/// layout, see `anyshape_ir::TensorRef::panels`): `transposed` when `t` is `[K, N]`.
+/// The last panel's rows past `N` are zero.
+fn panels(t: &Tensor, width: usize, transposed: bool) -> Result<Tensor> {
+    let [r, c] = t.shape[..] else {
+        return Err(GraphError::Format(format!(
+            "a weight of shape {:?} is not 2-D",
+            t.shape
+        )));
+    };
+    let (n, k) = if transposed { (c, r) } else { (r, c) };
+    let v = t.as_f32()?;
+    let tiles = n.div_ceil(width);
+    let mut out = vec![0f32; tiles * k * width];
+    let layout = anyshape_ir::BoundPanels {
+        axis: 0,
+        width: width as i64,
+        stride: (k * width) as i64,
+    };
+    for row in 0..n {
+        let at = layout.row_offset(row as i64) as usize;
+        for col in 0..k {
+            out[at + col * width] = if transposed {
+                v[col * n + row]
+            } else {
+                v[row * k + col]
+            };
+        }
+    }
+    Ok(Tensor::f32(vec![tiles, k, width], out)?)
+}

@@ -1,0 +1,115 @@
+//! Building workloads in code: an operator of the registry with its arguments, then
+//! epilogue ops one by one — what the text form reads into and what fusion builds,
+//! so a workload never travels as text between stages.
+use crate::ops::{operator, OPERATORS};
+use crate::{Binary, EpilogueOp, Expr, IrError, Result, Scalar, TensorRef, Unary, Workload};
+
+impl Workload {
+    /// The operator `name` of the registry over `args` (in the operator's order),
+    /// without an epilogue.
+    pub fn of(name: &str, args: &[Expr]) -> Result<Workload> {
+        let def = operator(name).ok_or_else(|| IrError::UnknownWorkload {
+            name: name.to_string(),
+            known: OPERATORS
+                .iter()
+                .map(|o| o.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+        if args.len() != def.args.len() {
+            return Err(IrError::BadArguments {
+                name: name.to_string(),
+                message: format!(
+                    "{} arguments for its {} ({})",
+                    args.len(),
+                    def.args.len(),
+                    def.args.join(", ")
+                ),
+            });
+        }
+        let w = (def.build)(args);
+        w.validate()?;
+        Ok(w)
+    }
+
+    /// Append the unary `op` to the epilogue.
+    pub fn then(mut self, op: Unary) -> Workload {
+        self.epilogue.0.push(EpilogueOp::Unary(op));
+        self
+    }
+
+    /// Append a scaling by the finite constant `c` to the epilogue.
+    pub fn then_scale(mut self, c: f64) -> Result<Workload> {
+        if !c.is_finite() {
+            return Err(IrError::InvalidWorkload(format!(
+                "scale({c}): the constant must be finite"
+            )));
+        }
+        self.epilogue.0.push(EpilogueOp::Scale(Scalar(c)));
+        Ok(self)
+    }
+
+    /// Append `op` with a new input indexed by the output axes `axes` (axis positions,
+    /// in the input's dimension order; broadcast along the others) to the epilogue:
+    /// a bias is the output's last axis, a residual all of them. Only contractions take
+    /// such inputs.
+    pub fn then_with(mut self, op: Binary, axes: &[usize]) -> Result<Workload> {
+        if self.class.operands() != 2 {
+            return Err(IrError::InvalidWorkload(format!(
+                "a {} takes epilogue ops without inputs only ({}, scale(C))",
+                self.class.name(),
+                Unary::ALL.map(|u| u.name()).join(", ")
+            )));
+        }
+        let outputs = self.output_axes();
+        if let Some(a) = axes.iter().find(|a| !outputs.contains(a)) {
+            return Err(IrError::InvalidWorkload(format!(
+                "axis {a} is not an output axis of {}",
+                self.op
+            )));
+        }
+        let input = self.inputs.len();
+        let name = format!("E{}", input - self.class.operands());
+        self.inputs.push(TensorRef::over(&name, &self.axes, axes));
+        self.epilogue.0.push(EpilogueOp::With { op, input });
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The output axis named `name`, if there is one.
+    pub fn output_axis(&self, name: &str) -> Option<usize> {
+        self.output_axes()
+            .into_iter()
+            .find(|&a| self.axes[a].name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Built in code and parsed from text, a workload is the same.
+    #[test]
+    fn built_workloads_are_the_parsed_ones() {
+        let t = Expr::var("T");
+        let w = Workload::of("dense", &[t.clone(), Expr::Const(3072), Expr::Const(768)]).unwrap();
+        let n = w.output_axis("n").unwrap();
+        let all = w.output_axes();
+        let w = w
+            .then_with(Binary::Add, &[n])
+            .unwrap()
+            .then(Unary::Gelu)
+            .then_scale(0.5)
+            .unwrap()
+            .then_with(Binary::Add, &all)
+            .unwrap();
+        let parsed =
+            Workload::parse("dense(M=T,N=3072,K=768)+bias+gelu+scale(0.5)+residual").unwrap();
+        assert_eq!(w, parsed);
+        assert!(Workload::of("dense", std::slice::from_ref(&t)).is_err());
+        assert!(Workload::of("conv9d", &[]).is_err());
+        let s = Workload::of("softmax", &[t.clone(), t]).unwrap();
+        assert!(s.clone().then_with(Binary::Add, &[1]).is_err());
+        assert!(s.then_scale(f64::NAN).is_err());
+    }
+}

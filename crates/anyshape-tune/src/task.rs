@@ -1,0 +1,178 @@
+//! One task of a model's compilation: its job (workload, dims, records, directory),
+//! its search run slice by slice as the task scheduler gives out the budget
+//! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's default
+//! micro-kernel for every instance.
+use crate::{
+    compile, instances, write_module, ModelOptions, ModuleSpec, Observer, Offer, Packaged,
+    PipelineOptions, RecordLog, Result, SketchBackend, Specialize, StopReason, TimeBreakdown,
+    TuneError, TuneOptions, Tuner, Votes,
+};
+use anyshape_abi::{DispatchTree, Vote};
+use anyshape_codegen::{CpuTarget, Sketch};
+use anyshape_ir::{ShapeVar, Workload};
+use anyshape_measure::Measurer;
+use std::path::PathBuf;
+
+/// One task to compile.
+pub(crate) struct TaskJob<'a> {
+    pub(crate) workload: &'a Workload,
+    pub(crate) vars: &'a [ShapeVar],
+    pub(crate) target: &'a CpuTarget,
+    pub(crate) measurer: &'a Measurer,
+    pub(crate) options: &'a ModelOptions,
+    pub(crate) records: Option<PathBuf>,
+    pub(crate) dir: PathBuf,
+}
+
+/// A task's module with its sketch's default micro-kernel for every instance.
+pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
+    job: &TaskJob,
+) -> Result<()> {
+    let domain = instances(job.workload, job.vars)?;
+    let votes = Votes {
+        micro_kernels: vec![K::default_for(job.target)],
+        votes: domain
+            .iter()
+            .map(|x| Vote {
+                bindings: x.bindings.clone(),
+                micro_kernel: 0,
+                latency_seconds: None,
+                measured: false,
+            })
+            .collect(),
+    };
+    write_module(
+        &ModuleSpec {
+            workload: job.workload,
+            shape_vars: job.vars,
+            target: job.target,
+            strategy: job.options.tune.strategy,
+            votes: &votes,
+            tree: &DispatchTree::Leaf { kernel: 0 },
+            tree_accuracy: 1.0,
+            specialize: &[],
+            tuning: None,
+            reads: &job.options.pipeline.reads,
+        },
+        &job.measurer.builder,
+        &job.dir,
+    )?;
+    Ok(())
+}
+
+/// A task's search, run slice by slice, and its votes and module after; whatever its
+/// sketch.
+pub(crate) trait TaskSearch {
+    /// Search until the records hold `budget` trials; the task's weighted latency then
+    /// (seconds) and whether the search stalled.
+    fn search_to(&mut self, budget: usize, observer: &mut dyn Observer) -> Result<(f64, bool)>;
+    /// Trials in the records.
+    fn trials(&self) -> usize;
+    /// Tuning seconds of the records.
+    fn tuning_seconds(&self) -> f64;
+    /// Where this process's search time went.
+    fn time(&self) -> TimeBreakdown;
+    /// What the task offers its family.
+    fn offer(&mut self) -> Offer;
+    /// Take what the other members of its family offer.
+    fn adopt(&mut self, offers: &[&Offer]);
+    /// The votes, the tree and the module (in the task's directory); the trials
+    /// measured, votes included.
+    fn finish(&mut self, observer: &mut dyn Observer) -> Result<usize>;
+}
+
+/// A task's tuner, with its job.
+struct TaskRun<'a, K: Packaged> {
+    job: TaskJob<'a>,
+    tuner: Tuner<SketchBackend<'a, K>>,
+}
+
+/// The task's tuner on its records (continued with `--resume`).
+pub(crate) fn task_run<'a, K: Packaged + Sketch<Target = CpuTarget> + 'a>(
+    job: TaskJob<'a>,
+) -> Result<Box<dyn TaskSearch + 'a>> {
+    let records = job.records.as_ref().expect("checked by compile_model");
+    let (log, previous) = RecordLog::open(records, job.options.resume)?;
+    let backend = SketchBackend::<K>::new(job.target, job.measurer);
+    let tuner = Tuner::with_backend(
+        backend,
+        job.workload,
+        instances(job.workload, job.vars)?,
+        TuneOptions {
+            trials: 0,
+            ..job.options.tune.clone()
+        },
+        log,
+        previous,
+    )?;
+    Ok(Box::new(TaskRun { job, tuner }))
+}
+
+/// The stop of a search the user interrupted, as the error that ends the compile.
+fn interrupted(workload: &Workload, stop: StopReason) -> TuneError {
+    TuneError::Environment(format!(
+        "tuning {workload} stopped before its module was written ({stop}); run again with --resume"
+    ))
+}
+
+impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
+    fn search_to(&mut self, budget: usize, observer: &mut dyn Observer) -> Result<(f64, bool)> {
+        self.tuner.set_budget(budget);
+        let obs = std::cell::RefCell::new(observer);
+        let report = self
+            .tuner
+            .run(&mut |s| obs.borrow_mut().round(s), &mut |n| {
+                obs.borrow_mut().trials(n)
+            })?;
+        if report.stop == StopReason::Interrupted {
+            return Err(interrupted(self.job.workload, report.stop));
+        }
+        let weight: f64 = report.best.iter().map(|b| b.weight).sum();
+        let latency = report
+            .best
+            .iter()
+            .map(|b| b.weight * b.latency_seconds)
+            .sum::<f64>()
+            / weight.max(f64::MIN_POSITIVE);
+        Ok((latency, report.stop == StopReason::Stalled))
+    }
+
+    fn trials(&self) -> usize {
+        self.tuner.trials()
+    }
+
+    fn tuning_seconds(&self) -> f64 {
+        self.tuner.tuning_seconds().0
+    }
+
+    fn time(&self) -> TimeBreakdown {
+        self.tuner.time
+    }
+
+    fn offer(&mut self) -> Offer {
+        self.tuner.offer()
+    }
+
+    fn adopt(&mut self, offers: &[&Offer]) {
+        self.tuner.adopt(offers)
+    }
+
+    fn finish(&mut self, observer: &mut dyn Observer) -> Result<usize> {
+        let pipeline = PipelineOptions {
+            out: Some(self.job.dir.clone()),
+            specialize: Specialize::None,
+            ..self.job.options.pipeline.clone()
+        };
+        let compiled = compile(
+            &mut self.tuner,
+            self.job.vars,
+            self.job.measurer,
+            &pipeline,
+            observer,
+        )?;
+        if compiled.module.is_none() {
+            return Err(interrupted(self.job.workload, compiled.report.stop));
+        }
+        Ok(self.tuner.trials())
+    }
+}
