@@ -44,6 +44,38 @@ pub struct ModelOptions {
     pub pipeline: PipelineOptions,
 }
 
+impl Default for ModelOptions {
+    /// Untuned (0 trials: every task its sketch's default micro-kernel); when tuned,
+    /// scheduled with families, each dim tuned on 24 values, candidates timed cold (a
+    /// model's weights leave the caches between their layer's calls).
+    fn default() -> Self {
+        let tune = TuneOptions::default();
+        ModelOptions {
+            trials: 0,
+            equal_shares: false,
+            families: true,
+            tune_values: 24,
+            records: None,
+            resume: false,
+            tune: TuneOptions {
+                measure: anyshape_measure::MeasureOptions {
+                    cold: true,
+                    ..tune.measure.clone()
+                },
+                ..tune
+            },
+            pipeline: PipelineOptions {
+                votes: Default::default(),
+                out: None,
+                reads: Default::default(),
+                specialize: crate::Specialize::None,
+                verify_flops: None,
+                dispatch: false,
+            },
+        }
+    }
+}
+
 /// A compiled model: its manifest (`model.json`) and, where it was tuned, how
 /// (`tuning.json`).
 #[derive(Clone, Debug)]

@@ -69,7 +69,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .map(|d| ShapeVar::parse(d))
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
-    let defaults = TuneOptions::default();
+    let defaults = ModelOptions::default();
     let options = ModelOptions {
         trials: args.trials as usize,
         equal_shares: args.equal_shares,
@@ -81,17 +81,13 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             interrupt: Some(interrupt_flag()),
             measure: MeasureOptions {
                 cold: !args.warm_cache,
-                ..defaults.measure.clone()
+                ..defaults.tune.measure.clone()
             },
-            ..defaults
+            ..defaults.tune
         },
         pipeline: PipelineOptions {
-            votes: Default::default(),
-            out: None,
             reads: args.common.reads(),
-            specialize: anyshape_tune::Specialize::None,
-            verify_flops: None,
-            dispatch: false,
+            ..defaults.pipeline
         },
     };
     let measurer = Measurer {

@@ -7,7 +7,7 @@ use anyshape_ir::ShapeVar;
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_runtime::Model;
 use anyshape_tensor::TensorRef;
-use anyshape_tune::{compile_model, ModelOptions, Observer, PipelineOptions, Step};
+use anyshape_tune::{compile_model, ModelOptions, Observer, Step};
 use std::path::{Path, PathBuf};
 
 fn models() -> PathBuf {
@@ -37,24 +37,7 @@ fn check(model: &str, dims: &[&str], cases: &[&str]) {
             options: MeasureOptions::default(),
         },
     };
-    let defaults = anyshape_tune::TuneOptions::default();
-    let options = ModelOptions {
-        trials: 0,
-        equal_shares: false,
-        families: true,
-        tune_values: 24,
-        records: None,
-        resume: false,
-        tune: defaults,
-        pipeline: PipelineOptions {
-            votes: Default::default(),
-            out: None,
-            reads: Default::default(),
-            specialize: anyshape_tune::Specialize::None,
-            verify_flops: None,
-            dispatch: false,
-        },
-    };
+    let options = ModelOptions::default();
     let dims: Vec<ShapeVar> = dims.iter().map(|d| ShapeVar::parse(d).unwrap()).collect();
     compile_model(
         &models().join(format!("{model}.onnx")),

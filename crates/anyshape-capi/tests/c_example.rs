@@ -1,0 +1,137 @@
+//! The C API from C: `examples/c/run_model.c` compiled with the system's C compiler
+//! against `anyshape.h` and `libanyshape.so`, run on a model module (tiny BERT, compiled
+//! untuned here) in its compiled range and past it, its outputs the runtime's for the
+//! same inputs; and its errors (no such module) reported, not aborted.
+use anyshape_runtime::Model;
+use anyshape_tensor::{Tensor, TensorRef};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Where cargo put this package's libraries: beside the test binary's directory.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Tiny BERT compiled untuned for batch 1..2, sequence 1..64 into `dir/m`.
+fn module(dir: &Path) -> PathBuf {
+    struct Quiet;
+    impl anyshape_tune::Observer for Quiet {
+        fn step(&mut self, _: &anyshape_tune::Step) {}
+        fn round(&mut self, _: &anyshape_tune::RoundSummary) {}
+        fn trials(&mut self, _: usize) {}
+    }
+    let out = dir.join("m");
+    let measurer = anyshape_measure::Measurer {
+        builder: anyshape_measure::Builder::new(
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("anyshape-test-cache"),
+        ),
+        runner: anyshape_measure::Runner {
+            // Untuned: nothing is measured.
+            worker: anyshape_measure::WorkerCommand {
+                program: "/nonexistent".into(),
+                args: vec![],
+            },
+            options: Default::default(),
+        },
+    };
+    let dims = ["batch=1..2", "sequence=1..64"].map(|d| anyshape_ir::ShapeVar::parse(d).unwrap());
+    anyshape_tune::compile_model(
+        &root().join("models/bert_tiny.ts.onnx"),
+        &dims,
+        &anyshape_codegen::CpuTarget::detect(),
+        &measurer,
+        &anyshape_tune::ModelOptions::default(),
+        &out,
+        &mut Quiet,
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn the_c_example_runs_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(dir.path());
+    let exe = dir.path().join("run_model");
+    let libs = lib_dir();
+    assert!(libs.join("libanyshape.so").is_file(), "{}", libs.display());
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let o = Command::new(cc)
+        .arg(root().join("examples/c/run_model.c"))
+        .arg(format!(
+            "-I{}",
+            root().join("crates/anyshape-capi/include").display()
+        ))
+        .arg(format!("-L{}", libs.display()))
+        .arg(format!("-Wl,-rpath,{}", libs.display()))
+        .args(["-Wall", "-Werror", "-lanyshape", "-o"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = Model::load(&m).unwrap();
+    // In the range, and past it (batch 3, sequence 100).
+    for (batch, seq) in [(1usize, 37usize), (3, 100)] {
+        let o = Command::new(&exe)
+            .arg(&m)
+            .arg(format!("batch={batch}"))
+            .arg(format!("sequence={seq}"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let ones = Tensor::i64(vec![batch, seq], vec![1; batch * seq]).unwrap();
+        let inputs: Vec<(&str, TensorRef)> = model
+            .inputs()
+            .iter()
+            .map(|s| (s.name.as_str(), ones.view()))
+            .collect();
+        let outs = model.run(&inputs).unwrap();
+        for (spec, t) in model.outputs().iter().zip(&outs) {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("output {} ", spec.name)))
+                .unwrap_or_else(|| panic!("no output {} in {text}", spec.name));
+            let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+            assert!(line.contains(&format!("[{}]", shape.join(", "))), "{line}");
+            let v = t.as_f32().unwrap();
+            let sum: f64 = v.iter().map(|&x| x as f64).sum();
+            let printed: f64 = line.rsplit("sum ").next().unwrap().trim().parse().unwrap();
+            assert!(
+                (printed - sum).abs() <= 1e-3 * sum.abs().max(1.0),
+                "{line}: {sum}"
+            );
+            let first = format!("first {:.6}", v[0]);
+            assert!(line.contains(&first), "{line}: {first}");
+        }
+    }
+    // Errors are messages and a status, not an abort.
+    let o = Command::new(&exe)
+        .arg(dir.path().join("absent"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("not an anyshape module"), "{err}");
+    let o = Command::new(&exe)
+        .arg(&m)
+        .args(["batch=1", "sequence=5000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    // Past the model's position embeddings: the caller's input, named.
+    assert!(
+        err.starts_with("error 1:") && err.contains("broadcast"),
+        "{err}"
+    );
+}

@@ -1,0 +1,345 @@
+//! `anyshape._anyshape`, the native module of the Python package (`python/`): compile
+//! an ONNX model into a model module, load a model module, run it on NumPy arrays —
+//! inputs read in place (C-contiguous arrays of the model's element types), outputs
+//! handed to NumPy without a copy, the GIL released while a model compiles or runs —
+//! and the measuring worker that `compile` starts (`python -m anyshape._worker`).
+//! Errors are Python exceptions by whose fault they are; the Python layer
+//! (`python/src/anyshape/__init__.py`) gives the friendly API around this one.
+use anyshape_ir::ShapeVar;
+use anyshape_measure::{Builder, Measurer, Runner, WorkerCommand};
+use anyshape_runtime::RuntimeError;
+use anyshape_tensor::{DType, Data, Tensor, TensorRef};
+use anyshape_tune::{compile_model, ModelOptions, Observer, RoundSummary, Slice, Step};
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyException, PyMemoryError, PyValueError};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Buffers on cache lines, as in the `anyshape` CLI (see
+/// [`anyshape_abi::CacheLineAllocator`]): the kernels were tuned on such buffers.
+#[global_allocator]
+static ALLOCATOR: anyshape_abi::CacheLineAllocator = anyshape_abi::CacheLineAllocator;
+
+pyo3::create_exception!(
+    _anyshape,
+    AnyshapeError,
+    PyException,
+    "An anyshape error that is neither the caller's input nor a module's."
+);
+pyo3::create_exception!(
+    _anyshape,
+    InvalidArgument,
+    PyValueError,
+    "The caller's input is wrong: inputs missing or of the wrong type, rank or shape; bad options; an unsupported model."
+);
+pyo3::create_exception!(
+    _anyshape,
+    ModuleError,
+    AnyshapeError,
+    "A module cannot be loaded: not a module, incomplete, damaged, or written by another version or for another CPU."
+);
+pyo3::create_exception!(
+    _anyshape,
+    CompileError,
+    AnyshapeError,
+    "A model could not be compiled (its message says why)."
+);
+
+/// A runtime error as the Python exception of whose fault it is.
+fn runtime_error(e: RuntimeError) -> PyErr {
+    match e {
+        RuntimeError::Module(m) => ModuleError::new_err(m.to_string()),
+        RuntimeError::Memory(m) => PyMemoryError::new_err(m),
+        e @ (RuntimeError::Tensor(_)
+        | RuntimeError::Shape(_)
+        | RuntimeError::UnknownVar { .. }
+        | RuntimeError::BufferCount { .. }
+        | RuntimeError::BufferLen { .. }) => InvalidArgument::new_err(e.to_string()),
+        e => AnyshapeError::new_err(e.to_string()),
+    }
+}
+
+/// A loaded model module.
+#[pyclass(frozen)]
+struct Model {
+    inner: anyshape_runtime::Model,
+}
+
+/// A tensor's description as Python sees it: `(name, dtype, shape)` with each dim an
+/// `int` or the name (or expression) of a model dim.
+type Info = (String, String, Vec<Py<PyAny>>);
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::I64 => "int64",
+        DType::Bool => "bool",
+    }
+}
+
+fn info(py: Python<'_>, s: &anyshape_tensor::TensorSpec) -> PyResult<Info> {
+    let shape = s
+        .shape
+        .iter()
+        .map(|e| match e.as_const() {
+            Some(c) => Ok(c.into_pyobject(py)?.into_any().unbind()),
+            None => Ok(e.to_string().into_pyobject(py)?.into_any().unbind()),
+        })
+        .collect::<PyResult<_>>()?;
+    Ok((s.name.clone(), dtype_name(s.dtype).into(), shape))
+}
+
+/// An input array's elements in place: a C-contiguous array of `dtype`.
+fn borrow<'a>(
+    name: &str,
+    array: &'a Bound<'_, PyUntypedArray>,
+    dtype: DType,
+) -> PyResult<(Vec<usize>, anyshape_tensor::DataRef<'a>)> {
+    let shape = array.shape().to_vec();
+    let wrong = || {
+        InvalidArgument::new_err(format!(
+            "input `{name}` is {}, the model takes {}",
+            array.dtype(),
+            dtype_name(dtype)
+        ))
+    };
+    let not_contiguous = || {
+        InvalidArgument::new_err(format!(
+            "input `{name}` is not C-contiguous (numpy.ascontiguousarray makes it so)"
+        ))
+    };
+    // SAFETY (all three): the array is alive while the run borrows it (the caller
+    // holds it; the GIL is released only around a run that owns its inputs' views),
+    // and nothing writes to an input while a run reads it.
+    Ok(match dtype {
+        DType::F32 => {
+            let a = array.cast::<PyArrayDyn<f32>>().map_err(|_| wrong())?;
+            let s = unsafe { a.as_slice() }.map_err(|_| not_contiguous())?;
+            (shape, anyshape_tensor::DataRef::F32(s))
+        }
+        DType::I64 => {
+            let a = array.cast::<PyArrayDyn<i64>>().map_err(|_| wrong())?;
+            let s = unsafe { a.as_slice() }.map_err(|_| not_contiguous())?;
+            (shape, anyshape_tensor::DataRef::I64(s))
+        }
+        DType::Bool => {
+            let a = array.cast::<PyArrayDyn<bool>>().map_err(|_| wrong())?;
+            let s = unsafe { a.as_slice() }.map_err(|_| not_contiguous())?;
+            (shape, anyshape_tensor::DataRef::Bool(s))
+        }
+    })
+}
+
+/// An output tensor as a NumPy array, its elements moved, not copied.
+fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
+    let shape = t.shape;
+    Ok(match t.data {
+        Data::F32(v) => numpy::PyArray1::from_vec(py, v)
+            .reshape(shape)?
+            .into_any()
+            .unbind(),
+        Data::I64(v) => numpy::PyArray1::from_vec(py, v)
+            .reshape(shape)?
+            .into_any()
+            .unbind(),
+        Data::Bool(v) => numpy::PyArray1::from_vec(py, v)
+            .reshape(shape)?
+            .into_any()
+            .unbind(),
+    })
+}
+
+#[pymethods]
+impl Model {
+    /// Load the model module in `path` (its manifest, plan and task modules checked).
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
+        let inner = py
+            .detach(|| anyshape_runtime::Model::load(&path))
+            .map_err(runtime_error)?;
+        Ok(Model { inner })
+    }
+
+    /// The inputs: `(name, dtype, shape)`, dims as ints or dim names.
+    fn inputs(&self, py: Python<'_>) -> PyResult<Vec<Info>> {
+        self.inner.inputs().iter().map(|s| info(py, s)).collect()
+    }
+
+    /// The outputs: `(name, dtype, shape)`, dims as ints or expressions over the dims.
+    fn outputs(&self, py: Python<'_>) -> PyResult<Vec<Info>> {
+        self.inner
+            .outputs()
+            .into_iter()
+            .map(|s| info(py, s))
+            .collect()
+    }
+
+    /// The dims with the ranges they were compiled for: `(name, lowest, highest)`.
+    fn dims(&self) -> Vec<(String, i64, i64)> {
+        self.inner
+            .dims()
+            .iter()
+            .map(|d| {
+                let (lo, hi) = d.domain.bounds().unwrap_or((0, 0));
+                (d.name.clone(), lo, hi)
+            })
+            .collect()
+    }
+
+    /// Run on `arrays` (one per input, in the inputs' order: C-contiguous, of the
+    /// inputs' element types): the outputs, in order.
+    fn run(
+        &self,
+        py: Python<'_>,
+        arrays: Vec<Bound<'_, PyUntypedArray>>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
+        let specs = self.inner.inputs();
+        if arrays.len() != specs.len() {
+            return Err(InvalidArgument::new_err(format!(
+                "{} arrays for the model's {} inputs",
+                arrays.len(),
+                specs.len()
+            )));
+        }
+        let borrowed = specs
+            .iter()
+            .zip(&arrays)
+            .map(|(s, a)| borrow(&s.name, a, s.dtype))
+            .collect::<PyResult<Vec<_>>>()?;
+        let given = specs
+            .iter()
+            .zip(&borrowed)
+            .map(|(s, (shape, data))| {
+                TensorRef::new(shape, *data)
+                    .map(|t| (s.name.as_str(), t))
+                    .map_err(|e| InvalidArgument::new_err(e.to_string()))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let inner = &self.inner;
+        let outs = py.detach(|| inner.run(&given)).map_err(runtime_error)?;
+        outs.into_iter().map(|t| to_numpy(py, t)).collect()
+    }
+}
+
+/// Reports a compile's progress on standard error, a line per step, task and slice.
+struct Lines;
+
+impl Observer for Lines {
+    fn step(&mut self, step: &Step) {
+        match step {
+            Step::Search { budget, .. } => eprintln!("search: a budget of {budget} trials"),
+            Step::Votes { .. } => eprintln!("votes: measuring the candidates on every instance"),
+            Step::Tree => eprintln!("dispatch tree: training"),
+            Step::Module { symbolic, .. } => eprintln!("module: building {symbolic} kernels"),
+            Step::Verify => eprintln!("verify: checking the best kernels"),
+        }
+    }
+    fn round(&mut self, s: &RoundSummary) {
+        eprintln!(
+            "round {}: {}/{} trials, best {:.1} GFLOP/s",
+            s.round, s.trials, s.budget, s.best_gflops
+        );
+    }
+    fn trials(&mut self, _: usize) {}
+    fn task(&mut self, index: usize, total: usize, w: &anyshape_ir::Workload, count: usize) {
+        eprintln!("task {}/{total}: {w} (run {count}x per call)", index + 1);
+    }
+    fn slice(&mut self, s: &Slice) {
+        eprintln!(
+            "scheduler: {}/{} trials given; task {} to {} trials",
+            s.given,
+            s.total,
+            s.task + 1,
+            s.budget
+        );
+    }
+}
+
+/// Quiet progress.
+struct Quiet;
+
+impl Observer for Quiet {
+    fn step(&mut self, _: &Step) {}
+    fn round(&mut self, _: &RoundSummary) {}
+    fn trials(&mut self, _: usize) {}
+}
+
+/// Compile the ONNX model `model` for `dims` (`NAME=DOMAIN` texts) into the model
+/// module `out`, tuning each task with `trials` on average (0: untuned, seconds). The
+/// worker that measures candidates is `python` (the running interpreter) with
+/// `-m anyshape._worker`. Returns the manifest's JSON.
+#[pyfunction]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress))]
+#[allow(clippy::too_many_arguments)]
+fn compile(
+    py: Python<'_>,
+    model: PathBuf,
+    dims: Vec<String>,
+    out: PathBuf,
+    trials: usize,
+    records: Option<PathBuf>,
+    resume: bool,
+    cache: Option<PathBuf>,
+    python: PathBuf,
+    progress: bool,
+) -> PyResult<String> {
+    let dims: Vec<ShapeVar> = dims
+        .iter()
+        .map(|d| ShapeVar::parse(d))
+        .collect::<Result<_, _>>()
+        .map_err(|e| InvalidArgument::new_err(e.to_string()))?;
+    let defaults = ModelOptions::default();
+    let options = ModelOptions {
+        trials,
+        records,
+        resume,
+        ..defaults
+    };
+    let measurer = Measurer {
+        builder: Builder::new(cache.unwrap_or_else(Builder::default_cache_dir)),
+        runner: Runner {
+            worker: WorkerCommand {
+                program: python,
+                args: vec!["-m".into(), "anyshape._worker".into()],
+            },
+            options: options.tune.measure.clone(),
+        },
+    };
+    let target = anyshape_codegen::CpuTarget::detect();
+    let compiled = py.detach(|| {
+        let mut lines = Lines;
+        let mut quiet = Quiet;
+        let observer: &mut dyn Observer = if progress { &mut lines } else { &mut quiet };
+        compile_model(&model, &dims, &target, &measurer, &options, &out, observer)
+    });
+    match compiled {
+        Ok(c) => Ok(c.manifest.to_json()),
+        Err(
+            e @ (anyshape_tune::TuneError::Options(_)
+            | anyshape_tune::TuneError::Output(_)
+            | anyshape_tune::TuneError::Model(_)
+            | anyshape_tune::TuneError::Ir(_)),
+        ) => Err(InvalidArgument::new_err(e.to_string())),
+        Err(e) => Err(CompileError::new_err(e.to_string())),
+    }
+}
+
+/// Serve one measuring job on standard input and output (what `compile`'s workers run);
+/// the exit status.
+#[pyfunction]
+fn serve_worker(py: Python<'_>) -> i32 {
+    py.detach(anyshape_measure::worker::serve)
+}
+
+#[pymodule]
+fn _anyshape(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Model>()?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(serve_worker, m)?)?;
+    m.add("AnyshapeError", m.py().get_type::<AnyshapeError>())?;
+    m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
+    m.add("ModuleError", m.py().get_type::<ModuleError>())?;
+    m.add("CompileError", m.py().get_type::<CompileError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

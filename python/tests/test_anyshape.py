@@ -1,0 +1,120 @@
+"""The Python package end to end: compile the tiny BERT the repository ships, run it in
+its compiled range and past it against onnxruntime's recorded outputs, through the
+package's API and through the onnxruntime-style `InferenceSession`; bad input raises."""
+import pathlib
+
+import numpy as np
+import pytest
+
+import anyshape
+
+MODELS = pathlib.Path(__file__).resolve().parents[2] / "models"
+CASES = ["s1", "s37", "s128", "b3s17"]  # sequence 128 and batch 3 lie past the range
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    out = tmp_path_factory.mktemp("modules") / "bert.module"
+    return anyshape.compile(
+        MODELS / "bert_tiny.ts.onnx",
+        dims={"batch": (1, 2), "sequence": range(1, 65)},
+        out=out,
+        progress=False,
+    )
+
+
+def recorded(case):
+    with np.load(MODELS / f"bert_tiny.ts.{case}.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def relative_error(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.isfinite(got).all()
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_outputs_match_onnxruntime(bert, case):
+    data = recorded(case)
+    feeds = {i.name: data[i.name] for i in bert.inputs}
+    outs = bert.run(feeds)
+    assert list(outs) == [o.name for o in bert.outputs]
+    for name, got in outs.items():
+        assert relative_error(got, data[name]) <= 1e-4, name
+
+
+def test_inputs_outputs_and_dims_are_described(bert):
+    assert [i.name for i in bert.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i.dtype == "int64" and i.shape == ["batch", "sequence"] for i in bert.inputs)
+    assert bert.outputs[0] == anyshape.TensorInfo("last_hidden_state", "float32", ["batch", "sequence", 64])
+    assert bert.dims == {"batch": (1, 2), "sequence": (1, 64)}
+    assert "bert.module" in repr(bert)
+
+
+def test_inference_session_takes_onnxruntime_calls(bert):
+    sess = anyshape.InferenceSession(bert.path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == [i.name for i in bert.inputs]
+    assert sess.get_inputs()[0].type == "tensor(int64)"
+    data = recorded("s37")
+    feeds = {i.name: data[i.name] for i in sess.get_inputs()}
+    hidden, pooled = sess.run(None, feeds)
+    assert relative_error(hidden, data["last_hidden_state"]) <= 1e-4
+    (pooled_only,) = sess.run(["pooler_output"], feeds)
+    np.testing.assert_array_equal(pooled_only, pooled)
+    with pytest.raises(anyshape.InvalidArgument):
+        sess.run(["logits"], feeds)
+
+
+def test_arrays_of_any_layout_are_taken(bert):
+    data = recorded("s37")
+    feeds = {i.name: np.asfortranarray(data[i.name]) for i in bert.inputs}
+    feeds["input_ids"] = feeds["input_ids"].tolist()  # lists too
+    outs = bert.run(feeds)
+    assert relative_error(outs["pooler_output"], data["pooler_output"]) <= 1e-4
+
+
+def test_bad_input_raises(bert):
+    data = recorded("s37")
+    feeds = {i.name: data[i.name] for i in bert.inputs}
+    with pytest.raises(anyshape.InvalidArgument, match="not given"):
+        bert.run({k: v for k, v in feeds.items() if k != "attention_mask"})
+    with pytest.raises(anyshape.InvalidArgument, match="int32"):
+        bert.run({**feeds, "input_ids": feeds["input_ids"].astype(np.int32)})
+    with pytest.raises(anyshape.InvalidArgument, match="rank"):
+        bert.run({**feeds, "input_ids": feeds["input_ids"][0]})
+    with pytest.raises(anyshape.InvalidArgument, match="no input"):
+        bert.run({**feeds, "input_idz": feeds["input_ids"]})
+    with pytest.raises(ValueError):  # InvalidArgument is a ValueError
+        bert.run({**feeds, "token_type_ids": feeds["token_type_ids"][:, :5]})
+    ids = feeds["input_ids"].copy()
+    ids[0, 0] = 10**6
+    with pytest.raises(anyshape.InvalidArgument, match="out of range"):
+        bert.run({**feeds, "input_ids": ids})
+
+
+def test_modules_and_options_are_checked(tmp_path):
+    with pytest.raises(anyshape.ModuleError, match="not an anyshape module"):
+        anyshape.load(tmp_path)
+    with pytest.raises(anyshape.InvalidArgument, match="needs a domain"):
+        anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1}, out=tmp_path / "m", progress=False)
+    with pytest.raises(anyshape.InvalidArgument, match="no dim"):
+        anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1, "sequence": 8, "height": 2}, out=tmp_path / "m", progress=False)
+    with pytest.raises(anyshape.InvalidArgument):
+        anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": "many"}, out=tmp_path / "m", progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_tuning_runs_the_worker(tmp_path):
+    model = anyshape.compile(
+        MODELS / "bert_tiny.ts.onnx",
+        dims={"batch": 1, "sequence": (1, 4)},
+        out=tmp_path / "tuned.module",
+        trials=1,
+        records=tmp_path / "records",
+        progress=False,
+    )
+    assert sorted(p.name for p in (tmp_path / "records").iterdir())[0] == "t00.jsonl"
+    data = recorded("s1")
+    outs = model.run({i.name: data[i.name] for i in model.inputs})
+    assert relative_error(outs["last_hidden_state"], data["last_hidden_state"]) <= 1e-4
