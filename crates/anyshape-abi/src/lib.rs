@@ -28,8 +28,8 @@ pub use kernel::{
     SELECT_SYMBOL, STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 pub use manifest::{
-    sha256_hex, FileEntry, Manifest, SpecializedKernel, TuningInfo, Vote, FORMAT_VERSION,
-    HEADER_FILE, MANIFEST_FILE,
+    sha256_hex, FileEntry, HashingWriter, Manifest, SpecializedKernel, TuningInfo, Vote,
+    FORMAT_VERSION, HEADER_FILE, MANIFEST_FILE,
 };
 pub use memory::{check_fits, gib, memory};
 pub use model::{ModelManifest, ModelTask, Source, MODEL_FILE, MODEL_FORMAT, MODEL_PLAN};

@@ -109,10 +109,52 @@ pub struct TuningInfo {
 
 /// SHA-256 of `bytes`, hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A writer that passes bytes on and keeps their SHA-256 and count: a file's
+/// [`FileEntry`] as it is written, without reading it back.
+pub struct HashingWriter<W: std::io::Write> {
+    inner: W,
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> HashingWriter<W> {
+    /// Hash what is written to `inner`.
+    pub fn new(inner: W) -> HashingWriter<W> {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The writer and the entry of what went through it.
+    pub fn finish(self) -> (W, FileEntry) {
+        let entry = FileEntry {
+            sha256: hex(&self.hasher.finalize()),
+            bytes: self.bytes,
+        };
+        (self.inner, entry)
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// SHA-256 of `value`'s JSON with its checksum field (reached by `field`) empty: how a

@@ -34,7 +34,15 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
             steps: Vec::new(),
             memory: MemoryPlan::default(),
         },
-        data: Vec::new(),
+        // Room for every weight (once; the panels of one laid out both ways would grow
+        // it): the data is written once, not copied as it grows.
+        data: Vec::with_capacity(
+            g.initializers
+                .values()
+                .map(|t| t.len() * 8 + 64)
+                .sum::<usize>()
+                .min(1 << 36),
+        ),
         ids: HashMap::new(),
         panels: HashMap::new(),
     };
@@ -143,7 +151,7 @@ impl Lowering<'_> {
         let f = fact(self.facts, v);
         let name = self.g.values[v].clone();
         let storage = match (&f.value, &f.sym) {
-            (Some(t), _) => Storage::Constant(self.constant(&name, t, ConstantLayout::RowMajor)),
+            (Some(t), _) => Storage::Constant(self.constant(&name, t)),
             (None, Some(sym)) if f.dtype == DType::I64 && f.rank() <= 1 => {
                 Storage::Plumbing(sym.clone())
             }
@@ -166,12 +174,12 @@ impl Lowering<'_> {
         Ok(id)
     }
 
-    /// Add tensor `t` to the constants in `layout`.
-    fn constant(&mut self, name: &str, t: &Tensor, layout: ConstantLayout) -> usize {
-        let bytes: Vec<u8> = match &t.data {
-            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    /// Add tensor `t` to the constants, row-major.
+    fn constant(&mut self, name: &str, t: &Tensor) -> usize {
+        let width = match t.dtype() {
+            DType::F32 => 4,
+            DType::I64 => 8,
+            DType::Bool => 1,
         };
         PlanFile::add_constant(
             &mut self.plan,
@@ -179,13 +187,31 @@ impl Lowering<'_> {
             name,
             t.dtype(),
             t.shape.clone(),
-            layout,
-            &bytes,
+            ConstantLayout::RowMajor,
+            t.len() * width,
+            |out| match &t.data {
+                Data::F32(v) => {
+                    for (o, x) in out.chunks_exact_mut(4).zip(v) {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Data::I64(v) => {
+                    for (o, x) in out.chunks_exact_mut(8).zip(v) {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Data::Bool(v) => {
+                    for (o, &x) in out.iter_mut().zip(v) {
+                        *o = x as u8;
+                    }
+                }
+            },
         )
     }
 
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows
-    /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`), made once.
+    /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`), made once: written
+    /// straight into the plan's data, rows past `N` zero.
     fn panels(&mut self, v: ValueId, width: usize, transposed: bool) -> Result<usize> {
         if let Some(&id) = self.panels.get(&(v, width, transposed)) {
             return Ok(id);
@@ -194,16 +220,29 @@ impl Lowering<'_> {
         let t = fact(self.facts, v).value.as_ref().ok_or_else(|| {
             GraphError::Format(format!("`{name}` is laid out in panels but not a constant"))
         })?;
-        let packed = panels(t, width, transposed)?;
-        let c = self.constant(&name, &packed, ConstantLayout::Panels { width });
+        let [r, c] = t.shape[..] else {
+            return Err(GraphError::Format(format!(
+                "`{name}`: a weight of shape {:?} is not 2-D",
+                t.shape
+            )));
+        };
+        let (n, k) = if transposed { (c, r) } else { (r, c) };
+        let w = t.as_f32()?;
+        let shape = vec![n.div_ceil(width), k, width];
+        let c = PlanFile::add_constant(
+            &mut self.plan,
+            &mut self.data,
+            &name,
+            DType::F32,
+            shape.clone(),
+            ConstantLayout::Panels { width },
+            shape.iter().product::<usize>() * 4,
+            |out| panels(w, n, k, width, transposed, out),
+        );
         let id = self.push(Value {
             name: format!("{name} (in panels)"),
             dtype: DType::F32,
-            shape: packed
-                .shape
-                .iter()
-                .map(|&d| Expr::Const(d as i64))
-                .collect(),
+            shape: shape.iter().map(|&d| Expr::Const(d as i64)).collect(),
             storage: Storage::Constant(c),
         });
         self.panels.insert((v, width, transposed), id);
@@ -211,34 +250,23 @@ impl Lowering<'_> {
     }
 }
 
-/// A 2-D weight laid out in panels of `width` rows of `W[n, k]` (`dense_packed`'s
-/// layout, see `anyshape_ir::TensorRef::panels`): `transposed` when `t` is `[K, N]`.
-/// The last panel's rows past `N` are zero.
-fn panels(t: &Tensor, width: usize, transposed: bool) -> Result<Tensor> {
-    let [r, c] = t.shape[..] else {
-        return Err(GraphError::Format(format!(
-            "a weight of shape {:?} is not 2-D",
-            t.shape
-        )));
-    };
-    let (n, k) = if transposed { (c, r) } else { (r, c) };
-    let v = t.as_f32()?;
-    let tiles = n.div_ceil(width);
-    let mut out = vec![0f32; tiles * k * width];
-    let layout = anyshape_ir::BoundPanels {
-        axis: 0,
-        width: width as i64,
-        stride: (k * width) as i64,
-    };
-    for row in 0..n {
-        let at = layout.row_offset(row as i64) as usize;
+/// The weight `w` (`W[n, k]`, or `[K, N]` when `transposed`) laid out in panels of
+/// `width` rows of `W[n, k]` (`dense_packed`'s layout, see
+/// `anyshape_ir::TensorRef::panels`) as little-endian bytes into `out`, zeroed: a panel
+/// at a time, each column of it `width` rows.
+fn panels(w: &[f32], n: usize, k: usize, width: usize, transposed: bool, out: &mut [u8]) {
+    for (p, panel) in out.chunks_exact_mut(k * width * 4).enumerate() {
+        let rows = (p * width)..((p + 1) * width).min(n);
         for col in 0..k {
-            out[at + col * width] = if transposed {
-                v[col * n + row]
-            } else {
-                v[row * k + col]
-            };
+            let at = col * width * 4;
+            for (i, row) in rows.clone().enumerate() {
+                let x = if transposed {
+                    w[col * n + row]
+                } else {
+                    w[row * k + col]
+                };
+                panel[at + i * 4..at + i * 4 + 4].copy_from_slice(&x.to_le_bytes());
+            }
         }
     }
-    Ok(Tensor::f32(vec![tiles, k, width], out)?)
 }

@@ -21,6 +21,7 @@
 //! the whole file is what `anyshape inspect` verifies), the plan's invariants
 //! ([`crate::verify`]) and every bool constant's bytes.
 use crate::{Constant, ConstantLayout, Plan, PlanError, Result};
+use anyshape_abi::{FileEntry, HashingWriter};
 use anyshape_files::Reads;
 use anyshape_tensor::{DType, DataRef, TensorRef};
 use std::io::Write;
@@ -83,8 +84,10 @@ impl PlanFile {
         })
     }
 
-    /// Append a constant's `bytes` (little-endian elements) to `data` on a cache line
-    /// and its entry to `plan.constants`; returns its index.
+    /// Append a constant to `data` on a cache line — its `bytes` little-endian elements,
+    /// zeroed, then written by `fill` in place — and its entry to `plan.constants`;
+    /// returns its index.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_constant(
         plan: &mut Plan,
         data: &mut Vec<u8>,
@@ -92,18 +95,19 @@ impl PlanFile {
         dtype: DType,
         shape: Vec<usize>,
         layout: ConstantLayout,
-        bytes: &[u8],
+        bytes: usize,
+        fill: impl FnOnce(&mut [u8]),
     ) -> usize {
         let offset = align(data.len());
-        data.resize(offset, 0);
-        data.extend_from_slice(bytes);
+        data.resize(offset + bytes, 0);
+        fill(&mut data[offset..]);
         plan.constants.push(Constant {
             name: name.to_string(),
             dtype,
             shape,
             layout,
             offset: offset as u64,
-            bytes: bytes.len() as u64,
+            bytes: bytes as u64,
         });
         plan.constants.len() - 1
     }
@@ -137,8 +141,9 @@ impl PlanFile {
         }
     }
 
-    /// Write the plan file to `path` (atomically, never over what `reads` holds).
-    pub fn write(&self, path: &Path, reads: &Reads) -> Result<()> {
+    /// Write the plan file to `path` (atomically, never over what `reads` holds); its
+    /// size and SHA-256, taken as it is written.
+    pub fn write(&self, path: &Path, reads: &Reads) -> Result<FileEntry> {
         let header = rmp_serde::to_vec_named(&self.plan)
             .map_err(|e| PlanError::Invalid(format!("the plan does not serialize (a bug): {e}")))?;
         let data = self.data();
@@ -157,15 +162,18 @@ impl PlanFile {
         ] {
             pre.extend_from_slice(&x.to_le_bytes());
         }
+        let mut entry = None;
         anyshape_files::write_atomic(path, reads, "the plan", |f| {
-            let mut w = std::io::BufWriter::new(f);
+            let mut w = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, f));
             w.write_all(&pre)?;
             w.write_all(&header)?;
             w.write_all(&vec![0u8; data_offset - PREAMBLE - header.len()])?;
             w.write_all(data)?;
-            w.flush()
+            w.flush()?;
+            entry = Some(w.finish().1);
+            Ok(())
         })?;
-        Ok(())
+        Ok(entry.expect("written"))
     }
 
     /// Map and check the plan file at `path` (see the module doc).

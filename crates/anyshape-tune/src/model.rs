@@ -233,14 +233,17 @@ pub fn compile_model(
             trials,
         })
         .collect();
-    plan.write(&tmp.join(MODEL_PLAN), &reads)?;
+    let plan_entry = plan.write(&tmp.join(MODEL_PLAN), &reads)?;
     if let Some(log) = &tuning {
         let json = serde_json::to_string_pretty(log).expect("tuning logs serialize");
         let path = tmp.join(TUNING_FILE);
         std::fs::write(&path, json).map_err(io(&path))?;
     }
-    let mut files = std::collections::BTreeMap::new();
+    let mut files = std::collections::BTreeMap::from([(MODEL_PLAN.to_string(), plan_entry)]);
     for name in output::files_under(&tmp).map_err(io(&tmp))? {
+        if name == MODEL_PLAN {
+            continue; // hashed as it was written
+        }
         let path = tmp.join(&name);
         let content = std::fs::read(&path).map_err(io(&path))?;
         files.insert(

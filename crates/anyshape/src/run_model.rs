@@ -65,7 +65,9 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
     if let Some(out) = output {
         reads.check("--output", out)?;
     }
+    let loading = Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
+    let loaded = loading.elapsed().as_secs_f64();
     let input_names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
     let output_names: Vec<&str> = model.outputs().iter().map(|s| s.name.as_str()).collect();
     for (name, _) in &files {
@@ -118,7 +120,8 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         .collect::<Result<_>>()?;
     let t0 = Instant::now();
     let outs = model.run(&given)?;
-    let mut best = t0.elapsed().as_secs_f64();
+    let first = t0.elapsed().as_secs_f64();
+    let mut best = first;
     let mut runs = 1;
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < seconds {
@@ -128,8 +131,10 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         runs += 1;
     }
     println!(
-        "model        {}  ({} runs, min latency {:.3} ms)",
+        "model        {}  (loaded in {:.1} ms; first run {:.3} ms; {} runs, min latency {:.3} ms)",
         dir.display(),
+        loaded * 1e3,
+        first * 1e3,
         runs,
         best * 1e3
     );
