@@ -7,7 +7,7 @@ use crate::report::{median, Report};
 use crate::tuned::{buckets, tuned_baselines, PerShapeTuner};
 use crate::{build_vendors, peak, Harness};
 use anyshape_abi::{Manifest, ENTRY_SYMBOL};
-use anyshape_codegen::{MicroKernel, Sketch, Target as _};
+use anyshape_codegen::{ContractionKernel, Sketch, Target as _};
 use anyshape_files::Reads;
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurer, Outcome, Progress};
@@ -105,7 +105,7 @@ pub fn compare(
     let workload = Workload::parse(&m.workload)?;
     let w = &workload;
     // The vendors and the tuned baselines are GEMMs.
-    MicroKernel::applies(w).map_err(|e| {
+    ContractionKernel::applies(w).map_err(|e| {
         BenchError::Options(format!(
             "--compare races contractions against vendor GEMMs; {w} is not one ({e}); --dispatch-loss and --overhead measure any module"
         ))

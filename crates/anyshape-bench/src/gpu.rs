@@ -7,7 +7,7 @@ use crate::out::OutDir;
 use crate::report::{geomean, significant};
 use crate::CUBLAS_SYMBOL;
 use anyshape_abi::DispatchTree;
-use anyshape_codegen::{DeviceKind, GpuMicroKernel, GpuTarget, PaddingStrategy, Program};
+use anyshape_codegen::{DeviceKind, GpuContractionKernel, GpuTarget, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{Candidate, Kernels, MeasureOptions, Measurer, Outcome, Progress};
 use anyshape_tune::Instance;
@@ -25,7 +25,7 @@ pub struct GpuComparison<'a> {
     /// Every tuned instance.
     pub instances: &'a [Instance],
     /// The micro-kernels the votes chose.
-    pub micro_kernels: &'a [GpuMicroKernel],
+    pub micro_kernels: &'a [GpuContractionKernel],
     /// The dispatch tree over them.
     pub tree: &'a DispatchTree,
     /// Its training accuracy.
@@ -56,7 +56,7 @@ const CHECK_FLOPS: f64 = 1e9;
 struct Row {
     bindings: Bindings,
     flops: f64,
-    kernel: GpuMicroKernel,
+    kernel: GpuContractionKernel,
     ours: Option<f64>,
     cublas: Option<f64>,
 }
@@ -90,7 +90,7 @@ pub fn compare_gpu(
             cublas: None,
         })
         .collect();
-    let programs: Vec<Program<GpuMicroKernel>> = c
+    let programs: Vec<Program<GpuContractionKernel>> = c
         .micro_kernels
         .iter()
         .map(|&mk| Program::symbolic(workload, mk, strategy))
@@ -104,7 +104,7 @@ pub fn compare_gpu(
         },
         ..measurer.runner.clone()
     };
-    let candidate = |symbol: String, r: &Row, gpu: Option<GpuMicroKernel>| Candidate {
+    let candidate = |symbol: String, r: &Row, gpu: Option<GpuContractionKernel>| Candidate {
         symbol,
         workload: workload.clone(),
         bindings: r.bindings.clone(),
@@ -179,7 +179,7 @@ fn fig5(
     if c.fig5 == 0 || vars.len() != 1 {
         return Ok(vec![]);
     }
-    let mk = GpuMicroKernel {
+    let mk = GpuContractionKernel {
         bm: 128,
         bn: 128,
         bk: 8,
@@ -191,7 +191,7 @@ fn fig5(
         PaddingStrategy::BoundaryCheck,
         PaddingStrategy::LoopPartition,
     ];
-    let programs: Vec<Program<GpuMicroKernel>> = strategies
+    let programs: Vec<Program<GpuContractionKernel>> = strategies
         .iter()
         .map(|&s| Program::symbolic(w, mk, s))
         .collect();

@@ -4,7 +4,7 @@
 //! primes, the range ends and past them.
 use anyshape_abi::{load_library, KernelFn, STATUS_OK, STATUS_WRONG_SHAPE};
 use anyshape_bench::{bucket_c, build_vendors, BUILTINS};
-use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
     check_output, random_inputs, reference_output, Builder, KernelSource, Kernels,
@@ -103,7 +103,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
     let target = CpuTarget::detect();
     let dir = tempfile::tempdir().unwrap();
     let lanes = target.lanes_f32();
-    let mk = MicroKernel {
+    let mk = ContractionKernel {
         mr: 3,
         nr: lanes,
         mc: 6,

@@ -21,7 +21,7 @@ fn lib_dir() -> PathBuf {
 fn module(dir: &Path) -> PathBuf {
     struct Quiet;
     impl anyshape_tune::Observer for Quiet {
-        fn step(&mut self, _: &anyshape_tune::Step) {}
+        fn stage(&mut self, _: &anyshape_tune::Stage) {}
         fn round(&mut self, _: &anyshape_tune::RoundSummary) {}
         fn trials(&mut self, _: usize) {}
     }

@@ -56,7 +56,7 @@ impl FromStr for KernelMode {
 /// A micro-kernel applied to a workload: `P(S, M)`, ready to lower and render. `K` is
 /// the micro-kernel, whose type names the sketch (and so the device).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Program<K = crate::MicroKernel> {
+pub struct Program<K = crate::ContractionKernel> {
     /// The workload.
     pub workload: Workload,
     /// The micro-kernel.

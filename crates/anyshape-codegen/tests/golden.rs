@@ -3,8 +3,8 @@
 //! After an intended change, regenerate with `ANYSHAPE_BLESS=1 cargo test -p
 //! anyshape-codegen --test golden` and review the diff of `tests/golden/`.
 use anyshape_codegen::{
-    CpuTarget, GpuMicroKernel, GpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program,
-    RowKernel, Simd, Target, PADDING_STRATEGIES,
+    ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget, KernelMode, PaddingStrategy,
+    Program, RowKernel, Simd, Target, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
 use std::path::PathBuf;
@@ -74,7 +74,13 @@ fn check(name: &str, text: &str) {
     }
 }
 
-fn cpu(w: &str, mk: MicroKernel, strategy: PaddingStrategy, t: Option<i64>, simd: Simd) -> String {
+fn cpu(
+    w: &str,
+    mk: ContractionKernel,
+    strategy: PaddingStrategy,
+    t: Option<i64>,
+    simd: Simd,
+) -> String {
     let target = target(simd);
     let p = Program {
         workload: Workload::parse(w).unwrap(),
@@ -92,8 +98,8 @@ fn cpu(w: &str, mk: MicroKernel, strategy: PaddingStrategy, t: Option<i64>, simd
 
 #[test]
 fn cpu_kernels_are_unchanged() {
-    let wide = MicroKernel::parse("mr=12,nr=32,mc=96,nc=384,kc=256,uk=4").unwrap();
-    let narrow = MicroKernel::parse("mr=5,nr=16,mc=20,nc=64,kc=24,uk=2").unwrap();
+    let wide = ContractionKernel::parse("mr=12,nr=32,mc=96,nc=384,kc=256,uk=4").unwrap();
+    let narrow = ContractionKernel::parse("mr=5,nr=16,mc=20,nc=64,kc=24,uk=2").unwrap();
     check(
         "dense-local-pad-symbolic-avx512.c",
         &cpu(
@@ -140,7 +146,7 @@ fn cpu_kernels_are_unchanged() {
         "dense-relu-global-pad-specialized-sse.c",
         &cpu(
             "dense(M=T,N=20,K=T)+relu",
-            MicroKernel::parse("mr=3,nr=8,mc=6,nc=16,kc=8,uk=4").unwrap(),
+            ContractionKernel::parse("mr=3,nr=8,mc=6,nc=16,kc=8,uk=4").unwrap(),
             PaddingStrategy::GlobalPad,
             Some(5),
             Simd::Sse,
@@ -148,7 +154,7 @@ fn cpu_kernels_are_unchanged() {
     );
     // The dot variant: a dense layer read in place, and a batch matmul whose B is
     // packed K-major (its K axis is not contiguous).
-    let dot = MicroKernel::parse("mr=2,nr=3,mc=8,nc=24,kc=32,uk=2,dot=1").unwrap();
+    let dot = ContractionKernel::parse("mr=2,nr=3,mc=8,nc=24,kc=32,uk=2,dot=1").unwrap();
     check(
         "dense-gelu-dot-local-pad-symbolic-avx2.c",
         &cpu(
@@ -171,7 +177,7 @@ fn cpu_kernels_are_unchanged() {
     );
     // The transposed variant: a dense layer's B broadcast in place, each register tile
     // over the whole reduction, stored lane by lane; the epilogue along M.
-    let vm = MicroKernel::parse("mr=4,nr=16,mc=8,nc=32,kc=16,uk=2,ia=1,vm=1").unwrap();
+    let vm = ContractionKernel::parse("mr=4,nr=16,mc=8,nc=32,kc=16,uk=2,ia=1,vm=1").unwrap();
     check(
         "dense-bias-gelu-vm-local-pad-symbolic-avx2.c",
         &cpu(
@@ -187,7 +193,7 @@ fn cpu_kernels_are_unchanged() {
 #[test]
 fn cuda_kernels_are_unchanged() {
     let t = GpuTarget::h100_sxm();
-    let mk = GpuMicroKernel {
+    let mk = GpuContractionKernel {
         bm: 64,
         bn: 64,
         bk: 8,

@@ -1,21 +1,14 @@
 //! Building workloads in code: an operator of the registry with its arguments, then
 //! epilogue ops one by one — what the text form reads into and what fusion builds,
 //! so a workload never travels as text between stages.
-use crate::ops::{operator, OPERATORS};
+use crate::ops::known_operator;
 use crate::{Binary, EpilogueOp, Expr, IrError, Result, Scalar, TensorRef, Unary, Workload};
 
 impl Workload {
     /// The operator `name` of the registry over `args` (in the operator's order),
     /// without an epilogue.
     pub fn of(name: &str, args: &[Expr]) -> Result<Workload> {
-        let def = operator(name).ok_or_else(|| IrError::UnknownWorkload {
-            name: name.to_string(),
-            known: OPERATORS
-                .iter()
-                .map(|o| o.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+        let def = known_operator(name)?;
         if args.len() != def.args.len() {
             return Err(IrError::BadArguments {
                 name: name.to_string(),

@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod build;
+mod dtype;
 mod epilogue;
 mod error;
 mod expr;
@@ -21,6 +22,7 @@ mod shape;
 mod text;
 mod workload;
 
+pub use dtype::DType;
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::Expr;
@@ -28,6 +30,6 @@ pub use ops::{operator, OpDef, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
 pub use workload::{
-    AffineIndex, Axis, AxisKind, BoundPanels, BoundWorkload, DType, Normalization, OpClass,
-    TensorRef, Workload,
+    AffineIndex, Axis, AxisKind, BoundPanels, BoundWorkload, Normalization, OpClass, TensorRef,
+    Workload,
 };

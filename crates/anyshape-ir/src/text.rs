@@ -10,7 +10,7 @@
 //!   the output's last axis and `residual` is `add` of all its axes.
 //!
 //! [`Workload`]'s `Display` writes the form [`Workload::parse`] reads back.
-use crate::ops::{operator, OPERATORS};
+use crate::ops::known_operator;
 use crate::{
     parse_expr, split_top_level, Binary, EpilogueOp, Expr, IrError, ParseError, Result, Unary,
     Workload,
@@ -43,14 +43,7 @@ impl Workload {
         if !call[close + 1..].trim().is_empty() {
             return Err(perr(close + 1, "unexpected text after `)`".into()));
         }
-        let def = operator(name).ok_or_else(|| IrError::UnknownWorkload {
-            name: name.to_string(),
-            known: OPERATORS
-                .iter()
-                .map(|o| o.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+        let def = known_operator(name)?;
         let arg_names = def.args;
         let mut values: Vec<Option<Expr>> = vec![None; arg_names.len()];
         let inner = &call[open + 1..close];

@@ -11,32 +11,9 @@
 //!   by spatial axes only, each at most once, with coefficient 1 and offset 0;
 //! - a normalization normalizes along a spatial axis, the output's last, and its
 //!   operand is indexed like the output.
-use crate::{Bindings, Epilogue, Expr, IrError, Result};
+use crate::{Bindings, DType, Epilogue, Expr, IrError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-
-/// Element type of a workload's tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum DType {
-    /// 32-bit IEEE float.
-    F32,
-}
-
-impl DType {
-    /// Size of one element in bytes.
-    pub fn size_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-        }
-    }
-
-    /// The C type name.
-    pub fn c_type(self) -> &'static str {
-        match self {
-            DType::F32 => "float",
-        }
-    }
-}
 
 /// Whether an axis indexes the output (spatial) or is summed over (reduction).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -314,6 +291,12 @@ impl Workload {
     /// Check the invariants listed in the module doc.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(IrError::InvalidWorkload(m));
+        if self.dtype != DType::F32 {
+            return bad(format!(
+                "its tensors are {}: the kernels anyshape generates compute in f32",
+                self.dtype
+            ));
+        }
         for t in self.inputs.iter().chain([&self.output]) {
             if t.index.len() != t.shape.len() {
                 return bad(format!(

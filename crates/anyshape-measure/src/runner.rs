@@ -2,7 +2,7 @@
 //! candidate. A candidate that crashes the worker or runs past its limit is reported as
 //! failed; the worker is restarted for the candidates after it.
 use crate::{CheckReport, MeasureError, Result};
-use anyshape_codegen::{DeviceKind, GpuMicroKernel};
+use anyshape_codegen::{DeviceKind, GpuContractionKernel};
 use anyshape_ir::{Bindings, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -56,7 +56,7 @@ pub struct Candidate {
     /// A generated GPU kernel's micro-kernel, which its launch needs (`None` on CPU and
     /// for baselines).
     #[serde(default)]
-    pub gpu: Option<GpuMicroKernel>,
+    pub gpu: Option<GpuContractionKernel>,
 }
 
 impl Candidate {

@@ -3,7 +3,7 @@
 //! four padding strategies x two kernel modes, over T = 1, primes, the range ends 1 and
 //! 128 and values past the range; plus random micro-kernels.
 use anyshape_codegen::{
-    CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program, RowKernel, Simd, Sketch,
+    ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program, RowKernel, Simd, Sketch,
     KERNEL_MODES, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
@@ -40,9 +40,9 @@ fn runner() -> Runner {
 /// A micro-kernel with small tiles, so that small shapes still span several cache tiles
 /// and reduction tiles; three vectors wide, so that tiles at the N edge run one, two or
 /// three of them.
-fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
+fn small_micro_kernel(target: &CpuTarget) -> ContractionKernel {
     let lanes = target.lanes_f32();
-    MicroKernel {
+    ContractionKernel {
         mr: 3,
         nr: 3 * lanes,
         mc: 6,
@@ -60,8 +60,8 @@ fn small_micro_kernel(target: &CpuTarget) -> MicroKernel {
 /// The dot variant with small tiles: several register tiles per cache tile, reduction
 /// tiles of one vector (so that K has several tiles and a tail), a tile wider than
 /// tall.
-fn small_dot_micro_kernel(target: &CpuTarget) -> MicroKernel {
-    MicroKernel {
+fn small_dot_micro_kernel(target: &CpuTarget) -> ContractionKernel {
+    ContractionKernel {
         mr: 2,
         nr: 3,
         mc: 4,
@@ -197,15 +197,15 @@ fn contraction(workload: &str, every: usize) {
     let target = CpuTarget::detect();
     let tall = target.lanes_f32() / 2 + 1;
     let mks = [
-        MicroKernel {
+        ContractionKernel {
             mr: tall,
             mc: 2 * tall,
             ia: false,
             ib: false,
             vm: false,
-            ..MicroKernel::default_for(&target)
+            ..ContractionKernel::default_for(&target)
         },
-        MicroKernel {
+        ContractionKernel {
             pf: true,
             ia: true,
             ib: true,
@@ -216,11 +216,11 @@ fn contraction(workload: &str, every: usize) {
     matrix(workload, mks, every);
     matrix(
         workload,
-        mks.map(|mk| MicroKernel { vm: true, ..mk }),
+        mks.map(|mk| ContractionKernel { vm: true, ..mk }),
         every,
     );
     let dots = [
-        MicroKernel::default_dot_for(&target),
+        ContractionKernel::default_dot_for(&target),
         small_dot_micro_kernel(&target),
     ];
     matrix(workload, dots, every);
@@ -266,7 +266,7 @@ fn narrower_vectors_are_correct() {
             ..native.clone()
         };
         let w = Workload::parse("batch_matmul_nn(B=2,M=T,N=T+3,K=19)+relu").unwrap();
-        let mk = MicroKernel {
+        let mk = ContractionKernel {
             pf: true,
             ia: true,
             ib: true,
@@ -274,7 +274,7 @@ fn narrower_vectors_are_correct() {
             ..small_micro_kernel(&target)
         };
         let mut runs = Vec::new();
-        for mk in [mk, MicroKernel { ib: false, ..mk }] {
+        for mk in [mk, ContractionKernel { ib: false, ..mk }] {
             for strategy in PADDING_STRATEGIES {
                 let program = Program {
                     workload: w.clone(),
@@ -345,7 +345,7 @@ fn random_micro_kernels_are_correct() {
         // Every third one the dot variant: any column count, K tiles of whole vectors.
         let dot = runs.len() % 3 == 2;
         let col = if dot { 1 } else { lanes };
-        let mk = MicroKernel {
+        let mk = ContractionKernel {
             // Up to a vector and a half tall: A's blocks transposed in one or two groups.
             mr: rng.random_range(1..=lanes + lanes / 2 + 1),
             nr: nv * col,
@@ -359,7 +359,7 @@ fn random_micro_kernels_are_correct() {
             ib: !dot && rng.random_bool(0.5),
             vm: !dot && rng.random_bool(0.5),
         };
-        let mk = MicroKernel {
+        let mk = ContractionKernel {
             mc: mk.mr * rng.random_range(1..=5usize),
             kc: mk.k_granule(lanes) * rng.random_range(1..=6usize),
             ..mk
@@ -400,7 +400,7 @@ fn every_seed_is_correct() {
         "batch_matmul_nn(B=3,M=T,N=64,K=T)+relu",
     ] {
         let w = Workload::parse(w).unwrap();
-        for mk in MicroKernel::seeds(&target, &w) {
+        for mk in ContractionKernel::seeds(&target, &w) {
             let p = Program {
                 workload: w.clone(),
                 micro_kernel: mk,

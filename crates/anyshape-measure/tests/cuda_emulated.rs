@@ -5,7 +5,7 @@
 //! edges, the range ends and past them, for three workloads, three padding strategies
 //! and both kernel modes. On a GPU the same sources are compiled by NVRTC.
 use anyshape_codegen::{
-    launch_config, GpuMicroKernel, GpuTarget, KernelMode, PaddingStrategy, Program, Target,
+    launch_config, GpuContractionKernel, GpuTarget, KernelMode, PaddingStrategy, Program, Target,
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{check_output, random_inputs, reference_output};
@@ -36,7 +36,7 @@ struct float4 { float x, y, z, w; };
 const TS: [i64; 14] = [0, 1, 2, 7, 13, 31, 32, 33, 60, 64, 65, 97, 128, 129];
 
 /// C++ for `programs` plus a launcher per kernel: `launch_i(grid, threads, ins, out, vars)`.
-fn emulated_source(programs: &[Program<GpuMicroKernel>], target: &GpuTarget) -> String {
+fn emulated_source(programs: &[Program<GpuContractionKernel>], target: &GpuTarget) -> String {
     let mut s = format!("{EMULATION}{}", target.prelude());
     for (i, p) in programs.iter().enumerate() {
         s.push_str(&p.source(target).unwrap());
@@ -76,7 +76,7 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
     // Scalar and float4 shared reads on either side, thread tiles of 1 to 8, and slices
     // that the threads do not divide (48 and 96 elements over 128 threads).
     let micro_kernels = [(32, 32, 4, 2, 4), (16, 32, 3, 4, 1), (64, 32, 4, 8, 8)]
-        .map(|(bm, bn, bk, tm, tn)| GpuMicroKernel { bm, bn, bk, tm, tn });
+        .map(|(bm, bn, bk, tm, tn)| GpuContractionKernel { bm, bn, bk, tm, tn });
     let mut programs = Vec::new();
     for w in [
         "dense(M=T,N=40,K=24)+relu",

@@ -1,7 +1,7 @@
 //! The runner survives candidates that crash or hang: each fails alone, the others are
 //! measured. The faulty kernels are a test-only hook: hand-written C placed in the
 //! same library as real programs.
-use anyshape_codegen::{CpuTarget, KernelMode, MicroKernel, PaddingStrategy, Program};
+use anyshape_codegen::{ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
     Builder, Candidate, KernelSource, MeasureOptions, Outcome, Runner, WorkerCommand,
@@ -15,7 +15,7 @@ fn crashing_and_hanging_candidates_fail_alone() {
     let w = Workload::parse("dense(M=T,N=40,K=24)").unwrap();
     let good = Program {
         workload: w.clone(),
-        micro_kernel: MicroKernel::default_for(&target),
+        micro_kernel: ContractionKernel::default_for(&target),
         strategy: PaddingStrategy::LocalPad,
         mode: KernelMode::Symbolic,
         bindings: Bindings::default(),

@@ -246,12 +246,7 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
     }
     // Constants: inside the data, on cache lines, as large as their shapes.
     for c in &plan.constants {
-        let width = match c.dtype {
-            DType::F32 => 4,
-            DType::I64 => 8,
-            DType::Bool => 1,
-        };
-        let want = c.shape.iter().product::<usize>() as u64 * width;
+        let want = c.shape.iter().product::<usize>() as u64 * c.dtype.size_bytes() as u64;
         if c.offset % 64 != 0
             || c.bytes != want
             || c.offset.checked_add(c.bytes).is_none_or(|e| e > data_bytes)

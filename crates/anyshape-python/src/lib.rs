@@ -9,7 +9,7 @@ use anyshape_ir::ShapeVar;
 use anyshape_measure::{Builder, Measurer, Runner, WorkerCommand};
 use anyshape_runtime::RuntimeError;
 use anyshape_tensor::{DType, Data, Tensor, TensorRef};
-use anyshape_tune::{compile_model, ModelOptions, Observer, RoundSummary, Slice, Step};
+use anyshape_tune::{compile_model, ModelOptions, Observer, RoundSummary, Slice, Stage};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyException, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
@@ -221,17 +221,17 @@ impl Model {
     }
 }
 
-/// Reports a compile's progress on standard error, a line per step, task and slice.
+/// Reports a compile's progress on standard error, a line per stage, task and slice.
 struct Lines;
 
 impl Observer for Lines {
-    fn step(&mut self, step: &Step) {
-        match step {
-            Step::Search { budget, .. } => eprintln!("search: a budget of {budget} trials"),
-            Step::Votes { .. } => eprintln!("votes: measuring the candidates on every instance"),
-            Step::Tree => eprintln!("dispatch tree: training"),
-            Step::Module { symbolic, .. } => eprintln!("module: building {symbolic} kernels"),
-            Step::Verify => eprintln!("verify: checking the best kernels"),
+    fn stage(&mut self, stage: &Stage) {
+        match stage {
+            Stage::Search { budget, .. } => eprintln!("search: a budget of {budget} trials"),
+            Stage::Votes { .. } => eprintln!("votes: measuring the candidates on every instance"),
+            Stage::Tree => eprintln!("dispatch tree: training"),
+            Stage::Module { symbolic, .. } => eprintln!("module: building {symbolic} kernels"),
+            Stage::Check => eprintln!("check: the best kernels against the reference"),
         }
     }
     fn round(&mut self, s: &RoundSummary) {
@@ -259,7 +259,7 @@ impl Observer for Lines {
 struct Quiet;
 
 impl Observer for Quiet {
-    fn step(&mut self, _: &Step) {}
+    fn stage(&mut self, _: &Stage) {}
     fn round(&mut self, _: &RoundSummary) {}
     fn trials(&mut self, _: usize) {}
 }

@@ -3,45 +3,7 @@
 //! `f32` (activations, weights), `i64` (indices, shapes) and `bool` (masks).
 use crate::{Result, TensorError};
 
-/// An element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit signed integer.
-    I64,
-    /// Boolean.
-    Bool,
-}
-
-impl DType {
-    /// The ONNX name.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float",
-            DType::I64 => "int64",
-            DType::Bool => "bool",
-        }
-    }
-
-    /// The element type of an ONNX `TensorProto.DataType` code, where anyshape computes
-    /// it (32-bit integers widen to `i64`, doubles narrow to `f32`).
-    pub fn from_onnx(code: i32) -> Option<DType> {
-        match code {
-            1 | 11 => Some(DType::F32), // FLOAT, DOUBLE
-            6 | 7 => Some(DType::I64),  // INT32, INT64
-            9 => Some(DType::Bool),     // BOOL
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for DType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use anyshape_ir::DType;
 
 /// The elements of a tensor.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -124,35 +86,17 @@ impl Tensor {
 
     /// The `f32` elements, or an error naming what they are.
     pub fn as_f32(&self) -> Result<&[f32]> {
-        match &self.data {
-            Data::F32(v) => Ok(v),
-            d => Err(TensorError::Type(format!(
-                "expected float, got {}",
-                d.dtype()
-            ))),
-        }
+        self.view().as_f32()
     }
 
     /// The `i64` elements, or an error naming what they are.
     pub fn as_i64(&self) -> Result<&[i64]> {
-        match &self.data {
-            Data::I64(v) => Ok(v),
-            d => Err(TensorError::Type(format!(
-                "expected int64, got {}",
-                d.dtype()
-            ))),
-        }
+        self.view().as_i64()
     }
 
     /// The `bool` elements, or an error naming what they are.
     pub fn as_bool(&self) -> Result<&[bool]> {
-        match &self.data {
-            Data::Bool(v) => Ok(v),
-            d => Err(TensorError::Type(format!(
-                "expected bool, got {}",
-                d.dtype()
-            ))),
-        }
+        self.view().as_bool()
     }
 
     /// The same elements under another shape of as many elements.

@@ -7,7 +7,7 @@
 //! the backend build and measure each round's trials. Tests give it a synthetic backend.
 use crate::{Result, SearchSpace, TrialResult, Tunable};
 use anyshape_codegen::{
-    Adaptation, Factors, GpuMicroKernel, MicroKernel, PaddingStrategy, Program, Sketch,
+    Adaptation, ContractionKernel, Factors, GpuContractionKernel, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use anyshape_measure::{BuiltLibrary, Candidate, Measurer};
@@ -123,9 +123,9 @@ pub struct SketchBackend<'a, K: Sketch> {
 }
 
 /// The CPU contraction backend.
-pub type CpuBackend<'a> = SketchBackend<'a, MicroKernel>;
+pub type CpuBackend<'a> = SketchBackend<'a, ContractionKernel>;
 /// The GPU contraction backend.
-pub type GpuBackend<'a> = SketchBackend<'a, GpuMicroKernel>;
+pub type GpuBackend<'a> = SketchBackend<'a, GpuContractionKernel>;
 
 impl<'a, K: Sketch> SketchBackend<'a, K> {
     /// The backend for `target`, measuring with `measurer`.
@@ -221,7 +221,7 @@ pub(crate) fn run_built<K: Copy + Ord>(
     measurer: &Measurer,
     lib: &BuiltLibrary,
     batch: &TrialBatch<K>,
-    kernel: &dyn Fn(&K) -> (String, Option<GpuMicroKernel>),
+    kernel: &dyn Fn(&K) -> (String, Option<GpuContractionKernel>),
     on_result: &mut dyn FnMut(usize, TrialResult),
 ) -> Result<()> {
     let mut order: Vec<usize> = (0..batch.trials.len()).collect();

@@ -12,8 +12,8 @@
 //! are described by their tiles ([`Tunable`] for each sketch).
 use anyshape_codegen::loop_ir::{shape_var_name, Cond, Func, LoopKind, Stmt, Value};
 use anyshape_codegen::{
-    lower, CpuTarget, GpuMicroKernel, GpuTarget, MicroKernel, PaddingStrategy, Program, RowKernel,
-    Sketch,
+    lower, ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget, PaddingStrategy, Program,
+    RowKernel, Sketch,
 };
 use anyshape_ir::{Bindings, Expr, Workload};
 
@@ -286,7 +286,7 @@ pub trait Tunable: Sketch {
     ) -> Vec<f64>;
 
     /// The micro-kernel a GPU launch needs, for a generated GPU kernel.
-    fn launch(&self) -> Option<GpuMicroKernel> {
+    fn launch(&self) -> Option<GpuContractionKernel> {
         None
     }
 }
@@ -354,7 +354,7 @@ fn cpu_features<K: Sketch<Target = CpuTarget>>(
     }
 }
 
-impl Tunable for MicroKernel {
+impl Tunable for ContractionKernel {
     /// One cache tile of every axis, batch 1.
     fn features(
         &self,
@@ -390,7 +390,7 @@ impl Tunable for RowKernel {
     }
 }
 
-impl Tunable for GpuMicroKernel {
+impl Tunable for GpuContractionKernel {
     /// From the tiles alone (the sketch's structure is fixed): tile sizes, threads,
     /// shared memory, registers, resident blocks and warps, arithmetic per shared load,
     /// global loads per multiply-add, fetch work per thread.
@@ -422,7 +422,7 @@ impl Tunable for GpuMicroKernel {
         ]
     }
 
-    fn launch(&self) -> Option<GpuMicroKernel> {
+    fn launch(&self) -> Option<GpuContractionKernel> {
         Some(*self)
     }
 }
@@ -437,8 +437,8 @@ mod tests {
         let lanes = target.lanes_f32();
         let w = Workload::parse("dense(M=16*T,N=2304,K=768)").unwrap();
         let b = Bindings::from_pairs([("T", 64)]);
-        let a = MicroKernel::default_for(&target);
-        let small = MicroKernel {
+        let a = ContractionKernel::default_for(&target);
+        let small = ContractionKernel {
             mr: 2,
             nr: lanes,
             mc: 4,

@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod check;
 mod cost_model;
 mod curve;
 mod error;
@@ -32,11 +33,11 @@ mod scores;
 mod search;
 mod space;
 mod task;
-mod verify;
 mod votes;
 
 pub use anyshape_codegen::Factors;
 pub use backend::{Backend, CpuBackend, GpuBackend, SketchBackend, Trial, TrialBatch};
+pub use check::{check_best, BestCheck};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use curve::{CurvePoint, TuningLog, TUNING_FILE};
 pub use error::{Result, TuneError};
@@ -47,12 +48,11 @@ pub use journal::ResumeSummary;
 pub use model::{compile_model, CompiledModel, ModelOptions};
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs};
-pub use pipeline::{compile, Compiled, Observer, Packaged, PipelineOptions, Step};
+pub use pipeline::{tune_workload, Observer, Packaged, PipelineOptions, Stage, Tuned};
 pub use records::{Record, RecordLog, TrialResult};
 pub use report::{InstanceBest, RoundSummary, StopReason, TimeBreakdown, TuneOptions, TuneReport};
 pub use schedule::{Allotment, Scheduler, Slice};
 pub use scores::ScoreTable;
 pub use search::Tuner;
 pub use space::SearchSpace;
-pub use verify::{verify, Verification};
 pub use votes::{cover, elect, train_tree, vote, VoteOptions, Votes};

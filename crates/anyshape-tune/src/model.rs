@@ -69,7 +69,7 @@ impl Default for ModelOptions {
                 out: None,
                 reads: Default::default(),
                 specialize: crate::Specialize::None,
-                verify_flops: None,
+                check_flops: None,
                 dispatch: false,
             },
         }

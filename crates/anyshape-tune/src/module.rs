@@ -7,7 +7,7 @@ use anyshape_abi::{
     STATUS_NO_KERNEL, STATUS_NO_MEMORY, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 use anyshape_codegen::{
-    dispatcher_c, CpuTarget, DispatcherSpec, MicroKernel, PaddingStrategy, Program, Sketch,
+    dispatcher_c, ContractionKernel, CpuTarget, DispatcherSpec, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{Builder, KernelSource};
@@ -82,7 +82,7 @@ impl Specialize {
 }
 
 /// What goes into a module.
-pub struct ModuleSpec<'a, K: Sketch = MicroKernel> {
+pub struct ModuleSpec<'a, K: Sketch = ContractionKernel> {
     /// The workload.
     pub workload: &'a Workload,
     /// The tuned domains.

@@ -1,21 +1,21 @@
-//! The compile pipeline, in one function ([`compile`]): workload → joint search → votes
+//! The tuning pipeline of one workload, in one function ([`tune_workload`]): workload → joint search → votes
 //! → dispatch tree → module. Every front end (the command line's `tune` on any device,
-//! the baselines' per-shape tuning) runs it; each step is announced to an
+//! the baselines' per-shape tuning) runs it; each stage is announced to an
 //! [`Observer`] by name, so progress shows whether or not the output is a terminal.
 use crate::{
-    elect, train_tree, verify, write_module, Backend, ModuleSpec, Result, Specialize, Tunable,
-    TuneError, TuneReport, Tuner, Verification, VoteOptions, Votes,
+    check_best, elect, train_tree, write_module, Backend, BestCheck, ModuleSpec, Result,
+    Specialize, Tunable, TuneError, TuneReport, Tuner, VoteOptions, Votes,
 };
 use anyshape_abi::{DispatchTree, Manifest, TuningInfo};
-use anyshape_codegen::{CpuTarget, GpuMicroKernel, MicroKernel, RowKernel, Sketch};
+use anyshape_codegen::{ContractionKernel, CpuTarget, GpuContractionKernel, RowKernel, Sketch};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// A step of the pipeline.
+/// A stage of the pipeline.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Step {
+pub enum Stage {
     /// The joint search starts: instances, trial budget, trials resumed.
     Search {
         /// Instances of the domain.
@@ -41,15 +41,15 @@ pub enum Step {
         specialized: usize,
     },
     /// The best kernel of every instance is checked against the reference.
-    Verify,
+    Check,
 }
 
-/// Hears the progress of tuning: the pipeline's steps and rounds, and, compiling a
+/// Hears the progress of tuning: the pipeline's stages and rounds, and, compiling a
 /// model, its tasks, the task scheduler's slices and the families (those have nothing
 /// to say for one workload, so they default to nothing).
 pub trait Observer {
-    /// A step starts.
-    fn step(&mut self, step: &Step);
+    /// A stage starts.
+    fn stage(&mut self, stage: &Stage);
     /// A search round ended.
     fn round(&mut self, summary: &crate::RoundSummary);
     /// The records hold `n` trials.
@@ -78,13 +78,13 @@ pub struct PipelineOptions {
     /// Instances that get specialized kernels in the module.
     pub specialize: Specialize,
     /// Check the best kernel of every instance up to this many FLOPs.
-    pub verify_flops: Option<f64>,
+    pub check_flops: Option<f64>,
     /// Vote and train the tree even without a module (to report them).
     pub dispatch: bool,
 }
 
 /// What the pipeline produced.
-pub struct Compiled<K> {
+pub struct Tuned<K> {
     /// The search's report.
     pub report: TuneReport<K>,
     /// The votes, the tree and its training accuracy, where made.
@@ -94,7 +94,7 @@ pub struct Compiled<K> {
     /// The module's manifest and the seconds its build took, where written.
     pub module: Option<(Manifest, f64)>,
     /// The check of the best kernels, where asked for.
-    pub verification: Option<Verification>,
+    pub check: Option<BestCheck>,
 }
 
 /// A sketch whose tuned micro-kernels can be packaged into a module the runtime loads.
@@ -116,7 +116,7 @@ fn write_cpu<K: Tunable + Sketch<Target = CpuTarget>>(
     write_module(spec, &measurer.builder, dir)
 }
 
-impl Packaged for MicroKernel {
+impl Packaged for ContractionKernel {
     fn write(spec: &ModuleSpec<Self>, m: &Measurer, dir: &std::path::Path) -> Result<Manifest> {
         write_cpu(spec, m, dir)
     }
@@ -128,7 +128,7 @@ impl Packaged for RowKernel {
     }
 }
 
-impl Packaged for GpuMicroKernel {
+impl Packaged for GpuContractionKernel {
     fn write(_: &ModuleSpec<Self>, _: &Measurer, _: &std::path::Path) -> Result<Manifest> {
         Err(TuneError::Unsupported(
             "modules of GPU kernels are not built yet (the runtime loads CPU modules); tune without --out, or on the CPU".into(),
@@ -137,20 +137,20 @@ impl Packaged for GpuMicroKernel {
 }
 
 /// Run the pipeline on a prepared tuner: the search, then (for a module, or with
-/// `dispatch`) the votes and the tree, the module, and the verification asked for. An
+/// `dispatch`) the votes and the tree, the module, and the check asked for. An
 /// interrupted search ends the pipeline there (the records hold it; a resume goes on).
-pub fn compile<B>(
+pub fn tune_workload<B>(
     tuner: &mut Tuner<B>,
     shape_vars: &[ShapeVar],
     measurer: &Measurer,
     options: &PipelineOptions,
     observer: &mut dyn Observer,
-) -> Result<Compiled<B::MicroKernel>>
+) -> Result<Tuned<B::MicroKernel>>
 where
     B: Backend,
     B::MicroKernel: Packaged,
 {
-    observer.step(&Step::Search {
+    observer.stage(&Stage::Search {
         instances: tuner.instances().len(),
         budget: tuner.budget(),
         resumed: tuner.trials(),
@@ -160,31 +160,31 @@ where
         obs.borrow_mut().trials(n)
     })?;
     let observer = obs.into_inner();
-    let mut compiled = Compiled {
+    let mut tuned = Tuned {
         report,
         dispatch: None,
         vote_seconds: 0.0,
         module: None,
-        verification: None,
+        check: None,
     };
     // Asked to stop: the records hold the search; votes and module wait for a resume.
-    if compiled.report.stop == crate::StopReason::Interrupted {
-        return Ok(compiled);
+    if tuned.report.stop == crate::StopReason::Interrupted {
+        return Ok(tuned);
     }
     if options.out.is_some() || options.dispatch {
         let start = Instant::now();
-        observer.step(&Step::Votes {
+        observer.stage(&Stage::Votes {
             trials: options.votes.max_kernels * tuner.instances().len(),
         });
         let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
-        compiled.vote_seconds = start.elapsed().as_secs_f64();
-        observer.step(&Step::Tree);
+        tuned.vote_seconds = start.elapsed().as_secs_f64();
+        observer.stage(&Stage::Tree);
         let (tree, accuracy) = train_tree(&tuner.workload().shape_vars(), &votes.votes)?;
         if let Some(out) = &options.out {
             let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
             let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();
             let specialize = options.specialize.pick(&bindings, &weights);
-            observer.step(&Step::Module {
+            observer.stage(&Stage::Module {
                 symbolic: votes.micro_kernels.len(),
                 specialized: specialize.len(),
             });
@@ -203,7 +203,7 @@ where
                     tuning: Some(TuningInfo {
                         seconds,
                         trials: tuner.trials(),
-                        resumed_trials: compiled.report.resumed_trials,
+                        resumed_trials: tuned.report.resumed_trials,
                         untimed_trials,
                     }),
                     reads: &options.reads,
@@ -211,20 +211,20 @@ where
                 measurer,
                 out,
             )?;
-            compiled.module = Some((manifest, t0.elapsed().as_secs_f64()));
+            tuned.module = Some((manifest, t0.elapsed().as_secs_f64()));
         }
-        compiled.dispatch = Some((votes, tree, accuracy));
+        tuned.dispatch = Some((votes, tree, accuracy));
     }
-    if let Some(max_flops) = options.verify_flops {
-        observer.step(&Step::Verify);
-        compiled.verification = Some(verify(
+    if let Some(max_flops) = options.check_flops {
+        observer.stage(&Stage::Check);
+        tuned.check = Some(check_best(
             tuner.workload(),
             tuner.target(),
             tuner.strategy(),
-            &compiled.report,
+            &tuned.report,
             measurer,
             max_flops,
         )?);
     }
-    Ok(compiled)
+    Ok(tuned)
 }

@@ -14,7 +14,7 @@
 //!   from outside) is recorded as such, does not count as a trial, and is measured again
 //!   when the run resumes.
 use crate::{Result, TuneError};
-use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
+use anyshape_codegen::{ContractionKernel, CpuTarget, PaddingStrategy};
 use anyshape_ir::Bindings;
 use anyshape_measure::Outcome;
 use serde::de::DeserializeOwned;
@@ -80,7 +80,7 @@ impl TrialResult {
 /// One trial: a program measured on an instance (on the CPU unless `K`, the
 /// micro-kernel, and `T`, the target, say otherwise).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record<K = MicroKernel, T = CpuTarget> {
+pub struct Record<K = ContractionKernel, T = CpuTarget> {
     /// The anyshape version that measured it.
     pub anyshape: String,
     /// The workload, in its textual form.
@@ -312,7 +312,7 @@ mod tests {
             workload: "dense(M=T,N=4,K=4)".into(),
             target: CpuTarget::detect(),
             strategy: PaddingStrategy::LocalPad,
-            micro_kernel: MicroKernel {
+            micro_kernel: ContractionKernel {
                 mr: i + 1,
                 nr: 16,
                 mc: i + 1,

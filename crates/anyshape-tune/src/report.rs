@@ -1,6 +1,6 @@
 //! A search's options and what it reports: per round, per instance, and at the end
 //! (with why it stopped).
-use anyshape_codegen::{MicroKernel, PaddingStrategy};
+use anyshape_codegen::{ContractionKernel, PaddingStrategy};
 use anyshape_ir::Bindings;
 use anyshape_measure::MeasureOptions;
 use serde::{Deserialize, Serialize};
@@ -112,7 +112,7 @@ pub struct RoundSummary {
 
 /// The best micro-kernel found for one instance.
 #[derive(Clone, Debug, Serialize)]
-pub struct InstanceBest<K = MicroKernel> {
+pub struct InstanceBest<K = ContractionKernel> {
     /// The instance.
     pub bindings: Bindings,
     /// Its weight.
@@ -129,7 +129,7 @@ pub struct InstanceBest<K = MicroKernel> {
 
 /// The result of a tuning run.
 #[derive(Clone, Debug, Serialize)]
-pub struct TuneReport<K = MicroKernel> {
+pub struct TuneReport<K = ContractionKernel> {
     /// The workload.
     pub workload: String,
     /// Best micro-kernel per instance.

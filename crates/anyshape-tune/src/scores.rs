@@ -3,14 +3,14 @@
 //! trained from the records; the vote round's table.
 use crate::journal::BackendRecord;
 use crate::{Backend, CostModel, Result, Sample, Tuner};
-use anyshape_codegen::MicroKernel;
+use anyshape_codegen::ContractionKernel;
 use anyshape_ir::Bindings;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 /// Latency of micro-kernels on every instance, measured or predicted.
 #[derive(Clone, Debug)]
-pub struct ScoreTable<K = MicroKernel> {
+pub struct ScoreTable<K = ContractionKernel> {
     /// The micro-kernels (rows).
     pub kernels: Vec<K>,
     /// Seconds, `[kernel][instance]`; infinite where the program failed.

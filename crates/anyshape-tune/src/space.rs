@@ -93,13 +93,13 @@ impl<K: Sketch> SearchSpace<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anyshape_codegen::{CpuTarget, MicroKernel};
+    use anyshape_codegen::{ContractionKernel, CpuTarget};
     use rand::SeedableRng;
 
     #[test]
     fn sampling_mutation_and_crossover_stay_in_the_space() {
         let target = CpuTarget::detect();
-        let space = SearchSpace::<MicroKernel>::new(&target);
+        let space = SearchSpace::<ContractionKernel>::new(&target);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..500 {
@@ -125,7 +125,7 @@ mod tests {
         let n_padded = 50usize.div_ceil(lanes) * lanes;
         let m_padded = 37usize.div_ceil(lanes) * lanes;
         let f = Factors(vec![37, n_padded, 96, 50, m_padded]);
-        let space = SearchSpace::<MicroKernel>::factor_only(&target, f);
+        let space = SearchSpace::<ContractionKernel>::factor_only(&target, f);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
         for _ in 0..300 {
             let a = space.sample(&mut rng);
@@ -142,7 +142,7 @@ mod tests {
             }
         }
         // The generic space holds tiles the factor-only one lacks.
-        let generic = SearchSpace::<MicroKernel>::new(&target);
+        let generic = SearchSpace::<ContractionKernel>::new(&target);
         let mk = generic.sample(&mut rng);
         assert!(generic.contains(&mk));
     }

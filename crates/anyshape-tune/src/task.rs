@@ -3,7 +3,7 @@
 //! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's default
 //! micro-kernel for every instance.
 use crate::{
-    compile, instances, write_module, ModelOptions, ModuleSpec, Observer, Offer, Packaged,
+    instances, tune_workload, write_module, ModelOptions, ModuleSpec, Observer, Offer, Packaged,
     PipelineOptions, RecordLog, Result, SketchBackend, Specialize, StopReason, TimeBreakdown,
     TuneError, TuneOptions, Tuner, Votes,
 };
@@ -163,15 +163,15 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
             specialize: Specialize::None,
             ..self.job.options.pipeline.clone()
         };
-        let compiled = compile(
+        let tuned = tune_workload(
             &mut self.tuner,
             self.job.vars,
             self.job.measurer,
             &pipeline,
             observer,
         )?;
-        if compiled.module.is_none() {
-            return Err(interrupted(self.job.workload, compiled.report.stop));
+        if tuned.module.is_none() {
+            return Err(interrupted(self.job.workload, tuned.report.stop));
         }
         Ok(self.tuner.trials())
     }

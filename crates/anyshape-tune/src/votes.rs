@@ -3,7 +3,7 @@
 //! are chosen, and a decision tree learns shape-var values → vote.
 use crate::{Backend, Result, ScoreTable, TuneError, Tuner};
 use anyshape_abi::{DispatchTree, Vote};
-use anyshape_codegen::MicroKernel;
+use anyshape_codegen::ContractionKernel;
 use anyshape_ir::Bindings;
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_classifier::{
@@ -12,7 +12,7 @@ use smartcore::tree::decision_tree_classifier::{
 
 /// The outcome of voting.
 #[derive(Clone, Debug)]
-pub struct Votes<K = MicroKernel> {
+pub struct Votes<K = ContractionKernel> {
     /// The chosen micro-kernels, most votes first.
     pub micro_kernels: Vec<K>,
     /// One vote per instance (indices into `micro_kernels`).
@@ -327,7 +327,7 @@ mod tests {
         let n = lat[0].len();
         ScoreTable {
             kernels: (0..lat.len())
-                .map(|i| MicroKernel {
+                .map(|i| ContractionKernel {
                     mr: 1,
                     nr: 16,
                     mc: 8 * (i + 1),

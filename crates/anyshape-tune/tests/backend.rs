@@ -3,7 +3,7 @@
 //! replaced by a synthetic GPU (a known latency per micro-kernel and instance; some
 //! micro-kernels "crash"). The search must find near-optimal kernels for every instance,
 //! go on past failing candidates, and resume without measuring anything twice.
-use anyshape_codegen::{GpuMicroKernel, GpuTarget, PaddingStrategy};
+use anyshape_codegen::{GpuContractionKernel, GpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_tune::{
@@ -22,7 +22,7 @@ struct Synthetic<'a> {
     measured: Rc<Cell<usize>>,
     /// Slow spells (and lucky runs): each measurement of a micro-kernel on an instance
     /// takes the factor of the first entry for that pair longer, and consumes it.
-    spike: Rc<RefCell<Vec<(GpuMicroKernel, Bindings, f64)>>>,
+    spike: Rc<RefCell<Vec<(GpuContractionKernel, Bindings, f64)>>>,
 }
 
 /// Peak FLOP/s of the synthetic device.
@@ -30,19 +30,19 @@ const PEAK: f64 = 50e12;
 
 /// Micro-kernel quality: register reuse saturating at 8×8 thread tiles, a penalty for
 /// shallow reduction tiles.
-fn quality(mk: &GpuMicroKernel) -> f64 {
+fn quality(mk: &GpuContractionKernel) -> f64 {
     let reuse = (f64::from(mk.tm * mk.tn) / 64.0).min(1.0).sqrt();
     let depth = if mk.bk >= 8 { 1.0 } else { 0.7 };
     reuse * depth
 }
 
 /// Micro-kernels that kill the synthetic worker (a fifth of the space).
-fn crashes(mk: &GpuMicroKernel) -> bool {
+fn crashes(mk: &GpuContractionKernel) -> bool {
     mk.bk == 32
 }
 
 impl Synthetic<'_> {
-    fn latency(&self, w: &Workload, mk: &GpuMicroKernel, bound: &BoundWorkload) -> f64 {
+    fn latency(&self, w: &Workload, mk: &GpuContractionKernel, bound: &BoundWorkload) -> f64 {
         let a = self.gpu.adaptation(w, mk, bound);
         let x = a.tasks;
         let waves = (x / a.slots).ceil() * a.slots;
@@ -51,34 +51,34 @@ impl Synthetic<'_> {
 }
 
 impl Backend for Synthetic<'_> {
-    type MicroKernel = GpuMicroKernel;
+    type MicroKernel = GpuContractionKernel;
     fn target(&self) -> &GpuTarget {
         self.gpu.target()
     }
-    fn default_kernel(&self) -> GpuMicroKernel {
+    fn default_kernel(&self) -> GpuContractionKernel {
         self.gpu.default_kernel()
     }
     fn restrict_to_factors(&mut self, f: Factors) {
         self.gpu.restrict_to_factors(f)
     }
-    fn sample(&self, rng: &mut impl Rng) -> GpuMicroKernel {
+    fn sample(&self, rng: &mut impl Rng) -> GpuContractionKernel {
         self.gpu.sample(rng)
     }
-    fn mutate(&self, mk: &GpuMicroKernel, rng: &mut impl Rng) -> GpuMicroKernel {
+    fn mutate(&self, mk: &GpuContractionKernel, rng: &mut impl Rng) -> GpuContractionKernel {
         self.gpu.mutate(mk, rng)
     }
     fn crossover(
         &self,
-        a: &GpuMicroKernel,
-        b: &GpuMicroKernel,
+        a: &GpuContractionKernel,
+        b: &GpuContractionKernel,
         rng: &mut impl Rng,
-    ) -> GpuMicroKernel {
+    ) -> GpuContractionKernel {
         self.gpu.crossover(a, b, rng)
     }
     fn features(
         &self,
         w: &Workload,
-        mk: &GpuMicroKernel,
+        mk: &GpuContractionKernel,
         s: PaddingStrategy,
         r: &Bindings,
     ) -> Vec<f64> {
@@ -86,7 +86,7 @@ impl Backend for Synthetic<'_> {
     }
     fn measure(
         &self,
-        batch: &TrialBatch<GpuMicroKernel>,
+        batch: &TrialBatch<GpuContractionKernel>,
         on_result: &mut dyn FnMut(usize, TrialResult),
     ) -> Result<f64> {
         for (n, t) in batch.trials.iter().enumerate() {
@@ -130,7 +130,7 @@ struct Fixture {
     records: PathBuf,
     tune: TuneOptions,
     measured: Rc<Cell<usize>>,
-    spike: Rc<RefCell<Vec<(GpuMicroKernel, Bindings, f64)>>>,
+    spike: Rc<RefCell<Vec<(GpuContractionKernel, Bindings, f64)>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -214,7 +214,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
             for bk in [2, 4, 8, 16, 32] {
                 for tm in [1, 2, 4, 8, 16] {
                     for tn in [1, 2, 4, 8, 16] {
-                        let mk = GpuMicroKernel { bm, bn, bk, tm, tn };
+                        let mk = GpuContractionKernel { bm, bn, bk, tm, tn };
                         if mk.validate(target).is_ok() && !crashes(&mk) {
                             space.push(mk);
                         }
@@ -223,7 +223,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
             }
         }
     }
-    let quality_of = |best: &[anyshape_tune::InstanceBest<GpuMicroKernel>]| {
+    let quality_of = |best: &[anyshape_tune::InstanceBest<GpuContractionKernel>]| {
         let mut ratios = Vec::new();
         for (x, best) in domain.iter().zip(best) {
             let opt = space
@@ -408,7 +408,7 @@ fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
     let [(best, a), (b_true, b), (c_true, c)] = [known[0], known[1], known[2]];
     // On the last instance: B measures 5 % off the best, the outsider C 20 % off
     // (past the 15 % margin) every time; the re-timings of A and B run 40 % slow.
-    let at = |mk: GpuMicroKernel, factor: f64| (mk, last.bindings.clone(), factor);
+    let at = |mk: GpuContractionKernel, factor: f64| (mk, last.bindings.clone(), factor);
     // On the first instance B and C measure three times slower: A stands clear.
     let first = &domain[0].bindings;
     *spike.borrow_mut() = vec![
@@ -482,8 +482,8 @@ fn fastest_on(
     truth: &Synthetic,
     w: &Workload,
     last: &Instance,
-) -> Vec<(f64, GpuMicroKernel)> {
-    let mut known: Vec<(f64, GpuMicroKernel)> = tuner
+) -> Vec<(f64, GpuContractionKernel)> {
+    let mut known: Vec<(f64, GpuContractionKernel)> = tuner
         .scores(None)
         .kernels
         .iter()
@@ -528,7 +528,7 @@ fn the_last_round_measures_the_winners_neighbours() {
         first > 0 && exploiting[first..].iter().all(|&e| e),
         "{exploiting:?}"
     );
-    let (_log, all) = RecordLog::open::<GpuMicroKernel, GpuTarget>(&f.records, true).unwrap();
+    let (_log, all) = RecordLog::open::<GpuContractionKernel, GpuTarget>(&f.records, true).unwrap();
     let rounds: BTreeSet<usize> = all.iter().map(|r| r.round).collect();
     assert_eq!(rounds.len(), exploiting.len());
     let round = *rounds.iter().nth(first).unwrap();
@@ -540,7 +540,7 @@ fn the_last_round_measures_the_winners_neighbours() {
     }
     let before: Vec<_> = all.iter().filter(|r| r.round < round).collect();
     let new: Vec<_> = all.iter().filter(|r| r.round == round).collect();
-    let mut best: BTreeMap<&Bindings, (f64, GpuMicroKernel)> = BTreeMap::new();
+    let mut best: BTreeMap<&Bindings, (f64, GpuContractionKernel)> = BTreeMap::new();
     for r in &before {
         if let Some(l) = r.latency() {
             let b = best.entry(&r.bindings).or_insert((l, r.micro_kernel));
@@ -549,11 +549,11 @@ fn the_last_round_measures_the_winners_neighbours() {
             }
         }
     }
-    let mut won: BTreeMap<GpuMicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+    let mut won: BTreeMap<GpuContractionKernel, BTreeSet<&Bindings>> = BTreeMap::new();
     for (x, (_, mk)) in &best {
         won.entry(*mk).or_default().insert(*x);
     }
-    let mut measured: BTreeMap<GpuMicroKernel, BTreeSet<&Bindings>> = BTreeMap::new();
+    let mut measured: BTreeMap<GpuContractionKernel, BTreeSet<&Bindings>> = BTreeMap::new();
     for r in &new {
         assert!(
             !before.iter().any(|b| b.micro_kernel == r.micro_kernel),

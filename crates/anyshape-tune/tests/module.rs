@@ -3,7 +3,7 @@
 //! buffers and shapes are errors.
 use anyshape_abi::{read_manifest, write_manifest, ModuleError};
 use anyshape_abi::{Manifest, Vote, MANIFEST_FILE};
-use anyshape_codegen::{CpuTarget, MicroKernel, PaddingStrategy};
+use anyshape_codegen::{ContractionKernel, CpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, ShapeVar, Workload};
 use anyshape_measure::{check_output, random_inputs, reference_output, Builder};
 use anyshape_runtime::{Module, RuntimeError};
@@ -32,7 +32,7 @@ fn build_voted(
 ) -> Manifest {
     let target = CpuTarget::detect();
     let lanes = target.lanes_f32();
-    let mk = |mr, nr: usize, kc| MicroKernel {
+    let mk = |mr, nr: usize, kc| ContractionKernel {
         mr,
         nr: nr * lanes,
         mc: mr * 3,

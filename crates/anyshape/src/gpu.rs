@@ -6,7 +6,7 @@ use crate::runner;
 use crate::tune::{gpu_target, tune_on, Job, TuneArgs};
 use anyhow::{bail, Context, Result};
 use anyshape_bench::{compare_gpu, GpuComparison};
-use anyshape_codegen::{DeviceKind, GpuMicroKernel, Sketch};
+use anyshape_codegen::{DeviceKind, GpuContractionKernel, Sketch};
 use anyshape_measure::Measurer;
 use clap::Args;
 use std::path::PathBuf;
@@ -36,15 +36,15 @@ pub fn gpu(mut args: GpuArgs) -> Result<()> {
     }
     args.tune.device = DeviceKind::Cuda;
     let job = Job::new(&args.tune, Some(&args.out_dir.join("records.jsonl")))?;
-    GpuMicroKernel::applies(&job.workload)?;
+    GpuContractionKernel::applies(&job.workload)?;
     let workload = job.workload.clone();
     let strategy = job.options.strategy;
     let mut measure = job.options.measure.clone();
     let target = gpu_target()?;
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
-    let (compiled, instances, tuning_seconds) = tune_on::<GpuMicroKernel>(job, &target)?;
-    let Some((votes, tree, accuracy)) = &compiled.dispatch else {
+    let (tuned, instances, tuning_seconds) = tune_on::<GpuContractionKernel>(job, &target)?;
+    let Some((votes, tree, accuracy)) = &tuned.dispatch else {
         bail!("the search was interrupted before the votes: nothing to compare");
     };
     measure.min_seconds = args.seconds;

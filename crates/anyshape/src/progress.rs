@@ -1,9 +1,9 @@
 //! How long work shows its progress: a bar on a terminal, a line per step elsewhere (a
 //! log file, CI). One [`Reporter`] hears both the libraries' counted work
-//! ([`Progress`]) and the compile pipeline's steps and rounds ([`Observer`]).
+//! ([`Progress`]) and the tuning pipeline's stages and rounds ([`Observer`]).
 use anyshape_ir::Workload;
 use anyshape_measure::Progress;
-use anyshape_tune::{FamilyQuality, Observer, RoundSummary, Slice, Step};
+use anyshape_tune::{FamilyQuality, Observer, RoundSummary, Slice, Stage};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -113,10 +113,10 @@ impl Progress for Reporter {
 }
 
 impl Observer for Reporter {
-    fn step(&mut self, step: &Step) {
+    fn stage(&mut self, stage: &Stage) {
         self.finish();
-        match step {
-            Step::Search {
+        match stage {
+            Stage::Search {
                 instances,
                 budget,
                 resumed,
@@ -130,21 +130,19 @@ impl Observer for Reporter {
                     bar.set_position(*resumed as u64);
                 }
             }
-            Step::Votes { trials } => {
+            Stage::Votes { trials } => {
                 eprintln!("votes: measuring the candidate micro-kernels on every instance (some {trials} measurements), then re-timing the close calls ...");
                 self.bar(None, "{spinner} votes: {pos} records  {elapsed_precise}");
             }
-            Step::Tree => eprintln!("dispatch tree: training on the votes ..."),
-            Step::Module {
+            Stage::Tree => eprintln!("dispatch tree: training on the votes ..."),
+            Stage::Module {
                 symbolic,
                 specialized,
             } => eprintln!(
                 "module: building {symbolic} symbolic + {specialized} specialized kernels ..."
             ),
-            Step::Verify => {
-                eprintln!(
-                    "verify: checking the best kernel of every instance against the reference ..."
-                )
+            Stage::Check => {
+                eprintln!("check: the best kernel of every instance against the reference ...")
             }
         }
     }

@@ -3,12 +3,14 @@
 use crate::progress::Reporter;
 use crate::{runner, Common};
 use anyhow::{bail, Context, Result};
-use anyshape_codegen::{cpu_sketch, DeviceKind, GpuMicroKernel, GpuTarget, Sketch, Target as _};
+use anyshape_codegen::{
+    cpu_sketch, DeviceKind, GpuContractionKernel, GpuTarget, Sketch, Target as _,
+};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::{GpuDevice, Measurer};
 use anyshape_tune::{
-    check_outputs, compile, instances, Compiled, Instance, Packaged, PipelineOptions, RecordLog,
-    ResumeSummary, SketchBackend, Specialize, StopReason, TuneOptions, TuneReport, Tuner,
+    check_outputs, instances, tune_workload, Instance, Packaged, PipelineOptions, RecordLog,
+    ResumeSummary, SketchBackend, Specialize, StopReason, TuneOptions, TuneReport, Tuned, Tuner,
     VoteOptions, MAX_INSTANCES,
 };
 use clap::Args;
@@ -57,12 +59,12 @@ pub struct TuneArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) report: Option<PathBuf>,
     /// After tuning, check the best kernel of every instance against the reference
-    /// (instances up to --verify-flops; the reference is a plain loop nest).
+    /// (instances up to --check-flops; the reference is a plain loop nest).
     #[arg(long)]
-    pub(crate) verify: bool,
-    /// FLOP cap for --verify.
+    pub(crate) check: bool,
+    /// FLOP cap for --check.
     #[arg(long, default_value_t = 2e9, value_parser = crate::positive)]
-    pub(crate) verify_flops: f64,
+    pub(crate) check_flops: f64,
     /// Write the module (kernels for every shape + dispatcher + manifest) to this directory.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -232,8 +234,8 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             if args.out.is_some() {
                 bail!("--out: modules of GPU kernels are not built yet (the runtime loads CPU modules); tune without --out, or compare with cuBLAS through `anyshape gpu`");
             }
-            GpuMicroKernel::applies(&job.workload)?;
-            tune_done::<GpuMicroKernel>(job, &gpu_target()?)
+            GpuContractionKernel::applies(&job.workload)?;
+            tune_done::<GpuContractionKernel>(job, &gpu_target()?)
         }
     }
 }
@@ -319,7 +321,7 @@ impl Job<'_> {
 pub fn tune_on<K: Packaged>(
     job: Job,
     target: &K::Target,
-) -> Result<(Compiled<K>, Vec<Instance>, f64)> {
+) -> Result<(Tuned<K>, Vec<Instance>, f64)> {
     let args = job.args;
     let measurer = Measurer {
         builder: args.common.builder(),
@@ -358,27 +360,27 @@ pub fn tune_on<K: Packaged>(
         out: args.out.clone(),
         reads,
         specialize: args.specialize,
-        verify_flops: args.verify.then_some(args.verify_flops),
+        check_flops: args.check.then_some(args.check_flops),
         dispatch: args.device == DeviceKind::Cuda,
     };
     let mut reporter = Reporter::new(args.quiet);
-    let compiled = compile(&mut tuner, &job.vars, &measurer, &options, &mut reporter)?;
+    let tuned = tune_workload(&mut tuner, &job.vars, &measurer, &options, &mut reporter)?;
     drop(reporter);
     let wall = start.elapsed().as_secs_f64();
-    print_report(&compiled.report, wall);
-    if let Some((votes, tree, accuracy)) = &compiled.dispatch {
+    print_report(&tuned.report, wall);
+    if let Some((votes, tree, accuracy)) = &tuned.dispatch {
         let measured = votes.votes.iter().filter(|v| v.measured).count();
         println!(
             "votes: {} micro-kernels for {n} instances ({measured} votes measured, tolerance {:.0}%) in {:.1} s; dispatch tree: depth {}, {} leaves, training accuracy {:.1}%",
             votes.micro_kernels.len(),
             args.tolerance * 100.0,
-            compiled.vote_seconds,
+            tuned.vote_seconds,
             tree.depth(),
             tree.leaves(),
             accuracy * 100.0
         );
     }
-    if let (Some((manifest, seconds)), Some(out)) = (&compiled.module, &args.out) {
+    if let (Some((manifest, seconds)), Some(out)) = (&tuned.module, &args.out) {
         let bytes: u64 = manifest.files.values().map(|f| f.bytes).sum();
         println!(
             "module written to {} ({} specialized kernels, {:.1} KiB, built in {seconds:.1} s); inspect it with `anyshape inspect {}`",
@@ -388,26 +390,26 @@ pub fn tune_on<K: Packaged>(
             out.display()
         );
     }
-    if let Some(v) = &compiled.verification {
-        println!("verify: the best kernels of {} instances match the reference; {} failed; {} skipped (over {:.1e} FLOPs)", v.checked - v.failures.len(), v.failures.len(), v.skipped, args.verify_flops);
+    if let Some(v) = &tuned.check {
+        println!("check: the best kernels of {} instances match the reference; {} failed; {} skipped (over {:.1e} FLOPs)", v.checked - v.failures.len(), v.failures.len(), v.skipped, args.check_flops);
         if !v.failures.is_empty() {
-            bail!("verification failed:\n{}", v.failures.join("\n"));
+            bail!("the check failed:\n{}", v.failures.join("\n"));
         }
     }
     if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&compiled.report)?;
+        let json = serde_json::to_string_pretty(&tuned.report)?;
         anyshape_files::write_bytes(path, &options.reads, "--report", json.as_bytes())?;
         println!("report written to {}", path.display());
     }
-    if compiled.report.stop == StopReason::Interrupted {
+    if tuned.report.stop == StopReason::Interrupted {
         bail!(
             "interrupted after {} trials; `--resume` goes on from {}",
-            compiled.report.trials,
+            tuned.report.trials,
             records.display()
         );
     }
     let (tuning_seconds, _) = tuner.tuning_seconds();
-    Ok((compiled, tuner.instances().to_vec(), tuning_seconds))
+    Ok((tuned, tuner.instances().to_vec(), tuning_seconds))
 }
 
 fn print_report<K: std::fmt::Display + PartialEq>(r: &TuneReport<K>, wall: f64) {

@@ -11,7 +11,7 @@
 //! `ANYSHAPE_CRASH_RUNS` sets the number of killed runs (default 20).
 mod support;
 
-use anyshape_codegen::{CpuTarget, MicroKernel};
+use anyshape_codegen::{ContractionKernel, CpuTarget};
 use anyshape_runtime::Module;
 use anyshape_tune::{Record, RecordLog};
 use std::path::Path;
@@ -47,7 +47,7 @@ fn tune(dir: &Path, cache: &Path, trials: &str, seed: u64) -> Command {
     cmd
 }
 
-fn records(dir: &Path) -> Vec<Record<MicroKernel, CpuTarget>> {
+fn records(dir: &Path) -> Vec<Record<ContractionKernel, CpuTarget>> {
     let (log, records) =
         RecordLog::open(&dir.join("R"), true).expect("the records are whole records");
     assert!(log.invalid().is_empty(), "{:?}", log.invalid());

@@ -15,7 +15,7 @@ mod support;
 
 use anyshape_abi::write_manifest;
 use anyshape_abi::{Manifest, MANIFEST_FILE};
-use anyshape_codegen::{CpuTarget, MicroKernel};
+use anyshape_codegen::{ContractionKernel, CpuTarget};
 use anyshape_ir::{parse_expr, Bindings, ShapeVar, Workload};
 use anyshape_runtime::Module;
 use anyshape_tune::{Record, RecordLog};
@@ -236,10 +236,10 @@ fn fuzz_workloads_and_shapes() {
 #[test]
 fn fuzz_micro_kernels() {
     let target = CpuTarget::detect();
-    let mk = MicroKernel::default_for(&target);
+    let mk = ContractionKernel::default_for(&target);
     let json = serde_json::to_string(&mk).unwrap();
     let n = fuzz("micro-kernel", seeds(&[&mk.to_string(), &json]), |b| {
-        if let Ok(m) = MicroKernel::parse(&text(b)) {
+        if let Ok(m) = ContractionKernel::parse(&text(b)) {
             let _ = m.validate(&target);
         }
     });
@@ -280,7 +280,7 @@ fn fuzz_records_files() {
     let path = dir.path().join("fuzzed.jsonl");
     let n = fuzz("records", vec![real], |b| {
         std::fs::write(&path, b).unwrap();
-        if let Ok((log, records)) = RecordLog::open::<MicroKernel, CpuTarget>(&path, true) {
+        if let Ok((log, records)) = RecordLog::open::<ContractionKernel, CpuTarget>(&path, true) {
             let _ = log.invalid();
             for r in &records {
                 let _: &Record = r;

@@ -4,7 +4,7 @@
 //! `cargo test` (the listing shows why); `scripts/gpu.sh` runs it. Without a GPU,
 //! opening the device and GPU jobs are clear errors, never a panic.
 use anyshape_bench::CUBLAS_SYMBOL;
-use anyshape_codegen::{DeviceKind, GpuMicroKernel, GpuTarget, PaddingStrategy, Program};
+use anyshape_codegen::{DeviceKind, GpuContractionKernel, GpuTarget, PaddingStrategy, Program};
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{
     Builder, Candidate, GpuDevice, Kernels, MeasureError, MeasureOptions, Outcome, Runner,
@@ -41,7 +41,7 @@ const WORKLOADS: [&str; 3] = [
     "batch_matmul_nn(B=192,M=T,N=64,K=T)",
 ];
 
-fn candidate(w: &Workload, symbol: String, t: i64, gpu: Option<GpuMicroKernel>) -> Candidate {
+fn candidate(w: &Workload, symbol: String, t: i64, gpu: Option<GpuContractionKernel>) -> Candidate {
     Candidate {
         symbol,
         workload: w.clone(),
@@ -92,8 +92,8 @@ fn a_missing_gpu_is_an_error_not_a_panic() {
     }
 }
 
-fn small() -> GpuMicroKernel {
-    GpuMicroKernel {
+fn small() -> GpuContractionKernel {
+    GpuContractionKernel {
         bm: 64,
         bn: 64,
         bk: 8,
@@ -117,7 +117,7 @@ fn generated_cuda_kernels_and_cublas_are_correct_on_the_gpu() {
         let mut programs = Vec::new();
         for mk in [
             small(),
-            GpuMicroKernel {
+            GpuContractionKernel {
                 bm: 128,
                 bn: 128,
                 bk: 8,

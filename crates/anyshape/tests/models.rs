@@ -7,7 +7,7 @@ use anyshape_ir::ShapeVar;
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_runtime::Model;
 use anyshape_tensor::TensorRef;
-use anyshape_tune::{compile_model, ModelOptions, Observer, Step};
+use anyshape_tune::{compile_model, ModelOptions, Observer, Stage};
 use std::path::{Path, PathBuf};
 
 fn models() -> PathBuf {
@@ -18,7 +18,7 @@ fn models() -> PathBuf {
 struct Quiet;
 
 impl Observer for Quiet {
-    fn step(&mut self, _: &Step) {}
+    fn stage(&mut self, _: &Stage) {}
     fn round(&mut self, _: &anyshape_tune::RoundSummary) {}
     fn trials(&mut self, _: usize) {}
 }

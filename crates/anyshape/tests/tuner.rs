@@ -5,7 +5,7 @@
 use anyshape_codegen::{CpuTarget, PaddingStrategy};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
-use anyshape_tune::{instances, verify, Record, RecordLog, TuneOptions, Tuner};
+use anyshape_tune::{check_best, instances, Record, RecordLog, TuneOptions, Tuner};
 use std::collections::BTreeSet;
 
 fn runner() -> Runner {
@@ -91,7 +91,7 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     assert_eq!(pairs.len(), 42, "a trial was measured twice");
 
     // The best micro-kernel of every instance computes it correctly.
-    let v = verify(
+    let v = check_best(
         &w,
         &target,
         PaddingStrategy::LocalPad,

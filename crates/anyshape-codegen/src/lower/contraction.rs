@@ -25,7 +25,7 @@
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{for_, if_, let_, Cond, Func, LoopKind, Scope, Stmt};
 use crate::padding::{Compute, Policy};
-use crate::{CpuTarget, GemmView, MicroKernel, Program, Result};
+use crate::{ContractionKernel, CpuTarget, GemmView, Program, Result};
 use anyshape_ir::{Expr, Workload};
 use std::collections::HashMap;
 
@@ -57,7 +57,7 @@ impl Operand {
 pub(super) struct Nest<'a> {
     pub w: &'a Workload,
     pub g: GemmView,
-    pub mk: MicroKernel,
+    pub mk: ContractionKernel,
     pub policy: Policy,
     pub lanes: usize,
     /// The packed variant reads B in place, in panels of this width (whole vectors):

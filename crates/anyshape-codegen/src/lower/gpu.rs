@@ -22,11 +22,11 @@
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, Func, GpuIndex, LoopKind, Scope, Stmt, Value};
 use crate::padding::{Compute, Fetch, Policy};
-use crate::{CodegenError, GemmView, GpuMicroKernel, GpuTarget, Program, Result, SHARED_PAD};
+use crate::{CodegenError, GemmView, GpuContractionKernel, GpuTarget, Program, Result, SHARED_PAD};
 use anyshape_ir::{Expr, Workload};
 
 /// Lower a contraction program for a GPU.
-pub(crate) fn lower(p: &Program<GpuMicroKernel>, target: &GpuTarget) -> Result<Func> {
+pub(crate) fn lower(p: &Program<GpuContractionKernel>, target: &GpuTarget) -> Result<Func> {
     p.micro_kernel.validate(target)?;
     let w = &p.workload;
     let g = GemmView::of(w)?;
@@ -56,7 +56,7 @@ pub(crate) fn lower(p: &Program<GpuMicroKernel>, target: &GpuTarget) -> Result<F
 struct Block<'a> {
     w: &'a Workload,
     g: GemmView,
-    mk: GpuMicroKernel,
+    mk: GpuContractionKernel,
     policy: Policy,
 }
 

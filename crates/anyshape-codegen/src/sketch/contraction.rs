@@ -25,7 +25,7 @@
 //! along M, and the large B is never copied (the usual variant transposes all of it on
 //! every call). The output is written lane by lane (its M axis is strided).
 //!
-//! A [`MicroKernel`] fixes every parameter. Its validity depends on the target only
+//! A [`ContractionKernel`] fixes every parameter. Its validity depends on the target only
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is
 //! in `contraction_text.rs`, its defaults and the search's seeds in
@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 /// Every parameter of the contraction sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MicroKernel {
+pub struct ContractionKernel {
     /// Register tile rows (along M).
     pub mr: usize,
     /// Register tile columns (along N, vectorized: a multiple of the vector lanes; in
@@ -86,11 +86,11 @@ pub struct MicroKernel {
     pub vm: bool,
 }
 
-impl MicroKernel {
+impl ContractionKernel {
     /// `mr` rows (at least one), the M cache tile keeping its count of register tiles.
     fn with_rows(&self, mr: i64) -> Self {
         let mr = mr.max(1) as usize;
-        MicroKernel {
+        ContractionKernel {
             mr,
             mc: (self.mc / self.mr).max(1) * mr,
             ..*self
@@ -101,7 +101,7 @@ impl MicroKernel {
     /// keeping its count of register tiles.
     fn with_columns(&self, granules: usize, step: i64, col: usize) -> Self {
         let nr = (granules as i64 + step).max(1) as usize * col;
-        MicroKernel {
+        ContractionKernel {
             nr,
             nc: (self.nc / self.nr).max(1) * nr,
             ..*self
@@ -313,7 +313,7 @@ pub(super) fn max_multiple(unit: usize, fits: impl Fn(usize) -> bool) -> usize {
     x
 }
 
-impl Sketch for MicroKernel {
+impl Sketch for ContractionKernel {
     type Target = CpuTarget;
     const NAME: &'static str = "contraction";
 
@@ -322,7 +322,7 @@ impl Sketch for MicroKernel {
     }
 
     fn default_for(target: &CpuTarget) -> Self {
-        MicroKernel::default_for(target)
+        ContractionKernel::default_for(target)
     }
 
     /// See `contraction_seeds.rs`.
@@ -331,11 +331,11 @@ impl Sketch for MicroKernel {
     }
 
     fn parse(text: &str) -> Result<Self> {
-        MicroKernel::parse(text)
+        ContractionKernel::parse(text)
     }
 
     fn validate(&self, target: &CpuTarget) -> Result<()> {
-        MicroKernel::validate(self, target)
+        ContractionKernel::validate(self, target)
     }
 
     fn lower(p: &Program<Self>, target: &CpuTarget) -> Result<crate::loop_ir::Func> {
@@ -426,7 +426,7 @@ impl Sketch for MicroKernel {
             k_unit * rng.random_range(1..=max_multiple(k_unit, |kc| limits.l1(kc, panel_rows)));
         let mc = mr * rng.random_range(1..=max_multiple(mr, |mc| limits.l2(mc, kc)).min(64));
         let nc = nr * rng.random_range(1..=max_multiple(nr, |nc| limits.l3(kc, nc)).min(96));
-        let mk = MicroKernel {
+        let mk = ContractionKernel {
             mr,
             nr,
             mc,
@@ -499,7 +499,7 @@ impl Sketch for MicroKernel {
             (other, self)
         };
         let k_unit = reg.k_granule(target.lanes_f32());
-        MicroKernel {
+        ContractionKernel {
             mr: reg.mr,
             nr: reg.nr,
             mc: (other.mc / other.mr).max(1) * reg.mr,
@@ -515,7 +515,7 @@ impl Sketch for MicroKernel {
     }
 
     /// M, N rounded up to the vector (a vector register is never split), K; then N
-    /// and M so rounded, for the transposed variant (see [`MicroKernel::tiled_axes`]).
+    /// and M so rounded, for the transposed variant (see [`ContractionKernel::tiled_axes`]).
     fn factors(target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Factors {
         let lanes = target.lanes_f32();
         let (m, n, k) = match GemmView::of(w) {
@@ -548,7 +548,7 @@ impl Sketch for MicroKernel {
                 1,
             ),
         };
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr,
             mc,
@@ -570,235 +570,5 @@ impl Sketch for MicroKernel {
             && n.is_multiple_of(self.nr)
             && n.is_multiple_of(self.nc)
             && k.is_multiple_of(self.kc)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Simd;
-
-    fn avx512() -> CpuTarget {
-        CpuTarget {
-            name: "test".into(),
-            cores: 2,
-            simd: Simd::Avx512,
-            vector_registers: 32,
-            l1d_bytes: 48 << 10,
-            l2_bytes: 2 << 20,
-            l3_bytes: 32 << 20,
-        }
-    }
-
-    /// Every seed is valid on AVX2 (16 registers), AVX-512 and this machine, and they
-    /// differ (each one measurement a search spends).
-    #[test]
-    fn seeds_are_valid_and_distinct() {
-        let avx2 = CpuTarget {
-            simd: Simd::Avx2,
-            vector_registers: 16,
-            l1d_bytes: 32 << 10,
-            ..avx512()
-        };
-        let dense = Workload::parse("dense(M=T,N=64,K=64)").unwrap();
-        let packed = Workload::parse("dense_packed(M=T,N=64,K=64,P=16)").unwrap();
-        assert!(MicroKernel::seeds(&avx2, &dense).iter().any(|mk| mk.dot));
-        assert!(!MicroKernel::seeds(&avx2, &packed).iter().any(|mk| mk.dot));
-        // Weights in panels get each seed with and without prefetch; others without.
-        let pf = |w: &Workload| {
-            MicroKernel::seeds(&avx2, w)
-                .iter()
-                .filter(|mk| mk.pf)
-                .count()
-        };
-        assert_eq!(2 * pf(&packed), MicroKernel::seeds(&avx2, &packed).len());
-        assert_eq!(pf(&dense), 0);
-        // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
-        // place (the four usual-variant ones and the six-row wide default); one with
-        // contiguous K (dense's [N, K]) none.
-        let nn = Workload::parse("batch_matmul_nn(B=2,M=T,N=64,K=T)").unwrap();
-        let ib = |w: &Workload| {
-            MicroKernel::seeds(&avx2, w)
-                .iter()
-                .filter(|mk| mk.ib)
-                .count()
-        };
-        assert_eq!(ib(&nn), 5);
-        assert_eq!(ib(&dense) + ib(&packed), 0);
-        // A B with contiguous K (dense's) gets the transposed variant; others not.
-        let vm = |w: &Workload| {
-            MicroKernel::seeds(&avx2, w)
-                .iter()
-                .filter(|mk| mk.vm)
-                .count()
-        };
-        assert_eq!(vm(&dense), 2);
-        assert_eq!(vm(&nn) + vm(&packed), 0);
-        // Outputs whose both axes may be shorter than a vector (batch matmuls at T = 1)
-        // get the one-element dot tile; dense's 64 columns not.
-        let nt = Workload::parse("batch_matmul_nt(B=2,M=T,N=T,K=64)").unwrap();
-        let single = |w: &Workload| {
-            MicroKernel::seeds(&avx2, w)
-                .iter()
-                .filter(|mk| mk.dot && mk.mr == 1 && mk.nr == 1)
-                .count()
-        };
-        assert_eq!((single(&nt), single(&dense), single(&nn)), (1, 0, 0));
-        let narrow_in_place = MicroKernel {
-            ia: true,
-            ..MicroKernel::default_narrow_for(&avx2)
-        };
-        assert!(MicroKernel::seeds(&avx2, &nt).contains(&narrow_in_place));
-        assert!(!MicroKernel::seeds(&avx2, &dense).contains(&narrow_in_place));
-        for (t, w) in [avx2, avx512(), CpuTarget::detect()]
-            .into_iter()
-            .flat_map(|t| {
-                [
-                    (t.clone(), &dense),
-                    (t.clone(), &packed),
-                    (t.clone(), &nt),
-                    (t, &nn),
-                ]
-            })
-        {
-            let seeds = MicroKernel::seeds(&t, w);
-            for mk in &seeds {
-                mk.validate(&t)
-                    .unwrap_or_else(|e| panic!("{:?}: {e}", t.simd));
-            }
-            let distinct: std::collections::BTreeSet<_> = seeds.iter().collect();
-            assert_eq!(distinct.len(), seeds.len(), "{seeds:?}");
-        }
-    }
-
-    #[test]
-    fn dot_variant_text_form_and_limits() {
-        let t = avx512();
-        let mk = MicroKernel::default_dot_for(&t);
-        mk.validate(&t).unwrap();
-        assert!(mk.to_string().ends_with(",dot=1"), "{mk}");
-        assert_eq!(MicroKernel::parse(&mk.to_string()).unwrap(), mk);
-        let json = serde_json::to_string(&MicroKernel::default_for(&t)).unwrap();
-        assert!(!json.contains("dot"), "{json}");
-        // Any column count; K tiles of whole unrolled vectors.
-        MicroKernel::parse("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1")
-            .unwrap()
-            .validate(&t)
-            .unwrap();
-        for bad in [
-            "mr=3,nr=5,mc=6,nc=10,kc=24,uk=2,dot=1",
-            "mr=3,nr=5,mc=6,nc=10,kc=32,uk=2",
-        ] {
-            assert!(
-                MicroKernel::parse(bad).unwrap().validate(&t).is_err(),
-                "{bad}"
-            );
-        }
-        assert!(MicroKernel::parse("mr=3,nr=16,mc=6,nc=16,kc=32,uk=2,dot=2").is_err());
-        let mut rng = rand::rng();
-        let mut dots = 0;
-        for _ in 0..300 {
-            let mk = MicroKernel::sample(&t, &mut rng);
-            dots += usize::from(mk.dot);
-            for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
-                if m.validate(&t).is_ok() {
-                    assert_eq!(MicroKernel::parse(&m.to_string()).unwrap(), m);
-                }
-            }
-        }
-        assert!((50..200).contains(&dots), "{dots} dot kernels of 300");
-    }
-
-    /// The usual variant's flags (`pf`, `ia`, `ib`, `vm`): text and JSON forms (older records
-    /// without them read as unset), refused with the dot variant, and reached by the
-    /// search both ways, never with the dot variant.
-    #[test]
-    fn flags_text_form_and_limits() {
-        type Get = fn(&MicroKernel) -> bool;
-        type Set = fn(MicroKernel, bool) -> MicroKernel;
-        let flags: [(&str, Get, Set); 4] = [
-            ("pf", |m| m.pf, |m, pf| MicroKernel { pf, ..m }),
-            ("ia", |m| m.ia, |m, ia| MicroKernel { ia, ..m }),
-            ("ib", |m| m.ib, |m, ib| MicroKernel { ib, ..m }),
-            ("vm", |m| m.vm, |m, vm| MicroKernel { vm, ..m }),
-        ];
-        let t = avx512();
-        let mut rng = rand::rng();
-        for (name, get, set) in flags {
-            let text = format!("mr=6,nr=32,mc=48,nc=192,kc=256,uk=4,{name}=1");
-            let mk = MicroKernel::parse(&text).unwrap();
-            assert!(get(&mk) && !mk.dot, "{name}");
-            mk.validate(&t).unwrap();
-            assert_eq!(mk.to_string(), text);
-            let json = serde_json::to_string(&mk).unwrap();
-            assert!(json.contains(&format!("\"{name}\":true")), "{json}");
-            assert_eq!(MicroKernel::parse(&json).unwrap(), mk);
-            let old = MicroKernel::parse(&json.replace(&format!(",\"{name}\":true"), "")).unwrap();
-            assert_eq!(old, set(mk, false), "{name}");
-            assert!(
-                MicroKernel::parse(&text.replace("=1", "=2")).is_err(),
-                "{name}"
-            );
-            let dot = format!("mr=3,nr=5,mc=6,nc=10,kc=32,uk=2,dot=1,{name}=1");
-            assert!(
-                MicroKernel::parse(&dot).unwrap().validate(&t).is_err(),
-                "{name} with the dot variant"
-            );
-            let mut set_count = 0;
-            for _ in 0..300 {
-                let mk = MicroKernel::sample(&t, &mut rng);
-                set_count += usize::from(get(&mk));
-                for m in [mk.neighbour(&t, &mut rng), mk.child(&mk, &t, &mut rng)] {
-                    assert!(!(m.dot && get(&m)), "{m}");
-                }
-            }
-            assert!(
-                (50..200).contains(&set_count),
-                "{set_count} kernels of 300 with {name}"
-            );
-        }
-    }
-
-    #[test]
-    fn default_is_valid_on_several_targets() {
-        for simd in [Simd::None, Simd::Sse, Simd::Avx2, Simd::Avx512] {
-            let t = CpuTarget {
-                simd,
-                vector_registers: if simd == Simd::Avx512 { 32 } else { 16 },
-                ..avx512()
-            };
-            let mk = MicroKernel::default_for(&t);
-            mk.validate(&t).unwrap_or_else(|e| panic!("{simd:?}: {e}"));
-            assert_eq!(MicroKernel::parse(&mk.to_string()).unwrap(), mk);
-        }
-    }
-
-    #[test]
-    fn rejects_what_breaks_the_target() {
-        let t = avx512();
-        for text in [
-            "mr=16,nr=32,mc=96,nc=384,kc=256,uk=4",
-            "mr=12,nr=24,mc=96,nc=384,kc=256,uk=4",
-            "mr=12,nr=32,mc=100,nc=384,kc=256,uk=4",
-            "mr=12,nr=32,mc=96,nc=384,kc=8192,uk=4",
-            "mr=0,nr=32,mc=96,nc=384,kc=256,uk=4",
-        ] {
-            let err = MicroKernel::parse(text).unwrap().validate(&t).unwrap_err();
-            assert!(
-                matches!(err, CodegenError::InvalidMicroKernel { .. }),
-                "{text}"
-            );
-        }
-        for text in [
-            "mr=12",
-            "mr=x,nr=1,mc=1,nc=1,kc=1,uk=1",
-            "zz=1",
-            "{\"mr\":1}",
-            "mr=1,mr=2,nr=16,mc=1,nc=16,kc=4,uk=4",
-            "{\"mr\":1,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4,\"zz\":1}",
-            "{\"mr\":1,\"mr\":2,\"nr\":16,\"mc\":1,\"nc\":16,\"kc\":4,\"uk\":4}",
-        ] {
-            assert!(MicroKernel::parse(text).is_err(), "{text}");
-        }
     }
 }

@@ -2,24 +2,24 @@
 //! runs, and the micro-kernels a search measures first), and which of them a workload
 //! gets as seeds. Each is derived from the target's registers and caches, never from a
 //! shape.
-use super::contraction::{max_multiple, Limits, MicroKernel};
+use super::contraction::{max_multiple, ContractionKernel, Limits};
 use crate::{CpuTarget, GemmView};
 use anyshape_ir::Workload;
 
-impl MicroKernel {
+impl ContractionKernel {
     /// A reasonable micro-kernel for `target`, used when none is given: the B
     /// micro-panel fills three quarters of L1 (fewer passes over the output than half
     /// of it: 2-8 % faster on BERT's feed-forward matmul, weights cold, Zen 3), and A
     /// read in place (packing it was a scalar copy per N tile: dense M=1024 reaches
     /// 90-93 % of the FMA peak instead of 86 %, batch matmuls gain 21-32 %, Zen 3).
-    pub fn default_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_for(target: &CpuTarget) -> ContractionKernel {
         let lanes = target.lanes_f32();
         let nv = 2;
         let mr = ((target.vector_registers - nv - 1) / nv).clamp(1, 12);
         let nr = nv * lanes;
         let kc = (target.l1d_bytes * 3 / 4 / (4 * nr)).clamp(4, 512) / 4 * 4;
         let mc = ((target.l2_bytes / 2 / (4 * kc)).clamp(mr, 16 * mr) / mr) * mr;
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr,
             mc: mc.min(8 * mr),
@@ -41,7 +41,7 @@ impl MicroKernel {
     /// 64-row blocks cost no more per element than 16-row ones. Per-shape search found
     /// such tiles best for `batch_matmul_nt` from T = 48 up (4 x 48 and 4 x 64: 1.2x
     /// the 12 x 32 default at T = 64, Emerald Rapids class).
-    pub fn default_wide_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_wide_for(target: &CpuTarget) -> ContractionKernel {
         Self::wide_for(target, 4)
     }
 
@@ -49,12 +49,12 @@ impl MicroKernel {
     /// `[K, N]`): no pack of B to amortize, so more rows per broadcast of B's vectors
     /// pay (6 x 64 against 4 x 64 at T = 17-64 of `batch_matmul_nn(192, T, 64, T)`:
     /// 1.04-1.26x, equal from T = 90 up, Emerald Rapids class).
-    pub fn default_tall_wide_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_tall_wide_for(target: &CpuTarget) -> ContractionKernel {
         Self::wide_for(target, 6)
     }
 
     /// `mr` rows by as many vectors (up to four) as the registers allow, A in place.
-    fn wide_for(target: &CpuTarget, mr: usize) -> MicroKernel {
+    fn wide_for(target: &CpuTarget, mr: usize) -> ContractionKernel {
         let lanes = target.lanes_f32();
         let limits = Limits(target);
         let nv = (1..=4)
@@ -64,7 +64,7 @@ impl MicroKernel {
         let nr = nv * lanes;
         let uk = 4;
         let kc = (target.l1d_bytes * 3 / 4 / (4 * nr)).clamp(uk, 512) / uk * uk;
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr,
             mc: 16 * mr,
@@ -82,7 +82,7 @@ impl MicroKernel {
     /// The dot variant's default, for the smallest M: one row by as many columns as
     /// the registers allow (each vector of A reused across the columns), the reduction
     /// in tiles whose rows fit L1 together.
-    pub fn default_dot_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_dot_for(target: &CpuTarget) -> ContractionKernel {
         let nr = max_multiple(1, |nr| Limits(target).registers(1, nr)).clamp(1, 8);
         Self::dot_row_for(target, nr, 2)
     }
@@ -92,18 +92,18 @@ impl MicroKernel {
     /// rows or columns; this one computes one dot product at a time, the reduction in
     /// tiles as long as L1 holds (`batch_matmul_nt` at T = 1-2: 2.4 and 3.7 µs against
     /// 4.4 and 7.5 µs for the kernels the votes chose without it, Emerald Rapids class).
-    pub fn default_dot_single_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_dot_single_for(target: &CpuTarget) -> ContractionKernel {
         Self::dot_row_for(target, 1, 4)
     }
 
     /// The dot variant with one row by `nr` columns, `uk` vectors per reduction step,
     /// the reduction in tiles whose rows fit L1 together; 16 register tiles per task.
-    fn dot_row_for(target: &CpuTarget, nr: usize, uk: usize) -> MicroKernel {
+    fn dot_row_for(target: &CpuTarget, nr: usize, uk: usize) -> ContractionKernel {
         let lanes = target.lanes_f32();
         let mr = 1;
         let k_unit = uk * lanes;
         let kc = k_unit * max_multiple(k_unit, |kc| Limits(target).l1(kc, nr + mr));
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr,
             mc: 16 * mr,
@@ -122,7 +122,7 @@ impl MicroKernel {
     /// model packs in panels, which it reads in place): four vectors of columns, the
     /// reduction in tiles whose micro-panel fits L1, the columns in tiles of 24
     /// vectors (several tasks per core even for a 768-wide output).
-    pub fn default_row_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_row_for(target: &CpuTarget) -> ContractionKernel {
         let lanes = target.lanes_f32();
         let limits = Limits(target);
         let mr = 1;
@@ -133,7 +133,7 @@ impl MicroKernel {
         let nr = nv * lanes;
         let uk = 4;
         let kc = uk * max_multiple(uk, |kc| limits.l1(kc, nr)).min(512 / uk);
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr,
             mc: 16 * mr,
@@ -152,7 +152,7 @@ impl MicroKernel {
     /// one vector (as many rows as the reduction's broadcasts can keep the FMA units
     /// busy with, and no columns wasted on a narrow output), the reduction in tiles
     /// whose micro-panel fits L1 several times over, 24 vectors of columns per task.
-    pub fn default_narrow_for(target: &CpuTarget) -> MicroKernel {
+    pub fn default_narrow_for(target: &CpuTarget) -> ContractionKernel {
         let lanes = target.lanes_f32();
         let limits = Limits(target);
         let mr = (1..=8)
@@ -161,7 +161,7 @@ impl MicroKernel {
             .unwrap_or(1);
         let uk = 4;
         let kc = uk * max_multiple(uk, |kc| limits.l1(2 * kc, 2 * lanes)).min(384 / uk);
-        MicroKernel {
+        ContractionKernel {
             mr,
             nr: lanes,
             mc: 2 * mr,
@@ -194,7 +194,7 @@ impl MicroKernel {
 /// the products (dense 16..128 x 2304 x 768: 1.2-1.6x faster transposed, Emerald
 /// Rapids class). An output whose both axes may be shorter than a vector also gets
 /// the dot variant's one-element tile and the few-rows default reading A in place.
-pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
+pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> {
     let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
     let view = GemmView::of(w);
     let n_contiguous = !panels && view.as_ref().is_ok_and(|g| g.n_contiguous(w, 1));
@@ -209,35 +209,35 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<MicroKernel> {
         })
     });
     let plain = [
-        Some(MicroKernel::default_for(target)),
-        Some(MicroKernel::default_wide_for(target)),
-        (!panels).then(|| MicroKernel::default_dot_for(target)),
-        (!panels && tiny_output).then(|| MicroKernel::default_dot_single_for(target)),
+        Some(ContractionKernel::default_for(target)),
+        Some(ContractionKernel::default_wide_for(target)),
+        (!panels).then(|| ContractionKernel::default_dot_for(target)),
+        (!panels && tiny_output).then(|| ContractionKernel::default_dot_single_for(target)),
         // A few rows read in place: batch_matmul_nt at T = 13-15 1.24-1.30x the narrow
         // seed packing A (Emerald Rapids class).
-        (!panels && tiny_output).then(|| MicroKernel {
+        (!panels && tiny_output).then(|| ContractionKernel {
             ia: true,
-            ..MicroKernel::default_narrow_for(target)
+            ..ContractionKernel::default_narrow_for(target)
         }),
-        Some(MicroKernel::default_row_for(target)),
-        Some(MicroKernel::default_narrow_for(target)),
+        Some(ContractionKernel::default_row_for(target)),
+        Some(ContractionKernel::default_narrow_for(target)),
     ];
     let prefetching = plain.map(|mk| {
         mk.filter(|_| panels)
-            .map(|mk| MicroKernel { pf: true, ..mk })
+            .map(|mk| ContractionKernel { pf: true, ..mk })
     });
     let b_in_place = plain.map(|mk| {
         mk.filter(|mk| n_contiguous && !mk.dot)
-            .map(|mk| MicroKernel { ib: true, ..mk })
+            .map(|mk| ContractionKernel { ib: true, ..mk })
     });
     let transposed = [
-        MicroKernel::default_for(target),
-        MicroKernel::default_wide_for(target),
+        ContractionKernel::default_for(target),
+        ContractionKernel::default_wide_for(target),
     ]
-    .map(|mk| k_contiguous.then_some(MicroKernel { vm: true, ..mk }));
-    let tall = n_contiguous.then(|| MicroKernel {
+    .map(|mk| k_contiguous.then_some(ContractionKernel { vm: true, ..mk }));
+    let tall = n_contiguous.then(|| ContractionKernel {
         ib: true,
-        ..MicroKernel::default_tall_wide_for(target)
+        ..ContractionKernel::default_tall_wide_for(target)
     });
     plain
         .into_iter()

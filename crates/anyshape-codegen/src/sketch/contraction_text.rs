@@ -3,7 +3,7 @@
 //! place, `,ib=1` for B read in place, `,vm=1` for the transposed variant), as the
 //! command line
 //! takes it and messages print it, or the JSON form of records.
-use super::contraction::MicroKernel;
+use super::contraction::ContractionKernel;
 use crate::{CodegenError, Result};
 use std::fmt;
 
@@ -11,7 +11,7 @@ const FIELDS: [&str; 11] = [
     "mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf", "ia", "ib", "vm",
 ];
 
-impl MicroKernel {
+impl ContractionKernel {
     /// Every parameter in [`FIELDS`] order (the flags as 0 or 1).
     pub(super) fn values(&self) -> [usize; 11] {
         [
@@ -32,7 +32,7 @@ impl MicroKernel {
     /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
     /// the dot variant, `,pf=1` for software prefetch, `,ia=1` for A in place, `,ib=1`
     /// for B in place, `,vm=1` for the transposed variant) or the JSON form.
-    pub fn parse(text: &str) -> Result<MicroKernel> {
+    pub fn parse(text: &str) -> Result<ContractionKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
             reason,
@@ -57,7 +57,7 @@ impl MicroKernel {
             return Err(bad(format!("missing {}", missing.join(", "))));
         }
         let [mr, nr, mc, nc, kc, uk] = [0, 1, 2, 3, 4, 5].map(|i| v[i].unwrap_or(0));
-        Ok(MicroKernel {
+        Ok(ContractionKernel {
             mr,
             nr,
             mc,
@@ -73,8 +73,8 @@ impl MicroKernel {
     }
 }
 
-impl fmt::Display for MicroKernel {
-    /// The compact form [`MicroKernel::parse`] reads (the flags only where set).
+impl fmt::Display for ContractionKernel {
+    /// The compact form [`ContractionKernel::parse`] reads (the flags only where set).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<_> = FIELDS
             .iter()

@@ -18,7 +18,7 @@ use std::fmt;
 /// reads and global writes are contiguous).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GpuMicroKernel {
+pub struct GpuContractionKernel {
     /// Block tile rows (M).
     pub bm: u32,
     /// Block tile columns (N).
@@ -31,7 +31,7 @@ pub struct GpuMicroKernel {
     pub tn: u32,
 }
 
-impl fmt::Display for GpuMicroKernel {
+impl fmt::Display for GpuContractionKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -45,7 +45,7 @@ impl fmt::Display for GpuMicroKernel {
 /// reads, and a warp's transposing stores of a `bk = 8` slice hit 32 distinct banks.
 pub const SHARED_PAD: u32 = 4;
 
-impl GpuMicroKernel {
+impl GpuContractionKernel {
     /// Threads per block.
     pub fn threads(&self) -> u32 {
         (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
@@ -141,7 +141,7 @@ impl LaunchConfig {
 pub fn launch_config(
     w: &Workload,
     bound: &BoundWorkload,
-    mk: &GpuMicroKernel,
+    mk: &GpuContractionKernel,
 ) -> Result<LaunchConfig> {
     let g = GemmView::of(w)?;
     let extent = |a: usize| bound.extents[a].max(0) as u64;
@@ -191,9 +191,9 @@ fn step(values: &[u32], x: u32, rng: &mut impl Rng) -> u32 {
     values[j]
 }
 
-impl GpuMicroKernel {
+impl GpuContractionKernel {
     /// Parse the compact form `bm=64,bn=64,bk=8,tm=4,tn=4` or the JSON form.
-    pub fn parse(text: &str) -> Result<GpuMicroKernel> {
+    pub fn parse(text: &str) -> Result<GpuContractionKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
             reason,
@@ -205,14 +205,14 @@ impl GpuMicroKernel {
         let v: Vec<Option<u32>> = super::parse_fields(text, &NAMES).map_err(bad)?;
         match v[..] {
             [Some(bm), Some(bn), Some(bk), Some(tm), Some(tn)] => {
-                Ok(GpuMicroKernel { bm, bn, bk, tm, tn })
+                Ok(GpuContractionKernel { bm, bn, bk, tm, tn })
             }
             _ => Err(bad(format!("need all of {}", NAMES.join(", ")))),
         }
     }
 }
 
-impl Sketch for GpuMicroKernel {
+impl Sketch for GpuContractionKernel {
     type Target = GpuTarget;
     const NAME: &'static str = "gpu-contraction";
 
@@ -234,7 +234,7 @@ impl Sketch for GpuMicroKernel {
     }
 
     fn default_for(_target: &GpuTarget) -> Self {
-        GpuMicroKernel {
+        GpuContractionKernel {
             bm: 64,
             bn: 64,
             bk: 8,
@@ -244,11 +244,11 @@ impl Sketch for GpuMicroKernel {
     }
 
     fn parse(text: &str) -> Result<Self> {
-        GpuMicroKernel::parse(text)
+        GpuContractionKernel::parse(text)
     }
 
     fn validate(&self, target: &GpuTarget) -> Result<()> {
-        GpuMicroKernel::validate(self, target)
+        GpuContractionKernel::validate(self, target)
     }
 
     fn lower(p: &Program<Self>, target: &GpuTarget) -> Result<crate::loop_ir::Func> {
@@ -286,7 +286,7 @@ impl Sketch for GpuMicroKernel {
     /// micro-kernel if nothing valid turns up).
     fn sample(target: &GpuTarget, rng: &mut impl Rng) -> Self {
         for _ in 0..10_000 {
-            let mk = GpuMicroKernel {
+            let mk = GpuContractionKernel {
                 bm: pick(&BLOCK, rng),
                 bn: pick(&BLOCK, rng),
                 bk: pick(&REDUCTION, rng),
@@ -314,7 +314,7 @@ impl Sketch for GpuMicroKernel {
 
     fn child(&self, other: &Self, _target: &GpuTarget, rng: &mut impl Rng) -> Self {
         let mut either = |x: u32, y: u32| if rng.random_bool(0.5) { x } else { y };
-        GpuMicroKernel {
+        GpuContractionKernel {
             bm: either(self.bm, other.bm),
             bn: either(self.bn, other.bn),
             bk: either(self.bk, other.bk),
@@ -344,7 +344,7 @@ impl Sketch for GpuMicroKernel {
                 .find(|&s| s <= x && total.is_multiple_of(s as usize))
                 .unwrap_or(x)
         };
-        GpuMicroKernel {
+        GpuContractionKernel {
             bm: fit(&BLOCK, self.bm, f.0[0]),
             bn: fit(&BLOCK, self.bn, f.0[1]),
             bk: fit(&REDUCTION, self.bk, f.0[2]),
@@ -364,8 +364,8 @@ mod tests {
     use super::*;
     use anyshape_ir::Bindings;
 
-    fn mk(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> GpuMicroKernel {
-        GpuMicroKernel { bm, bn, bk, tm, tn }
+    fn mk(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> GpuContractionKernel {
+        GpuContractionKernel { bm, bn, bk, tm, tn }
     }
 
     #[test]
@@ -414,7 +414,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..300 {
-            let a = GpuMicroKernel::sample(&t, &mut rng);
+            let a = GpuContractionKernel::sample(&t, &mut rng);
             assert!(a.validate(&t).is_ok(), "{a}");
             seen.insert(a);
         }
@@ -441,8 +441,11 @@ mod tests {
             seen.len()
         );
         let text = mk(64, 32, 8, 4, 2).to_string();
-        assert_eq!(GpuMicroKernel::parse(&text).unwrap(), mk(64, 32, 8, 4, 2));
-        assert!(GpuMicroKernel::parse("bm=64").is_err());
+        assert_eq!(
+            GpuContractionKernel::parse(&text).unwrap(),
+            mk(64, 32, 8, 4, 2)
+        );
+        assert!(GpuContractionKernel::parse("bm=64").is_err());
     }
 
     #[test]

@@ -4,23 +4,25 @@
 //! serves, its micro-kernel's limits on a target (never on a shape), the space of its
 //! micro-kernels, how a program lowers, and how an instance maps onto a micro-kernel.
 //!
-//! - `contraction.rs`: contractions on the CPU ([`MicroKernel`], BLIS-like; its text
+//! - `contraction.rs`: contractions on the CPU ([`ContractionKernel`], BLIS-like; its text
 //!   form in `contraction_text.rs`, its defaults and seeds in `contraction_seeds.rs`);
 //! - `rows.rs`: normalizations on the CPU ([`RowKernel`]);
-//! - `gpu.rs`: contractions on CUDA GPUs ([`GpuMicroKernel`]).
+//! - `gpu.rs`: contractions on CUDA GPUs ([`GpuContractionKernel`]).
 //!
 //! A new class needs its sketch file here, its lowering in `lower/`, and the renderer's
 //! table where it uses something new.
 mod contraction;
 mod contraction_seeds;
+#[cfg(test)]
+mod contraction_tests;
 mod contraction_text;
 mod gemm;
 mod gpu;
 mod rows;
 
-pub use contraction::MicroKernel;
+pub use contraction::ContractionKernel;
 pub use gemm::{GemmOperand, GemmView, StridedGemm};
-pub use gpu::{launch_config, GpuMicroKernel, LaunchConfig, SHARED_PAD};
+pub use gpu::{launch_config, GpuContractionKernel, LaunchConfig, SHARED_PAD};
 pub use rows::RowKernel;
 
 use crate::loop_ir::Func;
@@ -142,7 +144,7 @@ pub trait Sketch:
 macro_rules! cpu_sketch {
     ($class:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $class {
-            ::anyshape_ir::OpClass::Contraction => $f::<$crate::MicroKernel>($($arg),*),
+            ::anyshape_ir::OpClass::Contraction => $f::<$crate::ContractionKernel>($($arg),*),
             ::anyshape_ir::OpClass::Normalization { .. } => $f::<$crate::RowKernel>($($arg),*),
         }
     };

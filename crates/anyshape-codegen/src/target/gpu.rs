@@ -3,7 +3,7 @@
 //! allows.
 use crate::loop_ir::Func;
 use crate::render::{prelude, render, Dialect};
-use crate::GpuMicroKernel;
+use crate::GpuContractionKernel;
 use serde::{Deserialize, Serialize};
 
 /// What bounds a GPU micro-kernel: read from the device at run time, or from JSON for
@@ -56,7 +56,7 @@ impl GpuTarget {
 
     /// Blocks of `mk` resident on one SM at once (0 if one does not fit): the tightest of
     /// the block, thread, shared-memory and register limits.
-    pub fn blocks_per_sm(&self, mk: &GpuMicroKernel) -> u32 {
+    pub fn blocks_per_sm(&self, mk: &GpuContractionKernel) -> u32 {
         let threads = mk.threads();
         let regs = mk.registers_per_thread() * threads;
         [
@@ -72,7 +72,7 @@ impl GpuTarget {
 
     /// Blocks of `mk` that run at once on the whole device: the slots of the wave
     /// model (`f_occ` with `k = 1` is the wave efficiency over them).
-    pub fn slots(&self, mk: &GpuMicroKernel) -> u32 {
+    pub fn slots(&self, mk: &GpuContractionKernel) -> u32 {
         self.sm_count * self.blocks_per_sm(mk)
     }
 }

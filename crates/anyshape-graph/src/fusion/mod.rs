@@ -23,16 +23,20 @@
 //! Nodes whose outputs are known at compile time (constants, shape plumbing) are no
 //! step at all.
 mod attention;
+mod contraction;
 mod epilogue;
 
 use crate::fact;
 use crate::graph::Graph;
-use anyshape_ir::{Binary, Expr, Unary, Workload};
+use anyshape_ir::{Expr, Unary, Workload};
 use anyshape_tensor::{DType, Fact, Node, ValueId};
 use std::collections::BTreeMap;
 
 /// What a step does.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// A model has a few hundred steps, made once at compile time: boxing the kernel's
+// workload would save nothing that counts.
+#[allow(clippy::large_enum_variant)]
 pub enum StepKind {
     /// A compiled kernel of a task (its workload).
     Kernel(Workload),
@@ -330,152 +334,6 @@ impl Fuser<'_> {
         (t.len() == 1)
             .then(|| t.as_f32().ok().map(|x| x[0]))
             .flatten()
-    }
-
-    /// A backbone and its epilogue.
-    fn contraction(&self, k: usize) -> Option<Step> {
-        let node = &self.g.nodes[k];
-        let a = node.input(0).ok()?;
-        let b = node.input(1).ok()?;
-        let (sa, sb) = (self.shape(a), self.shape(b));
-        if fact(self.facts, a).dtype != DType::F32 {
-            return None;
-        }
-        let panel = Expr::Const(PANEL_WIDTH as i64);
-        let mut inputs = vec![(a, Layout::AsIs)];
-        let mut extra = Vec::new();
-        let mut y = node.outputs[0];
-        let mut w = if let Some(att) = self.attention.get(&k) {
-            inputs = att.inputs.iter().map(|&v| (v, Layout::AsIs)).collect();
-            extra = att.nodes.clone();
-            y = att.output;
-            match att.scale {
-                1.0 => att.workload.clone(),
-                s => att.workload.clone().then_scale(s as f64).ok()?,
-            }
-        } else if node.op == "Gemm" {
-            if node.int("transA", 0).ok()? != 0
-                || node.float("alpha", 1.0).ok()? != 1.0
-                || self.constant(b).is_none()
-                || sa.len() != 2
-            {
-                return None;
-            }
-            let trans_b = node.int("transB", 0).ok()? != 0;
-            let (n, kk) = if trans_b {
-                (&sb[0], &sb[1])
-            } else {
-                (&sb[1], &sb[0])
-            };
-            inputs.push((b, Layout::panels(!trans_b)));
-            let w = Workload::of(
-                "dense_packed",
-                &[sa[0].clone(), n.clone(), kk.clone(), panel],
-            )
-            .ok()?;
-            match node.optional_input(2) {
-                Some(c) => {
-                    let cs = self.shape(c);
-                    if node.float("beta", 1.0).ok()? != 1.0
-                        || cs.len() != 1
-                        || self.constant(c).is_none()
-                    {
-                        return None;
-                    }
-                    inputs.push((c, Layout::AsIs));
-                    let last = *w.output_axes().last()?;
-                    w.then_with(Binary::Add, &[last]).ok()?
-                }
-                None => w,
-            }
-        } else if (self.constant(b).is_some() || self.transposed.contains_key(&b))
-            && sb.len() == 2
-            && sa.len() >= 2
-        {
-            let m = numel(&sa[..sa.len() - 1]);
-            match self.transposed.get(&b) {
-                Some(&(src, t)) => {
-                    inputs.push((src, Layout::panels(false)));
-                    extra.push(t);
-                }
-                None => inputs.push((b, Layout::panels(true))),
-            }
-            Workload::of("dense_packed", &[m, sb[1].clone(), sb[0].clone(), panel]).ok()?
-        } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
-        {
-            let r = sa.len();
-            inputs.push((b, Layout::AsIs));
-            Workload::of(
-                "batch_matmul_nn",
-                &[
-                    numel(&sa[..r - 2]),
-                    sa[r - 2].clone(),
-                    sb[r - 1].clone(),
-                    sa[r - 1].clone(),
-                ],
-            )
-            .ok()?
-        } else {
-            return None;
-        };
-        let mut nodes = extra;
-        nodes.push(k);
-        let out_shape = self.shape(y).to_vec();
-        loop {
-            let (v, views) = self.through_views(y);
-            if let Some((op, g, end)) = self.gelu(v) {
-                nodes.extend(views);
-                nodes.extend(g);
-                w = w.then(op);
-                y = end;
-                continue;
-            }
-            let Some(c) = self.sole_use(v) else { break };
-            let n = &self.g.nodes[c];
-            let next = match (n.op.as_str(), self.operand(n, v)) {
-                ("Add", Some(o)) => {
-                    let os = self.shape(o);
-                    let axes = if self.constant(o).is_some()
-                        && os.len() == 1
-                        && Some(&os[0]) == out_shape.last()
-                    {
-                        vec![*w.output_axes().last()?]
-                    } else if self.constant(o).is_none()
-                        && numel(os) == numel(&out_shape)
-                        && os == self.shape(v)
-                    {
-                        w.output_axes()
-                    } else if let Some(axes) = self.broadcast_axes(o, v, &out_shape, &w) {
-                        axes
-                    } else {
-                        break;
-                    };
-                    inputs.push((o, Layout::AsIs));
-                    w.clone().then_with(Binary::Add, &axes).ok()
-                }
-                ("Mul", Some(o)) => self
-                    .scalar(o)
-                    .and_then(|s| w.clone().then_scale(s as f64).ok()),
-                ("Div", Some(o)) if n.inputs[0] == Some(v) => self
-                    .scalar(o)
-                    .filter(|&s| s != 0.0)
-                    .and_then(|s| w.clone().then_scale(1.0 / s as f64).ok()),
-                ("Tanh", _) => Some(w.clone().then(Unary::Tanh)),
-                ("Relu", _) => Some(w.clone().then(Unary::Relu)),
-                _ => None,
-            };
-            let Some(next) = next else { break };
-            w = next;
-            nodes.extend(views);
-            nodes.push(c);
-            y = n.outputs[0];
-        }
-        Some(Step {
-            kind: StepKind::Kernel(w),
-            nodes,
-            inputs,
-            output: Some(y),
-        })
     }
 
     /// The consumers of `v` (run-time, untaken), by op type.

@@ -83,6 +83,18 @@ pub fn operator(name: &str) -> Option<&'static OpDef> {
     OPERATORS.iter().find(|o| o.name == name)
 }
 
+/// The operator `name`, or the error that lists the ones the registry knows.
+pub(crate) fn known_operator(name: &str) -> crate::Result<&'static OpDef> {
+    operator(name).ok_or_else(|| crate::IrError::UnknownWorkload {
+        name: name.to_string(),
+        known: OPERATORS
+            .iter()
+            .map(|o| o.name)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
 /// A workload of `class` with the common fields filled in.
 pub(crate) fn workload(
     op: &str,

@@ -3,8 +3,10 @@
 //! as expressions, shape plumbing folded into expressions) and what it computes on
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
-//! - `elementwise.rs`: arithmetic, comparisons, logic, `Where`, activations, `Cast`;
-//! - `movement.rs`: `Shape`, `Reshape`, `Transpose`, `Concat`, `Slice`, `Gather`, …;
+//! - `elementwise.rs`: arithmetic, comparisons, logic, `Where` (broadcasting);
+//! - `unary.rs`: activations, `Neg`, `IsNaN`, `Identity`, `Cast`;
+//! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
+//! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
 //! - `reduce.rs`: `Softmax`, `LayerNormalization`, `ReduceMean`, `ReduceSum`;
 //! - `resize.rs`: `Resize`.
@@ -13,9 +15,12 @@ mod linalg;
 mod movement;
 mod reduce;
 mod resize;
+mod shape;
+mod unary;
 
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
+use anyshape_ir::Expr;
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -52,6 +57,8 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(linalg::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
+        .chain(shape::OPS)
+        .chain(unary::OPS)
 }
 
 /// The operator named `op`.
@@ -257,6 +264,24 @@ pub(crate) fn const_ints(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result
 }
 
 /// A [`TensorError`] from a message about `node`.
+/// The symbolic elements of input `i` (a shape vector), which the op needs.
+pub(crate) fn sym_input(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<Vec<Expr>> {
+    let f = req(node, ins, i)?;
+    f.sym.clone().ok_or_else(|| {
+        node.error(format!(
+            "input {i} (a shape) could not be computed at compile time from the inputs' dims"
+        ))
+    })
+}
+
+/// The concrete integers of input `i`.
+pub(crate) fn ints(node: &Node, ins: &[Option<TensorRef>], i: usize) -> Result<Vec<i64>> {
+    Ok(req(node, ins, i)?
+        .as_i64()
+        .map_err(|e| node.error(e))?
+        .to_vec())
+}
+
 pub(crate) fn fail<T>(node: &Node, message: impl std::fmt::Display) -> Result<T> {
     Err(node.error(message))
 }

@@ -35,6 +35,16 @@ pub fn anyshape(dir: &Path, args: &[&str]) -> Output {
     command(dir, args).output().unwrap()
 }
 
+/// Run `anyshape ARGS` from the test's own directory (the crate's), with `cache` as its
+/// kernel cache.
+pub fn anyshape_cached(args: &[&str], cache: &Path) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env("ANYSHAPE_CACHE", cache)
+        .output()
+        .unwrap()
+}
+
 /// Standard output and error together.
 pub fn text(o: &Output) -> String {
     format!(
@@ -236,4 +246,70 @@ pub fn npz(path: &Path, members: &[(&str, Vec<u8>)]) {
         std::io::Write::write_all(zip, bytes).unwrap();
     }
     zip.finish().unwrap();
+}
+
+/// `compile` of tiny BERT (TorchScript export), untuned, into `dir/bert.module` for batch
+/// 1..4 and sequence 1..128.
+pub fn compile_bert(dir: &Path) -> Output {
+    let onnx = models().join("bert_tiny.ts.onnx");
+    anyshape(
+        dir,
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1..4",
+            "--dim",
+            "sequence=1..128",
+            "--out",
+            "bert.module",
+            "--quiet",
+        ],
+    )
+}
+
+/// Tiny BERT (TorchScript export) compiled untuned into `dir/bert.module` for batch
+/// 1..4 and sequence 1..128, and its recorded case at sequence 37 as `dir/case.npz`.
+pub fn bert(dir: &Path) -> PathBuf {
+    let o = compile_bert(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::copy(models().join("bert_tiny.ts.s37.npz"), dir.join("case.npz")).unwrap();
+    dir.join("bert.module")
+}
+
+/// `run --module bert.module --seconds 0 ARGS` in `dir` (the module of [`bert`]).
+pub fn run(dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["run", "--module", "bert.module", "--seconds", "0"];
+    all.extend_from_slice(args);
+    anyshape(dir, &all)
+}
+
+/// `run --module MODULE --inputs NPZ --seconds 0` in `d`.
+pub fn run_on(d: &Path, module: &str, inputs: &str) -> std::process::Output {
+    anyshape(
+        d,
+        &[
+            "run",
+            "--module",
+            module,
+            "--inputs",
+            inputs,
+            "--seconds",
+            "0",
+        ],
+    )
+}
+
+/// `compile MODEL --dim n=1..4 --out OUT` in `d` (the small models of these tests).
+pub fn compile_n(d: &Path, model: &str, out: &str) -> std::process::Output {
+    anyshape(d, &["compile", model, "--dim", "n=1..4", "--out", out])
+}
+
+/// Assert that `o` failed and says each of `words`.
+pub fn failed_with(o: &std::process::Output, words: &[&str]) {
+    let t = text(o);
+    assert!(!o.status.success(), "should fail: {t}");
+    for w in words {
+        assert!(t.contains(w), "expected `{w}` in: {t}");
+    }
 }

@@ -1,4 +1,4 @@
-//! Verification of a tuning report: the best micro-kernel of every instance, built and
+//! The check of a tuning report: the best micro-kernel of every instance, built and
 //! run on that instance, compared with the reference implementation.
 use crate::{Result, Tunable, TuneReport};
 use anyshape_codegen::{PaddingStrategy, Program};
@@ -6,9 +6,9 @@ use anyshape_ir::Workload;
 use anyshape_measure::{Candidate, Measurer, Outcome};
 use std::collections::BTreeSet;
 
-/// The outcome of [`verify`].
+/// The outcome of [`check_best`].
 #[derive(Clone, Debug, Default)]
-pub struct Verification {
+pub struct BestCheck {
     /// Instances checked.
     pub checked: usize,
     /// Instances skipped (over the FLOP cap).
@@ -19,20 +19,20 @@ pub struct Verification {
 
 /// Check the best micro-kernel of every instance of `report` with at most `max_flops`
 /// useful FLOPs (the reference is a plain f64 loop nest: large instances take long).
-pub fn verify<K: Tunable>(
+pub fn check_best<K: Tunable>(
     workload: &Workload,
     target: &K::Target,
     strategy: PaddingStrategy,
     report: &TuneReport<K>,
     measurer: &Measurer,
     max_flops: f64,
-) -> Result<Verification> {
+) -> Result<BestCheck> {
     let program = |mk: K| Program::symbolic(workload, mk, strategy);
     let mks: BTreeSet<K> = report.best.iter().map(|b| b.micro_kernel).collect();
     let programs: Vec<Program<K>> = mks.iter().map(|&mk| program(mk)).collect();
     let lib = measurer.builder.build_programs(target, &programs)?;
     lib.require_all()?;
-    let mut v = Verification::default();
+    let mut v = BestCheck::default();
     let mut cands = Vec::new();
     for b in &report.best {
         let flops = workload.flops(&workload.bind(&b.bindings)?);

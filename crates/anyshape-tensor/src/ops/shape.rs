@@ -1,0 +1,402 @@
+//! Shape plumbing: `Shape`, `Reshape`, `Flatten`, `Unsqueeze`, `Squeeze`, `Expand`,
+//! `Range`, `ConstantOfShape`, `Constant`. Shapes they compute from other shapes stay
+//! expressions over the shape vars (folded at compile time), so the runtime only
+//! evaluates expressions.
+use super::{
+    axis, broadcast_shape, broadcast_strides, const_ints, fail, ints, req, sized, sym_input, OpSpec,
+};
+use crate::fact::{broadcast, exact_quotient};
+use crate::node::{Attr, Node};
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Shape",
+        since: 1,
+        infer: infer_shape,
+        eval: eval_shape,
+    },
+    OpSpec {
+        name: "Reshape",
+        since: 5,
+        infer: infer_reshape,
+        eval: eval_reshape,
+    },
+    OpSpec {
+        name: "Flatten",
+        since: 9,
+        infer: infer_reshape,
+        eval: eval_reshape,
+    },
+    OpSpec {
+        name: "Unsqueeze",
+        since: 1,
+        infer: infer_reshape,
+        eval: eval_reshape,
+    },
+    OpSpec {
+        name: "Squeeze",
+        since: 1,
+        infer: infer_reshape,
+        eval: eval_reshape,
+    },
+    OpSpec {
+        name: "Expand",
+        since: 8,
+        infer: infer_expand,
+        eval: eval_expand,
+    },
+    OpSpec {
+        name: "Range",
+        since: 11,
+        infer: infer_range,
+        eval: eval_range,
+    },
+    OpSpec {
+        name: "ConstantOfShape",
+        since: 9,
+        infer: infer_constant_of_shape,
+        eval: eval_constant_of_shape,
+    },
+    OpSpec {
+        name: "Constant",
+        since: 9,
+        infer: infer_constant,
+        eval: eval_constant,
+    },
+];
+
+fn dims_as_i64(shape: &[usize]) -> Vec<i64> {
+    shape.iter().map(|&d| d as i64).collect()
+}
+
+/// `[start, end)` of `Shape` (opset 15), clamped.
+fn shape_range(node: &Node, rank: usize) -> Result<(usize, usize)> {
+    let r = rank as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    Ok((clamp(node.int("start", 0)?), clamp(node.int("end", r)?)))
+}
+
+fn infer_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let (s, e) = shape_range(node, x.rank())?;
+    Ok(vec![Fact::symbolic(x.shape[s..e.max(s)].to_vec(), 1)])
+}
+
+fn eval_shape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let (s, e) = shape_range(node, x.shape.len())?;
+    let d = dims_as_i64(&x.shape[s..e.max(s)]);
+    Ok(vec![Tensor::i64(vec![d.len()], d)?])
+}
+
+/// The output shape of the reshaping ops (`Reshape`, `Flatten`, `Unsqueeze`,
+/// `Squeeze`) from the input's shape and the target (given as expressions).
+fn reshaped<T: Clone + PartialEq + std::fmt::Debug>(
+    node: &Node,
+    input: &[T],
+    target: Option<&[T]>,
+    axes: Option<&[i64]>,
+    one: T,
+    as_int: impl Fn(&T) -> Option<i64>,
+    quotient: impl Fn(&[T], &[T]) -> Option<T>,
+) -> Result<Vec<T>> {
+    match node.op.as_str() {
+        "Reshape" => {
+            let target = target.expect("Reshape has a target");
+            let allowzero = node.int("allowzero", 0)? != 0;
+            let mut out: Vec<Option<T>> = Vec::new();
+            for (i, t) in target.iter().enumerate() {
+                out.push(match as_int(t) {
+                    Some(0) if !allowzero => Some(
+                        input
+                            .get(i)
+                            .cloned()
+                            .ok_or_else(|| node.error("0 copies a dim the input does not have"))?,
+                    ),
+                    Some(-1) => None,
+                    Some(v) if v < -1 => return fail(node, format!("target dim {v}")),
+                    _ => Some(t.clone()),
+                });
+            }
+            let unknown = out.iter().filter(|d| d.is_none()).count();
+            if unknown > 1 {
+                return fail(node, "more than one -1 in the target shape");
+            }
+            if unknown == 1 {
+                let known: Vec<T> = out.iter().flatten().cloned().collect();
+                let q = quotient(input, &known).ok_or_else(|| {
+                    node.error(format!(
+                        "cannot infer the -1 of the target {target:?} from the input {input:?}"
+                    ))
+                })?;
+                for d in out.iter_mut() {
+                    if d.is_none() {
+                        *d = Some(q.clone());
+                    }
+                }
+            }
+            Ok(out.into_iter().flatten().collect())
+        }
+        "Flatten" => {
+            let a = node.int("axis", 1)?;
+            let r = input.len() as i64;
+            let a = (if a < 0 { a + r } else { a }).clamp(0, r) as usize;
+            let left = quotient(&input[..a], &[]).expect("a product");
+            let right = quotient(&input[a..], &[]).expect("a product");
+            Ok(vec![left, right])
+        }
+        "Unsqueeze" => {
+            let axes = axes.ok_or_else(|| node.error("no axes"))?;
+            let r = input.len() + axes.len();
+            let mut ax: Vec<usize> = axes
+                .iter()
+                .map(|&a| axis(node, a, r))
+                .collect::<Result<_>>()?;
+            ax.sort();
+            ax.dedup();
+            let mut out = Vec::with_capacity(r);
+            let mut it = input.iter();
+            for i in 0..r {
+                if ax.contains(&i) {
+                    out.push(one.clone());
+                } else {
+                    out.push(
+                        it.next()
+                            .ok_or_else(|| node.error("repeated axes"))?
+                            .clone(),
+                    );
+                }
+            }
+            Ok(out)
+        }
+        _ => {
+            // Squeeze: the given axes (which must be 1), or every dim that is 1.
+            let r = input.len();
+            let ax: Vec<usize> = match axes {
+                Some(a) => a.iter().map(|&a| axis(node, a, r)).collect::<Result<_>>()?,
+                None => (0..r).filter(|&i| as_int(&input[i]) == Some(1)).collect(),
+            };
+            for &a in &ax {
+                if as_int(&input[a]).is_some_and(|v| v != 1) {
+                    return fail(node, format!("axis {a} is {:?}, not 1", input[a]));
+                }
+            }
+            Ok((0..r)
+                .filter(|i| !ax.contains(i))
+                .map(|i| input[i].clone())
+                .collect())
+        }
+    }
+}
+
+/// The axes of `Unsqueeze`/`Squeeze`: an attribute before opset 13, an input after.
+fn squeeze_axes(node: &Node, from_input: Option<Vec<i64>>) -> Result<Option<Vec<i64>>> {
+    match node.ints("axes")? {
+        Some(a) => Ok(Some(a)),
+        None => Ok(from_input),
+    }
+}
+
+fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let target = if node.op == "Reshape" {
+        Some(sym_input(node, ins, 1)?)
+    } else {
+        None
+    };
+    let axes = match node.op.as_str() {
+        "Unsqueeze" | "Squeeze" if ins.get(1).copied().flatten().is_some() => {
+            squeeze_axes(node, Some(const_ints(node, ins, 1)?))?
+        }
+        "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
+        _ => None,
+    };
+    let shape = reshaped(
+        node,
+        &x.shape,
+        target.as_deref(),
+        axes.as_deref(),
+        Expr::Const(1),
+        Expr::as_const,
+        exact_quotient,
+    )?;
+    // Reshaping a shape vector keeps its elements.
+    let mut f = Fact::new(x.dtype, shape.clone());
+    if let Some(s) = &x.sym {
+        if shape.len() <= 1 {
+            f = Fact::symbolic(s.clone(), shape.len());
+        }
+    }
+    Ok(vec![f])
+}
+
+fn eval_reshape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let target = if node.op == "Reshape" {
+        Some(ints(node, ins, 1)?)
+    } else {
+        None
+    };
+    let axes = match node.op.as_str() {
+        "Unsqueeze" | "Squeeze" if ins.get(1).copied().flatten().is_some() => {
+            squeeze_axes(node, Some(ints(node, ins, 1)?))?
+        }
+        "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
+        _ => None,
+    };
+    let input = dims_as_i64(x.shape);
+    let shape = reshaped(
+        node,
+        &input,
+        target.as_deref(),
+        axes.as_deref(),
+        1i64,
+        |v| Some(*v),
+        |num, den| {
+            let n: i64 = num.iter().product();
+            let d: i64 = den.iter().product();
+            (d != 0 && n % d == 0).then(|| n / d)
+        },
+    )?;
+    let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    Ok(vec![x.reshaped(shape).map_err(|e| node.error(e))?])
+}
+
+fn infer_expand(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let target = sym_input(node, ins, 1)?;
+    let shape = broadcast(&x.shape, &target).map_err(|e| node.error(e))?;
+    if let (Some(sym), true) = (&x.sym, shape.len() <= 1) {
+        let n = shape.first().and_then(|d| d.as_const()).unwrap_or(1) as usize;
+        if sym.len() == n || sym.len() == 1 {
+            let v = (0..n)
+                .map(|i| {
+                    if sym.len() == 1 {
+                        sym[0].clone()
+                    } else {
+                        sym[i].clone()
+                    }
+                })
+                .collect();
+            return Ok(vec![Fact::symbolic(v, shape.len())]);
+        }
+    }
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+fn eval_expand(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let target: Vec<usize> = ints(node, ins, 1)?
+        .iter()
+        .map(|&d| d.max(0) as usize)
+        .collect();
+    let out = broadcast_shape(x.shape, &target)
+        .ok_or_else(|| node.error(format!("{:?} does not expand to {target:?}", x.shape)))?;
+    sized(node, &out)?;
+    let data = super::strided(x.data, &out, &broadcast_strides(x.shape, out.len()));
+    Ok(vec![Tensor::new(out, data)?])
+}
+
+fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let start = sym_input(node, ins, 0)?;
+    let limit = sym_input(node, ins, 1)?;
+    let delta = sym_input(node, ins, 2)?;
+    let (Some(s), Some(l), Some(d)) = (start.first(), limit.first(), delta.first()) else {
+        return fail(node, "start, limit and delta must be scalars");
+    };
+    let len = match d.as_const() {
+        Some(1) => (l.clone() - s.clone()).simplify(),
+        Some(c) if c > 0 => Expr::ceil_div(l.clone() - s.clone(), Expr::Const(c)).simplify(),
+        _ => return fail(node, "a symbolic range needs a positive constant step"),
+    };
+    let dtype = req(node, ins, 0)?.dtype;
+    Ok(vec![Fact::new(
+        dtype,
+        vec![Expr::max(len, Expr::Const(0)).simplify()],
+    )])
+}
+
+fn eval_range(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (s, l, d) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
+    match (&s.data, &l.data, &d.data) {
+        (DataRef::I64(s), DataRef::I64(l), DataRef::I64(d)) => {
+            let (s, l, d) = (s[0], l[0], d[0]);
+            if d == 0 {
+                return fail(node, "a step of 0");
+            }
+            let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as usize;
+            sized(node, &[n])?;
+            let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
+            Ok(vec![Tensor::i64(vec![n], v)?])
+        }
+        (DataRef::F32(s), DataRef::F32(l), DataRef::F32(d)) => {
+            let (s, l, d) = (s[0], l[0], d[0]);
+            if d == 0.0 || !(l - s).is_finite() {
+                return fail(node, "a step of 0 or an infinite range");
+            }
+            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            sized(node, &[n])?;
+            let v: Vec<f32> = (0..n).map(|i| s + i as f32 * d).collect();
+            Ok(vec![Tensor::f32(vec![n], v)?])
+        }
+        _ => fail(node, "mixed element types"),
+    }
+}
+
+/// The fill value of `ConstantOfShape` (a float 0 by default).
+fn fill_value(node: &Node) -> Result<Tensor> {
+    match node.attrs.get("value") {
+        Some(Attr::Tensor(t)) if t.len() == 1 => Ok(t.clone()),
+        None => Tensor::f32(vec![1], vec![0.0]),
+        _ => fail(node, "`value` must be a one-element tensor"),
+    }
+}
+
+fn infer_constant_of_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let shape = sym_input(node, ins, 0)?;
+    let v = fill_value(node)?;
+    // A shape vector filled with a constant stays symbolic.
+    if let (Data::I64(c), 1) = (&v.data, shape.len()) {
+        if let Some(n) = shape[0].as_const() {
+            return Ok(vec![Fact::symbolic(
+                vec![Expr::Const(c[0]); n.max(0) as usize],
+                1,
+            )]);
+        }
+    }
+    Ok(vec![Fact::new(v.dtype(), shape)])
+}
+
+fn eval_constant_of_shape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let shape: Vec<usize> = ints(node, ins, 0)?
+        .iter()
+        .map(|&d| d.max(0) as usize)
+        .collect();
+    let v = fill_value(node)?;
+    let n = sized(node, &shape)?;
+    Ok(vec![Tensor::new(shape, v.data.filled(0, n))?])
+}
+/// The tensor of a `Constant`.
+fn constant(node: &Node) -> Result<Tensor> {
+    match node.attrs.iter().next() {
+        Some((k, Attr::Tensor(t))) if k == "value" => Ok(t.clone()),
+        Some((k, Attr::Float(f))) if k == "value_float" => Tensor::f32(vec![], vec![*f]),
+        Some((k, Attr::Int(i))) if k == "value_int" => Ok(Tensor::scalar_i64(*i)),
+        Some((k, Attr::Floats(f))) if k == "value_floats" => Tensor::f32(vec![f.len()], f.clone()),
+        Some((k, Attr::Ints(i))) if k == "value_ints" => Tensor::i64(vec![i.len()], i.clone()),
+        _ => fail(
+            node,
+            "a Constant needs one of value, value_float, value_int, value_floats, value_ints",
+        ),
+    }
+}
+
+fn infer_constant(node: &Node, _: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    Ok(vec![Fact::known(constant(node)?)])
+}
+
+fn eval_constant(node: &Node, _: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    Ok(vec![constant(node)?])
+}

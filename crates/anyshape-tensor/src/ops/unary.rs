@@ -1,0 +1,194 @@
+//! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`, …),
+//! `Neg`/`Abs` (also on the shape plumbing's integer vectors, as expressions), tests
+//! (`IsNaN`, `IsInf`, `Not`), `Identity` and `Cast`.
+use super::{fail, req, OpSpec};
+use crate::node::Node;
+use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Not",
+        since: 1,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sqrt",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Exp",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Log",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Erf",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Tanh",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Relu",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sigmoid",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Gelu",
+        since: 20,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Neg",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Abs",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Reciprocal",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "IsNaN",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "IsInf",
+        since: 10,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Identity",
+        since: 1,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Cast",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+];
+
+/// The `to` type of a `Cast`.
+fn cast_to(node: &Node) -> Result<DType> {
+    let code = node.int("to", 0)?;
+    DType::from_onnx(code as i32)
+        .ok_or_else(|| node.error(format!("Cast to element type {code} is not supported")))
+}
+
+fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![match node.op.as_str() {
+        "Identity" => x.clone(),
+        "Cast" => {
+            let to = cast_to(node)?;
+            if to == DType::I64 && x.dtype == DType::I64 {
+                x.clone()
+            } else {
+                Fact::new(to, x.shape.to_vec())
+            }
+        }
+        "Neg" if x.sym.is_some() && x.dtype == DType::I64 => Fact::symbolic(
+            x.sym
+                .as_ref()
+                .expect("checked")
+                .iter()
+                .map(|e| Expr::Const(0) - e.clone())
+                .collect(),
+            x.rank(),
+        ),
+        "IsNaN" | "IsInf" | "Not" => Fact::new(DType::Bool, x.shape.to_vec()),
+        _ => Fact::new(x.dtype, x.shape.to_vec()),
+    }])
+}
+
+fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let shape = x.shape.to_vec();
+    let op = node.op.as_str();
+    let data = match (op, &x.data) {
+        ("Identity", d) => d.to_data(),
+        ("Cast", d) => {
+            let to = cast_to(node)?;
+            match (d, to) {
+                (DataRef::F32(v), DType::F32) => Data::F32(v.to_vec()),
+                (DataRef::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),
+                (DataRef::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&f| f != 0.0).collect()),
+                (DataRef::I64(v), DType::F32) => Data::F32(v.iter().map(|&i| i as f32).collect()),
+                (DataRef::I64(v), DType::I64) => Data::I64(v.to_vec()),
+                (DataRef::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&i| i != 0).collect()),
+                (DataRef::Bool(v), DType::F32) => {
+                    Data::F32(v.iter().map(|&b| b as i32 as f32).collect())
+                }
+                (DataRef::Bool(v), DType::I64) => Data::I64(v.iter().map(|&b| b as i64).collect()),
+                (DataRef::Bool(v), DType::Bool) => Data::Bool(v.to_vec()),
+            }
+        }
+        ("Not", DataRef::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
+        ("IsNaN", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
+        ("IsInf", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
+        ("Neg", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
+        ("Abs", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
+        (_, DataRef::F32(v)) => {
+            let f: fn(f32) -> f32 = match op {
+                "Sqrt" => f32::sqrt,
+                "Exp" => f32::exp,
+                "Log" => f32::ln,
+                "Erf" => libm::erff,
+                "Tanh" => f32::tanh,
+                "Relu" => |x| if x > 0.0 { x } else { 0.0 },
+                "Sigmoid" => |x| 1.0 / (1.0 + (-x).exp()),
+                "Neg" => |x| -x,
+                "Abs" => f32::abs,
+                "Reciprocal" => |x| 1.0 / x,
+                "Gelu" => {
+                    if node.string("approximate", "none")? == "tanh" {
+                        |x| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+                    } else {
+                        |x| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+                    }
+                }
+                _ => return fail(node, "unsupported for float"),
+            };
+            Data::F32(v.iter().map(|&x| f(x)).collect())
+        }
+        (_, d) => return fail(node, format!("unsupported for {}", d.dtype())),
+    };
+    Ok(vec![Tensor::new(shape, data)?])
+}

@@ -1,0 +1,329 @@
+//! A model through the command line: `compile`, `run --module`, `inspect` and `bench`
+//! on recorded cases in and past the range; tuned compiles and their tuning logs.
+mod support;
+
+use support::{anyshape_cached, text};
+
+/// A model from ONNX to a module and back: `compile` (untuned: default micro-kernels)
+/// for a range of sequence lengths, `run --module` on recorded cases in the range and
+/// past it (onnxruntime's outputs in the same file are compared), outputs to `.npz`;
+/// and the mistakes a user makes are clear errors.
+#[test]
+fn compile_run_and_bench_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("bert_tiny.dynamo.onnx");
+    let module = dir.path().join("bert.module");
+    let m = module.to_str().unwrap();
+    let o = anyshape_cached(
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..64",
+            "--out",
+            m,
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("8 tasks"), "{out}");
+    for case in ["s1", "s37", "s128", "b3s17"] {
+        let npz = models.join(format!("bert_tiny.dynamo.{case}.npz"));
+        let written = dir.path().join(format!("{case}.out.npz"));
+        let o = anyshape_cached(
+            &[
+                "run",
+                "--module",
+                m,
+                "--inputs",
+                npz.to_str().unwrap(),
+                "--output",
+                written.to_str().unwrap(),
+                "--seconds",
+                "0",
+            ],
+            dir.path(),
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{case}: {out}");
+        let errors: Vec<f64> = out
+            .lines()
+            .filter_map(|l| l.split("max relative error ").nth(1))
+            .map(|r| r.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(errors.len(), 2, "{case}: {out}");
+        assert!(errors.iter().all(|&e| e <= 1e-4), "{case}: {out}");
+        assert!(written.exists());
+    }
+    // Raced against the peers that are installed (onnxruntime where its Python package
+    // is; tract only in a `--features tract` build): a report, and every peer's outputs
+    // agree with anyshape's.
+    let report = dir.path().join("bench");
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--model",
+            m,
+            "--compare",
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1,5,64,70",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0",
+            "--out-dir",
+            report.to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("sequence=70"), "{out}");
+    let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert!(
+        rows.iter().filter(|r| r[2] == "\"anyshape\"").count() == 4,
+        "{csv}"
+    );
+    for r in rows.iter().filter(|r| r[2] != "\"anyshape\"") {
+        let e: f64 = r[5].parse().unwrap_or_else(|_| panic!("{csv}"));
+        assert!(e <= 1e-4, "{csv}");
+        // One round: the paired speedup is that round's ratio, the ratio of minima.
+        let (speedup, paired): (f64, f64) = (r[4].parse().unwrap(), r[6].parse().unwrap());
+        assert!((speedup - paired).abs() <= 1e-3 * speedup, "{csv}");
+    }
+    let s37 = models.join("bert_tiny.dynamo.s37.npz");
+    let bad: &[(&[&str], &str)] = &[
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "seq=1..4",
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "no dim of that name",
+        ),
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "needs a domain",
+        ),
+        (
+            &[
+                "compile",
+                "/nonexistent.onnx",
+                "--dim",
+                "batch=1",
+                "--out",
+                "x.module",
+            ],
+            "nonexistent",
+        ),
+        (
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--dim",
+                "sequence=1..4",
+                "--trials",
+                "4",
+                "--out",
+                "x.module",
+            ],
+            "--records",
+        ),
+        (&["run", "--module", m], "--inputs"),
+        (
+            &["run", "--module", m, "--inputs", onnx.to_str().unwrap()],
+            "not a .npz file",
+        ),
+        (
+            &[
+                "run",
+                "--module",
+                m,
+                "--inputs",
+                s37.to_str().unwrap(),
+                "--max-error",
+                "0",
+            ],
+            "outputs differ from those recorded",
+        ),
+        (
+            &["run", "--module", m, "--input", "ids=/nonexistent.npy"],
+            "no input of that name",
+        ),
+        (
+            &[
+                "run",
+                "--module",
+                m,
+                "--input",
+                "input_ids=/nonexistent.npy",
+            ],
+            "nonexistent.npy",
+        ),
+        (
+            &["bench", "--model", m, "--compare", "--dim", "batch=1"],
+            "--dim sequence=… is missing",
+        ),
+        (
+            &[
+                "bench",
+                "--model",
+                m,
+                "--compare",
+                "--dim",
+                "seq=1",
+                "--dim",
+                "batch=1",
+            ],
+            "no dim of that name",
+        ),
+    ];
+    for (args, needle) in bad {
+        let o = anyshape_cached(args, dir.path());
+        let out = text(&o);
+        assert!(
+            !o.status.success() && out.contains(needle) && !out.contains("panicked"),
+            "{args:?}: {out}"
+        );
+    }
+}
+
+/// A tuned model compile with families (the default) and one without, equal shares:
+/// each writes its tuning log (a curve point per slice, trials rising to the budget);
+/// the families of more than one task are reported; equal shares give every task the
+/// same trials; and `bench --tuning-against` compares the two curves.
+#[test]
+fn tuning_logs_of_two_compiles_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("bert_tiny.ts.onnx");
+    let compile = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let records = dir.path().join(format!("{name}.records"));
+        let mut args = vec![
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..16",
+            "--trials",
+            "4",
+            "--tune-values",
+            "3",
+            "--records",
+            records.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let o = anyshape_cached(&args, dir.path());
+        let said = text(&o);
+        assert!(o.status.success(), "{said}");
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tuning.json")).unwrap())
+                .unwrap();
+        (said, log, out)
+    };
+    let (said, fam, fam_dir) = compile("families", &[]);
+    assert!(
+        said.contains("family dense_packed[batch,sequence]: tasks ")
+            && said.contains("tuning (scheduler + families)"),
+        "{said}"
+    );
+    assert_eq!(fam["mode"], "scheduler + families");
+    let curve = fam["curve"].as_array().unwrap();
+    assert!(curve.len() >= 8, "{fam}");
+    let trials: Vec<u64> = curve
+        .iter()
+        .map(|p| p["trials"].as_u64().unwrap())
+        .collect();
+    assert!(trials.windows(2).all(|w| w[0] <= w[1]), "{trials:?}");
+    assert!(curve.last().unwrap()["expected_seconds"].as_f64().unwrap() > 0.0);
+    let (said, ind, ind_dir) = compile("independent", &["--equal-shares", "--no-families"]);
+    assert_eq!(ind["mode"], "equal shares", "{said}");
+    assert!(!ind["families"].as_array().unwrap().is_empty());
+    assert!(!said.contains("tuning (scheduler"), "{said}");
+    // Both within the budget of 8 tasks x 4 trials.
+    for log in [&fam, &ind] {
+        let last = log["curve"].as_array().unwrap().last().unwrap()["trials"]
+            .as_u64()
+            .unwrap();
+        assert!((16..=32).contains(&last), "{log}");
+    }
+    let report = dir.path().join("report");
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--model",
+            fam_dir.to_str().unwrap(),
+            "--tuning-against",
+            ind_dir.to_str().unwrap(),
+            "--out-dir",
+            report.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for row in ["| 80 % |", "| 90 % |", "| 100 % |", "trials per hour"] {
+        assert!(out.contains(row), "{out}");
+    }
+    assert!(report.join("tuning.csv").exists() && report.join("tuning.md").exists());
+    // A module without a tuning log (untuned) is a clear error.
+    let o = anyshape_cached(
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..16",
+            "--out",
+            dir.path().join("untuned").to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--model",
+            fam_dir.to_str().unwrap(),
+            "--tuning-against",
+            dir.path().join("untuned").to_str().unwrap(),
+            "--out-dir",
+            report.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("tuning.json"), "{out}");
+}
