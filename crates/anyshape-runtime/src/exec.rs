@@ -2,7 +2,7 @@
 //! prepared for those dims (every value's shape, the arena's slots, each task's
 //! shape-var values — once per binding, with the sizes checked at the instance and the
 //! memory the run needs checked first), then each step in order — a kernel step calls
-//! its task's kernels ([`Kernels`]) on buffers in place (the caller's inputs, the
+//! its task's kernels ([`TaskKernels`]) on buffers in place (the caller's inputs, the
 //! constants in the mapped plan, the arena), a host step evaluates its op on borrowed
 //! views of the same — and the outputs copied out.
 use crate::arena::{Arena, Prepared};
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 /// What runs a plan's kernel steps: a model's task modules, or (in tests) the
 /// workloads' reference.
-pub trait Kernels {
+pub trait TaskKernels {
     /// Compute task `task` at `vars` (its workload's shape vars' values, in the
     /// workload's order) from `ins` into `out`.
     ///
@@ -78,7 +78,7 @@ impl Executor {
     /// (one per step), add each step's wall time. The outputs in the plan's order.
     pub fn run(
         &self,
-        kernels: &dyn Kernels,
+        kernels: &dyn TaskKernels,
         inputs: &[(&str, TensorRef)],
         seconds: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
@@ -144,7 +144,7 @@ impl Executor {
     /// order).
     fn steps(
         &self,
-        kernels: &dyn Kernels,
+        kernels: &dyn TaskKernels,
         arena: &Arena,
         given: &[TensorRef],
         mut seconds: Option<&mut [f64]>,

@@ -17,6 +17,6 @@ mod model;
 mod module;
 
 pub use error::{Result, RuntimeError};
-pub use exec::{Executor, Kernels};
+pub use exec::{Executor, TaskKernels};
 pub use model::Model;
 pub use module::{Dispatch, Module};

@@ -3,7 +3,7 @@
 //! task's module loaded and checked to compute its task's workload — nothing imported,
 //! inferred or fused at load — and `run` for any binding of the model's dims, in the
 //! compiled range or past it.
-use crate::{Executor, Kernels, Module, Result, RuntimeError};
+use crate::{Executor, Module, Result, RuntimeError, TaskKernels};
 use anyshape_abi::{
     check_file, read_model_manifest, ModelManifest, ModuleError, MODEL_FILE, MODEL_PLAN,
 };
@@ -25,7 +25,7 @@ pub struct Model {
 /// A model's task modules, which run its plan's kernel steps.
 struct TaskModules(Vec<Module>);
 
-impl Kernels for TaskModules {
+impl TaskKernels for TaskModules {
     unsafe fn call(
         &self,
         task: usize,

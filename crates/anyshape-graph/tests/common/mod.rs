@@ -1,14 +1,14 @@
 //! Helpers shared by the graph crate's tests.
 use anyshape_graph::{fuse, infer, lower, Graph};
 use anyshape_ir::{Bindings, Workload};
-use anyshape_runtime::{Executor, Kernels, Result};
+use anyshape_runtime::{Executor, Result, TaskKernels};
 use anyshape_tensor::{Tensor, TensorRef};
 
 /// Kernel steps computed by the workloads' own reference
 /// (`anyshape_measure::reference_output`): a plan runs without compiled kernels.
 pub struct Reference(pub Vec<Workload>);
 
-impl Kernels for Reference {
+impl TaskKernels for Reference {
     unsafe fn call(
         &self,
         task: usize,
