@@ -1,6 +1,6 @@
 //! Where a benchmark writes its reports: one directory, every file written atomically
 //! beside its path (`anyshape-files`), never over or inside what the benchmark reads
-//! (the module it measures).
+//! (the module it measures), which the directory may hold.
 use crate::error::{io, Result};
 use anyshape_files::Reads;
 use std::path::{Path, PathBuf};
@@ -12,10 +12,10 @@ pub struct OutDir<'a> {
 }
 
 impl<'a> OutDir<'a> {
-    /// The directory `dir` (`--out-dir`), made if absent; refused where it is, lies
-    /// inside or holds what the benchmark `reads`.
+    /// The directory `dir` (`--out-dir`), made if absent; refused where it is or lies
+    /// inside what the benchmark `reads` (it may hold it: the module beside its reports).
     pub fn new(dir: &'a Path, reads: Reads) -> Result<OutDir<'a>> {
-        reads.check("--out-dir", dir)?;
+        reads.check_into("--out-dir", dir)?;
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         Ok(OutDir { dir, reads })
     }

@@ -131,6 +131,18 @@ impl Reads {
     /// Refuse the output `out` (named by `option`, e.g. `--output`) if writing or
     /// replacing it would replace, land inside, or remove something this command reads.
     pub fn check(&self, option: &str, out: &Path) -> Result<()> {
+        self.check_as(option, out, true)
+    }
+
+    /// Refuse the directory `dir` that outputs will be written into, file by file (a
+    /// report directory, `--out-dir`), if it is or lies inside something this command
+    /// reads. It may hold inputs: nothing replaces it whole, and each file written into
+    /// it is checked on its own ([`Reads::check`]).
+    pub fn check_into(&self, option: &str, dir: &Path) -> Result<()> {
+        self.check_as(option, dir, false)
+    }
+
+    fn check_as(&self, option: &str, out: &Path, whole: bool) -> Result<()> {
         let refuse = |why: String| {
             Err(FileError::ReadByCommand {
                 option: option.to_string(),
@@ -161,7 +173,7 @@ impl Reads {
                 return refuse(format!("it lies inside {shown}, which this command reads"));
             }
             // Replacing a directory that holds an input would remove the input.
-            if let Some(out_id) = &out_id {
+            if let Some(out_id) = out_id.as_ref().filter(|_| whole) {
                 if std::fs::metadata(out).is_ok_and(|m| m.is_dir())
                     && ancestry(&input.path)
                         .iter()
@@ -203,9 +215,13 @@ mod tests {
             let e = reads.check("--output", &out).unwrap_err().to_string();
             assert!(e.contains("lies inside") || e.contains("reads"), "{e}");
         }
-        // A directory that holds an input.
+        // A directory that holds an input, replaced whole; written into, it may hold
+        // one (each file is checked on its own), but never be or lie inside one.
         let e = reads.check("--out", d).unwrap_err().to_string();
         assert!(e.contains("holds"), "{e}");
+        reads.check_into("--out-dir", d).unwrap();
+        assert!(reads.check_into("--out-dir", &d.join("m")).is_err());
+        assert!(reads.check_into("--out-dir", &d.join("m/reports")).is_err());
         // Elsewhere is fine.
         reads.check("--output", &d.join("out.npz")).unwrap();
         reads.check("--output", &d.join("new/out.npz")).unwrap();

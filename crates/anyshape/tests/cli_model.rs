@@ -61,8 +61,9 @@ fn compile_run_and_bench_a_model() {
     }
     // Raced against the peers that are installed (onnxruntime where its Python package
     // is; tract only in a `--features tract` build): a report, and every peer's outputs
-    // agree with anyshape's.
-    let report = dir.path().join("bench");
+    // agree with anyshape's. The reports go beside the module, into the directory that
+    // holds it (as the main job writes them).
+    let report = dir.path();
     let o = anyshape_cached(
         &[
             "bench",
