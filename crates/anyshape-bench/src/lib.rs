@@ -33,7 +33,7 @@ pub use cublas::{CUBLAS_SYMBOL, GPU_BUILTINS};
 pub use dispatch::{dispatch_loss, overhead};
 pub use error::{BenchError, Result};
 pub use gpu::{compare_gpu, GpuComparison, GpuReport};
-pub use model::{compare_model, ModelCompareOptions};
+pub use model::{compare_model, ModelCompareOptions, PeerKind};
 pub use out::OutDir;
 pub use rust_gemm::BUILTINS;
 pub use tuning::{read_tuning, Milestone, TuningComparison, MILESTONES};

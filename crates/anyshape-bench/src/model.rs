@@ -1,11 +1,11 @@
-//! `anyshape bench --model M --compare`: a model module raced against onnxruntime and
-//! tract on the same `.onnx` (the one it was compiled from, checked by its SHA-256) and
+//! `anyshape bench --model M --compare`: a model module raced against onnxruntime,
+//! OpenVINO (FP32 and its default precision) and tract on the same `.onnx` (the one it was compiled from, checked by its SHA-256) and
 //! the same inputs, over a grid of dim values. Systems are timed in interleaved rounds (the order rotates each
 //! round) and each keeps its minimum latency; every peer's outputs are checked against
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
-use crate::peers::{Anyshape, Case, Onnxruntime, Peer};
+use crate::peers::{Anyshape, Case, Engine, Peer, PythonPeer};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
@@ -26,15 +26,67 @@ pub struct ModelCompareOptions<'a> {
     pub rounds: usize,
     /// Seconds of timed runs per system, instance and round (at least one run).
     pub seconds: f64,
-    /// onnxruntime's intra-op threads.
+    /// The peers' threads (onnxruntime's intra-op threads, OpenVINO's inference
+    /// threads).
     pub threads: usize,
-    /// The Python that has onnxruntime.
+    /// The Python that has onnxruntime and OpenVINO.
     pub python: &'a str,
+    /// The peers to race; `None`: every one at hand (those missing are noted, not
+    /// errors). A peer named here that cannot start is an error.
+    pub peers: Option<&'a [PeerKind]>,
     /// Where the CSV, report and plot go.
     pub out_dir: &'a Path,
     /// The ONNX model the peers run (the one the module was compiled from); by default
     /// where it was when the module was compiled.
     pub onnx: Option<&'a Path>,
+}
+
+/// A peer [`compare_model`] can race (`--peers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    /// onnxruntime (Python package, CPU execution provider, FP32).
+    Onnxruntime,
+    /// OpenVINO (Python package) with FP32 forced.
+    OpenvinoF32,
+    /// OpenVINO at its default precision (BF16 where the CPU has it); raced only where
+    /// that is not FP32 when `OpenvinoF32` is raced too.
+    Openvino,
+    /// tract, in process (a `--features tract` build).
+    Tract,
+}
+
+impl PeerKind {
+    /// Every peer, in the order they are raced.
+    pub const ALL: [PeerKind; 4] = [
+        PeerKind::Onnxruntime,
+        PeerKind::OpenvinoF32,
+        PeerKind::Openvino,
+        PeerKind::Tract,
+    ];
+
+    /// Its name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerKind::Onnxruntime => "onnxruntime",
+            PeerKind::OpenvinoF32 => "openvino-f32",
+            PeerKind::Openvino => "openvino",
+            PeerKind::Tract => "tract",
+        }
+    }
+}
+
+impl std::str::FromStr for PeerKind {
+    type Err = BenchError;
+
+    fn from_str(s: &str) -> Result<PeerKind> {
+        PeerKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PeerKind::ALL.iter().map(|k| k.as_str()).collect();
+                BenchError::Options(format!("no peer {s:?} (the peers: {})", names.join(", ")))
+            })
+    }
 }
 
 /// One instance's results: per system, its best latency of each round (seconds) and the
@@ -200,27 +252,44 @@ pub fn compare_model(
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
     let mut unavailable = Vec::new();
-    match Onnxruntime::start(o.python, &source, o.threads, outputs, &case_dir) {
-        Ok(p) => peers.push(Box::new(p)),
-        Err(e) => unavailable.push(format!("{e} (pip install onnxruntime)")),
-    }
-    #[cfg(feature = "tract")]
-    match crate::peers::Tract::load(&source) {
-        Ok(t) => {
-            if let Some(why) = &t.why_concrete {
-                progress.note(&format!(
-                    "tract cannot optimize the model with symbolic dims ({why}): it is optimized per shape, outside the timed runs"
-                ));
+    let asked = o.peers.unwrap_or(&PeerKind::ALL);
+    for &kind in asked {
+        let engine = match kind {
+            PeerKind::Onnxruntime => Engine::Onnxruntime,
+            PeerKind::OpenvinoF32 => Engine::Openvino { f32: true },
+            PeerKind::Openvino => Engine::Openvino { f32: false },
+            PeerKind::Tract => {
+                match tract(&source, progress) {
+                    Ok(t) => peers.push(t),
+                    Err(e) if o.peers.is_some() => return Err(e),
+                    Err(e) => unavailable.push(e.to_string()),
+                }
+                continue;
             }
-            peers.push(Box::new(t))
+        };
+        match PythonPeer::start(
+            engine,
+            o.python,
+            &source,
+            o.threads,
+            outputs.clone(),
+            &case_dir,
+        ) {
+            Ok(p)
+                if kind == PeerKind::Openvino
+                    && p.precision == "f32"
+                    && asked.contains(&PeerKind::OpenvinoF32) =>
+            {
+                progress.note("OpenVINO's default precision on this CPU is FP32: raced once");
+            }
+            Ok(p) => peers.push(Box::new(p)),
+            Err(e) if o.peers.is_some() => return Err(e),
+            Err(e) => unavailable.push(format!(
+                "{e} (pip install {}, or --python a Python that has it)",
+                engine.package()
+            )),
         }
-        Err(e) => unavailable.push(e.to_string()),
     }
-    #[cfg(not(feature = "tract"))]
-    unavailable.push(
-        "tract: not built in (build anyshape with --features tract; scripts/bench-model.sh does)"
-            .into(),
-    );
     for u in &unavailable {
         progress.note(&format!("warning: {u}"));
     }
@@ -304,6 +373,27 @@ pub fn compare_model(
     write_all(&report, &out)
 }
 
+/// tract on `source`, in process, where anyshape was built with it.
+#[cfg(feature = "tract")]
+fn tract(source: &Path, progress: &mut dyn Progress) -> Result<Box<dyn Peer>> {
+    let t = crate::peers::Tract::load(source)?;
+    if let Some(why) = &t.why_concrete {
+        progress.note(&format!(
+            "tract cannot optimize the model with symbolic dims ({why}): it is optimized per shape, outside the timed runs"
+        ));
+    }
+    Ok(Box::new(t))
+}
+
+/// tract is not built in.
+#[cfg(not(feature = "tract"))]
+fn tract(_: &Path, _: &mut dyn Progress) -> Result<Box<dyn Peer>> {
+    Err(BenchError::Environment(
+        "tract: not built in (build anyshape with --features tract; scripts/bench-model.sh does)"
+            .into(),
+    ))
+}
+
 struct ModelReport<'a> {
     dir: &'a Path,
     target: &'a str,
@@ -340,7 +430,7 @@ impl ModelReport<'_> {
         );
         let _ = writeln!(
             s,
-            "Loading the module took {:.2} s (checksums, import, fusion, weights laid out), once per process.\n",
+            "Loading the module took {:.3} s (its plan mapped and checked), once per process.\n",
             self.load_seconds
         );
         let _ = writeln!(

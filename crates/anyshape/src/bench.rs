@@ -1,14 +1,14 @@
 //! `anyshape bench`: a module side by side with the baselines (`--compare`), how well it
 //! dispatches (`--dispatch-loss`) and what dispatching costs (`--overhead`); the
 //! measuring is `anyshape-bench`'s, this parses the options and shows the reports. A
-//! model module (`--model`, from `anyshape compile`) is raced against onnxruntime and
-//! tract (`--compare`), and its tuning against another compile's (`--tuning-against`).
+//! model module (`--model`, from `anyshape compile`) is raced against onnxruntime,
+//! OpenVINO and tract (`--compare`), and its tuning against another compile's (`--tuning-against`).
 use crate::progress::Reporter;
 use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
     compare, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
-    ModelCompareOptions, OutDir, TuningComparison,
+    ModelCompareOptions, OutDir, PeerKind, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -27,9 +27,10 @@ pub struct BenchArgs {
     )]
     module: Option<PathBuf>,
     /// A model module (from `anyshape compile`): with --compare, raced against
-    /// onnxruntime (Python package, --threads) and tract (when built with
-    /// `--features tract`) on the same `.onnx` and inputs at every combination of the
-    /// --dim values; writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
+    /// onnxruntime and OpenVINO (Python packages, --threads; OpenVINO at FP32 and at its
+    /// default precision) and tract (when built with `--features tract`) on the same
+    /// `.onnx` and inputs at every combination of the --dim values (--peers chooses);
+    /// writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// With --model: compare its tuning with another compile of the same model (e.g.
@@ -52,13 +53,19 @@ pub struct BenchArgs {
     /// speedup is the median over rounds of the ratio within a round.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
-    /// With --model: onnxruntime's intra-op threads [default: 2].
+    /// With --model: the peers' threads (onnxruntime's intra-op threads, OpenVINO's
+    /// inference threads) [default: 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
-    /// With --model: the Python interpreter that has the onnxruntime package
-    /// [default: python3].
+    /// With --model: the Python interpreter that has the onnxruntime and openvino
+    /// packages [default: python3].
     #[arg(long)]
     python: Option<String>,
+    /// With --model: the peers to race, of onnxruntime, openvino-f32, openvino (its
+    /// default precision: BF16 where the CPU has it) and tract; a peer named here that
+    /// cannot start is an error [default: every one at hand, the others noted].
+    #[arg(long, value_name = "PEER,...", value_delimiter = ',', value_parser = peer_kind)]
+    peers: Option<Vec<PeerKind>>,
     /// Compare the module, instance by instance in one run, with the vendor libraries
     /// (oneDNN, OpenBLAS: whichever are installed, a missing one is skipped with a
     /// warning; the `gemm` crate) and, with --per-shape-trials, per-shape (Ansor-style),
@@ -127,11 +134,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let model_only = [
         (args.threads.is_some(), "--threads"),
         (args.python.is_some(), "--python"),
+        (args.peers.is_some(), "--peers"),
     ];
-    let wrong: Vec<&str> = model_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+    let wrong = crate::given(&model_only);
     if !wrong.is_empty() {
         bail!(
-            "{} are for --model (a model raced against onnxruntime), not an operator module",
+            "{} are for --model (a model raced against its peers), not an operator module",
             wrong.join(", ")
         );
     }
@@ -182,6 +190,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// A peer's name (`--peers`).
+fn peer_kind(s: &str) -> Result<PeerKind, String> {
+    s.parse()
+        .map_err(|e: anyshape_bench::BenchError| e.to_string())
+}
+
 /// `anyshape bench --model M --compare`.
 fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     let operator_only = [
@@ -194,12 +208,23 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         (args.set.is_some(), "--set"),
         (args.csv.is_some(), "--csv"),
     ];
-    let wrong: Vec<&str> = operator_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+    let wrong = crate::given(&operator_only);
     if !wrong.is_empty() {
         bail!(
-            "a model module is benchmarked with --compare (against onnxruntime and tract) and --tuning-against; {} are for an operator module (--module)",
+            "a model module is benchmarked with --compare (against its peers) and --tuning-against; {} are for an operator module (--module)",
             wrong.join(", ")
         );
+    }
+    let compare_only = [
+        (!args.dims.is_empty(), "--dim"),
+        (args.onnx.is_some(), "--onnx"),
+        (args.peers.is_some(), "--peers"),
+        (args.python.is_some(), "--python"),
+        (args.threads.is_some(), "--threads"),
+    ];
+    let wrong = crate::given(&compare_only);
+    if !args.compare && !wrong.is_empty() {
+        bail!("{} are for --compare", wrong.join(", "));
     }
     if let Some(baseline) = &args.tuning_against {
         let c = TuningComparison::new(read_tuning(model)?, read_tuning(baseline)?)?;
@@ -230,6 +255,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         seconds: args.seconds,
         threads: args.threads.unwrap_or(2) as usize,
         python: args.python.as_deref().unwrap_or("python3"),
+        peers: args.peers.as_deref(),
         out_dir: &args.out_dir,
         onnx: args.onnx.as_deref(),
     };

@@ -149,6 +149,12 @@ pub(crate) fn positive(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The names of the options among `flags` (given?, name) that were given: for refusing
+/// options that do not apply.
+pub(crate) fn given(flags: &[(bool, &'static str)]) -> Vec<&'static str> {
+    flags.iter().filter(|g| g.0).map(|g| g.1).collect()
+}
+
 /// `--set` options as bindings: each shape var once; with `workload`, only its own.
 pub(crate) fn bindings(sets: &[String], workload: Option<&Workload>) -> Result<Bindings> {
     let mut b = Bindings::default();

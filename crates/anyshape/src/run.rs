@@ -94,7 +94,7 @@ fn operator_only(args: &RunArgs) -> Vec<&'static str> {
         (args.common.target.is_some(), "--target"),
         (args.common.cache_dir.is_some(), "--cache-dir"),
     ];
-    given.iter().filter(|g| g.0).map(|g| g.1).collect()
+    crate::given(&given)
 }
 
 /// Run `anyshape run`.
@@ -137,7 +137,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             (args.output.is_some(), "--output"),
             (args.profile, "--profile"),
         ];
-        let wrong: Vec<&str> = model_only.iter().filter(|g| g.0).map(|g| g.1).collect();
+        let wrong = crate::given(&model_only);
         if !wrong.is_empty() {
             bail!(
                 "{} is an operator module: it runs on random data at --set values and takes no {} (those are for a model module, from `anyshape compile`)",

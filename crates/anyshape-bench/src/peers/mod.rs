@@ -1,7 +1,8 @@
 //! The systems a model module races against in `anyshape bench --model`, behind one
-//! interface: anyshape's own runtime, onnxruntime (its Python package in a long-lived
-//! child process, 2 intra-op threads by default) and tract (`tract-onnx`, in process,
-//! when built with the `tract` feature). Each runs the same `.onnx` on the same inputs.
+//! interface: anyshape's own runtime, onnxruntime and OpenVINO (their Python packages,
+//! each in a long-lived child process, 2 threads by default; OpenVINO at FP32 and at
+//! its default precision) and tract (`tract-onnx`, in process, when built with the
+//! `tract` feature). Each runs the same `.onnx` on the same inputs.
 use crate::error::{io, BenchError, Result};
 use anyshape_tensor::{Tensor, TensorRef};
 use std::io::{BufRead, BufReader, Write};
@@ -75,37 +76,68 @@ impl Peer for Anyshape {
     }
 }
 
-/// onnxruntime through its Python package: a child process running
-/// `onnxruntime_peer.py` (one JSON request and reply per line).
-pub(crate) struct Onnxruntime {
+/// A peer that lives in Python: which runtime, and for OpenVINO the precision asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// onnxruntime's CPU execution provider (FP32).
+    Onnxruntime,
+    /// OpenVINO on the CPU: `f32` forces FP32 (`INFERENCE_PRECISION_HINT`); without it,
+    /// its default (BF16 where the CPU has it).
+    Openvino { f32: bool },
+}
+
+impl Engine {
+    /// The package's name, as `pip install` takes it and messages say it.
+    pub fn package(self) -> &'static str {
+        match self {
+            Engine::Onnxruntime => "onnxruntime",
+            Engine::Openvino { .. } => "openvino",
+        }
+    }
+}
+
+/// onnxruntime or OpenVINO through its Python package: a child process running
+/// `python_peer.py` (one JSON request and reply per line).
+pub(crate) struct PythonPeer {
+    engine: Engine,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     version: String,
+    /// The precision it runs at, as it reports it (`f32`, `bf16`).
+    pub precision: String,
     threads: usize,
     outputs: Vec<String>,
     scratch: PathBuf,
 }
 
-const ORT_PEER: &str = include_str!("onnxruntime_peer.py");
+const PYTHON_PEER: &str = include_str!("python_peer.py");
 
-impl Onnxruntime {
-    /// Start `python` with the peer script on `model`; `Err` (environment) when Python
-    /// or its onnxruntime is missing or refuses the model. `outputs` are the graph's
-    /// output names, `scratch` a directory for the outputs it writes.
+impl PythonPeer {
+    /// Start `python` with the peer script for `engine` on `model`; `Err` (environment)
+    /// when Python or the package is missing or refuses the model. `outputs` are the
+    /// graph's output names, `scratch` a directory for the outputs it writes.
     pub fn start(
+        engine: Engine,
         python: &str,
         model: &Path,
         threads: usize,
         outputs: Vec<String>,
         scratch: &Path,
-    ) -> Result<Onnxruntime> {
-        let env = |what: String| BenchError::Environment(format!("onnxruntime: {what}"));
-        let mut child = Command::new(python)
+    ) -> Result<PythonPeer> {
+        let what = engine.package();
+        let env = |e: String| BenchError::Environment(format!("{what}: {e}"));
+        let mut command = Command::new(python);
+        command
             .arg("-c")
-            .arg(ORT_PEER)
+            .arg(PYTHON_PEER)
+            .arg(what)
             .arg(model)
-            .arg(threads.to_string())
+            .arg(threads.to_string());
+        if engine == (Engine::Openvino { f32: true }) {
+            command.arg("f32");
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -113,44 +145,59 @@ impl Onnxruntime {
             .map_err(|e| env(format!("cannot start {python}: {e}")))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut peer = Onnxruntime {
+        let mut peer = PythonPeer {
+            engine,
             child,
             stdin,
             stdout,
             version: String::new(),
+            precision: String::new(),
             threads,
             outputs,
             scratch: scratch.to_path_buf(),
         };
         let hello = peer.reply()?;
         peer.version = hello["version"].as_str().unwrap_or("?").to_string();
+        peer.precision = hello["precision"].as_str().unwrap_or("?").to_string();
         Ok(peer)
+    }
+
+    fn env(&self, e: impl std::fmt::Display) -> BenchError {
+        BenchError::Environment(format!("{}: {e}", self.engine.package()))
     }
 
     fn reply(&mut self) -> Result<serde_json::Value> {
         let mut line = String::new();
-        let n = self
-            .stdout
-            .read_line(&mut line)
-            .map_err(|e| BenchError::Environment(format!("onnxruntime: {e}")))?;
+        let n = self.stdout.read_line(&mut line).map_err(|e| self.env(e))?;
         if n == 0 {
-            return Err(BenchError::Environment(
-                "onnxruntime: the Python process exited".into(),
-            ));
+            return Err(self.env("the Python process exited"));
         }
-        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
-            BenchError::Environment(format!("onnxruntime: unreadable reply {line:?}: {e}"))
-        })?;
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| self.env(format!("unreadable reply {line:?}: {e}")))?;
         match v.get("error").and_then(|e| e.as_str()) {
-            Some(e) => Err(BenchError::Environment(format!("onnxruntime: {e}"))),
+            Some(e) => Err(self.env(e)),
             None => Ok(v),
         }
     }
 }
 
-impl Peer for Onnxruntime {
+impl Peer for PythonPeer {
     fn name(&self) -> String {
-        format!("onnxruntime {} ({} threads)", self.version, self.threads)
+        let precision = match self.precision.as_str() {
+            "f32" => "FP32".to_string(),
+            "f16" => "FP16".to_string(),
+            p => p.to_uppercase(),
+        };
+        let (name, how) = match self.engine {
+            Engine::Onnxruntime => ("onnxruntime", ""),
+            Engine::Openvino { f32: true } => ("OpenVINO", "forced; "),
+            Engine::Openvino { f32: false } => ("OpenVINO", "default precision; "),
+        };
+        // No commas: the name is a field of the CSV report.
+        format!(
+            "{name} {} {precision} ({how}{} threads)",
+            self.version, self.threads
+        )
     }
 
     fn time(
@@ -159,7 +206,7 @@ impl Peer for Onnxruntime {
         seconds: f64,
         outputs: bool,
     ) -> Result<(Vec<f64>, Option<Vec<Tensor>>)> {
-        let out_path = self.scratch.join("onnxruntime-outputs.npz");
+        let out_path = self.scratch.join("peer-outputs.npz");
         let request = serde_json::json!({
             "inputs": case.npz,
             "seconds": seconds,
@@ -167,22 +214,20 @@ impl Peer for Onnxruntime {
         });
         writeln!(self.stdin, "{request}")
             .and_then(|_| self.stdin.flush())
-            .map_err(|e| BenchError::Environment(format!("onnxruntime: {e}")))?;
+            .map_err(|e| self.env(e))?;
         let v = self.reply()?;
         let times: Vec<f64> = v["times"]
             .as_array()
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
             .unwrap_or_default();
         if times.is_empty() {
-            return Err(BenchError::Environment(format!(
-                "onnxruntime: no times in {v}"
-            )));
+            return Err(self.env(format!("no times in {v}")));
         }
         if !outputs {
             return Ok((times, None));
         }
         let arrays = anyshape_tensor::npz::read(&out_path)
-            .map_err(|e| BenchError::Environment(format!("onnxruntime's outputs: {e}")))?;
+            .map_err(|e| self.env(format!("its outputs: {e}")))?;
         std::fs::remove_file(&out_path).map_err(io(&out_path))?;
         let outs = self
             .outputs
@@ -192,16 +237,14 @@ impl Peer for Onnxruntime {
                     .iter()
                     .find(|(n, _)| n == name)
                     .map(|(_, t)| t.clone())
-                    .ok_or_else(|| {
-                        BenchError::Environment(format!("onnxruntime: no output {name}"))
-                    })
+                    .ok_or_else(|| self.env(format!("no output {name}")))
             })
             .collect::<Result<_>>()?;
         Ok((times, Some(outs)))
     }
 }
 
-impl Drop for Onnxruntime {
+impl Drop for PythonPeer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
