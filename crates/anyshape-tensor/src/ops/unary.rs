@@ -1,6 +1,8 @@
-//! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`, …),
-//! `Neg`/`Abs` (also on the shape plumbing's integer vectors, as expressions), tests
-//! (`IsNaN`, `IsInf`, `Not`), `Identity` and `Cast`.
+//! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`,
+//! `Softplus`, `HardSwish`, …), trigonometric and hyperbolic functions (rotary position
+//! embeddings), rounding, `Neg`/`Abs`/`Sign` (also on the shape plumbing's integer
+//! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity` and
+//! `Cast`.
 use super::{fail, req, OpSpec};
 use crate::node::Node;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
@@ -76,6 +78,120 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "Reciprocal",
         since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sin",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Cos",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Tan",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Asin",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Acos",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Atan",
+        since: 7,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sinh",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Cosh",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Asinh",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Acosh",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Atanh",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Softplus",
+        since: 1,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Softsign",
+        since: 1,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "HardSigmoid",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "HardSwish",
+        since: 14,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Sign",
+        since: 9,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Floor",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Ceil",
+        since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Round",
+        since: 11,
         infer: infer_unary,
         eval: eval_unary,
     },
@@ -165,6 +281,15 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         ("IsInf", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
         ("Neg", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
         ("Abs", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
+        ("Sign", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.signum()).collect()),
+        ("HardSigmoid", DataRef::F32(v)) => {
+            let (alpha, beta) = (node.float("alpha", 0.2)?, node.float("beta", 0.5)?);
+            Data::F32(
+                v.iter()
+                    .map(|&x| (alpha * x + beta).clamp(0.0, 1.0))
+                    .collect(),
+            )
+        }
         (_, DataRef::F32(v)) => {
             let f: fn(f32) -> f32 = match op {
                 "Sqrt" => f32::sqrt,
@@ -177,6 +302,32 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                 "Neg" => |x| -x,
                 "Abs" => f32::abs,
                 "Reciprocal" => |x| 1.0 / x,
+                "Sin" => f32::sin,
+                "Cos" => f32::cos,
+                "Tan" => f32::tan,
+                "Asin" => f32::asin,
+                "Acos" => f32::acos,
+                "Atan" => f32::atan,
+                "Sinh" => f32::sinh,
+                "Cosh" => f32::cosh,
+                "Asinh" => f32::asinh,
+                "Acosh" => f32::acosh,
+                "Atanh" => f32::atanh,
+                // ln(1 + e^x) without overflow for large x.
+                "Softplus" => |x| x.max(0.0) + (-x.abs()).exp().ln_1p(),
+                "Softsign" => |x| x / (1.0 + x.abs()),
+                "HardSwish" => |x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+                // Zero stays zero (and keeps its sign); NaN stays NaN.
+                "Sign" => |x| {
+                    if x == 0.0 || x.is_nan() {
+                        x
+                    } else {
+                        x.signum()
+                    }
+                },
+                "Floor" => f32::floor,
+                "Ceil" => f32::ceil,
+                "Round" => f32::round_ties_even,
                 "Gelu" => {
                     if node.string("approximate", "none")? == "tanh" {
                         |x| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())

@@ -1,0 +1,100 @@
+//! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
+//! outputs): small graphs of one op each, compiled for a symbolic dim `n` and run in
+//! its range and past it, checked against the ops' definitions computed here in f64.
+mod support;
+
+use support::{compile_n, f32_bytes, npy, npz, run_on, text, Dim, Onnx};
+
+/// A unary op, the input it reads and its definition.
+type Unary = (&'static str, &'static str, fn(f64) -> f64);
+
+/// The unary math of rotary embeddings, activations and rounding. `x` lies in (-1, 1)
+/// (the inverse trigonometric and hyperbolic functions' domain), `z` at or above 1
+/// (`Acosh`), `w` is wide: halves, zeros, large magnitudes.
+const UNARY: &[Unary] = &[
+    ("Sin", "w", f64::sin),
+    ("Cos", "w", f64::cos),
+    ("Tan", "x", f64::tan),
+    ("Asin", "x", f64::asin),
+    ("Acos", "x", f64::acos),
+    ("Atan", "w", f64::atan),
+    ("Sinh", "x", f64::sinh),
+    ("Cosh", "x", f64::cosh),
+    ("Asinh", "w", f64::asinh),
+    ("Acosh", "z", f64::acosh),
+    ("Atanh", "x", f64::atanh),
+    ("Softplus", "w", |v| (1.0 + v.exp()).ln()),
+    ("Softsign", "w", |v| v / (1.0 + v.abs())),
+    ("HardSigmoid", "w", |v| (0.2 * v + 0.5).clamp(0.0, 1.0)),
+    ("HardSwish", "w", |v| v * (v / 6.0 + 0.5).clamp(0.0, 1.0)),
+    ("Sign", "w", |v| if v == 0.0 { 0.0 } else { v.signum() }),
+    ("Floor", "w", f64::floor),
+    ("Ceil", "w", f64::ceil),
+    ("Round", "w", f64::round_ties_even),
+];
+
+/// Values of input `name` for `n` rows of 6.
+fn values(name: &str, n: usize) -> Vec<f32> {
+    let wide = [
+        -30.0, -2.5, -1.5, -0.5, 0.0, 0.5, 1.5, 2.5, 3.7, -4.2, 20.0, 0.49,
+    ];
+    (0..n * 6)
+        .map(|i| {
+            let t = ((i * 7919) % 997) as f32 / 997.0; // [0, 1), scattered
+            match name {
+                "x" => (t * 2.0 - 1.0) * 0.95,
+                "z" => 1.0 + t * 5.0,
+                _ => wide[i % wide.len()] + if i >= wide.len() { t - 0.5 } else { 0.0 },
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn unary_math_matches_its_definition_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dims = [Dim::Named("n"), Dim::Fixed(6)];
+    let mut onnx = Onnx::new(17)
+        .input("x", &dims)
+        .input("z", &dims)
+        .input("w", &dims);
+    for (op, input, _) in UNARY {
+        onnx = onnx
+            .node(op, &[input], &[&format!("y_{op}")], &[])
+            .output(&format!("y_{op}"), &dims);
+    }
+    onnx.write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    // 1, a prime, the range's end (4) and past it.
+    for n in [1usize, 3, 4, 7] {
+        let array = |v: &[f32]| npy("<f4", false, &[n, 6], &f32_bytes(v));
+        let mut members: Vec<(String, Vec<u8>)> = ["x", "z", "w"]
+            .iter()
+            .map(|i| (i.to_string(), array(&values(i, n))))
+            .collect();
+        for (op, input, f) in UNARY {
+            let want: Vec<f32> = values(input, n)
+                .iter()
+                .map(|&v| f(v as f64) as f32)
+                .collect();
+            members.push((format!("y_{op}"), array(&want)));
+        }
+        let refs: Vec<(&str, Vec<u8>)> = members
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        npz(&d.join("c.npz"), &refs);
+        let o = run_on(d, "m.module", "c.npz");
+        let out = text(&o);
+        assert!(o.status.success(), "n={n}: {out}");
+        // Every output was compared with its definition.
+        for (op, _, _) in UNARY {
+            assert!(
+                out.contains(&format!("y_{op}")),
+                "n={n}: no y_{op} in {out}"
+            );
+        }
+    }
+}
