@@ -1,6 +1,7 @@
 //! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
-//! outputs): small graphs of one op each, compiled for a symbolic dim `n` and run in
-//! its range and past it, checked against the ops' definitions computed here in f64.
+//! outputs): small graphs of one op each (unary math, `CumSum`), compiled for a
+//! symbolic dim `n` and run in its range and past it, checked against the ops'
+//! definitions computed here in f64.
 mod support;
 
 use support::{compile_n, f32_bytes, npy, npz, run_on, text, Dim, Onnx};
@@ -95,6 +96,91 @@ fn unary_math_matches_its_definition_at_every_n() {
                 out.contains(&format!("y_{op}")),
                 "n={n}: no y_{op} in {out}"
             );
+        }
+    }
+}
+
+/// `CumSum` of `v` (`[n, 6]`) along `axis`, as the op defines it, in f64.
+fn cumsum(v: &[f64], n: usize, axis: usize, exclusive: bool, reverse: bool) -> Vec<f64> {
+    let (lines, len) = if axis == 0 { (6, n) } else { (n, 6) };
+    let at = |line: usize, k: usize| {
+        if axis == 0 {
+            k * 6 + line
+        } else {
+            line * 6 + k
+        }
+    };
+    let mut out = vec![0.0; v.len()];
+    for line in 0..lines {
+        let mut sum = 0.0;
+        for k in 0..len {
+            let j = if reverse { len - 1 - k } else { k };
+            let before = sum;
+            sum += v[at(line, j)];
+            out[at(line, j)] = if exclusive { before } else { sum };
+        }
+    }
+    out
+}
+
+/// `CumSum` along the symbolic axis and the fixed one, inclusive and exclusive,
+/// forwards and in reverse, on floats and (cast) on integers.
+#[test]
+fn cumsum_matches_its_definition_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dims = [Dim::Named("n"), Dim::Fixed(6)];
+    // (output, axis input, exclusive, reverse, on integers)
+    let cases: &[(&str, &str, bool, bool, bool)] = &[
+        ("y_rows", "zero", false, false, false),
+        ("y_cols_exclusive_reverse", "minus_one", true, true, false),
+        ("y_rows_reverse", "zero", false, true, false),
+        ("y_ints_exclusive", "one", true, false, true),
+    ];
+    let mut onnx = Onnx::new(17)
+        .input("x", &dims)
+        .int_weight("zero", &[], &[0])
+        .int_weight("one", &[1], &[1])
+        .int_weight("minus_one", &[], &[-1])
+        .node("Cast", &["x"], &["xi"], &[("to", 7)]);
+    for &(out, axis, exclusive, reverse, ints) in cases {
+        let attrs = [("exclusive", exclusive as i64), ("reverse", reverse as i64)];
+        onnx = if ints {
+            let mid = format!("{out}_i64");
+            onnx.node("CumSum", &["xi", axis], &[&mid], &attrs).node(
+                "Cast",
+                &[&mid],
+                &[out],
+                &[("to", 1)],
+            )
+        } else {
+            onnx.node("CumSum", &["x", axis], &[out], &attrs)
+        }
+        .output(out, &dims);
+    }
+    onnx.write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    for n in [1usize, 3, 4, 7] {
+        // Whole numbers, so that the cast to integers keeps them.
+        let x: Vec<f32> = (0..n * 6).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();
+        let array = |v: &[f32]| npy("<f4", false, &[n, 6], &f32_bytes(v));
+        let mut members = vec![("x", array(&x))];
+        for &(out, axis, exclusive, reverse, _) in cases {
+            let axis = if axis == "zero" { 0 } else { 1 };
+            let wide: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let want: Vec<f32> = cumsum(&wide, n, axis, exclusive, reverse)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            members.push((out, array(&want)));
+        }
+        npz(&d.join("c.npz"), &members);
+        let o = run_on(d, "m.module", "c.npz");
+        let out = text(&o);
+        assert!(o.status.success(), "n={n}: {out}");
+        for (name, ..) in cases {
+            assert!(out.contains(name), "n={n}: no {name} in {out}");
         }
     }
 }

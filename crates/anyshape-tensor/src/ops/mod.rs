@@ -263,7 +263,6 @@ pub(crate) fn const_ints(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result
     }
 }
 
-/// A [`TensorError`] from a message about `node`.
 /// The symbolic elements of input `i` (a shape vector), which the op needs.
 pub(crate) fn sym_input(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<Vec<Expr>> {
     let f = req(node, ins, i)?;
@@ -282,6 +281,7 @@ pub(crate) fn ints(node: &Node, ins: &[Option<TensorRef>], i: usize) -> Result<V
         .to_vec())
 }
 
+/// A [`TensorError`] from a message about `node`.
 pub(crate) fn fail<T>(node: &Node, message: impl std::fmt::Display) -> Result<T> {
     Err(node.error(message))
 }

@@ -1,8 +1,8 @@
-//! Reductions and normalizations over axes: `Softmax`, `LayerNormalization`,
-//! `ReduceMean`, `ReduceSum`. The reference accumulates in `f64`.
+//! Reductions, normalizations and scans over axes: `Softmax`, `LayerNormalization`,
+//! `ReduceMean`, `ReduceSum`, `CumSum`. The reference accumulates floats in `f64`.
 use super::{axis, const_ints, fail, req, OpSpec};
 use crate::node::Node;
-use crate::{Fact, Result, Tensor, TensorRef};
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -29,6 +29,12 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
+    },
+    OpSpec {
+        name: "CumSum",
+        since: 11,
+        infer: infer_same,
+        eval: eval_cumsum,
     },
 ];
 
@@ -250,4 +256,55 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             .collect()
     };
     Ok(vec![Tensor::f32(shape, out)?])
+}
+
+/// Running sums of `v` seen as `(outer, n, inner)` along its middle axis into `out`:
+/// from the end with `reverse`, each element left out of its own sum with `exclusive`.
+fn scan<T: Copy>(
+    v: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    (exclusive, reverse): (bool, bool),
+    zero: T,
+    add: impl Fn(T, T) -> T,
+    out: &mut [T],
+) {
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut sum = zero;
+            for k in 0..n {
+                let j = if reverse { n - 1 - k } else { k };
+                let at = (o * n + j) * inner + i;
+                let before = sum;
+                sum = add(sum, v[at]);
+                out[at] = if exclusive { before } else { sum };
+            }
+        }
+    }
+}
+
+/// `CumSum(x, axis)`: running sums along `axis` (a scalar or one-element input), with
+/// the `exclusive` and `reverse` attributes.
+fn eval_cumsum(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let a = match req(node, ins, 1)?.as_i64().map_err(|e| node.error(e))? {
+        [a] => axis(node, *a, x.shape.len())?,
+        v => return fail(node, format!("axis must be one integer, not {}", v.len())),
+    };
+    let how = (node.int("exclusive", 0)? != 0, node.int("reverse", 0)? != 0);
+    let dims = split_at(x.shape, a);
+    let data = match x.data {
+        DataRef::F32(v) => {
+            let wide: Vec<f64> = v.iter().map(|&f| f as f64).collect();
+            let mut out = vec![0f64; v.len()];
+            scan(&wide, dims, how, 0.0, |s, x| s + x, &mut out);
+            Data::F32(out.into_iter().map(|f| f as f32).collect())
+        }
+        DataRef::I64(v) => {
+            let mut out = vec![0i64; v.len()];
+            scan(v, dims, how, 0, i64::wrapping_add, &mut out);
+            Data::I64(out)
+        }
+        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+    };
+    Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
 }

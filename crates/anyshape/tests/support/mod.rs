@@ -169,6 +169,18 @@ impl Onnx {
         self
     }
 
+    /// An int64 initializer, inline (axes, shapes).
+    pub fn int_weight(mut self, name: &str, shape: &[i64], data: &[i64]) -> Onnx {
+        self.graph.initializer.push(proto::TensorProto {
+            name: Some(name.into()),
+            dims: shape.to_vec(),
+            data_type: Some(7),
+            raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            ..Default::default()
+        });
+        self
+    }
+
     /// A float initializer whose data is in the external file `location` (relative to
     /// the model), written there by [`Onnx::write`].
     pub fn external_weight(mut self, name: &str, shape: &[i64], location: &str) -> Onnx {
