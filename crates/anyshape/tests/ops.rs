@@ -1,5 +1,5 @@
 //! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
-//! outputs): small graphs of one op each (unary math, `CumSum`), compiled for a
+//! outputs): small graphs of one op each (unary math, `CumSum`, pooling), compiled for a
 //! symbolic dim `n` and run in its range and past it, checked against the ops'
 //! definitions computed here in f64.
 mod support;
@@ -181,6 +181,201 @@ fn cumsum_matches_its_definition_at_every_n() {
         assert!(o.status.success(), "n={n}: {out}");
         for (name, ..) in cases {
             assert!(out.contains(name), "n={n}: no {name} in {out}");
+        }
+    }
+}
+
+/// A pool as the ops define it, in f64: `x` is `[n, c, h, w]`; the window's kernel,
+/// strides, pads (top, left, bottom, right) and dilations; max or average (counting
+/// the padding or not). Returns the output and its spatial extents.
+#[allow(clippy::too_many_arguments)]
+fn pool(
+    x: &[f32],
+    [n, c, h, w]: [usize; 4],
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 4],
+    d: [usize; 2],
+    max: bool,
+    include_pad: bool,
+) -> (Vec<f32>, [usize; 2]) {
+    let oh = (h + p[0] + p[2] - d[0] * (k[0] - 1) - 1) / s[0] + 1;
+    let ow = (w + p[1] + p[3] - d[1] * (k[1] - 1) - 1) / s[1] + 1;
+    let mut out = vec![];
+    for img in 0..n * c {
+        for y in 0..oh {
+            for xo in 0..ow {
+                let (mut best, mut sum, mut count) = (f64::NEG_INFINITY, 0.0, 0.0);
+                for u in 0..k[0] {
+                    for q in 0..k[1] {
+                        let r = (y * s[0] + u * d[0]) as i64 - p[0] as i64;
+                        let col = (xo * s[1] + q * d[1]) as i64 - p[1] as i64;
+                        if (0..h as i64).contains(&r) && (0..w as i64).contains(&col) {
+                            let e = x[img * h * w + r as usize * w + col as usize] as f64;
+                            best = best.max(e);
+                            sum += e;
+                            count += 1.0;
+                        } else if include_pad {
+                            count += 1.0;
+                        }
+                    }
+                }
+                out.push(if max { best } else { sum / count } as f32);
+            }
+        }
+    }
+    (out, [oh, ow])
+}
+
+/// `MaxPool` and `AveragePool` (strided, padded, dilated; the average with and without
+/// the padding counted) and the global pools, over a symbolic batch.
+#[test]
+fn pools_match_their_definition_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (c, h, w) = (3usize, 9usize, 7usize);
+    type Case = (
+        &'static str,
+        &'static str,
+        [i64; 2],
+        [i64; 2],
+        [i64; 4],
+        [i64; 2],
+        i64,
+    );
+    // (output, op, kernel, strides, pads, dilations, count_include_pad)
+    let cases: &[Case] = &[
+        (
+            "y_max_s2_p1",
+            "MaxPool",
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            [1, 1],
+            0,
+        ),
+        (
+            "y_max_dilated",
+            "MaxPool",
+            [2, 3],
+            [1, 2],
+            [0, 1, 0, 0],
+            [2, 1],
+            0,
+        ),
+        (
+            "y_avg_s2_p1",
+            "AveragePool",
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            [1, 1],
+            0,
+        ),
+        (
+            "y_avg_with_pad",
+            "AveragePool",
+            [3, 2],
+            [2, 1],
+            [1, 0, 2, 1],
+            [1, 1],
+            1,
+        ),
+    ];
+    let us = |v: &[i64]| -> Vec<usize> { v.iter().map(|&x| x as usize).collect() };
+    let extents = |case: &Case| {
+        let (_, _, k, s, p, dl, _) = *case;
+        let (k, s, p, dl) = (us(&k), us(&s), us(&p), us(&dl));
+        let oh = (h + p[0] + p[2] - dl[0] * (k[0] - 1) - 1) / s[0] + 1;
+        let ow = (w + p[1] + p[3] - dl[1] * (k[1] - 1) - 1) / s[1] + 1;
+        (oh, ow)
+    };
+    let image = [
+        Dim::Named("n"),
+        Dim::Fixed(c as i64),
+        Dim::Fixed(h as i64),
+        Dim::Fixed(w as i64),
+    ];
+    let mut onnx = Onnx::new(19).input("x", &image);
+    for case in cases {
+        let (out, op, k, s, p, dl, include) = *case;
+        let (oh, ow) = extents(case);
+        let lists: [(&str, &[i64]); 4] = [
+            ("kernel_shape", &k),
+            ("strides", &s),
+            ("pads", &p),
+            ("dilations", &dl),
+        ];
+        let ints: &[(&str, i64)] = if op == "AveragePool" {
+            &[("count_include_pad", include)]
+        } else {
+            &[]
+        };
+        onnx = onnx.node_lists(op, &["x"], &[out], ints, &lists).output(
+            out,
+            &[
+                Dim::Named("n"),
+                Dim::Fixed(c as i64),
+                Dim::Fixed(oh as i64),
+                Dim::Fixed(ow as i64),
+            ],
+        );
+    }
+    let global = [
+        Dim::Named("n"),
+        Dim::Fixed(c as i64),
+        Dim::Fixed(1),
+        Dim::Fixed(1),
+    ];
+    onnx = onnx
+        .node("GlobalAveragePool", &["x"], &["y_global_avg"], &[])
+        .output("y_global_avg", &global)
+        .node("GlobalMaxPool", &["x"], &["y_global_max"], &[])
+        .output("y_global_max", &global);
+    onnx.write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    for n in [1usize, 3, 4, 7] {
+        let x: Vec<f32> = (0..n * c * h * w)
+            .map(|i| (((i * 7919) % 1009) as f32 / 1009.0 - 0.5) * 4.0)
+            .collect();
+        let shape = [n, c, h, w];
+        let mut members = vec![("x".to_string(), npy("<f4", false, &shape, &f32_bytes(&x)))];
+        for case in cases {
+            let (out, op, k, s, p, dl, include) = *case;
+            let (k, s, p, dl) = (us(&k), us(&s), us(&p), us(&dl));
+            let (want, [oh, ow]) = pool(
+                &x,
+                shape,
+                [k[0], k[1]],
+                [s[0], s[1]],
+                [p[0], p[1], p[2], p[3]],
+                [dl[0], dl[1]],
+                op == "MaxPool",
+                include == 1,
+            );
+            members.push((
+                out.to_string(),
+                npy("<f4", false, &[n, c, oh, ow], &f32_bytes(&want)),
+            ));
+        }
+        for (out, max) in [("y_global_avg", false), ("y_global_max", true)] {
+            let (want, _) = pool(&x, shape, [h, w], [1, 1], [0; 4], [1, 1], max, false);
+            members.push((
+                out.to_string(),
+                npy("<f4", false, &[n, c, 1, 1], &f32_bytes(&want)),
+            ));
+        }
+        let refs: Vec<(&str, Vec<u8>)> = members
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        npz(&d.join("c.npz"), &refs);
+        let o = run_on(d, "m.module", "c.npz");
+        let out = text(&o);
+        assert!(o.status.success(), "n={n}: {out}");
+        for (name, _) in &members[1..] {
+            assert!(out.contains(name.as_str()), "n={n}: no {name} in {out}");
         }
     }
 }

@@ -2,6 +2,7 @@
 //! and 2-D `Conv` (ViT's patch embedding). The `MatMul` and `Gemm` loops accumulate in
 //! `f32` in the order a plain loop nest would; `Conv` (a host step of models that run
 //! it, 50 % of ViT-base as a loop nest) is patches × weights through the `gemm` crate.
+use super::pool::Window;
 use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
 use crate::fact::broadcast;
 use crate::node::Node;
@@ -201,45 +202,12 @@ fn eval_gemm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![Tensor::f32(vec![m, n], out)?])
 }
 
-/// The attributes of a 2-D convolution: strides, pads (top, left, bottom, right),
-/// dilations.
-struct ConvAttrs {
-    strides: [usize; 2],
-    pads: [usize; 4],
-    dilations: [usize; 2],
-}
-
-fn conv_attrs(node: &Node) -> Result<ConvAttrs> {
+/// A convolution's window ([`Window`]); groups are refused.
+fn conv_window(node: &Node) -> Result<Window> {
     if node.int("group", 1)? != 1 {
         return fail(node, "grouped convolutions are not supported yet");
     }
-    if !matches!(
-        node.string("auto_pad", "NOTSET")?.as_str(),
-        "NOTSET" | "VALID"
-    ) {
-        return fail(node, "auto_pad SAME_* is not supported yet");
-    }
-    let two = |name: &str| -> Result<[usize; 2]> {
-        match node.ints(name)? {
-            None => Ok([1, 1]),
-            Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => {
-                Ok([v[0] as usize, v[1] as usize])
-            }
-            Some(v) => fail(node, format!("{name} {v:?}: 2-D convolutions only")),
-        }
-    };
-    let pads = match node.ints("pads")? {
-        None => [0; 4],
-        Some(v) if v.len() == 4 && v.iter().all(|&x| x >= 0) => {
-            [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize]
-        }
-        Some(v) => return fail(node, format!("pads {v:?}: 2-D convolutions only")),
-    };
-    Ok(ConvAttrs {
-        strides: two("strides")?,
-        pads,
-        dilations: two("dilations")?,
-    })
+    Window::of(node)
 }
 
 fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -247,25 +215,20 @@ fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     if x.rank() != 4 || w.rank() != 4 {
         return fail(node, "2-D convolutions (NCHW) only");
     }
-    let c = conv_attrs(node)?;
+    let c = conv_window(node)?;
     let kh = w.shape[2]
         .as_const()
         .ok_or_else(|| node.error("a symbolic kernel size"))?;
     let kw = w.shape[3]
         .as_const()
         .ok_or_else(|| node.error("a symbolic kernel size"))?;
-    let out = |d: &Expr, k: i64, i: usize| {
-        let span = (c.dilations[i] as i64) * (k - 1) + 1;
-        let padded = d.clone() + (c.pads[i] + c.pads[i + 2]) as i64 - span;
-        (Expr::floor_div(padded, Expr::Const(c.strides[i] as i64)) + 1).simplify()
-    };
     Ok(vec![Fact::new(
         x.dtype,
         vec![
             x.shape[0].clone(),
             w.shape[0].clone(),
-            out(&x.shape[2], kh, 0),
-            out(&x.shape[3], kw, 1),
+            c.out_expr(&x.shape[2], kh, 0),
+            c.out_expr(&x.shape[3], kw, 1),
         ],
     )])
 }
@@ -275,20 +238,13 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     if x.shape.len() != 4 || w.shape.len() != 4 || x.shape[1] != w.shape[1] {
         return fail(node, "2-D convolutions (NCHW) with matching channels only");
     }
-    let c = conv_attrs(node)?;
+    let c = conv_window(node)?;
     let (n, ci, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (co, kh, kw) = (w.shape[0], w.shape[2], w.shape[3]);
     if kh == 0 || kw == 0 {
         return fail(node, "an empty kernel");
     }
-    let oh = (h + c.pads[0] + c.pads[2])
-        .checked_sub(c.dilations[0] * (kh - 1) + 1)
-        .map(|v| v / c.strides[0] + 1)
-        .unwrap_or(0);
-    let ow = (wd + c.pads[1] + c.pads[3])
-        .checked_sub(c.dilations[1] * (kw - 1) + 1)
-        .map(|v| v / c.strides[1] + 1)
-        .unwrap_or(0);
+    let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
     let xv = x.as_f32().map_err(|e| node.error(e))?;
     let wv = w.as_f32().map_err(|e| node.error(e))?;
     let bias = ins
@@ -384,7 +340,7 @@ mod tests {
         w: &[f32],
         [co, kh, kw]: [usize; 3],
         bias: Option<&[f32]>,
-        c: &ConvAttrs,
+        c: &Window,
         [oh, ow]: [usize; 2],
     ) -> Vec<f32> {
         let mut out = vec![0f32; n * co * oh * ow];
@@ -475,7 +431,7 @@ mod tests {
                 with_bias.then(|| bt.view()),
             ];
             let got = eval_conv(&node, &ins).unwrap().remove(0);
-            let c = conv_attrs(&node).unwrap();
+            let c = conv_window(&node).unwrap();
             let [oh, ow] = [got.shape[2], got.shape[3]];
             let want = naive(
                 &x,

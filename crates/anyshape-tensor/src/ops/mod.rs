@@ -4,15 +4,19 @@
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
 //! - `elementwise.rs`: arithmetic, comparisons, logic, `Where` (broadcasting);
-//! - `unary.rs`: activations, `Neg`, `IsNaN`, `Identity`, `Cast`;
+//! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
+//!   `Identity`, `Cast`;
 //! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
-//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `ReduceMean`, `ReduceSum`;
+//! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
+//!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
+//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `ReduceMean`, `ReduceSum`, `CumSum`;
 //! - `resize.rs`: `Resize`.
 mod elementwise;
 mod linalg;
 mod movement;
+mod pool;
 mod reduce;
 mod resize;
 mod shape;
@@ -55,6 +59,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .iter()
         .chain(movement::OPS)
         .chain(linalg::OPS)
+        .chain(pool::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
         .chain(shape::OPS)

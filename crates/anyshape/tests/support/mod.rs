@@ -136,22 +136,38 @@ impl Onnx {
     }
 
     /// A node with integer attributes.
-    pub fn node(mut self, op: &str, ins: &[&str], outs: &[&str], ints: &[(&str, i64)]) -> Onnx {
+    pub fn node(self, op: &str, ins: &[&str], outs: &[&str], ints: &[(&str, i64)]) -> Onnx {
+        self.node_lists(op, ins, outs, ints, &[])
+    }
+
+    /// A node with integer and integer-list attributes (`kernel_shape`, `pads`, …).
+    pub fn node_lists(
+        mut self,
+        op: &str,
+        ins: &[&str],
+        outs: &[&str],
+        ints: &[(&str, i64)],
+        lists: &[(&str, &[i64])],
+    ) -> Onnx {
         let n = self.graph.node.len();
+        let int = ints.iter().map(|(k, v)| proto::AttributeProto {
+            name: Some(k.to_string()),
+            r#type: Some(2), // INT
+            i: Some(*v),
+            ..Default::default()
+        });
+        let list = lists.iter().map(|(k, v)| proto::AttributeProto {
+            name: Some(k.to_string()),
+            r#type: Some(7), // INTS
+            ints: v.to_vec(),
+            ..Default::default()
+        });
         self.graph.node.push(proto::NodeProto {
             name: Some(format!("{op}_{n}")),
             op_type: Some(op.into()),
             input: ins.iter().map(|s| s.to_string()).collect(),
             output: outs.iter().map(|s| s.to_string()).collect(),
-            attribute: ints
-                .iter()
-                .map(|(k, v)| proto::AttributeProto {
-                    name: Some(k.to_string()),
-                    r#type: Some(2), // INT
-                    i: Some(*v),
-                    ..Default::default()
-                })
-                .collect(),
+            attribute: int.chain(list).collect(),
             ..Default::default()
         });
         self

@@ -1,0 +1,220 @@
+//! Sliding windows over NCHW images: the window that `Conv` and the pools share
+//! (strides, pads, dilations and the output extent they give, symbolic or concrete),
+//! and the pools — `MaxPool`, `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool` —
+//! as reference loops (host steps; averages summed in `f64`).
+use super::{fail, req, sized, OpSpec};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "MaxPool",
+        since: 8,
+        infer: infer_pool,
+        eval: eval_pool,
+    },
+    OpSpec {
+        name: "AveragePool",
+        since: 7,
+        infer: infer_pool,
+        eval: eval_pool,
+    },
+    OpSpec {
+        name: "GlobalAveragePool",
+        since: 1,
+        infer: infer_global,
+        eval: eval_global,
+    },
+    OpSpec {
+        name: "GlobalMaxPool",
+        since: 1,
+        infer: infer_global,
+        eval: eval_global,
+    },
+];
+
+/// A 2-D window's placement: strides, pads (top, left, bottom, right), dilations.
+pub(super) struct Window {
+    pub strides: [usize; 2],
+    pub pads: [usize; 4],
+    pub dilations: [usize; 2],
+}
+
+impl Window {
+    /// The window attributes of `node` (absent: strides and dilations 1, no pads);
+    /// `auto_pad` other than `NOTSET`/`VALID` and anything but two spatial axes are
+    /// refused.
+    pub fn of(node: &Node) -> Result<Window> {
+        if !matches!(
+            node.string("auto_pad", "NOTSET")?.as_str(),
+            "NOTSET" | "VALID"
+        ) {
+            return fail(node, "auto_pad SAME_* is not supported yet");
+        }
+        let two = |name: &str| -> Result<[usize; 2]> {
+            match node.ints(name)? {
+                None => Ok([1, 1]),
+                Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => {
+                    Ok([v[0] as usize, v[1] as usize])
+                }
+                Some(v) => fail(node, format!("{name} {v:?}: two spatial axes (NCHW) only")),
+            }
+        };
+        let pads = match node.ints("pads")? {
+            None => [0; 4],
+            Some(v) if v.len() == 4 && v.iter().all(|&x| x >= 0) => {
+                [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize]
+            }
+            Some(v) => return fail(node, format!("pads {v:?}: two spatial axes (NCHW) only")),
+        };
+        Ok(Window {
+            strides: two("strides")?,
+            pads,
+            dilations: two("dilations")?,
+        })
+    }
+
+    /// The output extent of spatial axis `i` (0: height, 1: width) of input extent `d`
+    /// under a kernel of extent `k`, as an expression.
+    pub fn out_expr(&self, d: &Expr, k: i64, i: usize) -> Expr {
+        let span = (self.dilations[i] as i64) * (k - 1) + 1;
+        let padded = d.clone() + (self.pads[i] + self.pads[i + 2]) as i64 - span;
+        (Expr::floor_div(padded, Expr::Const(self.strides[i] as i64)) + 1).simplify()
+    }
+
+    /// The same for concrete extents (0 where the window does not fit).
+    pub fn out(&self, d: usize, k: usize, i: usize) -> usize {
+        (d + self.pads[i] + self.pads[i + 2])
+            .checked_sub(self.dilations[i] * (k.max(1) - 1) + 1)
+            .map_or(0, |v| v / self.strides[i] + 1)
+    }
+
+    /// The input row (`i` = 0) or column (`i` = 1) that output position `o` reads at
+    /// kernel offset `u`; `None` in the padding.
+    pub fn source(&self, o: usize, u: usize, i: usize, extent: usize) -> Option<usize> {
+        (o * self.strides[i] + u * self.dilations[i])
+            .checked_sub(self.pads[i])
+            .filter(|&v| v < extent)
+    }
+}
+
+/// A pool's kernel extent (`kernel_shape`, two spatial axes), refusing what is not
+/// implemented: `ceil_mode`, the indices output of `MaxPool`.
+fn kernel(node: &Node) -> Result<[usize; 2]> {
+    if node.int("ceil_mode", 0)? != 0 {
+        return fail(node, "ceil_mode 1 is not supported yet");
+    }
+    if node.outputs.len() > 1 {
+        return fail(node, "the indices output is not supported");
+    }
+    match node.ints("kernel_shape")? {
+        Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => Ok([v[0] as usize, v[1] as usize]),
+        Some(v) => fail(
+            node,
+            format!("kernel_shape {v:?}: two spatial axes (NCHW) only"),
+        ),
+        None => fail(node, "kernel_shape is required"),
+    }
+}
+
+fn infer_pool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() != 4 {
+        return fail(node, "2-D pooling (NCHW) only");
+    }
+    let (k, w) = (kernel(node)?, Window::of(node)?);
+    Ok(vec![Fact::new(
+        x.dtype,
+        vec![
+            x.shape[0].clone(),
+            x.shape[1].clone(),
+            w.out_expr(&x.shape[2], k[0] as i64, 0),
+            w.out_expr(&x.shape[3], k[1] as i64, 1),
+        ],
+    )])
+}
+
+fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    if x.shape.len() != 4 {
+        return fail(node, "2-D pooling (NCHW) only");
+    }
+    let (k, w) = (kernel(node)?, Window::of(node)?);
+    let max = node.op == "MaxPool";
+    let include_pad = node.int("count_include_pad", 0)? != 0;
+    let (images, h, wd) = (x.shape[0] * x.shape[1], x.shape[2], x.shape[3]);
+    let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
+    sized(node, &[x.shape[0], x.shape[1], oh, ow])?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = Vec::with_capacity(images * oh * ow);
+    for img in v.chunks(h * wd).take(images) {
+        for y in 0..oh {
+            for xo in 0..ow {
+                let (mut best, mut sum, mut count) = (f32::NEG_INFINITY, 0f64, 0usize);
+                for u in 0..k[0] {
+                    for q in 0..k[1] {
+                        match (w.source(y, u, 0, h), w.source(xo, q, 1, wd)) {
+                            (Some(r), Some(c)) => {
+                                let e = img[r * wd + c];
+                                // NaN wins a max, as in onnxruntime.
+                                best = if e > best || e.is_nan() { e } else { best };
+                                sum += e as f64;
+                                count += 1;
+                            }
+                            _ => count += include_pad as usize,
+                        }
+                    }
+                }
+                out.push(if max {
+                    best
+                } else {
+                    (sum / count.max(1) as f64) as f32
+                });
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(
+        vec![x.shape[0], x.shape[1], oh, ow],
+        out,
+    )?])
+}
+
+fn infer_global(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() < 3 {
+        return fail(node, "an input of rank 3 or more (N, C, spatial axes)");
+    }
+    let mut shape = x.shape.to_vec();
+    shape[2..].fill(Expr::Const(1));
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+fn eval_global(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    if x.shape.len() < 3 {
+        return fail(node, "an input of rank 3 or more (N, C, spatial axes)");
+    }
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let area: usize = x.shape[2..].iter().product();
+    let images = x.shape[0] * x.shape[1];
+    let out: Vec<f32> = if area == 0 {
+        vec![f32::NAN; images]
+    } else if node.op == "GlobalMaxPool" {
+        v.chunks(area)
+            .map(|c| {
+                c.iter().copied().fold(
+                    f32::NEG_INFINITY,
+                    |a, e| if e > a || e.is_nan() { e } else { a },
+                )
+            })
+            .collect()
+    } else {
+        v.chunks(area)
+            .map(|c| (c.iter().map(|&e| e as f64).sum::<f64>() / area as f64) as f32)
+            .collect()
+    };
+    let mut shape = x.shape.to_vec();
+    shape[2..].fill(1);
+    Ok(vec![Tensor::f32(shape, out)?])
+}
