@@ -1,5 +1,6 @@
 //! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
-//! outputs): small graphs of one op each (unary math, `CumSum`, pooling), compiled for a
+//! outputs): small graphs of one op each (unary math, `CumSum`, pooling, `Clip`,
+//! `Trilu`, `BatchNormalization`), compiled for a
 //! symbolic dim `n` and run in its range and past it, checked against the ops'
 //! definitions computed here in f64.
 mod support;
@@ -376,6 +377,108 @@ fn pools_match_their_definition_at_every_n() {
         assert!(o.status.success(), "n={n}: {out}");
         for (name, _) in &members[1..] {
             assert!(out.contains(name.as_str()), "n={n}: no {name} in {out}");
+        }
+    }
+}
+
+/// `Clip` (both bounds, one absent), `Trilu` (upper above the first diagonal, lower
+/// on and below the main one; the rows are the symbolic axis) and
+/// `BatchNormalization` from running statistics.
+#[test]
+fn clip_trilu_and_batch_norm_match_their_definitions_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rows = [Dim::Named("n"), Dim::Fixed(6)];
+    let image = [Dim::Named("n"), Dim::Fixed(3), Dim::Fixed(2), Dim::Fixed(5)];
+    let (scale, bias, mean, var) = (
+        [0.5, -2.0, 1.5],
+        [0.1, 0.0, -3.0],
+        [1.0, -0.5, 0.25],
+        [0.5, 2.0, 0.01],
+    );
+    Onnx::new(17)
+        .input("x", &rows)
+        .input("img", &image)
+        .weight("lo", &[], &[-1.5])
+        .weight("hi", &[], &[2.0])
+        .int_weight("one", &[], &[1])
+        .weight("scale", &[3], &scale)
+        .weight("bias", &[3], &bias)
+        .weight("mean", &[3], &mean)
+        .weight("var", &[3], &var)
+        .node("Clip", &["x", "lo", "hi"], &["y_clip"], &[])
+        .output("y_clip", &rows)
+        .node("Clip", &["x", "", "hi"], &["y_clip_max"], &[])
+        .output("y_clip_max", &rows)
+        .node("Trilu", &["x", "one"], &["y_upper"], &[])
+        .output("y_upper", &rows)
+        .node("Trilu", &["x"], &["y_lower"], &[("upper", 0)])
+        .output("y_lower", &rows)
+        .node(
+            "BatchNormalization",
+            &["img", "scale", "bias", "mean", "var"],
+            &["y_bn"],
+            &[],
+        )
+        .output("y_bn", &image)
+        .write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    for n in [1usize, 3, 4, 7] {
+        let x: Vec<f32> = (0..n * 6)
+            .map(|i| ((i * 7919) % 101) as f32 / 10.0 - 5.0)
+            .collect();
+        let img: Vec<f32> = (0..n * 30)
+            .map(|i| ((i * 31) % 17) as f32 / 4.0 - 2.0)
+            .collect();
+        let keep = |upper: bool, k: i64| -> Vec<f32> {
+            x.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (r, c) = ((i / 6) as i64, (i % 6) as i64);
+                    let on = if upper { c - r >= k } else { c - r <= k };
+                    if on {
+                        v
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
+        let bn: Vec<f32> = img
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let ch = (i / 10) % 3;
+                ((v as f64 - mean[ch] as f64) / (var[ch] as f64 + 1e-5).sqrt() * scale[ch] as f64
+                    + bias[ch] as f64) as f32
+            })
+            .collect();
+        let at = |v: &[f32], shape: &[usize]| npy("<f4", false, shape, &f32_bytes(v));
+        let members = [
+            ("x", at(&x, &[n, 6])),
+            ("img", at(&img, &[n, 3, 2, 5])),
+            (
+                "y_clip",
+                at(
+                    &x.iter().map(|v| v.clamp(-1.5, 2.0)).collect::<Vec<_>>(),
+                    &[n, 6],
+                ),
+            ),
+            (
+                "y_clip_max",
+                at(&x.iter().map(|v| v.min(2.0)).collect::<Vec<_>>(), &[n, 6]),
+            ),
+            ("y_upper", at(&keep(true, 1), &[n, 6])),
+            ("y_lower", at(&keep(false, 0), &[n, 6])),
+            ("y_bn", at(&bn, &[n, 3, 2, 5])),
+        ];
+        npz(&d.join("c.npz"), &members);
+        let o = run_on(d, "m.module", "c.npz");
+        let out = text(&o);
+        assert!(o.status.success(), "n={n}: {out}");
+        for (name, _) in &members[2..] {
+            assert!(out.contains(name), "n={n}: no {name} in {out}");
         }
     }
 }

@@ -481,6 +481,7 @@ fn is_elementwise(op: &str) -> bool {
             | "Floor"
             | "Ceil"
             | "Round"
+            | "Clip"
             | "IsNaN"
             | "IsInf"
             | "Cast"

@@ -5,13 +5,14 @@
 //!
 //! - `elementwise.rs`: arithmetic, comparisons, logic, `Where` (broadcasting);
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
-//!   `Identity`, `Cast`;
+//!   `Identity`, `Cast`, `Clip`, `Trilu`;
 //! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
 //!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
-//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `ReduceMean`, `ReduceSum`, `CumSum`;
+//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `BatchNormalization`, `ReduceMean`,
+//!   `ReduceSum`, `CumSum`;
 //! - `resize.rs`: `Resize`.
 mod elementwise;
 mod linalg;

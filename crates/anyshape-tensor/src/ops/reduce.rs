@@ -1,5 +1,6 @@
 //! Reductions, normalizations and scans over axes: `Softmax`, `LayerNormalization`,
-//! `ReduceMean`, `ReduceSum`, `CumSum`. The reference accumulates floats in `f64`.
+//! `BatchNormalization` (inference), `ReduceMean`, `ReduceSum`, `CumSum`. The reference
+//! accumulates floats in `f64`.
 use super::{axis, const_ints, fail, req, OpSpec};
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
@@ -17,6 +18,12 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 17,
         infer: infer_layer_norm,
         eval: eval_layer_norm,
+    },
+    OpSpec {
+        name: "BatchNormalization",
+        since: 9,
+        infer: infer_same,
+        eval: eval_batch_norm,
     },
     OpSpec {
         name: "ReduceMean",
@@ -307,4 +314,41 @@ fn eval_cumsum(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         DataRef::Bool(_) => return fail(node, "unsupported for bool"),
     };
     Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}
+
+/// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`
+/// per channel (axis 1), from the running statistics; training mode is refused.
+fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    if node.int("training_mode", 0)? != 0 || node.outputs.len() > 1 {
+        return fail(node, "training mode (batch statistics) is not supported");
+    }
+    let x = req(node, ins, 0)?;
+    if x.shape.len() < 2 {
+        return fail(node, "an input of rank 2 or more (N, C, ...)");
+    }
+    let c = x.shape[1];
+    let channel = |i: usize| -> Result<&[f32]> {
+        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
+        if v.len() != c {
+            return fail(
+                node,
+                format!("input {i} must have the {c} channels' values"),
+            );
+        }
+        Ok(v)
+    };
+    let (scale, bias, mean, var) = (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
+    let eps = node.float("epsilon", 1e-5)? as f64;
+    let inner: usize = x.shape[2..].iter().product();
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let out = v
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| {
+            let ch = (i / inner.max(1)) % c;
+            let inv = 1.0 / (var[ch] as f64 + eps).sqrt();
+            ((e as f64 - mean[ch] as f64) * inv * scale[ch] as f64 + bias[ch] as f64) as f32
+        })
+        .collect();
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
 }
