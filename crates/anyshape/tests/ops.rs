@@ -5,7 +5,7 @@
 //! definitions computed here in f64.
 mod support;
 
-use support::{compile_n, f32_bytes, npy, npz, run_on, text, Dim, Onnx};
+use support::{anyshape, compile_n, f32_bytes, failed_with, npy, npz, run_on, text, Dim, Onnx};
 
 /// A unary op, the input it reads and its definition.
 type Unary = (&'static str, &'static str, fn(f64) -> f64);
@@ -481,4 +481,28 @@ fn clip_trilu_and_batch_norm_match_their_definitions_at_every_n() {
             assert!(out.contains(name), "n={n}: no {name} in {out}");
         }
     }
+}
+
+/// A model with ops anyshape does not import is refused, by `inspect` and `compile`,
+/// naming every such op at once (with a node and how many), not only the first.
+#[test]
+fn every_op_not_imported_is_named_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rows = [Dim::Named("n"), Dim::Fixed(6)];
+    Onnx::new(17)
+        .input("x", &rows)
+        .node("Mod", &["x", "x"], &["a"], &[])
+        .node("Relu", &["a"], &["b"], &[])
+        .node("FancyOp", &["b"], &["c"], &[])
+        .node("Mod", &["c", "x"], &["y"], &[])
+        .output("y", &rows)
+        .write(&d.join("m.onnx"));
+    let words = [
+        "does not import yet",
+        "FancyOp (node `FancyOp_2`)",
+        "Mod (2 nodes, the first `Mod_0`)",
+    ];
+    failed_with(&anyshape(d, &["inspect", "m.onnx"]), &words);
+    failed_with(&compile_n(d, "m.onnx", "m.module"), &words);
 }

@@ -73,9 +73,9 @@ pub fn op(name: &str) -> Option<&'static OpSpec> {
 }
 
 /// Check that anyshape knows what every node of a model of default-domain `opset`
-/// means: the opset is at most [`NEWEST_OPSET`], and for each op, the version the
-/// opset selects is one whose semantics anyshape implements. Ops anyshape does not
-/// import at all are left to the importer's own error.
+/// means: the opset is at most [`NEWEST_OPSET`], for each op the version the opset
+/// selects is one whose semantics anyshape implements, and every op is one it imports
+/// (those it does not are all named at once, each with a node and its count).
 pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) -> Result<()> {
     if opset > NEWEST_OPSET {
         return Err(TensorError::Unsupported(format!(
@@ -87,14 +87,31 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
             "opset {opset} is no ONNX opset"
         )));
     }
+    let mut unknown: std::collections::BTreeMap<&str, (&str, usize)> = Default::default();
     for node in nodes {
-        let Some(spec) = op(&node.op) else { continue };
+        let Some(spec) = op(&node.op) else {
+            unknown.entry(&node.op).or_insert((&node.name, 0)).1 += 1;
+            continue;
+        };
         if opset < spec.since {
             return Err(TensorError::Unsupported(format!(
                 "node `{}`: {} at opset {opset} is an older version of the op than anyshape implements (it implements {} from opset {} to {NEWEST_OPSET}); export the model with opset {} or newer",
                 node.name, node.op, node.op, spec.since, spec.since.max(13)
             )));
         }
+    }
+    if !unknown.is_empty() {
+        let named: Vec<String> = unknown
+            .iter()
+            .map(|(op, (first, n))| match n {
+                1 => format!("{op} (node `{first}`)"),
+                n => format!("{op} ({n} nodes, the first `{first}`)"),
+            })
+            .collect();
+        return Err(TensorError::Unsupported(format!(
+            "the model needs ops anyshape does not import yet: {}",
+            named.join(", ")
+        )));
     }
     Ok(())
 }
