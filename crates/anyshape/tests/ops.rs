@@ -5,7 +5,28 @@
 //! definitions computed here in f64.
 mod support;
 
+use std::path::Path;
 use support::{anyshape, compile_n, f32_bytes, failed_with, npy, npz, run_on, text, Dim, Onnx};
+
+/// Write `members` (the inputs and the expected outputs, named `y_…`) to `c.npz` in `d`,
+/// run the module `m.module` on it, and assert that the run passed and compared every
+/// expected output.
+fn run_checked<S: AsRef<str>>(d: &Path, n: usize, members: &[(S, Vec<u8>)]) {
+    let refs: Vec<(&str, Vec<u8>)> = members
+        .iter()
+        .map(|(k, v)| (k.as_ref(), v.clone()))
+        .collect();
+    npz(&d.join("c.npz"), &refs);
+    let o = run_on(d, "m.module", "c.npz");
+    let out = text(&o);
+    assert!(o.status.success(), "n={n}: {out}");
+    for (name, _) in refs.iter().filter(|(k, _)| k.starts_with("y_")) {
+        assert!(
+            out.contains(&format!("check        {name}:")),
+            "n={n}: {name} not checked in {out}"
+        );
+    }
+}
 
 /// A unary op, the input it reads and its definition.
 type Unary = (&'static str, &'static str, fn(f64) -> f64);
@@ -83,21 +104,7 @@ fn unary_math_matches_its_definition_at_every_n() {
                 .collect();
             members.push((format!("y_{op}"), array(&want)));
         }
-        let refs: Vec<(&str, Vec<u8>)> = members
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        npz(&d.join("c.npz"), &refs);
-        let o = run_on(d, "m.module", "c.npz");
-        let out = text(&o);
-        assert!(o.status.success(), "n={n}: {out}");
-        // Every output was compared with its definition.
-        for (op, _, _) in UNARY {
-            assert!(
-                out.contains(&format!("y_{op}")),
-                "n={n}: no y_{op} in {out}"
-            );
-        }
+        run_checked(d, n, &members);
     }
 }
 
@@ -176,13 +183,7 @@ fn cumsum_matches_its_definition_at_every_n() {
                 .collect();
             members.push((out, array(&want)));
         }
-        npz(&d.join("c.npz"), &members);
-        let o = run_on(d, "m.module", "c.npz");
-        let out = text(&o);
-        assert!(o.status.success(), "n={n}: {out}");
-        for (name, ..) in cases {
-            assert!(out.contains(name), "n={n}: no {name} in {out}");
-        }
+        run_checked(d, n, &members);
     }
 }
 
@@ -367,17 +368,7 @@ fn pools_match_their_definition_at_every_n() {
                 npy("<f4", false, &[n, c, 1, 1], &f32_bytes(&want)),
             ));
         }
-        let refs: Vec<(&str, Vec<u8>)> = members
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        npz(&d.join("c.npz"), &refs);
-        let o = run_on(d, "m.module", "c.npz");
-        let out = text(&o);
-        assert!(o.status.success(), "n={n}: {out}");
-        for (name, _) in &members[1..] {
-            assert!(out.contains(name.as_str()), "n={n}: no {name} in {out}");
-        }
+        run_checked(d, n, &members);
     }
 }
 
@@ -473,13 +464,7 @@ fn clip_trilu_and_batch_norm_match_their_definitions_at_every_n() {
             ("y_lower", at(&keep(false, 0), &[n, 6])),
             ("y_bn", at(&bn, &[n, 3, 2, 5])),
         ];
-        npz(&d.join("c.npz"), &members);
-        let o = run_on(d, "m.module", "c.npz");
-        let out = text(&o);
-        assert!(o.status.success(), "n={n}: {out}");
-        for (name, _) in &members[2..] {
-            assert!(out.contains(name), "n={n}: no {name} in {out}");
-        }
+        run_checked(d, n, &members);
     }
 }
 
