@@ -236,6 +236,13 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
         (DataRef::F32(x), DataRef::I64(y)) if op == "Pow" => {
             Data::F32(zip(x, a.shape, y, b.shape, &out, |p, q| p.powi(q as i32)))
         }
+        // An integer base keeps its type (computed in f64 and truncated, as
+        // onnxruntime does).
+        (DataRef::I64(x), DataRef::F32(y)) if op == "Pow" => {
+            Data::I64(zip(x, a.shape, y, b.shape, &out, |p, q| {
+                (p as f64).powf(q as f64) as i64
+            }))
+        }
         (DataRef::I64(x), DataRef::I64(y)) => {
             let f: fn(i64, i64) -> Option<i64> = match op {
                 "Add" => i64::checked_add,

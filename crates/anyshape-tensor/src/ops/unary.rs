@@ -291,7 +291,17 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         }
         ("Not", DataRef::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
         ("IsNaN", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
-        ("IsInf", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_infinite()).collect()),
+        ("IsInf", DataRef::F32(v)) => {
+            let (neg, pos) = (
+                node.int("detect_negative", 1)? != 0,
+                node.int("detect_positive", 1)? != 0,
+            );
+            Data::Bool(
+                v.iter()
+                    .map(|&f| (pos && f == f32::INFINITY) || (neg && f == f32::NEG_INFINITY))
+                    .collect(),
+            )
+        }
         ("Neg", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
         ("Abs", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
         ("Sign", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.signum()).collect()),
