@@ -1,6 +1,6 @@
 //! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
 //! outputs): small graphs of one op each (unary math, `CumSum`, pooling, `Clip`,
-//! `Trilu`, `BatchNormalization`), compiled for a
+//! `Trilu`, `BatchNormalization`, `ArgMax`/`ArgMin`, `Mod`), compiled for a
 //! symbolic dim `n` and run in its range and past it, checked against the ops'
 //! definitions computed here in f64.
 mod support;
@@ -477,17 +477,94 @@ fn every_op_not_imported_is_named_at_once() {
     let rows = [Dim::Named("n"), Dim::Fixed(6)];
     Onnx::new(17)
         .input("x", &rows)
-        .node("Mod", &["x", "x"], &["a"], &[])
+        .node("NoSuchOp", &["x", "x"], &["a"], &[])
         .node("Relu", &["a"], &["b"], &[])
         .node("FancyOp", &["b"], &["c"], &[])
-        .node("Mod", &["c", "x"], &["y"], &[])
+        .node("NoSuchOp", &["c", "x"], &["y"], &[])
         .output("y", &rows)
         .write(&d.join("m.onnx"));
     let words = [
         "does not import yet",
         "FancyOp (node `FancyOp_2`)",
-        "Mod (2 nodes, the first `Mod_0`)",
+        "NoSuchOp (2 nodes, the first `NoSuchOp_0`)",
     ];
     failed_with(&anyshape(d, &["inspect", "m.onnx"]), &words);
     failed_with(&compile_n(d, "m.onnx", "m.module"), &words);
+}
+
+/// `ArgMax` / `ArgMin` (along the symbolic axis and the fixed one, ties broken to the
+/// first or the last index) and `Mod` (integers with the divisor's or the dividend's
+/// sign, floats with the dividend's); integer results cast to float to be recorded.
+#[test]
+fn arg_extremes_and_mod_match_their_definitions_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rows = [Dim::Named("n"), Dim::Fixed(6)];
+    let per_row = [Dim::Named("n"), Dim::Fixed(1)];
+    let per_col = [Dim::Fixed(1), Dim::Fixed(6)];
+    Onnx::new(17)
+        .input("x", &rows)
+        .input("m", &rows)
+        .node("ArgMax", &["x"], &["i_max"], &[("axis", 1)])
+        .node("Cast", &["i_max"], &["y_argmax_rows"], &[("to", 1)])
+        .output("y_argmax_rows", &per_row)
+        .node(
+            "ArgMin",
+            &["x"],
+            &["i_min"],
+            &[("axis", 0), ("select_last_index", 1)],
+        )
+        .node("Cast", &["i_min"], &["y_argmin_last"], &[("to", 1)])
+        .output("y_argmin_last", &per_col)
+        .node("Cast", &["x"], &["xi"], &[("to", 7)])
+        .node("Cast", &["m"], &["mi"], &[("to", 7)])
+        .node("Mod", &["xi", "mi"], &["r_py"], &[])
+        .node("Cast", &["r_py"], &["y_mod_int"], &[("to", 1)])
+        .output("y_mod_int", &rows)
+        .node("Mod", &["xi", "mi"], &["r_c"], &[("fmod", 1)])
+        .node("Cast", &["r_c"], &["y_fmod_int"], &[("to", 1)])
+        .output("y_fmod_int", &rows)
+        .node("Mod", &["x", "m"], &["y_fmod_float"], &[("fmod", 1)])
+        .output("y_fmod_float", &rows)
+        .write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    for n in [1usize, 3, 4, 7] {
+        // Whole numbers with ties, both signs; divisors never zero.
+        let x: Vec<f32> = (0..n * 6).map(|i| ((i * 7) % 9) as f32 - 4.0).collect();
+        let m: Vec<f32> = (0..n * 6)
+            .map(|i| if i % 2 == 0 { 3.0 } else { -2.0 } * (1 + i % 2) as f32)
+            .collect();
+        let at = |v: &[f32], shape: &[usize]| npy("<f4", false, shape, &f32_bytes(v));
+        let argmax: Vec<f32> = (0..n)
+            .map(|r| {
+                let row = &x[r * 6..][..6];
+                let best = row.iter().copied().fold(f32::MIN, f32::max);
+                row.iter().position(|&v| v == best).unwrap() as f32
+            })
+            .collect();
+        let argmin_last: Vec<f32> = (0..6)
+            .map(|c| {
+                let col: Vec<f32> = (0..n).map(|r| x[r * 6 + c]).collect();
+                let best = col.iter().copied().fold(f32::MAX, f32::min);
+                col.iter().rposition(|&v| v == best).unwrap() as f32
+            })
+            .collect();
+        let python: Vec<f32> = x
+            .iter()
+            .zip(&m)
+            .map(|(&a, &b)| a - b * (a / b).floor())
+            .collect();
+        let c: Vec<f32> = x.iter().zip(&m).map(|(&a, &b)| a % b).collect();
+        let members = [
+            ("x", at(&x, &[n, 6])),
+            ("m", at(&m, &[n, 6])),
+            ("y_argmax_rows", at(&argmax, &[n, 1])),
+            ("y_argmin_last", at(&argmin_last, &[1, 6])),
+            ("y_mod_int", at(&python, &[n, 6])),
+            ("y_fmod_int", at(&c, &[n, 6])),
+            ("y_fmod_float", at(&c, &[n, 6])),
+        ];
+        run_checked(d, n, &members);
+    }
 }

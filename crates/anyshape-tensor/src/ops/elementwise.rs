@@ -1,5 +1,6 @@
 //! Elementwise ops of several inputs with numpy broadcasting: arithmetic (`f32` and
-//! `i64`; on the shape plumbing's integer vectors also as expressions), comparisons and
+//! `i64`, `Mod` with either sign rule; on the shape plumbing's integer vectors also as
+//! expressions), comparisons and
 //! logic (to `bool`) and `Where`. Ops of one input are `unary.rs`'s.
 use super::{
     broadcast_out, broadcast_shape, broadcast_strides, fail, for_each_row, req, sized, OpSpec,
@@ -37,6 +38,12 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "Pow",
         since: 7,
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Mod",
+        since: 10,
         infer: infer_arith,
         eval: eval_arith,
     },
@@ -220,6 +227,10 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
                 "Mul" => op!(|p: f32, q: f32| p * q),
                 "Div" => op!(|p: f32, q: f32| p / q),
                 "Pow" => op!(|p: f32, q: f32| if q == 2.0 { p * p } else { p.powf(q) }),
+                // Floats take C's fmod (the dividend's sign), which ONNX requires them
+                // to ask for.
+                "Mod" if node.int("fmod", 0)? != 0 => op!(|p: f32, q: f32| p % q),
+                "Mod" => return fail(node, "Mod of floats needs fmod=1"),
                 "Max" => op!(|p: f32, q: f32| if p.is_nan() || q.is_nan() {
                     f32::NAN
                 } else {
@@ -250,6 +261,16 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
                 "Mul" => i64::checked_mul,
                 "Div" => i64::checked_div,
                 "Pow" => |p, q| u32::try_from(q).ok().and_then(|q| p.checked_pow(q)),
+                // fmod=1: the dividend's sign (C); 0: the divisor's (Python).
+                "Mod" if node.int("fmod", 0)? != 0 => i64::checked_rem,
+                "Mod" => |p, q| {
+                    let r = p.checked_rem(q)?;
+                    Some(if r != 0 && (r < 0) != (q < 0) {
+                        r + q
+                    } else {
+                        r
+                    })
+                },
                 "Max" => |p, q| Some(p.max(q)),
                 "Min" => |p, q| Some(p.min(q)),
                 _ => return fail(node, "unsupported for int64"),

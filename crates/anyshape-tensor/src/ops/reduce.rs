@@ -1,9 +1,9 @@
 //! Reductions, normalizations and scans over axes: `Softmax`, `LayerNormalization`,
-//! `BatchNormalization` (inference), `ReduceMean`, `ReduceSum`, `CumSum`. The reference
-//! accumulates floats in `f64`.
+//! `BatchNormalization` (inference), `ReduceMean`, `ReduceSum`, `ArgMax`, `ArgMin`,
+//! `CumSum`. The reference accumulates floats in `f64`.
 use super::{axis, const_ints, fail, req, OpSpec};
 use crate::node::Node;
-use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
+use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -36,6 +36,18 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ArgMax",
+        since: 11,
+        infer: infer_arg,
+        eval: eval_arg,
+    },
+    OpSpec {
+        name: "ArgMin",
+        since: 11,
+        infer: infer_arg,
+        eval: eval_arg,
     },
     OpSpec {
         name: "CumSum",
@@ -351,4 +363,65 @@ fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         })
         .collect();
     Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+fn infer_arg(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", 0)?, x.rank())?;
+    let mut shape = x.shape.to_vec();
+    if node.int("keepdims", 1)? != 0 {
+        shape[a] = Expr::Const(1);
+    } else {
+        shape.remove(a);
+    }
+    Ok(vec![Fact::new(DType::I64, shape)])
+}
+
+/// `ArgMax` / `ArgMin` along `axis`: the index of the first extreme element (the last
+/// with `select_last_index`); a NaN is the extreme, as in NumPy.
+fn eval_arg(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
+    let last = node.int("select_last_index", 0)? != 0;
+    let max = node.op == "ArgMax";
+    let (outer, n, inner) = split_at(x.shape, a);
+    if n == 0 {
+        return fail(node, "an empty axis has no extreme element");
+    }
+    let wide: Vec<f64> = match x.data {
+        DataRef::F32(v) => v.iter().map(|&f| f as f64).collect(),
+        DataRef::I64(v) => v.iter().map(|&i| i as f64).collect(),
+        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+    };
+    let better = |e: f64, best: f64| {
+        if best.is_nan() {
+            false
+        } else if e.is_nan() {
+            true
+        } else if max {
+            e > best || (last && e == best)
+        } else {
+            e < best || (last && e == best)
+        }
+    };
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| wide[(o * n + j) * inner + i];
+            let mut best = 0;
+            for j in 1..n {
+                if better(at(j), at(best)) {
+                    best = j;
+                }
+            }
+            out.push(best as i64);
+        }
+    }
+    let mut shape = x.shape.to_vec();
+    if node.int("keepdims", 1)? != 0 {
+        shape[a] = 1;
+    } else {
+        shape.remove(a);
+    }
+    Ok(vec![Tensor::i64(shape, out)?])
 }
