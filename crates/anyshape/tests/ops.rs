@@ -568,3 +568,40 @@ fn arg_extremes_and_mod_match_their_definitions_at_every_n() {
         run_checked(d, n, &members);
     }
 }
+
+/// A pooling window far larger than its input (over equally large pads) is refused at
+/// run time with a message, not looped over for hours.
+#[test]
+fn a_huge_pooling_window_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A 2^24-wide window over a 2x2 image padded to exactly its width: a 1x1 output.
+    let (big, pad) = (1i64 << 24, (1i64 << 23) - 1);
+    let image = [Dim::Named("n"), Dim::Fixed(1), Dim::Fixed(2), Dim::Fixed(2)];
+    let one = [Dim::Named("n"), Dim::Fixed(1), Dim::Fixed(1), Dim::Fixed(1)];
+    Onnx::new(17)
+        .input("x", &image)
+        .node_lists(
+            "MaxPool",
+            &["x"],
+            &["y"],
+            &[],
+            &[
+                ("kernel_shape", &[big, big]),
+                ("pads", &[pad, pad, pad, pad]),
+            ],
+        )
+        .output("y", &one)
+        .write(&d.join("m.onnx"));
+    let compiled = compile_n(d, "m.onnx", "m.module");
+    if compiled.status.success() {
+        let x = npy("<f4", false, &[1, 1, 2, 2], &f32_bytes(&[1.0; 4]));
+        npz(&d.join("c.npz"), &[("x", x)]);
+        failed_with(
+            &run_on(d, "m.module", "c.npz"),
+            &["more work than one op may do"],
+        );
+    } else {
+        failed_with(&compiled, &["more work than one op may do"]);
+    }
+}

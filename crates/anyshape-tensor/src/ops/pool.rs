@@ -2,7 +2,7 @@
 //! (strides, pads, dilations and the output extent they give, symbolic or concrete),
 //! and the pools — `MaxPool`, `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool` —
 //! as reference loops (host steps; averages summed in `f64`).
-use super::{fail, req, sized, OpSpec};
+use super::{fail, req, sized, OpSpec, MAX_ELEMENTS};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -146,6 +146,17 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (images, h, wd) = (x.shape[0] * x.shape[1], x.shape[2], x.shape[3]);
     let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
     sized(node, &[x.shape[0], x.shape[1], oh, ow])?;
+    // The work, not only the output, is bounded: a huge window over huge pads would
+    // otherwise loop for ages on a small output.
+    if crate::tensor::numel(&[images, oh, ow, k[0], k[1]]).map_or(true, |w| w > MAX_ELEMENTS) {
+        return fail(
+            node,
+            format!(
+                "a {}x{} window over a {oh}x{ow} output is more work than one op may do",
+                k[0], k[1]
+            ),
+        );
+    }
     let v = x.as_f32().map_err(|e| node.error(e))?;
     let mut out = Vec::with_capacity(images * oh * ow);
     for img in v.chunks(h * wd).take(images) {
