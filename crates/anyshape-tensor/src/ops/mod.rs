@@ -3,7 +3,8 @@
 //! as expressions, shape plumbing folded into expressions) and what it computes on
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
-//! - `elementwise.rs`: arithmetic, comparisons, logic, `Where` (broadcasting);
+//! - `elementwise.rs`: arithmetic (`Mod` too), comparisons, logic, `Where`
+//!   (broadcasting);
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
 //!   `Identity`, `Cast`, `Clip`, `Trilu`;
 //! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
@@ -12,7 +13,7 @@
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
 //!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `reduce.rs`: `Softmax`, `LayerNormalization`, `BatchNormalization`, `ReduceMean`,
-//!   `ReduceSum`, `CumSum`;
+//!   `ReduceSum`, `ArgMax`, `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`.
 mod elementwise;
 mod linalg;
