@@ -9,7 +9,7 @@
 //!   known by device and inode, so that an output naming one of them (by any spelling:
 //!   a link, `./`, `..`) is refused before any work.
 //! - **Writing** ([`write_atomic`], [`Temp`]): an output is written beside its path
-//!   (`.NAME.tmp-PID`), flushed to disk, and renamed over the path in one step, so the
+//!   (`.NAME.tmp-N-PID`), flushed to disk, and renamed over the path in one step, so the
 //!   path holds the old content or the new, whole, at every moment — also on a full disk
 //!   or a kill. What an interrupted write leaves is removed by the next write to that
 //!   path ([`clean_leftovers`]); a failed write removes its own.

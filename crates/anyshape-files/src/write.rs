@@ -20,8 +20,8 @@ pub fn temp_owner(name: &str) -> Option<u32> {
     name.rsplit_once('-')?.1.parse().ok()
 }
 
-/// The temporary sibling of `path` of a kind (`tmp`, `old`) and process:
-/// `.NAME.KIND-PID`.
+/// The temporary sibling of `path` of a kind (`tmp`, `old`, `tmp-N` for a file's
+/// N-th write in its process) and process: `.NAME.KIND-PID`.
 fn sibling(path: &Path, kind: &str, pid: u32) -> PathBuf {
     let name = path
         .file_name()
@@ -106,8 +106,12 @@ impl Temp {
             }
         }
         clean_leftovers(&dest);
-        let path = sibling(&dest, "tmp", std::process::id());
-        let _ = std::fs::remove_file(&path); // this process's own, from an earlier error
+        // One name per file written, not per process: threads of one process writing
+        // the same destination at once (the kernel cache's checksum of a library two
+        // compiles build) would remove each other's temporary file.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = sibling(&dest, &format!("tmp-{n}"), std::process::id());
         let file = std::fs::OpenOptions::new()
             .write(true)
             .read(true)
@@ -318,6 +322,7 @@ mod tests {
         write_bytes(&out, &Reads::new(), "--output", b"x").unwrap();
         assert!(!stale.exists());
         assert_eq!(temp_owner(".m.tmp-123"), Some(123));
+        assert_eq!(temp_owner(".m.tmp-7-123"), Some(123));
         assert_eq!(temp_owner("m"), None);
         assert!(process_alive(std::process::id()));
     }

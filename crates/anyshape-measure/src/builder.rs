@@ -247,9 +247,14 @@ impl Builder {
                 cached: true,
             });
         }
+        // One work directory per build, not per process: threads of one process
+        // building the same library at once (two models' compiles sharing a kernel)
+        // each removed the directory the other was still writing into.
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let work = self
             .cache_dir
-            .join(format!("build-{hash}-{}", std::process::id()));
+            .join(format!("build-{hash}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&work).map_err(io(&work))?;
         let result = self.build_in(&work, header, kernels);
         let result = result.and_then(|(built, failed, unavailable)| {
@@ -262,7 +267,7 @@ impl Builder {
             } else {
                 let partial = self
                     .cache_dir
-                    .join(format!("partial-{hash}-{}.so", std::process::id()));
+                    .join(format!("partial-{hash}-{}-{n}.so", std::process::id()));
                 std::fs::rename(&built, &partial).map_err(io(&partial))?;
                 partial
             };
