@@ -66,6 +66,13 @@ pub enum RuntimeError {
     /// which input or node).
     #[error(transparent)]
     Tensor(#[from] anyshape_tensor::TensorError),
+    /// The model is not a decoder with a key/value cache, or one that breaks its
+    /// convention (user input: the model; the message says what is missing or wrong).
+    #[error("the model cannot generate: {0}")]
+    Decoder(String),
+    /// Options or a prompt that cannot be used (user input).
+    #[error("{0}")]
+    Options(String),
     /// A run would need more memory than the machine has (user input: the shape).
     #[error("{0}")]
     Memory(String),

@@ -13,10 +13,12 @@
 mod arena;
 mod error;
 mod exec;
+mod generate;
 mod model;
 mod module;
 
 pub use error::{Result, RuntimeError};
 pub use exec::{Executor, TaskKernels};
+pub use generate::{Decoder, GenerateOptions, Generation, Sampling};
 pub use model::Model;
 pub use module::{Dispatch, Module};

@@ -86,8 +86,9 @@ pub struct CompiledModel {
     pub tuning: Option<TuningLog>,
 }
 
-/// Check the dims' domains against the model's dims: each named dim exists and starts
-/// at 1, every dim of the model has a domain.
+/// Check the dims' domains against the model's dims: each named dim exists and none
+/// is negative (0 is allowed: a decoder's past is empty at the prompt), every dim of
+/// the model has a domain.
 fn check_dims(names: &[String], dims: &[ShapeVar]) -> Result<()> {
     for d in dims {
         if !names.contains(&d.name) {
@@ -102,9 +103,9 @@ fn check_dims(names: &[String], dims: &[ShapeVar]) -> Result<()> {
                 }
             )));
         }
-        if d.domain.bounds().is_some_and(|(lo, _)| lo < 1) {
+        if d.domain.bounds().is_some_and(|(lo, _)| lo < 0) {
             return Err(TuneError::Options(format!(
-                "--dim {}: a model dim's values start at 1 (a tensor with an empty axis has nothing to compute)",
+                "--dim {}: a model dim's values are 0 or more",
                 d.name
             )));
         }

@@ -18,7 +18,8 @@ pub struct CompileArgs {
     /// The ONNX model (as `torch.onnx.export` writes it; opsets up to 28, each op of a
     /// version anyshape implements).
     model: PathBuf,
-    /// The domain of a model dim: `--dim sequence=1..512`, `--dim batch=1`; one per
+    /// The domain of a model dim: `--dim sequence=1..512`, `--dim batch=1`,
+    /// `--dim past_sequence=0..1023` (a decoder's cache, empty at the prompt); one per
     /// dim the model's inputs name (`anyshape inspect model.onnx` lists them; a model
     /// whose inputs have fixed shapes takes none).
     #[arg(long = "dim", value_name = "NAME=DOMAIN")]

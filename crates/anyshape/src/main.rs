@@ -1,6 +1,7 @@
 //! The `anyshape` command-line tool.
 mod bench;
 mod compile;
+mod generate;
 mod gpu;
 mod inspect;
 mod progress;
@@ -39,6 +40,9 @@ enum Command {
     Tune(tune::TuneArgs),
     /// Compile an ONNX model for its dims' domains into a model module.
     Compile(compile::CompileArgs),
+    /// Generate tokens with a decoder model module that carries its key/value cache:
+    /// the prompt in one run, then a run per token; greedy or sampled with a seed.
+    Generate(generate::GenerateArgs),
     /// Print what a module holds (micro-kernels, dispatch tree, where each instance
     /// goes) or what an ONNX model is (symbolic shapes, fused steps and tasks).
     Inspect {
@@ -255,6 +259,7 @@ fn main() -> Result<()> {
         Command::Run(args) => run::run(args),
         Command::Tune(args) => tune::tune(args),
         Command::Compile(args) => compile::compile(args),
+        Command::Generate(args) => generate::generate(args),
         Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
         Command::Inspect { module } => match anyshape_abi::ModuleKind::of(&module)? {
             anyshape_abi::ModuleKind::Model => inspect::inspect_model_module(&module),

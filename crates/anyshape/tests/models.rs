@@ -23,10 +23,9 @@ impl Observer for Quiet {
     fn trials(&mut self, _: usize) {}
 }
 
-/// Compile `model` for `dims`, then run every case and compare every output.
-fn check(model: &str, dims: &[&str], cases: &[&str]) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("m");
+/// Compile `model` for `dims` into a model module in `dir` and load it.
+fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
+    let out = dir.join("m");
     let measurer = Measurer {
         builder: Builder::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("anyshape-test-cache")),
         runner: Runner {
@@ -49,7 +48,13 @@ fn check(model: &str, dims: &[&str], cases: &[&str]) {
         &mut Quiet,
     )
     .unwrap_or_else(|e| panic!("{model}: {e}"));
-    let m = Model::load(&out).unwrap();
+    Model::load(&out).unwrap()
+}
+
+/// Compile `model` for `dims`, then run every case and compare every output.
+fn check(model: &str, dims: &[&str], cases: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = compile(model, dims, dir.path());
     for case in cases {
         let arrays =
             anyshape_tensor::npz::read(&models().join(format!("{model}.{case}.npz"))).unwrap();
@@ -97,4 +102,69 @@ fn vit_runs_compiled() {
         &["i224", "i160x256", "i384", "b2i224"],
     );
     check("vit_tiny.ts", &dims, &["i224", "b2i224"]);
+}
+
+/// GPT-2 with its key/value cache as inputs and outputs, compiled for a past from 0
+/// (the prompt) to 64: prompts, later steps, a past of 128 (past the range) and batch 3
+/// (past it too), in one process, so a step with an empty past follows ones with a
+/// past (a reduction over no past must not leave an earlier run's values).
+#[test]
+fn gpt2_with_past_runs_compiled() {
+    let dims = ["batch=1..2", "sequence=1..64", "past_sequence=0..64"];
+    let cases = ["p37s1", "p0s1", "p5s3", "p0s37", "p128s1", "b3p17s1"];
+    check("gpt2_tiny_past.ts", &dims, &cases);
+    let total = [&dims[..], &["total_sequence=1..128"]].concat();
+    check("gpt2_tiny_past.dynamo18", &total, &cases);
+}
+
+/// Greedy generation (the prompt, then a run per token, each feeding the last one's
+/// present caches as its past) gives onnxruntime's tokens and, at every step, its
+/// logits within 1e-4, for prompts of 1, 37 and 200 tokens (past the compiled range)
+/// and 64 new tokens.
+#[test]
+fn gpt2_generates_onnxruntime_tokens() {
+    use anyshape_runtime::{Decoder, GenerateOptions, Sampling};
+    let dims = ["batch=1", "sequence=1..64", "past_sequence=0..128"];
+    for (model, dims) in [
+        ("gpt2_tiny_past.ts", dims.to_vec()),
+        (
+            "gpt2_tiny_past.dynamo18",
+            [&dims[..], &["total_sequence=1..192"]].concat(),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = compile(model, &dims, dir.path());
+        let decoder = Decoder::of(&m).unwrap();
+        assert_eq!(decoder.past_dim(), "past_sequence");
+        for prompt in [1, 37, 200] {
+            let case = models().join(format!("{model}.gen_p{prompt}.npz"));
+            let arrays = anyshape_tensor::npz::read(&case).unwrap();
+            let get = |name: &str| &arrays.iter().find(|(n, _)| n == name).unwrap().1;
+            let options = GenerateOptions {
+                max_new_tokens: 64,
+                sampling: Sampling::Greedy,
+                stop_token: None,
+                keep_logits: true,
+            };
+            let g = decoder.generate(&m, get("prompt_ids"), &options).unwrap();
+            assert_eq!(
+                g.tokens[0],
+                get("generated_ids").as_i64().unwrap(),
+                "{model} prompt {prompt}"
+            );
+            let want = get("logits").as_f32().unwrap();
+            assert_eq!(g.logits.len(), 64);
+            for (step, got) in g.logits.iter().enumerate() {
+                let vocab = got.len();
+                let row = anyshape_tensor::Tensor::f32(
+                    got.shape.clone(),
+                    want[step * vocab..(step + 1) * vocab].to_vec(),
+                )
+                .unwrap();
+                let c = anyshape_tensor::compare(got, &row).unwrap();
+                assert!(c.passes(1e-4), "{model} prompt {prompt} step {step}: {c}");
+            }
+            assert_eq!(g.step_seconds.len(), 64);
+        }
+    }
 }
