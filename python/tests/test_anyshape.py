@@ -118,3 +118,46 @@ def test_tuning_runs_the_worker(tmp_path):
     data = recorded("s1")
     outs = model.run({i.name: data[i.name] for i in model.inputs})
     assert relative_error(outs["last_hidden_state"], data["last_hidden_state"]) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def gpt2_past(tmp_path_factory):
+    out = tmp_path_factory.mktemp("modules") / "gpt2_past.module"
+    return anyshape.compile(
+        MODELS / "gpt2_tiny_past.ts.onnx",
+        dims={"batch": 1, "sequence": (1, 64), "past_sequence": (0, 128)},
+        out=out,
+        progress=False,
+    )
+
+
+@pytest.mark.parametrize("prompt", [1, 37, 200])  # 200 lies past the range
+def test_generate_gives_onnxruntime_tokens(gpt2_past, prompt):
+    with np.load(MODELS / f"gpt2_tiny_past.ts.gen_p{prompt}.npz") as f:
+        ids, want = f["prompt_ids"], f["generated_ids"]
+    g = gpt2_past.generate(ids, max_new_tokens=64)
+    assert g.tokens == want.tolist()
+    assert len(g.step_seconds) == 64 and g.time_to_first_token > 0 and g.tokens_per_second > 0
+    # A 1-D prompt is one row.
+    assert gpt2_past.generate(ids[0], max_new_tokens=3).tokens == [want[0, :3].tolist()]
+
+
+def test_generate_samples_by_seed_and_checks_its_input(gpt2_past, bert):
+    ids = np.arange(5, dtype=np.int64)
+    a = gpt2_past.generate(ids, 16, do_sample=True, seed=7, top_k=50)
+    assert a.tokens == gpt2_past.generate(ids, 16, do_sample=True, seed=7, top_k=50).tokens
+    assert a.tokens != gpt2_past.generate(ids, 16, do_sample=True, seed=8, top_k=50).tokens
+    stop = a.tokens[0][3]
+    first = a.tokens[0].index(stop)
+    stopped = gpt2_past.generate(ids, 16, do_sample=True, seed=7, top_k=50, stop_token=stop)
+    assert stopped.tokens == [a.tokens[0][: first + 1]]
+    with pytest.raises(anyshape.InvalidArgument, match="int64"):
+        gpt2_past.generate(ids.astype(np.int32), 4)
+    with pytest.raises(anyshape.InvalidArgument, match="do_sample"):
+        gpt2_past.generate(ids, 4, seed=3)
+    with pytest.raises(anyshape.InvalidArgument, match="temperature"):
+        gpt2_past.generate(ids, 4, do_sample=True, temperature=-1.0)
+    with pytest.raises(anyshape.InvalidArgument, match="max new tokens is 0"):
+        gpt2_past.generate(ids, 0)
+    with pytest.raises(anyshape.InvalidArgument, match="cannot generate: it has no `logits`"):
+        bert.generate(ids, 4)

@@ -3,18 +3,21 @@
 //! and cuBLAS as kernels built into the worker (so the same isolated runner times and
 //! checks them all), the tuned baselines (per-shape, Nimble-style, bucketing), the FMA
 //! peak, and the reports and plots of a comparison; and whole model modules raced
-//! against onnxruntime and tract ([`compare_model`]).
+//! against onnxruntime, OpenVINO and tract ([`compare_model`]), decoders at generating
+//! text too ([`compare_generate`]).
 //!
 //! It knows workloads, the builder, the runner and the tuning pipeline (to tune the
 //! baselines); the front end gives it a [`Harness`] and a [`Progress`](anyshape_measure::Progress)
 //! to report to.
 #![deny(missing_docs)]
 
+mod bandwidth;
 mod bucket;
 mod compare;
 mod cublas;
 mod dispatch;
 mod error;
+mod generate;
 mod gpu;
 mod model;
 mod out;
@@ -32,9 +35,11 @@ pub use compare::{compare, CompareOptions};
 pub use cublas::{CUBLAS_SYMBOL, GPU_BUILTINS};
 pub use dispatch::{dispatch_loss, overhead};
 pub use error::{BenchError, Result};
+pub use generate::{compare_generate, GenerateCompareOptions};
 pub use gpu::{compare_gpu, GpuComparison, GpuReport};
-pub use model::{compare_model, ModelCompareOptions, PeerKind};
+pub use model::{compare_model, ModelCompareOptions};
 pub use out::OutDir;
+pub use peers::PeerKind;
 pub use rust_gemm::BUILTINS;
 pub use tuning::{read_tuning, Milestone, TuningComparison, MILESTONES};
 pub use vendor::{build_vendors, VendorKernel, VendorLibrary};

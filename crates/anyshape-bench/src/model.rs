@@ -5,7 +5,7 @@
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
-use crate::peers::{Anyshape, Case, Engine, Peer, PythonPeer};
+use crate::peers::{Anyshape, Case, Peer, PeerKind, PeerStart, Started};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
@@ -39,54 +39,6 @@ pub struct ModelCompareOptions<'a> {
     /// The ONNX model the peers run (the one the module was compiled from); by default
     /// where it was when the module was compiled.
     pub onnx: Option<&'a Path>,
-}
-
-/// A peer [`compare_model`] can race (`--peers`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PeerKind {
-    /// onnxruntime (Python package, CPU execution provider, FP32).
-    Onnxruntime,
-    /// OpenVINO (Python package) with FP32 forced.
-    OpenvinoF32,
-    /// OpenVINO at its default precision (BF16 where the CPU has it); raced only where
-    /// that is not FP32 when `OpenvinoF32` is raced too.
-    Openvino,
-    /// tract, in process (a `--features tract` build).
-    Tract,
-}
-
-impl PeerKind {
-    /// Every peer, in the order they are raced.
-    pub const ALL: [PeerKind; 4] = [
-        PeerKind::Onnxruntime,
-        PeerKind::OpenvinoF32,
-        PeerKind::Openvino,
-        PeerKind::Tract,
-    ];
-
-    /// Its name on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerKind::Onnxruntime => "onnxruntime",
-            PeerKind::OpenvinoF32 => "openvino-f32",
-            PeerKind::Openvino => "openvino",
-            PeerKind::Tract => "tract",
-        }
-    }
-}
-
-impl std::str::FromStr for PeerKind {
-    type Err = BenchError;
-
-    fn from_str(s: &str) -> Result<PeerKind> {
-        PeerKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = PeerKind::ALL.iter().map(|k| k.as_str()).collect();
-                BenchError::Options(format!("no peer {s:?} (the peers: {})", names.join(", ")))
-            })
-    }
 }
 
 /// One instance's results: per system, its best latency of each round (seconds) and the
@@ -205,7 +157,10 @@ fn instances(names: &[String], dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindin
 
 /// The ONNX model the module was compiled from: `given`, or where it was then;
 /// checked by its SHA-256 (the peers must run the same model).
-fn source_model(model: &anyshape_runtime::Model, given: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn source_model(
+    model: &anyshape_runtime::Model,
+    given: Option<&Path>,
+) -> Result<PathBuf> {
     let s = &model.manifest().source;
     let path = given.map_or_else(|| PathBuf::from(&s.path), Path::to_path_buf);
     let hint = "give the model it was compiled from with --onnx FILE";
@@ -254,40 +209,25 @@ pub fn compare_model(
     let mut unavailable = Vec::new();
     let asked = o.peers.unwrap_or(&PeerKind::ALL);
     for &kind in asked {
-        let engine = match kind {
-            PeerKind::Onnxruntime => Engine::Onnxruntime,
-            PeerKind::OpenvinoF32 => Engine::Openvino { f32: true },
-            PeerKind::Openvino => Engine::Openvino { f32: false },
-            PeerKind::Tract => {
-                match tract(&source, progress) {
-                    Ok(t) => peers.push(t),
-                    Err(e) if o.peers.is_some() => return Err(e),
-                    Err(e) => unavailable.push(e.to_string()),
-                }
-                continue;
+        if kind == PeerKind::Tract {
+            match tract(&source, progress) {
+                Ok(t) => peers.push(t),
+                Err(e) if o.peers.is_some() => return Err(e),
+                Err(e) => unavailable.push(e.to_string()),
             }
+            continue;
+        }
+        let start = PeerStart {
+            python: o.python,
+            model: &source,
+            threads: o.threads,
+            outputs: &outputs,
+            scratch: &case_dir,
         };
-        match PythonPeer::start(
-            engine,
-            o.python,
-            &source,
-            o.threads,
-            outputs.clone(),
-            &case_dir,
-        ) {
-            Ok(p)
-                if kind == PeerKind::Openvino
-                    && p.precision == "f32"
-                    && asked.contains(&PeerKind::OpenvinoF32) =>
-            {
-                progress.note("OpenVINO's default precision on this CPU is FP32: raced once");
-            }
-            Ok(p) => peers.push(Box::new(p)),
-            Err(e) if o.peers.is_some() => return Err(e),
-            Err(e) => unavailable.push(format!(
-                "{e} (pip install {}, or --python a Python that has it)",
-                engine.package()
-            )),
+        match start.python_peer(kind, asked, o.peers.is_some(), progress)? {
+            Started::Peer(p) => peers.push(Box::new(p)),
+            Started::Skipped => {}
+            Started::Unavailable(u) => unavailable.push(u),
         }
     }
     for u in &unavailable {

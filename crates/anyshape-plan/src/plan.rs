@@ -149,6 +149,25 @@ impl Step {
 }
 
 impl Plan {
+    /// The bytes of the constants kernel steps read (each counted once): what a run
+    /// streams from memory where the activations are few (a decode step).
+    pub fn kernel_constant_bytes(&self) -> u64 {
+        let mut used = std::collections::BTreeSet::new();
+        for step in &self.steps {
+            if let Step::Kernel { inputs, .. } = step {
+                for &v in inputs {
+                    if let Storage::Constant(c) = self.values[self.root(v)].storage {
+                        used.insert(c);
+                    }
+                }
+            }
+        }
+        used.iter()
+            .filter_map(|&c| self.constants.get(c))
+            .map(|c| c.bytes)
+            .sum()
+    }
+
     /// The value whose storage holds `v`'s elements (`v` itself unless it is a view).
     pub fn root(&self, mut v: ValueId) -> ValueId {
         // Views form chains without cycles (verified); the bound guards a bad plan.

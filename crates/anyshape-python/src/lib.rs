@@ -54,7 +54,9 @@ fn runtime_error(e: RuntimeError) -> PyErr {
         | RuntimeError::Shape(_)
         | RuntimeError::UnknownVar { .. }
         | RuntimeError::BufferCount { .. }
-        | RuntimeError::BufferLen { .. }) => InvalidArgument::new_err(e.to_string()),
+        | RuntimeError::BufferLen { .. }
+        | RuntimeError::Decoder(_)
+        | RuntimeError::Options(_)) => InvalidArgument::new_err(e.to_string()),
         e => AnyshapeError::new_err(e.to_string()),
     }
 }
@@ -218,6 +220,46 @@ impl Model {
         let inner = &self.inner;
         let outs = py.detach(|| inner.run(&given)).map_err(runtime_error)?;
         outs.into_iter().map(|t| to_numpy(py, t)).collect()
+    }
+
+    /// Generate from `prompt` (int64 `[batch, length]`) with the model as a decoder
+    /// carrying its key/value cache: each row's new tokens and the seconds of each
+    /// step (the prompt's first). Greedy unless `temperature` is given (then sampled,
+    /// over the `top_k` most likely, from a generator seeded with `seed`).
+    #[pyo3(signature = (prompt, max_new_tokens, temperature=None, top_k=None, seed=0, stop_token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: Bound<'_, PyUntypedArray>,
+        max_new_tokens: usize,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        seed: u64,
+        stop_token: Option<i64>,
+    ) -> PyResult<(Vec<Vec<i64>>, Vec<f64>)> {
+        let (shape, data) = borrow("prompt_ids", &prompt, DType::I64)?;
+        let ids = TensorRef::new(&shape, data)
+            .map_err(|e| InvalidArgument::new_err(e.to_string()))?
+            .to_tensor();
+        let options = anyshape_runtime::GenerateOptions {
+            max_new_tokens,
+            sampling: match temperature {
+                Some(temperature) => anyshape_runtime::Sampling::Sample {
+                    temperature,
+                    top_k,
+                    seed,
+                },
+                None => anyshape_runtime::Sampling::Greedy,
+            },
+            stop_token,
+            keep_logits: false,
+        };
+        let inner = &self.inner;
+        let g = py
+            .detach(|| anyshape_runtime::Decoder::of(inner)?.generate(inner, &ids, &options))
+            .map_err(runtime_error)?;
+        Ok((g.tokens, g.step_seconds))
     }
 }
 

@@ -206,12 +206,14 @@ impl Decoder {
             s.dtype == DType::F32 && o.dtype == DType::F32,
         ) {
             ([k], true) if o.shape.len() == s.shape.len() => *k,
-            _ => return Err(not_a_decoder(format!(
+            _ => {
+                return Err(not_a_decoder(format!(
                 "its cache `{}` {} and `{name}` {} are not float tensors that differ on one axis",
                 s.name,
                 shape_text(&s.shape),
                 shape_text(&o.shape)
-            ))),
+            )))
+            }
         };
         match &s.shape[axis] {
             Expr::Var(v) if past.is_empty() || v == past => *past = v.clone(),
@@ -229,13 +231,17 @@ impl Decoder {
         })
     }
 
-    /// An empty cache for `batch` rows: its past axis 0, the batch dim `batch`, every
-    /// other dim fixed.
-    fn empty_cache(&self, c: &Cache, batch: usize) -> Result<Tensor> {
+    /// A cache's shape for `batch` rows and a past of `past`: the batch dim `batch`,
+    /// every other dim fixed.
+    fn cache_shape(&self, c: &Cache, batch: usize, past: usize) -> Result<Vec<usize>> {
         let b = Bindings::from_pairs([(self.batch.as_str(), batch as i64)]);
         let mut shape = Vec::with_capacity(c.past.shape.len());
         for (k, e) in c.past.shape.iter().enumerate() {
-            let v = if k == c.axis { Ok(0) } else { e.eval(&b) };
+            let v = if k == c.axis {
+                Ok(past as i64)
+            } else {
+                e.eval(&b)
+            };
             shape.push(usize::try_from(v.unwrap_or(-1)).map_err(|_| {
                 not_a_decoder(format!(
                     "its cache `{}` has a dim `{e}` that is neither fixed, the batch nor the past length",
@@ -243,7 +249,18 @@ impl Decoder {
                 ))
             })?);
         }
-        Ok(Tensor::f32(shape, Vec::new())?)
+        Ok(shape)
+    }
+
+    /// The bytes of every cache for `batch` rows and a past of `past` tokens: what a
+    /// step at that past reads of them.
+    pub fn cache_bytes(&self, batch: usize, past: usize) -> Result<u64> {
+        let mut bytes = 0u64;
+        for c in &self.caches {
+            let n: usize = self.cache_shape(c, batch, past)?.iter().product();
+            bytes += n as u64 * 4;
+        }
+        Ok(bytes)
     }
 
     /// Generate from `prompt` (`[batch, prompt length]` token ids, every row as long):
@@ -290,7 +307,7 @@ impl Decoder {
         let mut past: Vec<Tensor> = self
             .caches
             .iter()
-            .map(|c| self.empty_cache(c, rows))
+            .map(|c| Ok(Tensor::f32(self.cache_shape(c, rows, 0)?, Vec::new())?))
             .collect::<Result<_>>()?;
         let mut ids = prompt.clone();
         let mut past_len = 0usize;

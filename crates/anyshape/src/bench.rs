@@ -7,8 +7,8 @@ use crate::progress::Reporter;
 use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
-    compare, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
-    ModelCompareOptions, OutDir, PeerKind, TuningComparison,
+    compare, compare_generate, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
+    GenerateCompareOptions, ModelCompareOptions, OutDir, PeerKind, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -33,6 +33,20 @@ pub struct BenchArgs {
     /// writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
+    /// With --model, a decoder with a key/value cache: race it at generating text
+    /// against onnxruntime (IO binding) and OpenVINO (made stateful; FP32 and its
+    /// default precision), greedy, on prompts of --prompts tokens, --new-tokens each,
+    /// in --rounds interleaved rounds; time to the first token, decode tokens/s, the
+    /// tokens checked against anyshape's, decode against the measured memory read
+    /// bandwidth; writes `generate.md` and `generate.csv` to --out-dir.
+    #[arg(long, requires = "model")]
+    generate: bool,
+    /// With --generate: the prompt lengths.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "16,256", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    prompts: Vec<u64>,
+    /// With --generate: tokens generated after each prompt.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
+    new_tokens: u64,
     /// With --model: compare its tuning with another compile of the same model (e.g.
     /// `anyshape compile --equal-shares --no-families`): when each reached 80, 90 and
     /// 100 % of that compile's final expected latency, trials per hour, build share,
@@ -123,8 +137,13 @@ pub struct BenchArgs {
 
 /// Run `anyshape bench`.
 pub fn bench(args: BenchArgs) -> Result<()> {
-    if !args.dispatch_loss && !args.overhead && !args.compare && args.tuning_against.is_none() {
-        bail!("nothing to measure: pass --compare, --dispatch-loss, --overhead and/or --tuning-against");
+    if !args.dispatch_loss
+        && !args.overhead
+        && !args.compare
+        && !args.generate
+        && args.tuning_against.is_none()
+    {
+        bail!("nothing to measure: pass --compare, --generate, --dispatch-loss, --overhead and/or --tuning-against");
     }
     let module = match (&args.model, &args.module) {
         (Some(model), _) => return bench_model(model, &args),
@@ -223,8 +242,29 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         (args.threads.is_some(), "--threads"),
     ];
     let wrong = crate::given(&compare_only);
-    if !args.compare && !wrong.is_empty() {
-        bail!("{} are for --compare", wrong.join(", "));
+    if !args.compare && !args.generate && !wrong.is_empty() {
+        bail!("{} are for --compare and --generate", wrong.join(", "));
+    }
+    if args.generate {
+        if !args.compare && !args.dims.is_empty() {
+            bail!("--dim is for --compare; --generate runs at the --prompts lengths");
+        }
+        let prompts: Vec<usize> = args.prompts.iter().map(|&p| p as usize).collect();
+        let options = GenerateCompareOptions {
+            prompts: &prompts,
+            new_tokens: args.new_tokens as usize,
+            rounds: args.rounds as usize,
+            threads: args.threads.unwrap_or(2) as usize,
+            python: args.python.as_deref().unwrap_or("python3"),
+            peers: args.peers.as_deref(),
+            out_dir: &args.out_dir,
+            onnx: args.onnx.as_deref(),
+        };
+        let mut reporter = Reporter::new(args.quiet);
+        let (summary, written) = compare_generate(model, &options, &mut reporter)?;
+        drop(reporter);
+        print!("{summary}");
+        println!("written: {}", written.join(", "));
     }
     if let Some(baseline) = &args.tuning_against {
         let c = TuningComparison::new(read_tuning(model)?, read_tuning(baseline)?)?;

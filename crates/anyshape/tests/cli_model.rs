@@ -2,7 +2,7 @@
 //! on recorded cases in and past the range; tuned compiles and their tuning logs.
 mod support;
 
-use support::{anyshape_cached, text};
+use support::{anyshape, anyshape_cached, text};
 
 /// A model from ONNX to a module and back: `compile` (untuned: default micro-kernels)
 /// for a range of sequence lengths, `run --module` on recorded cases in the range and
@@ -398,4 +398,186 @@ fn tuning_logs_of_two_compiles_compared() {
     );
     let out = text(&o);
     assert!(!o.status.success() && out.contains("tuning.json"), "{out}");
+}
+
+/// A decoder with a key/value cache through the command line: `compile` with a past
+/// from 0, `generate` checked token for token (and each step's logits) against
+/// onnxruntime's recorded generation, sampling reproducible by its seed, what
+/// `generate` refuses, and `bench --generate` racing the peers that are installed
+/// (all of them with ANYSHAPE_TEST_PYTHON), each choosing anyshape's tokens.
+#[test]
+fn generate_text_and_race_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("gpt2_tiny_past.ts.onnx");
+    let m = d.join("gpt2.module");
+    let m = m.to_str().unwrap();
+    let o = anyshape(
+        d,
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..64",
+            "--dim",
+            "past_sequence=0..128",
+            "--out",
+            m,
+            "--quiet",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let recorded = models.join("gpt2_tiny_past.ts.gen_p37.npz");
+    let recorded = recorded.to_str().unwrap();
+    let generate = |extra: &[&str]| {
+        let args = [
+            &["generate", "--module", m, "--prompt-ids", recorded][..],
+            extra,
+        ]
+        .concat();
+        anyshape(d, &args)
+    };
+    let o = generate(&["--max-new-tokens", "64", "--output", "gen.npz"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("tokens: 64 of 64 as recorded"), "{out}");
+    assert!(out.contains("logits of 64 steps"), "{out}");
+    assert!(
+        out.contains("time to first token") && out.contains("tokens/s"),
+        "{out}"
+    );
+    let written = anyshape_tensor::npz::read(&d.join("gen.npz")).unwrap();
+    assert_eq!(written[1].0, "generated_ids");
+    assert_eq!(written[1].1.shape, vec![1, 64]);
+    // The written generation is a prompt file too, and checks as recorded.
+    let again = anyshape(
+        d,
+        &[
+            "generate",
+            "--module",
+            m,
+            "--prompt-ids",
+            "gen.npz",
+            "--max-new-tokens",
+            "64",
+        ],
+    );
+    assert!(
+        text(&again).contains("tokens: 64 of 64"),
+        "{}",
+        text(&again)
+    );
+    let sampled = |seed: &str| {
+        let o = generate(&[
+            "--max-new-tokens",
+            "8",
+            "--sample",
+            "--top-k",
+            "40",
+            "--seed",
+            seed,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+            .lines()
+            .find(|l| l.starts_with("generated"))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(sampled("5"), sampled("5"));
+    assert_ne!(sampled("5"), sampled("6"));
+    let o = generate(&["--seed", "5"]);
+    assert!(
+        !o.status.success() && text(&o).contains("add --sample"),
+        "{}",
+        text(&o)
+    );
+    let o = generate(&["--max-new-tokens", "0"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let bert = models.join("bert_tiny.ts.onnx");
+    let o = anyshape(
+        d,
+        &[
+            "compile",
+            bert.to_str().unwrap(),
+            "--dim",
+            "batch=1",
+            "--dim",
+            "sequence=1..8",
+            "--out",
+            "bert.module",
+            "--quiet",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = anyshape(
+        d,
+        &[
+            "generate",
+            "--module",
+            "bert.module",
+            "--prompt-ids",
+            recorded,
+        ],
+    );
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains("cannot generate")
+            && out.contains("no `logits` output"),
+        "{out}"
+    );
+    let python = std::env::var("ANYSHAPE_TEST_PYTHON").ok();
+    let peers: Vec<&str> = match &python {
+        Some(p) => vec![
+            "--python",
+            p,
+            "--peers",
+            "onnxruntime,openvino-f32,openvino",
+        ],
+        None => vec![],
+    };
+    let o = anyshape(
+        d,
+        &[
+            &[
+                "bench",
+                "--model",
+                m,
+                "--generate",
+                "--prompts",
+                "1,37",
+                "--new-tokens",
+                "16",
+                "--rounds",
+                "1",
+                "--out-dir",
+                "report",
+                "--quiet",
+            ][..],
+            &peers,
+        ]
+        .concat(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let csv = std::fs::read_to_string(d.join("report/generate.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let systems = if python.is_some() { 4 } else { 1 };
+    assert!(rows.len() >= 2 * systems.min(2), "{csv}");
+    if python.is_some() {
+        assert_eq!(rows.len(), 2 * systems, "{csv}");
+    }
+    // Every system that ran chose anyshape's 16 tokens.
+    for r in &rows {
+        assert_eq!(r[5], "16", "{csv}");
+    }
+    assert!(out.contains("% of the measured read bandwidth"), "{out}");
 }

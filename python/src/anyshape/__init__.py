@@ -33,6 +33,7 @@ __all__ = [
     "load",
     "Model",
     "TensorInfo",
+    "Generation",
     "InferenceSession",
     "AnyshapeError",
     "InvalidArgument",
@@ -144,8 +145,63 @@ class Model:
         outs = self._native.run(arrays)
         return {o.name: v for o, v in zip(self.outputs, outs)}
 
+    def generate(
+        self,
+        prompt_ids: Any,
+        max_new_tokens: int = 32,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        seed: int = 0,
+        stop_token: Optional[int] = None,
+    ) -> "Generation":
+        """Generate tokens after `prompt_ids` (int64 `[length]` or `[batch, length]`)
+        with a decoder that carries its key/value cache (inputs `input_ids`, optionally
+        `attention_mask` and `position_ids`, and `past...` caches; outputs `logits` and
+        the `present...` caches): the prompt in one run, then one run per token, each
+        feeding the last one's present caches as its past. Greedy unless `do_sample`
+        (softmax of the logits over `temperature`, among the `top_k` most likely, drawn
+        by a generator seeded with `seed`: the same seed draws the same tokens). A row
+        that chose `stop_token` ends there."""
+        ids = np.asarray(prompt_ids)
+        if ids.dtype != np.int64:
+            raise InvalidArgument(f"prompt_ids is {ids.dtype}: token ids are int64")
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if not do_sample and (temperature != 1.0 or top_k is not None or seed != 0):
+            raise InvalidArgument("temperature, top_k and seed choose how do_sample draws: pass do_sample=True")
+        tokens, seconds = self._native.generate(
+            np.ascontiguousarray(ids),
+            int(max_new_tokens),
+            float(temperature) if do_sample else None,
+            top_k,
+            int(seed),
+            stop_token,
+        )
+        return Generation(tokens=tokens, step_seconds=seconds)
+
     def __repr__(self) -> str:
         return f"anyshape.Model({self.path!r}, dims={self.dims})"
+
+
+class Generation(NamedTuple):
+    """What `Model.generate` produced: each row's new tokens (a row that stopped is
+    shorter) and the seconds of each step (the prompt's first)."""
+
+    tokens: List[List[int]]
+    step_seconds: List[float]
+
+    @property
+    def time_to_first_token(self) -> float:
+        """Seconds of the prompt's step."""
+        return self.step_seconds[0] if self.step_seconds else 0.0
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        """Tokens per second of the steps after the first (None without any)."""
+        rest = self.step_seconds[1:]
+        return len(rest) * len(self.tokens) / sum(rest) if rest and sum(rest) > 0 else None
 
 
 def load(path: Union[str, os.PathLike]) -> Model:

@@ -18,6 +18,15 @@ class Model:
     def outputs(self) -> List[_Info]: ...
     def dims(self) -> List[Tuple[str, int, int]]: ...
     def run(self, arrays: List[np.ndarray]) -> List[np.ndarray]: ...
+    def generate(
+        self,
+        prompt: np.ndarray,
+        max_new_tokens: int,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        seed: int = 0,
+        stop_token: Optional[int] = None,
+    ) -> Tuple[List[List[int]], List[float]]: ...
 
 def compile(
     model: str,

@@ -15,6 +15,117 @@ mod tract;
 #[cfg(feature = "tract")]
 pub(crate) use tract::Tract;
 
+/// A peer `anyshape bench --model` can race (`--peers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    /// onnxruntime (Python package, CPU execution provider, FP32).
+    Onnxruntime,
+    /// OpenVINO (Python package) with FP32 forced.
+    OpenvinoF32,
+    /// OpenVINO at its default precision (BF16 where the CPU has it); raced only where
+    /// that is not FP32 when `OpenvinoF32` is raced too.
+    Openvino,
+    /// tract, in process (a `--features tract` build).
+    Tract,
+}
+
+impl PeerKind {
+    /// Every peer, in the order they are raced.
+    pub const ALL: [PeerKind; 4] = [
+        PeerKind::Onnxruntime,
+        PeerKind::OpenvinoF32,
+        PeerKind::Openvino,
+        PeerKind::Tract,
+    ];
+
+    /// Its name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerKind::Onnxruntime => "onnxruntime",
+            PeerKind::OpenvinoF32 => "openvino-f32",
+            PeerKind::Openvino => "openvino",
+            PeerKind::Tract => "tract",
+        }
+    }
+}
+
+impl std::str::FromStr for PeerKind {
+    type Err = BenchError;
+
+    fn from_str(s: &str) -> Result<PeerKind> {
+        PeerKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PeerKind::ALL.iter().map(|k| k.as_str()).collect();
+                BenchError::Options(format!("no peer {s:?} (the peers: {})", names.join(", ")))
+            })
+    }
+}
+
+/// Where and how Python peers start: the interpreter, the source model, their threads,
+/// the graph's output names, a directory for their outputs.
+pub(crate) struct PeerStart<'a> {
+    pub python: &'a str,
+    pub model: &'a Path,
+    pub threads: usize,
+    pub outputs: &'a [String],
+    pub scratch: &'a Path,
+}
+
+/// What starting a Python peer came to.
+pub(crate) enum Started {
+    /// It runs.
+    Peer(PythonPeer),
+    /// Not raced: OpenVINO's default precision is FP32 here and FP32 is raced already.
+    Skipped,
+    /// Missing or refusing the model, and not asked for by name: why, to note.
+    Unavailable(String),
+}
+
+impl PeerStart<'_> {
+    /// Start the Python peer `kind` (any but tract) among the peers `asked`; where
+    /// `named` (the user listed the peers) a peer that cannot start is an error.
+    pub fn python_peer(
+        &self,
+        kind: PeerKind,
+        asked: &[PeerKind],
+        named: bool,
+        progress: &mut dyn anyshape_measure::Progress,
+    ) -> Result<Started> {
+        let engine = match kind {
+            PeerKind::Onnxruntime => Engine::Onnxruntime,
+            PeerKind::OpenvinoF32 => Engine::Openvino { f32: true },
+            PeerKind::Openvino => Engine::Openvino { f32: false },
+            // In process, not in Python: its caller starts it.
+            PeerKind::Tract => return Ok(Started::Skipped),
+        };
+        match PythonPeer::start(
+            engine,
+            self.python,
+            self.model,
+            self.threads,
+            self.outputs.to_vec(),
+            self.scratch,
+        ) {
+            Ok(p)
+                if kind == PeerKind::Openvino
+                    && p.precision == "f32"
+                    && asked.contains(&PeerKind::OpenvinoF32) =>
+            {
+                progress.note("OpenVINO's default precision on this CPU is FP32: raced once");
+                Ok(Started::Skipped)
+            }
+            Ok(p) => Ok(Started::Peer(p)),
+            Err(e) if named => Err(e),
+            Err(e) => Ok(Started::Unavailable(format!(
+                "{e} (pip install {}, or --python a Python that has it)",
+                engine.package()
+            ))),
+        }
+    }
+}
+
 /// One instance's inputs: the tensors by input name, and the `.npz` file holding them.
 pub(crate) struct Case {
     pub tensors: Vec<(String, Tensor)>,
@@ -241,6 +352,36 @@ impl Peer for PythonPeer {
             })
             .collect::<Result<_>>()?;
         Ok((times, Some(outs)))
+    }
+}
+
+impl PythonPeer {
+    /// Generate `new_tokens` greedily from the `prompt_ids` in `prompt` (a `.npz`) with
+    /// the engine's own decoder loop (onnxruntime: IO binding; OpenVINO: the model
+    /// made stateful): each row's tokens and the seconds of each step.
+    pub fn generate(
+        &mut self,
+        prompt: &Path,
+        new_tokens: usize,
+    ) -> Result<(Vec<Vec<i64>>, Vec<f64>)> {
+        let request = serde_json::json!({"generate": prompt, "new_tokens": new_tokens});
+        writeln!(self.stdin, "{request}")
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| self.env(e))?;
+        let v = self.reply()?;
+        let tokens: Option<Vec<Vec<i64>>> = v["tokens"].as_array().and_then(|rows| {
+            rows.iter()
+                .map(|r| r.as_array()?.iter().map(|t| t.as_i64()).collect())
+                .collect()
+        });
+        let times: Vec<f64> = v["times"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        match tokens {
+            Some(t) if times.len() == new_tokens => Ok((t, times)),
+            _ => Err(self.env(format!("no tokens or times in {v}"))),
+        }
     }
 }
 

@@ -10,9 +10,17 @@ timing requests, one JSON object per line.
                   or {"error": ...}
   in:  {"inputs": "case.npz", "seconds": S, "outputs": "out.npz" | null}
   out: {"times": [seconds per run, ...]} or {"error": ...}
+  in:  {"generate": "prompt.npz", "new_tokens": N}
+  out: {"tokens": [[id, ...] per row], "times": [seconds per step, ...]} or {"error": ...}
 
-Each request runs the model at least once, then until S seconds have passed; with
-"outputs", the first run's outputs are written there (keys: the graph's output names).
+Each timing request runs the model at least once, then until S seconds have passed;
+with "outputs", the first run's outputs are written there (keys: the graph's output
+names). A generate request runs a decoder with a key/value cache (inputs `input_ids`,
+`attention_mask`, `past_key_values.*`; outputs `logits`, `present.*`) greedily from
+the `.npz`'s `prompt_ids` [batch, length] for N tokens, as each engine serves it best:
+onnxruntime with IO binding (each step's present caches bound as the next step's past
+without a copy to NumPy), OpenVINO with the model made stateful (the caches held and
+appended inside the request). A step's time includes choosing its tokens.
 """
 import json
 import sys
@@ -24,8 +32,17 @@ def reply(obj):
     sys.stdout.flush()
 
 
+def greedy(logits):
+    """Each row's most likely next token from logits [batch, sequence, vocab]."""
+    import numpy as np
+
+    return np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)
+
+
 def onnxruntime(model, threads, _precision):
-    """(version, precision, input names, run(feed) -> {output name: array})."""
+    """(version, precision, input names, run(feed) -> {output name: array},
+    generate(prompt, n) -> (tokens per row, seconds per step))."""
+    import numpy as np
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -37,7 +54,35 @@ def onnxruntime(model, threads, _precision):
     def run(feed):
         return dict(zip(names, sess.run(None, feed)))
 
-    return ort.__version__, "f32", [i.name for i in sess.get_inputs()], run
+    def generate(prompt, n):
+        rows = prompt.shape[0]
+        past = [i for i in sess.get_inputs() if i.name.startswith("past")]
+        # A cache's symbolic dims: the batch (first) and the past length (empty).
+        cache = {i.name: ort.OrtValue.ortvalue_from_numpy(np.zeros(
+            [rows if k == 0 else (d if isinstance(d, int) else 0) for k, d in enumerate(i.shape)],
+            np.float32)) for i in past}
+        io = sess.io_binding()
+        ids, length, tokens, times = prompt, 0, [], []
+        for _ in range(n):
+            t = time.perf_counter()
+            io.clear_binding_inputs()
+            io.clear_binding_outputs()
+            length += ids.shape[1]
+            io.bind_cpu_input("input_ids", ids)
+            io.bind_cpu_input("attention_mask", np.ones((rows, length), np.int64))
+            for name, v in cache.items():
+                io.bind_ortvalue_input(name, v)
+            for name in names:
+                io.bind_output(name, "cpu")
+            sess.run_with_iobinding(io)
+            outs = dict(zip(names, io.get_outputs()))
+            ids = greedy(outs["logits"].numpy())[:, None]
+            cache = {i.name: outs["present" + i.name[len("past_key_values"):]] for i in past}
+            times.append(time.perf_counter() - t)
+            tokens.append(ids[:, 0])
+        return np.stack(tokens, axis=1).tolist(), times
+
+    return ort.__version__, "f32", [i.name for i in sess.get_inputs()], run, generate
 
 
 def openvino(model, threads, precision):
@@ -56,9 +101,56 @@ def openvino(model, threads, precision):
         request.infer(feed, share_inputs=True, share_outputs=True)
         return {n: request.get_output_tensor(i).data for i, n in enumerate(names)}
 
+    stateful = []
+
+    def generate(prompt, n):
+        import numpy as np
+
+        if not stateful:
+            stateful.append(stateful_request(ov, model, config))
+        req = stateful[0]
+        req.reset_state()
+        rows = prompt.shape[0]
+        ids, length, tokens, times = prompt, 0, [], []
+        for _ in range(n):
+            t = time.perf_counter()
+            length += ids.shape[1]
+            req.infer({"input_ids": ids, "attention_mask": np.ones((rows, length), np.int64)},
+                      share_inputs=True, share_outputs=True)
+            ids = greedy(req.get_tensor("logits").data)[:, None]
+            times.append(time.perf_counter() - t)
+            tokens.append(ids[:, 0])
+        return np.stack(tokens, axis=1).tolist(), times
+
     version = getattr(ov, "__version__", None) or ov.get_version()
     inputs = [p.get_any_name() for p in compiled.inputs]
-    return version.split("-")[0], actual, inputs, run
+    return version.split("-")[0], actual, inputs, run, generate
+
+
+def stateful_request(ov, model, config):
+    """The decoder made stateful, as OpenVINO serves text generation: each `past…`
+    input and its `present…` output become one state variable the request keeps (its
+    initial value an empty cache of the prompt's batch), compiled, and a request."""
+    import numpy as np
+    import openvino.opset13 as op
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    m = ov.Core().read_model(model)
+    pairs = {}
+    for p in m.inputs:
+        name = p.get_any_name()
+        if name.startswith("past"):
+            pairs[name] = "present" + name[len("past_key_values" if name.startswith("past_key_values") else "past"):]
+    apply_make_stateful_transformation(m, pairs)
+    batch = op.gather(op.shape_of(m.input("input_ids"), output_type="i64"), op.constant([0]), op.constant(0))
+    for node in m.get_ops():
+        if node.get_type_name() == "ReadValue":
+            dims = [op.constant(np.array([d.min_length], np.int64)) for d in node.get_output_partial_shape(0)]
+            dims[0] = batch
+            zero = op.constant(0.0, dtype=node.get_output_element_type(0))
+            node.set_arguments([op.broadcast(zero, op.concat(dims, axis=0))])
+    m.validate_nodes_and_infer_types()
+    return ov.Core().compile_model(m, "CPU", config).create_infer_request()
 
 
 def main():
@@ -67,7 +159,7 @@ def main():
 
         engine = {"onnxruntime": onnxruntime, "openvino": openvino}[sys.argv[1]]
         precision = sys.argv[4] if len(sys.argv) > 4 else None
-        version, actual, inputs, run = engine(sys.argv[2], int(sys.argv[3]), precision)
+        version, actual, inputs, run, generate = engine(sys.argv[2], int(sys.argv[3]), precision)
     except Exception as e:  # not installed, or it refuses the model
         reply({"error": f"{type(e).__name__}: {e}"})
         return
@@ -75,6 +167,10 @@ def main():
     for line in sys.stdin:
         try:
             req = json.loads(line)
+            if "generate" in req:
+                tokens, times = generate(np.load(req["generate"])["prompt_ids"], req["new_tokens"])
+                reply({"tokens": tokens, "times": times})
+                continue
             arrays = np.load(req["inputs"])
             feed = {name: arrays[name] for name in inputs}
             times = []
