@@ -9,7 +9,7 @@ use crate::bandwidth::read_bandwidth;
 use crate::error::{BenchError, Result};
 use crate::model::source_model;
 use crate::out::OutDir;
-use crate::peers::{PeerKind, PeerStart, PythonPeer, Started};
+use crate::peers::{PeerKind, PeerOptions, PeerStart, PythonPeer, Started};
 use crate::report::geomean;
 use anyshape_files::Reads;
 use anyshape_measure::Progress;
@@ -26,16 +26,11 @@ pub struct GenerateCompareOptions<'a> {
     pub new_tokens: usize,
     /// Interleaved rounds per prompt (the order of the systems rotates).
     pub rounds: usize,
-    /// The peers' threads.
-    pub threads: usize,
-    /// The Python that has onnxruntime and OpenVINO.
-    pub python: &'a str,
-    /// The peers; `None`: onnxruntime and both OpenVINO precisions, those missing noted.
-    pub peers: Option<&'a [PeerKind]>,
+    /// The peers and how they run (by default onnxruntime and both OpenVINO
+    /// precisions).
+    pub peers: PeerOptions<'a>,
     /// Where the report goes.
     pub out_dir: &'a Path,
-    /// The ONNX model the peers run (the module's source, checked by its SHA-256).
-    pub onnx: Option<&'a Path>,
 }
 
 /// One system's generations of one prompt, round by round.
@@ -97,7 +92,7 @@ pub fn compare_generate(
     }
     let model = Model::load(dir)?;
     let decoder = Decoder::of(&model)?;
-    let source = source_model(&model, o.onnx)?;
+    let source = source_model(&model, o.peers.onnx)?;
     let vocab = model
         .outputs()
         .iter()
@@ -105,20 +100,20 @@ pub fn compare_generate(
         .and_then(|s| s.shape.last()?.as_const())
         .ok_or_else(|| BenchError::Options("the logits' vocabulary is not a fixed size".into()))?;
     progress.note("measuring the memory read bandwidth ...");
-    let bandwidth = read_bandwidth(o.threads, 5);
+    let bandwidth = read_bandwidth(o.peers.threads, 5);
     let scratch = tempfile::Builder::new()
         .prefix("anyshape-bench-generate")
         .tempdir()
         .map_err(|e| BenchError::Environment(format!("a temporary directory: {e}")))?;
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let start = PeerStart {
-        python: o.python,
+        python: o.peers.python,
         model: &source,
-        threads: o.threads,
+        threads: o.peers.threads,
         outputs: &outputs,
         scratch: scratch.path(),
     };
-    let asked = o.peers.unwrap_or(&[
+    let asked = o.peers.peers.unwrap_or(&[
         PeerKind::Onnxruntime,
         PeerKind::OpenvinoF32,
         PeerKind::Openvino,
@@ -128,13 +123,13 @@ pub fn compare_generate(
     for &kind in asked {
         if kind == PeerKind::Tract {
             let why = "tract: no decoder loop with a key/value cache to race".to_string();
-            if o.peers.is_some() {
+            if o.peers.peers.is_some() {
                 return Err(BenchError::Options(why));
             }
             unavailable.push(why);
             continue;
         }
-        match start.python_peer(kind, asked, o.peers.is_some(), progress)? {
+        match start.python_peer(kind, asked, o.peers.peers.is_some(), progress)? {
             Started::Peer(p) => peers.push(p),
             Started::Skipped => {}
             Started::Unavailable(u) => unavailable.push(u),
@@ -272,7 +267,7 @@ impl Report<'_> {
         let _ = writeln!(
             s,
             "Memory read bandwidth measured in this run ({} threads, best of 5 passes over 1 GiB): {:.1} GB/s. A decode step reads the kernels' weights ({:.1} MB) and the caches at the mean past length.\n",
-            self.o.threads,
+            self.o.peers.threads,
             self.bandwidth / 1e9,
             self.weights as f64 / 1e6
         );

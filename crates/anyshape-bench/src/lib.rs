@@ -39,7 +39,7 @@ pub use generate::{compare_generate, GenerateCompareOptions};
 pub use gpu::{compare_gpu, GpuComparison, GpuReport};
 pub use model::{compare_model, ModelCompareOptions};
 pub use out::OutDir;
-pub use peers::PeerKind;
+pub use peers::{PeerKind, PeerOptions};
 pub use rust_gemm::BUILTINS;
 pub use tuning::{read_tuning, Milestone, TuningComparison, MILESTONES};
 pub use vendor::{build_vendors, VendorKernel, VendorLibrary};

@@ -5,7 +5,7 @@
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
-use crate::peers::{Anyshape, Case, Peer, PeerKind, PeerStart, Started};
+use crate::peers::{Anyshape, Case, Peer, PeerKind, PeerOptions, PeerStart, Started};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
@@ -26,19 +26,10 @@ pub struct ModelCompareOptions<'a> {
     pub rounds: usize,
     /// Seconds of timed runs per system, instance and round (at least one run).
     pub seconds: f64,
-    /// The peers' threads (onnxruntime's intra-op threads, OpenVINO's inference
-    /// threads).
-    pub threads: usize,
-    /// The Python that has onnxruntime and OpenVINO.
-    pub python: &'a str,
-    /// The peers to race; `None`: every one at hand (those missing are noted, not
-    /// errors). A peer named here that cannot start is an error.
-    pub peers: Option<&'a [PeerKind]>,
+    /// The peers and how they run.
+    pub peers: PeerOptions<'a>,
     /// Where the CSV, report and plot go.
     pub out_dir: &'a Path,
-    /// The ONNX model the peers run (the one the module was compiled from); by default
-    /// where it was when the module was compiled.
-    pub onnx: Option<&'a Path>,
 }
 
 /// One instance's results: per system, its best latency of each round (seconds) and the
@@ -190,7 +181,7 @@ pub fn compare_model(
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
-    let source = source_model(&model, o.onnx)?;
+    let source = source_model(&model, o.peers.onnx)?;
     let dims: Vec<String> = model.dims().iter().map(|d| d.name.clone()).collect();
     let specs = model.inputs().to_vec();
     let instances = instances(&dims, o.dims)?;
@@ -207,24 +198,24 @@ pub fn compare_model(
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
     let mut unavailable = Vec::new();
-    let asked = o.peers.unwrap_or(&PeerKind::ALL);
+    let asked = o.peers.peers.unwrap_or(&PeerKind::ALL);
     for &kind in asked {
         if kind == PeerKind::Tract {
             match tract(&source, progress) {
                 Ok(t) => peers.push(t),
-                Err(e) if o.peers.is_some() => return Err(e),
+                Err(e) if o.peers.peers.is_some() => return Err(e),
                 Err(e) => unavailable.push(e.to_string()),
             }
             continue;
         }
         let start = PeerStart {
-            python: o.python,
+            python: o.peers.python,
             model: &source,
-            threads: o.threads,
+            threads: o.peers.threads,
             outputs: &outputs,
             scratch: &case_dir,
         };
-        match start.python_peer(kind, asked, o.peers.is_some(), progress)? {
+        match start.python_peer(kind, asked, o.peers.peers.is_some(), progress)? {
             Started::Peer(p) => peers.push(Box::new(p)),
             Started::Skipped => {}
             Started::Unavailable(u) => unavailable.push(u),

@@ -8,7 +8,7 @@ use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
     compare, compare_generate, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
-    GenerateCompareOptions, ModelCompareOptions, OutDir, PeerKind, TuningComparison,
+    GenerateCompareOptions, ModelCompareOptions, OutDir, PeerKind, PeerOptions, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -215,6 +215,16 @@ fn peer_kind(s: &str) -> Result<PeerKind, String> {
         .map_err(|e: anyshape_bench::BenchError| e.to_string())
 }
 
+/// How a model's peers run: `--threads`, `--python`, `--peers`, `--onnx`.
+fn peer_options(args: &BenchArgs) -> PeerOptions<'_> {
+    PeerOptions {
+        threads: args.threads.unwrap_or(2) as usize,
+        python: args.python.as_deref().unwrap_or("python3"),
+        peers: args.peers.as_deref(),
+        onnx: args.onnx.as_deref(),
+    }
+}
+
 /// `anyshape bench --model M --compare`.
 fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     let operator_only = [
@@ -254,11 +264,8 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
             prompts: &prompts,
             new_tokens: args.new_tokens as usize,
             rounds: args.rounds as usize,
-            threads: args.threads.unwrap_or(2) as usize,
-            python: args.python.as_deref().unwrap_or("python3"),
-            peers: args.peers.as_deref(),
+            peers: peer_options(args),
             out_dir: &args.out_dir,
-            onnx: args.onnx.as_deref(),
         };
         let mut reporter = Reporter::new(args.quiet);
         let (summary, written) = compare_generate(model, &options, &mut reporter)?;
@@ -293,11 +300,8 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         dims: &dims,
         rounds: args.rounds as usize,
         seconds: args.seconds,
-        threads: args.threads.unwrap_or(2) as usize,
-        python: args.python.as_deref().unwrap_or("python3"),
-        peers: args.peers.as_deref(),
+        peers: peer_options(args),
         out_dir: &args.out_dir,
-        onnx: args.onnx.as_deref(),
     };
     let mut reporter = Reporter::new(args.quiet);
     let (summary, written) =

@@ -4,6 +4,21 @@ mod support;
 
 use support::{anyshape, anyshape_cached, text};
 
+/// The options that race both Python peers where the test command gave their Python
+/// (`ANYSHAPE_TEST_PYTHON`, which must then have them); none otherwise (the peers at
+/// hand are raced).
+fn python_peers(python: Option<&str>) -> Vec<&str> {
+    match python {
+        Some(p) => vec![
+            "--python",
+            p,
+            "--peers",
+            "onnxruntime,openvino-f32,openvino",
+        ],
+        None => vec![],
+    }
+}
+
 /// A model from ONNX to a module and back: `compile` (untuned: default micro-kernels)
 /// for a range of sequence lengths, `run --module` on recorded cases in the range and
 /// past it (onnxruntime's outputs in the same file are compared), outputs to `.npz`;
@@ -67,15 +82,7 @@ fn compile_run_and_bench_a_model() {
     // the main job writes them).
     let report = dir.path();
     let python = std::env::var("ANYSHAPE_TEST_PYTHON").ok();
-    let peers: Vec<&str> = match &python {
-        Some(p) => vec![
-            "--python",
-            p,
-            "--peers",
-            "onnxruntime,openvino-f32,openvino",
-        ],
-        None => vec![],
-    };
+    let peers = python_peers(python.as_deref());
     let o = anyshape_cached(
         &[
             &[
@@ -531,15 +538,7 @@ fn generate_text_and_race_it() {
         "{out}"
     );
     let python = std::env::var("ANYSHAPE_TEST_PYTHON").ok();
-    let peers: Vec<&str> = match &python {
-        Some(p) => vec![
-            "--python",
-            p,
-            "--peers",
-            "onnxruntime,openvino-f32,openvino",
-        ],
-        None => vec![],
-    };
+    let peers = python_peers(python.as_deref());
     let o = anyshape(
         d,
         &[
@@ -571,7 +570,7 @@ fn generate_text_and_race_it() {
         .map(|l| l.split(',').collect())
         .collect();
     let systems = if python.is_some() { 4 } else { 1 };
-    assert!(rows.len() >= 2 * systems.min(2), "{csv}");
+    assert!(rows.len() >= 2, "{csv}");
     if python.is_some() {
         assert_eq!(rows.len(), 2 * systems, "{csv}");
     }

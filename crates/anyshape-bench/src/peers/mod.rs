@@ -63,6 +63,22 @@ impl std::str::FromStr for PeerKind {
     }
 }
 
+/// How the peers of a model race run, shared by `bench --model --compare` and
+/// `--generate`.
+pub struct PeerOptions<'a> {
+    /// The peers' threads (onnxruntime's intra-op threads, OpenVINO's inference
+    /// threads).
+    pub threads: usize,
+    /// The Python that has onnxruntime and OpenVINO.
+    pub python: &'a str,
+    /// The peers to race; `None`: every one at hand (those missing are noted, not
+    /// errors). A peer named here that cannot start is an error.
+    pub peers: Option<&'a [PeerKind]>,
+    /// The ONNX model the peers run (the one the module was compiled from); by default
+    /// where it was when the module was compiled.
+    pub onnx: Option<&'a Path>,
+}
+
 /// Where and how Python peers start: the interpreter, the source model, their threads,
 /// the graph's output names, a directory for their outputs.
 pub(crate) struct PeerStart<'a> {
