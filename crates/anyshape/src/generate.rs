@@ -208,10 +208,10 @@ fn check(a: &GenerateArgs, g: &anyshape_runtime::Generation, recorded: &Recorded
     }
     if let Some(want) = &recorded.logits {
         let steps = g.logits.len().min(want.shape.first().copied().unwrap_or(0));
+        let row = want.len() / want.shape.first().copied().unwrap_or(1).max(1);
+        let values = want.as_f32().context("recorded logits must be float")?;
         let mut worst: Option<(usize, anyshape_tensor::Comparison)> = None;
         for (step, got) in g.logits.iter().take(steps).enumerate() {
-            let row = want.len() / want.shape[0].max(1);
-            let values = want.as_f32().context("recorded logits must be float")?;
             let expected = Tensor::f32(
                 got.shape.clone(),
                 values[step * row..(step + 1) * row].to_vec(),

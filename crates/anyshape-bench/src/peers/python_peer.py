@@ -32,6 +32,15 @@ def reply(obj):
     sys.stdout.flush()
 
 
+def present_name(past):
+    """The output that extends cache input `past`: `past_key_values.0.key` ->
+    `present.0.key`, `past_0` -> `present_0` (anyshape's `Decoder` pairs them so too)."""
+    for prefix in ("past_key_values", "past"):
+        if past.startswith(prefix):
+            return "present" + past[len(prefix):]
+    return None
+
+
 def greedy(logits):
     """Each row's most likely next token from logits [batch, sequence, vocab]."""
     import numpy as np
@@ -77,7 +86,7 @@ def onnxruntime(model, threads, _precision):
             sess.run_with_iobinding(io)
             outs = dict(zip(names, io.get_outputs()))
             ids = greedy(outs["logits"].numpy())[:, None]
-            cache = {i.name: outs["present" + i.name[len("past_key_values"):]] for i in past}
+            cache = {i.name: outs[present_name(i.name)] for i in past}
             times.append(time.perf_counter() - t)
             tokens.append(ids[:, 0])
         return np.stack(tokens, axis=1).tolist(), times
@@ -136,11 +145,8 @@ def stateful_request(ov, model, config):
     from openvino._offline_transformations import apply_make_stateful_transformation
 
     m = ov.Core().read_model(model)
-    pairs = {}
-    for p in m.inputs:
-        name = p.get_any_name()
-        if name.startswith("past"):
-            pairs[name] = "present" + name[len("past_key_values" if name.startswith("past_key_values") else "past"):]
+    names = [p.get_any_name() for p in m.inputs]
+    pairs = {name: present_name(name) for name in names if name.startswith("past")}
     apply_make_stateful_transformation(m, pairs)
     batch = op.gather(op.shape_of(m.input("input_ids"), output_type="i64"), op.constant([0]), op.constant(0))
     for node in m.get_ops():
