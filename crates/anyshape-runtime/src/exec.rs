@@ -228,10 +228,26 @@ impl Executor {
                 }
             }
         }
-        plan.outputs
-            .iter()
-            .map(|&(_, v)| Ok(values.view(v)?.to_tensor()))
-            .collect()
+        // A host step's tensor is handed out, not copied, to the last output that
+        // reads it (a decoder's caches: the whole cache each step); the rest are copied.
+        let mut outputs = Vec::with_capacity(plan.outputs.len());
+        for (i, &(_, v)) in plan.outputs.iter().enumerate() {
+            let r = plan.root(v);
+            let later = plan.outputs[i + 1..]
+                .iter()
+                .any(|&(_, w)| plan.root(w) == r);
+            let handed = (plan.values[r].storage == Storage::Owned && !later)
+                .then(|| values.owned[r].take())
+                .flatten();
+            outputs.push(match handed {
+                Some(mut t) => {
+                    t.shape.clone_from(&prepared.shapes[v]);
+                    t
+                }
+                None => values.view(v)?.to_tensor(),
+            });
+        }
+        Ok(outputs)
     }
 }
 

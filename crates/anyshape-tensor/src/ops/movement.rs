@@ -72,15 +72,8 @@ fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let first = parts.first().ok_or_else(|| node.error("no inputs"))?;
     let r = first.shape.len();
     let a = axis(node, node.int("axis", 0)?, r)?;
-    let outer: usize = first.shape[..a].iter().product();
     let mut shape = first.shape.to_vec();
-    shape[a] = parts
-        .iter()
-        .map(|t| t.shape.get(a).copied().unwrap_or(0))
-        .sum();
-    let mut order = Vec::new();
-    let mut offsets = Vec::new();
-    let mut base = 0;
+    shape[a] = 0;
     for t in &parts {
         if t.shape.len() != r
             || t.shape[..a] != first.shape[..a]
@@ -88,38 +81,39 @@ fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         {
             return fail(node, "inputs whose shapes differ off the axis");
         }
-        offsets.push(base);
-        base += t.len();
-    }
-    let all = concat_data(node, &parts)?;
-    for o in 0..outer {
-        for (t, &off) in parts.iter().zip(&offsets) {
-            let inner: usize = t.shape[a..].iter().product();
-            order.extend(off + o * inner..off + (o + 1) * inner);
+        if t.dtype() != first.dtype() {
+            return fail(node, "inputs of different element types");
         }
+        shape[a] += t.shape[a];
     }
-    Ok(vec![Tensor::new(shape, all.pick(&order))?])
+    sized(node, &shape)?;
+    let data = match first.data {
+        DataRef::F32(_) => Data::F32(interleave(&parts, a, |t| t.as_f32())?),
+        DataRef::I64(_) => Data::I64(interleave(&parts, a, |t| t.as_i64())?),
+        DataRef::Bool(_) => Data::Bool(interleave(&parts, a, |t| t.as_bool())?),
+    };
+    Ok(vec![Tensor::new(shape, data)?])
 }
 
-/// The data of `parts` one after another.
-fn concat_data(node: &Node, parts: &[TensorRef]) -> Result<Data> {
-    fn all<'a, T: Clone + 'a>(
-        node: &Node,
-        parts: &[TensorRef<'a>],
-        get: impl Fn(&TensorRef<'a>) -> Result<&'a [T]>,
-    ) -> Result<Vec<T>> {
-        Ok(parts
-            .iter()
-            .map(get)
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| node.error(e))?
-            .concat())
+/// The elements of `parts` concatenated along axis `a`: for each index of the axes
+/// before it, each part's block in turn, copied whole.
+fn interleave<'a, T: Copy + 'a>(
+    parts: &[TensorRef<'a>],
+    a: usize,
+    get: impl Fn(&TensorRef<'a>) -> Result<&'a [T]>,
+) -> Result<Vec<T>> {
+    let outer: usize = parts[0].shape[..a].iter().product();
+    let blocks = parts
+        .iter()
+        .map(|t| Ok((get(t)?, t.shape[a..].iter().product::<usize>())))
+        .collect::<Result<Vec<(&[T], usize)>>>()?;
+    let mut out = Vec::with_capacity(blocks.iter().map(|b| b.0.len()).sum());
+    for o in 0..outer {
+        for &(data, inner) in &blocks {
+            out.extend_from_slice(&data[o * inner..(o + 1) * inner]);
+        }
     }
-    Ok(match parts[0].data {
-        DataRef::F32(_) => Data::F32(all(node, parts, TensorRef::as_f32)?),
-        DataRef::I64(_) => Data::I64(all(node, parts, TensorRef::as_i64)?),
-        DataRef::Bool(_) => Data::Bool(all(node, parts, TensorRef::as_bool)?),
-    })
+    Ok(out)
 }
 
 /// Bounds at least this large mean "to the end".
