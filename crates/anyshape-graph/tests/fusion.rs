@@ -112,6 +112,39 @@ fn gpt2_fuses_the_tanh_gelu() {
     );
 }
 
+/// A decoder with a key/value cache: its attention reads the `present` keys and values
+/// (`Concat(past, new)`, `[batch, heads, sequence, dim]`) in place, the scales and the
+/// mask folded as without a cache; only the new rows' head transposes (before the
+/// `Concat`) stay on the host.
+#[test]
+fn gpt2_with_past_reads_its_cache_in_place() {
+    let (ts, f, n) = tasks("gpt2_tiny_past.ts.onnx");
+    steps_cover_each_node_once(&f, n);
+    let (dynamo, f2, n2) = tasks("gpt2_tiny_past.dynamo18.onnx");
+    steps_cover_each_node_once(&f2, n2);
+    assert_eq!(ts, dynamo);
+    for w in [
+        "cache_attention_scores(B=batch,H=4,M=sequence,N=past_sequence+sequence,K=16)+scale(0.25)+add(b,m,n)",
+        "cache_attention_context(B=batch,H=4,M=sequence,N=16,K=past_sequence+sequence)",
+    ] {
+        assert!(ts.contains(&(w.to_string(), 2)), "{w} missing from {ts:#?}");
+    }
+    for (file, f) in [("ts", &f), ("dynamo", &f2)] {
+        let transposes = f
+            .steps
+            .iter()
+            .filter(|s| matches!(&s.kind, StepKind::Movement(op) if op == "Transpose"))
+            .count();
+        assert_eq!(transposes, 4, "{file}: the new keys' and values' per layer");
+        let scalings = f
+            .steps
+            .iter()
+            .filter(|s| matches!(&s.kind, StepKind::Elementwise(op) if op == "Mul"))
+            .count();
+        assert_eq!(scalings, 0, "{file}");
+    }
+}
+
 #[test]
 fn vit_fuses_its_encoder() {
     for file in ["vit_tiny.ts.onnx", "vit_tiny.dynamo.onnx"] {

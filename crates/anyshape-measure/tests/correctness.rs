@@ -291,8 +291,9 @@ fn narrower_vectors_are_correct() {
 }
 
 /// Multi-head attention's contractions, reading and writing heads in the
-/// `[batch, sequence, heads, dim]` layout (two batch axes, rows strided by the heads),
-/// the scores with a mask broadcast over the heads.
+/// `[batch, sequence, heads, dim]` layout (two batch axes, rows strided by the heads)
+/// and a cache's `[batch, heads, sequence, dim]`, the scores with a mask broadcast over
+/// the heads.
 #[test]
 fn attention_all_strategies_and_modes() {
     contraction(
@@ -300,6 +301,13 @@ fn attention_all_strategies_and_modes() {
         1,
     );
     contraction("attention_context(B=2,H=3,M=T,N=16,K=T)", 1);
+    // A decoder's: keys and values in a cache's `[batch, heads, sequence, dim]`, the
+    // cache one row longer than the queries (M = 1 is a decode step).
+    contraction(
+        "cache_attention_scores(B=2,H=3,M=T,N=T+1,K=16)+scale(0.25)+add(b,m,n)",
+        3,
+    );
+    contraction("cache_attention_context(B=2,H=3,M=T,N=16,K=T+1)", 3);
 }
 
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),

@@ -8,6 +8,10 @@
 //!   (what the dynamo exporter writes): what counts is the permutation it comes to.
 //! - `Transpose(MatMul(P, Transpose(V, [0,2,1,3])), [0,2,1,3])` is `attention_context`
 //!   (reshapes that keep the shape may come before the last transpose).
+//! - A decoder's keys and values come from its cache (`present = Concat(past, new)`) in
+//!   the `[batch, heads, sequence, dim]` layout: `MatMul(Transpose(Q, [0,2,1,3]),
+//!   Transpose(K, [0,1,3,2]))` is `cache_attention_scores` and `Transpose(MatMul(P, V),
+//!   [0,2,1,3])` `cache_attention_context`, which read the cache in place.
 //!
 //! Every value inside a pattern must have that one use; anything else stays the plain
 //! `batch_matmul_nn` and host steps.
@@ -35,6 +39,8 @@ pub(super) struct Attention {
 const HEADS: [usize; 4] = [0, 2, 1, 3];
 /// The keys' transpose straight to `[batch, heads, dim, sequence]`.
 const HEADS_T: [usize; 4] = [0, 2, 3, 1];
+/// The keys' transpose from a cache's `[batch, heads, sequence, dim]`.
+const CACHE_T: [usize; 4] = [0, 1, 3, 2];
 
 impl Fuser<'_> {
     /// The attention contraction whose `MatMul` is node `k`, if the pattern holds.
@@ -45,23 +51,36 @@ impl Fuser<'_> {
         }
         let (a, b) = (node.input(0).ok()?, node.input(1).ok()?);
         let y = node.outputs[0];
-        if let (Some(q), Some(kt)) = (
-            self.transposed_from(a, HEADS),
-            self.transposed_from(b, HEADS_T),
-        ) {
-            // Q [B, M, H, K] and K [B, N, H, K].
+        if let Some(q) = self.transposed_from(a, HEADS) {
+            // Q [B, M, H, K]; K [B, N, H, K] from the projection, or [B, H, N, K] from
+            // a cache.
+            let (kt, cached) = match self.transposed_from(b, HEADS_T) {
+                Some(kt) => (kt, false),
+                None => (self.transposed_from(b, CACHE_T)?, true),
+            };
             let (sq, sk) = (self.shape(q.0), self.shape(kt.0));
-            if sq.len() != 4 || sk.len() != 4 || sq[0] != sk[0] || sq[2..] != sk[2..] {
+            let (op, n) = if cached {
+                ("cache_attention_scores", 2)
+            } else {
+                ("attention_scores", 1)
+            };
+            let heads = 3 - n;
+            if sq.len() != 4
+                || sk.len() != 4
+                || sq[0] != sk[0]
+                || sq[2] != sk[heads]
+                || sq[3] != sk[3]
+            {
                 return None;
             }
             return Some(Attention {
                 workload: Workload::of(
-                    "attention_scores",
+                    op,
                     &[
                         sq[0].clone(),
                         sq[2].clone(),
                         sq[1].clone(),
-                        sk[1].clone(),
+                        sk[n].clone(),
                         sq[3].clone(),
                     ],
                 )
@@ -72,7 +91,11 @@ impl Fuser<'_> {
                 output: y,
             });
         }
-        let v = self.transposed_from(b, HEADS)?;
+        // V [B, K, H, N] from the projection, or [B, H, K, N] (a cache's) as it is.
+        let (v, cached) = match self.transposed_from(b, HEADS) {
+            Some(v) => (v, false),
+            None => ((b, 1.0, Vec::new()), true),
+        };
         // Reshapes that keep the shape may come between (the TorchScript exporter's).
         let (after, views) = self.through_views(y);
         if self.shape(after) != self.shape(y) {
@@ -83,9 +106,15 @@ impl Fuser<'_> {
         if t.op != "Transpose" || self.permutation(after, &[back]) != Some(HEADS) {
             return None;
         }
-        // P [B, H, M, K] and V [B, K, H, N].
+        // P [B, H, M, K] and V [B, K, H, N] (or [B, H, K, N]).
         let (sp, sv) = (self.shape(a), self.shape(v.0));
-        if sp.len() != 4 || sv.len() != 4 || sp[0] != sv[0] || sp[1] != sv[2] || sp[3] != sv[1] {
+        let (op, heads, k) = if cached {
+            ("cache_attention_context", 1, 2)
+        } else {
+            ("attention_context", 2, 1)
+        };
+        if sp.len() != 4 || sv.len() != 4 || sp[0] != sv[0] || sp[1] != sv[heads] || sp[3] != sv[k]
+        {
             return None;
         }
         let mut nodes = v.2;
@@ -93,7 +122,7 @@ impl Fuser<'_> {
         nodes.push(back);
         Some(Attention {
             workload: Workload::of(
-                "attention_context",
+                op,
                 &[
                     sp[0].clone(),
                     sp[1].clone(),

@@ -1,7 +1,8 @@
 //! Contractions: `Y[spatial] = Σ_k X · W` with affine index maps (transposes are
 //! strides; batch axes may be any number, shared or broadcast). The attention
 //! contractions read and write multi-head tensors in the `[batch, sequence, heads,
-//! dim]` layout that the projections produce, so no transpose runs between them.
+//! dim]` layout that the projections produce, and a decoder's keys and values in its
+//! cache's `[batch, heads, sequence, dim]`, so no transpose runs between them.
 use super::{axis, workload};
 use crate::{AxisKind::Reduction, AxisKind::Spatial, Expr, OpClass, TensorRef, Workload};
 
@@ -105,6 +106,36 @@ pub fn attention_context(a: &[Expr]) -> Workload {
         a,
         axes,
         [&[0, 1, 2, 4], &[0, 4, 1, 3], &[0, 2, 1, 3]],
+    )
+}
+
+/// `cache_attention_scores(B, H, M, N, K)`: `Y[b,h,m,n] = Σ_k X[b,m,h,k] · W[b,h,n,k]`,
+/// the scores of queries as the projection lays them out against keys in a key/value
+/// cache's layout (`[batch, heads, sequence, dim]`: a decoder's `present` keys, read in
+/// place instead of transposed).
+pub fn cache_attention_scores(a: &[Expr]) -> Workload {
+    let axes = attention_axes(a);
+    contraction(
+        "cache_attention_scores",
+        &["B", "H", "M", "N", "K"],
+        a,
+        axes,
+        [&[0, 2, 1, 4], &[0, 1, 3, 4], &[0, 1, 2, 3]],
+    )
+}
+
+/// `cache_attention_context(B, H, M, N, K)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] · W[b,h,k,n]`,
+/// the context from the probabilities and values in a key/value cache's layout
+/// (`[batch, heads, sequence, dim]`), written in the projections' layout (`[batch,
+/// sequence, heads, dim]`, what the transpose back computes).
+pub fn cache_attention_context(a: &[Expr]) -> Workload {
+    let axes = attention_axes(a);
+    contraction(
+        "cache_attention_context",
+        &["B", "H", "M", "N", "K"],
+        a,
+        axes,
+        [&[0, 1, 2, 4], &[0, 1, 4, 3], &[0, 2, 1, 3]],
     )
 }
 

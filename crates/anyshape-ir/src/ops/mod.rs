@@ -70,6 +70,20 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::attention_context,
     },
     OpDef {
+        name: "cache_attention_scores",
+        args: &["B", "H", "M", "N", "K"],
+        doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,h,n,k] (queries in [batch, sequence, heads, dim], keys in a cache's [batch, heads, sequence, dim])",
+        class: "contraction",
+        build: contraction::cache_attention_scores,
+    },
+    OpDef {
+        name: "cache_attention_context",
+        args: &["B", "H", "M", "N", "K"],
+        doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,h,k,n] (values in a cache's [batch, heads, sequence, dim], output in [batch, sequence, heads, dim])",
+        class: "contraction",
+        build: contraction::cache_attention_context,
+    },
+    OpDef {
         name: "softmax",
         args: &["M", "N"],
         doc: "Y[m,n] = exp(X[m,n] - max_n X[m,:]) / sum_n exp(X[m,n] - max_n X[m,:])",
