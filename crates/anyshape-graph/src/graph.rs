@@ -67,4 +67,38 @@ impl Graph {
         names.dedup();
         names
     }
+
+    /// Where `v` is a decoder's key/value cache — a graph output `Concat(past, new)`
+    /// along the sequence axis (2) of `[batch, heads, sequence, dim]`, `past` a graph
+    /// input (or a view of one) whose length there is a dim of its own — that concat's
+    /// node, the input's
+    /// index among the inputs, and the axis: what the runtime may keep across runs and
+    /// append `new` to in place.
+    pub fn cache_append(&self, v: ValueId) -> Option<(usize, usize, usize)> {
+        if !self.outputs.contains(&v) {
+            return None;
+        }
+        let k = self.nodes.iter().position(|n| n.outputs.contains(&v))?;
+        let node = &self.nodes[k];
+        let [Some(mut past), Some(_)] = node.inputs.as_slice() else {
+            return None;
+        };
+        // Through `Concat`s of one input (views of it).
+        while let Some(n) = self.nodes.iter().find(|n| n.outputs.contains(&past)) {
+            match n.inputs.as_slice() {
+                [Some(x)] if n.op == "Concat" || n.op == "Identity" => past = *x,
+                _ => break,
+            }
+        }
+        let i = self.inputs.iter().position(|i| i.value == past)?;
+        let dims = &self.inputs[i].dims;
+        let axis = node.int("axis", 0).ok()?;
+        let axis = if axis < 0 {
+            axis + dims.len() as i64
+        } else {
+            axis
+        };
+        (node.op == "Concat" && dims.len() == 4 && axis == 2 && matches!(dims[2], Expr::Var(_)))
+            .then_some((k, i, 2))
+    }
 }

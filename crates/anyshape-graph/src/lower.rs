@@ -8,7 +8,9 @@ use crate::fusion::{Fusion, Layout, StepKind};
 use crate::graph::Graph;
 use crate::{fact, GraphError, Result};
 use anyshape_ir::Expr;
-use anyshape_plan::{ConstantLayout, MemoryPlan, Plan, PlanFile, Step, Storage, Task, Value};
+use anyshape_plan::{
+    check_cache, Cache, ConstantLayout, MemoryPlan, Plan, PlanFile, Step, Storage, Task, Value,
+};
 use anyshape_tensor::{DType, Data, Fact, Node, Tensor, TensorSpec, ValueId};
 use std::collections::HashMap;
 
@@ -33,6 +35,7 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
                 .collect(),
             steps: Vec::new(),
             memory: MemoryPlan::default(),
+            caches: Vec::new(),
         },
         // Room for every weight (once; the panels of one laid out both ways would grow
         // it): the data is written once, not copied as it grows.
@@ -56,6 +59,8 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
         };
         l.plan.inputs.push((spec, v));
     }
+    // Each host node's step.
+    let mut host_steps = HashMap::new();
     for (k, step) in fusion.steps.iter().enumerate() {
         match &step.kind {
             StepKind::Kernel(_) => {
@@ -86,6 +91,7 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
             }
             _ => {
                 for &n in &step.nodes {
+                    host_steps.insert(n, l.plan.steps.len());
                     let node = &g.nodes[n];
                     let inputs = node
                         .inputs
@@ -115,6 +121,24 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
             shape: f.shape.clone(),
         };
         l.plan.outputs.push((spec, v));
+    }
+    // A decoder's caches, where its kernels can read them with room to spare.
+    for (present, &o) in g.outputs.iter().enumerate() {
+        let Some((node, past, axis)) = g.cache_append(o) else {
+            continue;
+        };
+        let Some(&step) = host_steps.get(&node) else {
+            continue;
+        };
+        let cache = Cache {
+            past,
+            present,
+            step,
+            axis,
+        };
+        if check_cache(&l.plan, &cache).is_ok() {
+            l.plan.caches.push(cache);
+        }
     }
     MemoryPlan::assign(&mut l.plan);
     Ok(PlanFile::new(l.plan, l.data)?)

@@ -124,8 +124,8 @@ fn gpt2_with_past_reads_its_cache_in_place() {
     steps_cover_each_node_once(&f2, n2);
     assert_eq!(ts, dynamo);
     for w in [
-        "cache_attention_scores(B=batch,H=4,M=sequence,N=past_sequence+sequence,K=16)+scale(0.25)+add(b,m,n)",
-        "cache_attention_context(B=batch,H=4,M=sequence,N=16,K=past_sequence+sequence)",
+        "cache_attention_scores(B=batch,H=4,M=sequence,N=past_sequence+sequence,K=16,R=cache_reserve)+scale(0.25)+add(b,m,n)",
+        "cache_attention_context(B=batch,H=4,M=sequence,N=16,K=past_sequence+sequence,R=cache_reserve)",
     ] {
         assert!(ts.contains(&(w.to_string(), 2)), "{w} missing from {ts:#?}");
     }
@@ -142,6 +142,42 @@ fn gpt2_with_past_reads_its_cache_in_place() {
             .filter(|s| matches!(&s.kind, StepKind::Elementwise(op) if op == "Mul"))
             .count();
         assert_eq!(scalings, 0, "{file}");
+    }
+}
+
+/// Lowering records each cache of GPT-2 with past (the plan may keep it across runs),
+/// and the verifier refuses a cache that a step could not read with room to spare.
+#[test]
+fn gpt2_with_past_plans_its_caches() {
+    for file in ["gpt2_tiny_past.ts.onnx", "gpt2_tiny_past.dynamo18.onnx"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models")
+            .join(file);
+        let g = onnx::load(&path).unwrap();
+        let facts = infer(&g).unwrap();
+        let plan = anyshape_graph::lower(&g, &facts, &fuse(&g, &facts)).unwrap();
+        let p = plan.plan();
+        assert_eq!(p.caches.len(), 4, "{file}: two layers' keys and values");
+        for c in &p.caches {
+            assert!(p.inputs[c.past].0.name.starts_with("past_key_values."));
+            assert!(p.outputs[c.present].0.name.starts_with("present."));
+            assert_eq!(c.axis, 2);
+        }
+        // A host step reading a present: the run could not keep it in place.
+        let mut bad = p.clone();
+        let present = bad.outputs[bad.caches[0].present].1;
+        let after = bad.caches[0].step;
+        let step = (after..bad.steps.len())
+            .find(|&k| matches!(&bad.steps[k], anyshape_plan::Step::Host(n) if n.op == "Transpose"))
+            .unwrap();
+        let anyshape_plan::Step::Host(node) = &mut bad.steps[step] else {
+            unreachable!()
+        };
+        node.inputs[0] = Some(present);
+        let e = anyshape_plan::verify(&bad, plan.data().len() as u64)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cache 0"), "{file}: {e}");
     }
 }
 

@@ -26,7 +26,7 @@ pub use dtype::DType;
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::Expr;
-pub use ops::{operator, OpDef, OPERATORS};
+pub use ops::{operator, OpDef, CACHE_RESERVE, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
 pub use workload::{

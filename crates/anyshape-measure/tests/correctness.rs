@@ -302,12 +302,13 @@ fn attention_all_strategies_and_modes() {
     );
     contraction("attention_context(B=2,H=3,M=T,N=16,K=T)", 1);
     // A decoder's: keys and values in a cache's `[batch, heads, sequence, dim]`, the
-    // cache one row longer than the queries (M = 1 is a decode step).
+    // cache one row longer than the queries (M = 1 is a decode step) and holding rows
+    // to spare past them (a cache kept in place: its rows strided by its room).
     contraction(
-        "cache_attention_scores(B=2,H=3,M=T,N=T+1,K=16)+scale(0.25)+add(b,m,n)",
+        "cache_attention_scores(B=2,H=3,M=T,N=T+1,K=16,R=5)+scale(0.25)+add(b,m,n)",
         3,
     );
-    contraction("cache_attention_context(B=2,H=3,M=T,N=16,K=T+1)", 3);
+    contraction("cache_attention_context(B=2,H=3,M=T,N=16,K=T+1,R=T)", 3);
 }
 
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),

@@ -29,7 +29,7 @@ use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The plan file's format number; bump when the layout or the header's meaning changes.
-pub const PLAN_FORMAT: u32 = 1;
+pub const PLAN_FORMAT: u32 = 2;
 const MAGIC: &[u8; 8] = b"ANYPLAN\0";
 const PREAMBLE: usize = 64;
 

@@ -26,5 +26,5 @@ mod verify;
 pub use error::{PlanError, Result};
 pub use file::{PlanFile, PLAN_FORMAT};
 pub use memory::{ArenaLayout, MemoryPlan};
-pub use plan::{Constant, ConstantLayout, Plan, Step, Storage, Task, Value};
-pub use verify::{check_instance, verify};
+pub use plan::{Cache, Constant, ConstantLayout, Plan, Step, Storage, Task, Value};
+pub use verify::{check_cache, check_instance, verify};

@@ -110,6 +110,23 @@ pub enum Step {
     Host(Node),
 }
 
+/// A decoder's key/value cache: a `present` output that a host `Concat` makes of a
+/// `past` input and the new rows, read only by kernels that take the rows the cache
+/// holds past its end ([`anyshape_ir::CACHE_RESERVE`]). A plain run makes it as the
+/// model says (no room to spare); a run that keeps the caches (a generation) holds each
+/// in a buffer with room to grow and appends the new rows in place of the `Concat`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cache {
+    /// The `past` input's index among [`Plan::inputs`].
+    pub past: usize,
+    /// The `present` output's index among [`Plan::outputs`].
+    pub present: usize,
+    /// The `Concat` step's index among [`Plan::steps`].
+    pub step: usize,
+    /// The axis that grows.
+    pub axis: usize,
+}
+
 /// A compiled model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -128,6 +145,8 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// The arena the kernels' outputs share.
     pub memory: MemoryPlan,
+    /// A decoder's key/value caches (none for other models).
+    pub caches: Vec<Cache>,
 }
 
 impl Step {

@@ -7,7 +7,7 @@
 //! for `h ≥ 16`), the instance check decides, evaluated, before any kernel runs.
 use crate::plan::numel;
 use crate::{ConstantLayout, Plan, PlanError, Result, Step, Storage};
-use anyshape_ir::Expr;
+use anyshape_ir::{Bindings, Expr, CACHE_RESERVE};
 use anyshape_tensor::{equal, DType};
 
 fn invalid<T>(message: String) -> Result<T> {
@@ -22,6 +22,7 @@ fn same(a: &Expr, b: &Expr) -> bool {
 /// Check `plan`, whose constants' data holds `data_bytes` bytes.
 pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
     let n = plan.values.len();
+    let plain = Bindings::from_pairs([(CACHE_RESERVE, 0)]);
     let name = |v: usize| plan.values.get(v).map_or("?", |x| x.name.as_str());
     let in_range = |v: usize, what: &str| {
         if v < n {
@@ -167,7 +168,8 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
                             Expr::ceil_div(t.shape[0].clone(), Expr::Const(p)) * Expr::Const(p),
                             t.shape[1].clone(),
                         ]),
-                        None => numel(&t.shape),
+                        // A plain run's caches have no room to spare.
+                        None => numel(&t.shape).substitute(&plain),
                     };
                     let got = match (&value.storage, t.panels) {
                         (Storage::Constant(c), Some(_)) => {
@@ -244,6 +246,7 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
             }
         }
     }
+    caches(plan)?;
     // Constants: inside the data, on cache lines, as large as their shapes.
     for c in &plan.constants {
         let want = c.shape.iter().product::<usize>() as u64 * c.dtype.size_bytes() as u64;
@@ -255,6 +258,68 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
                 "constant `{}`: {} bytes at {} (its shape takes {want}; the data holds {data_bytes})",
                 c.name, c.bytes, c.offset
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Each cache: its past an input and its present an output, which a host `Concat` of
+/// the past (or a view of it) and one more value makes, the one step to read the past; read by no host step and no view, only by
+/// kernels whose workloads take the rows it holds past its end ([`CACHE_RESERVE`]),
+/// so that a run may hold it in a buffer with room to grow.
+fn caches(plan: &Plan) -> Result<()> {
+    for (i, c) in plan.caches.iter().enumerate() {
+        if let Err(PlanError::Invalid(why)) = check_cache(plan, c) {
+            return invalid(format!("cache {i}: {why}"));
+        }
+    }
+    Ok(())
+}
+
+/// Check one cache of `plan` (see [`caches`]); lowering keeps the caches that pass.
+pub fn check_cache(plan: &Plan, c: &crate::Cache) -> Result<()> {
+    {
+        let bad = |why: &str| invalid(why.to_string());
+        let (Some(&(_, past)), Some(&(_, present))) =
+            (plan.inputs.get(c.past), plan.outputs.get(c.present))
+        else {
+            return bad("its past or present is out of range");
+        };
+        match plan.steps.get(c.step) {
+            Some(Step::Host(node))
+                if node.op == "Concat"
+                    && node.inputs.len() == 2
+                    && node.inputs[0].map(|v| plan.root(v)) == Some(past)
+                    && node.inputs[1].is_some()
+                    && node.outputs == [present] => {}
+            _ => return bad("its step is no `Concat` of its past into its present"),
+        }
+        if c.axis >= plan.values[present].shape.len() {
+            return bad("its axis is past its rank");
+        }
+        for (k, step) in plan.steps.iter().enumerate() {
+            if k != c.step && step.reads().iter().any(|&v| plan.root(v) == past) {
+                return bad("a step other than its `Concat` reads its past");
+            }
+            if !step.reads().contains(&present) {
+                continue;
+            }
+            match step {
+                Step::Kernel { task, .. }
+                    if plan.tasks[*task]
+                        .workload
+                        .shape_vars()
+                        .iter()
+                        .any(|v| v == CACHE_RESERVE) => {}
+                _ => return bad("a step reads it that cannot read it with room to spare"),
+            }
+        }
+        if plan
+            .values
+            .iter()
+            .any(|v| v.storage == Storage::View(present))
+        {
+            return bad("a view reads it");
         }
     }
     Ok(())

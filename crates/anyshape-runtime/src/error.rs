@@ -77,3 +77,8 @@ pub enum RuntimeError {
     #[error("{0}")]
     Memory(String),
 }
+
+/// A broken invariant of a plan or a run (a bug, not the caller's input).
+pub(crate) fn internal(what: &str) -> RuntimeError {
+    RuntimeError::Plan(anyshape_plan::PlanError::Invalid(what.to_string()))
+}

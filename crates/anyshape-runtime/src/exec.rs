@@ -4,12 +4,15 @@
 //! memory the run needs checked first), then each step in order — a kernel step calls
 //! its task's kernels ([`TaskKernels`]) on buffers in place (the caller's inputs, the
 //! constants in the mapped plan, the arena), a host step evaluates its op on borrowed
-//! views of the same — and the outputs copied out.
+//! views of the same — and the outputs copied out. A decoder's run may keep its
+//! caches in a [`CacheState`] instead ([`Executor::run_cached`]): its new rows appended
+//! there, its kernels reading them in place.
 use crate::arena::{Arena, Prepared};
-use crate::{Result, RuntimeError};
-use anyshape_ir::Bindings;
+use crate::error::internal;
+use crate::{CacheState, Result, RuntimeError};
+use anyshape_ir::{Bindings, CACHE_RESERVE};
 use anyshape_plan::{Plan, PlanFile, Step, Storage};
-use anyshape_tensor::{bind, DType, DataRef, Tensor, TensorError, TensorRef, TensorSpec};
+use anyshape_tensor::{bind, DType, DataRef, Tensor, TensorError, TensorRef, TensorSpec, ValueId};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -40,6 +43,9 @@ pub struct Executor {
     task_vars: Vec<Vec<String>>,
     /// The last step that reads each value (see [`Plan::last_uses`]).
     last_uses: Vec<usize>,
+    /// Whether a task reads a cache with rows to spare ([`CACHE_RESERVE`], 0 in a
+    /// plain run).
+    reserve: bool,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -59,6 +65,10 @@ impl Executor {
             task_vars: p.tasks.iter().map(|t| t.workload.shape_vars()).collect(),
             inputs: p.inputs.iter().map(|(s, _)| s.clone()).collect(),
             last_uses: p.last_uses(),
+            reserve: p
+                .tasks
+                .iter()
+                .any(|t| t.workload.shape_vars().iter().any(|v| v == CACHE_RESERVE)),
             arenas: Mutex::new(Vec::new()),
             plan,
         }
@@ -82,7 +92,78 @@ impl Executor {
         inputs: &[(&str, TensorRef)],
         seconds: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
-        let (given, b) = bind(&self.inputs, inputs)?;
+        let (given, mut b) = bind(&self.inputs, inputs)?;
+        if self.reserve {
+            b.set(CACHE_RESERVE, 0);
+        }
+        let given: Vec<Option<TensorRef>> = given.into_iter().map(Some).collect();
+        let outputs = self.on_arena(kernels, &b, &given, seconds, None)?;
+        Ok(outputs.into_iter().flatten().collect())
+    }
+
+    /// Empty caches for [`Executor::run_cached`] with room for `capacity` positions,
+    /// their other dims (the batch) at `dims`.
+    pub fn cache_state(&self, dims: &Bindings, capacity: usize) -> Result<CacheState> {
+        CacheState::new(self.plan(), dims, capacity)
+    }
+
+    /// Run the plan keeping a decoder's caches in `state`: `inputs` without the caches'
+    /// pasts (the past length is what `state` holds); the new rows appended to `state`.
+    /// The outputs in the plan's order, the caches' presents `None` (they stay in
+    /// `state`).
+    pub fn run_cached(
+        &self,
+        kernels: &dyn TaskKernels,
+        inputs: &[(&str, TensorRef)],
+        state: &mut CacheState,
+        seconds: Option<&mut [f64]>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let plan = self.plan();
+        let pasts: Vec<usize> = plan.caches.iter().map(|c| c.past).collect();
+        let declared: Vec<TensorSpec> = (0..self.inputs.len())
+            .filter(|i| !pasts.contains(i))
+            .map(|i| self.inputs[i].clone())
+            .collect();
+        let (some, mut b) = bind(&declared, inputs)?;
+        let rows = state.bind(plan, &mut b)?;
+        // The inputs' dims again with the past bound (a mask's past + sequence).
+        for (d, t) in declared.iter().zip(&some) {
+            for (e, &v) in d.shape.iter().zip(t.shape) {
+                let want = e.eval(&b)?;
+                if want != v as i64 {
+                    return Err(TensorError::Shape(format!(
+                        "input `{}`: a dim is {v} where the model's {e} gives {want} with the {} positions the caches hold",
+                        d.name,
+                        state.len()
+                    ))
+                    .into());
+                }
+            }
+        }
+        let mut some = some.into_iter();
+        let given: Vec<Option<TensorRef>> = (0..self.inputs.len())
+            .map(|i| {
+                if pasts.contains(&i) {
+                    None
+                } else {
+                    some.next()
+                }
+            })
+            .collect();
+        let outputs = self.on_arena(kernels, &b, &given, seconds, Some(&mut *state))?;
+        state.grow(rows);
+        Ok(outputs)
+    }
+
+    /// A run at `b` on an arena from the pool (returned to it after).
+    fn on_arena(
+        &self,
+        kernels: &dyn TaskKernels,
+        b: &Bindings,
+        given: &[Option<TensorRef>],
+        seconds: Option<&mut [f64]>,
+        state: Option<&mut CacheState>,
+    ) -> Result<Vec<Option<Tensor>>> {
         let mut arena = self
             .arenas
             .lock()
@@ -90,8 +171,8 @@ impl Executor {
             .pop()
             .unwrap_or_default();
         let result = self
-            .prepare(&mut arena, &b)
-            .and_then(|()| self.steps(kernels, &arena, &given, seconds));
+            .prepare(&mut arena, b, state.as_deref())
+            .and_then(|()| self.steps(kernels, &arena, given, seconds, state));
         self.arenas
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -99,17 +180,23 @@ impl Executor {
         result
     }
 
-    /// Prepare `arena` for a run at `b`: shapes, slots and the tasks' shape-var values;
-    /// the sizes checked at this instance, the arena and the host steps' tensors checked
-    /// against the machine's memory, and the arena grown to size.
-    fn prepare(&self, arena: &mut Arena, b: &Bindings) -> Result<()> {
+    /// Prepare `arena` for a run at `b`: shapes (a kept cache's present: its buffer's,
+    /// with the rows to spare), slots and the tasks' shape-var values; the sizes
+    /// checked at this instance, the arena and the host steps' tensors checked against
+    /// the machine's memory, and the arena grown to size.
+    fn prepare(&self, arena: &mut Arena, b: &Bindings, state: Option<&CacheState>) -> Result<()> {
         if arena.is_for(b) {
             return Ok(());
         }
         let plan = self.plan();
-        let shapes = (0..plan.values.len())
+        let mut shapes = (0..plan.values.len())
             .map(|v| plan.shape_at(v, b))
             .collect::<anyshape_plan::Result<Vec<_>>>()?;
+        if let Some(state) = state {
+            for (i, c) in plan.caches.iter().enumerate() {
+                shapes[plan.outputs[c.present].1] = state.shape(i).to_vec();
+            }
+        }
         let layout = plan.memory.layout(b)?;
         anyshape_plan::check_instance(plan, &shapes, &layout.sizes, b)?;
         let owned = owned_peak(plan, &shapes, &self.last_uses);
@@ -146,9 +233,10 @@ impl Executor {
         &self,
         kernels: &dyn TaskKernels,
         arena: &Arena,
-        given: &[TensorRef],
+        given: &[Option<TensorRef>],
         mut seconds: Option<&mut [f64]>,
-    ) -> Result<Vec<Tensor>> {
+        mut state: Option<&mut CacheState>,
+    ) -> Result<Vec<Option<Tensor>>> {
         let plan = self.plan();
         let prepared = arena.prepared.as_ref().expect("prepared before the run");
         let mut values = Values {
@@ -169,9 +257,29 @@ impl Executor {
             }
         }
         let last = &self.last_uses;
+        // The kept caches' presents and appending steps.
+        let kept: Vec<(ValueId, usize)> = match state {
+            Some(_) => plan
+                .caches
+                .iter()
+                .map(|c| (plan.outputs[c.present].1, c.step))
+                .collect(),
+            None => Vec::new(),
+        };
         for (k, step) in plan.steps.iter().enumerate() {
             let started = seconds.is_some().then(Instant::now);
+            let append = kept.iter().position(|&(_, s)| s == k);
             match step {
+                Step::Host(node) if append.is_some() => {
+                    let (c, state) = (append.unwrap_or(0), state.as_deref_mut());
+                    let new = node.inputs[1]
+                        .ok_or_else(|| internal("a cache's step without its new rows"))?;
+                    let new = values.view(new)?;
+                    let axis = plan.caches[c].axis;
+                    state
+                        .ok_or_else(|| internal("kept caches without their state"))?
+                        .append(c, axis, new.shape, new.as_f32()?)?;
+                }
                 Step::Kernel {
                     task,
                     inputs,
@@ -179,7 +287,15 @@ impl Executor {
                 } => {
                     let ins = inputs
                         .iter()
-                        .map(|&v| Ok(values.view(v)?.as_f32()?.as_ptr()))
+                        .map(
+                            |&v| match kept.iter().position(|&(p, _)| p == plan.root(v)) {
+                                Some(c) => state
+                                    .as_deref()
+                                    .map(|s| s.data(c))
+                                    .ok_or_else(|| internal("kept caches without their state")),
+                                None => Ok(values.view(v)?.as_f32()?.as_ptr()),
+                            },
+                        )
                         .collect::<Result<Vec<*const f32>>>()?;
                     let Storage::Arena(slot) = plan.values[*output].storage else {
                         unreachable!("verified: a kernel writes an arena value")
@@ -233,19 +349,23 @@ impl Executor {
         let mut outputs = Vec::with_capacity(plan.outputs.len());
         for (i, &(_, v)) in plan.outputs.iter().enumerate() {
             let r = plan.root(v);
+            if kept.iter().any(|&(p, _)| p == r) {
+                outputs.push(None);
+                continue;
+            }
             let later = plan.outputs[i + 1..]
                 .iter()
                 .any(|&(_, w)| plan.root(w) == r);
             let handed = (plan.values[r].storage == Storage::Owned && !later)
                 .then(|| values.owned[r].take())
                 .flatten();
-            outputs.push(match handed {
+            outputs.push(Some(match handed {
                 Some(mut t) => {
                     t.shape.clone_from(&prepared.shapes[v]);
                     t
                 }
                 None => values.view(v)?.to_tensor(),
-            });
+            }));
         }
         Ok(outputs)
     }
@@ -294,7 +414,7 @@ fn owned_peak(plan: &Plan, shapes: &[Vec<usize>], last: &[usize]) -> u128 {
 struct Values<'a> {
     plan: &'a Plan,
     file: &'a PlanFile,
-    given: &'a [TensorRef<'a>],
+    given: &'a [Option<TensorRef<'a>>],
     prepared: &'a Prepared,
     base: *mut u8,
     /// Host steps' tensors and evaluated shape plumbing, by value.
@@ -307,7 +427,11 @@ impl Values<'_> {
         let r = self.plan.root(v);
         let shape = &self.prepared.shapes[v];
         let data = match &self.plan.values[r].storage {
-            Storage::Input(i) => self.given[*i].data,
+            Storage::Input(i) => {
+                self.given[*i]
+                    .ok_or_else(|| internal("a kept cache's past read on the host"))?
+                    .data
+            }
             Storage::Constant(c) => self.file.constant(*c).data,
             Storage::Arena(s) => {
                 let n: usize = shape.iter().product();

@@ -3,8 +3,9 @@
 //! outputs (token ids, an optional attention mask and position ids, and each
 //! `past…` cache input paired with its `present…` output, the axis that grows found
 //! where their dims differ), then the loop — the prompt in one run, then one token per
-//! run, each run's present caches the next one's past — choosing tokens greedily or by
-//! seeded sampling, and timing every step.
+//! run, the caches kept in place in a [`crate::CacheState`] where the plan records them
+//! (else each run's present caches passed as the next one's past) — choosing tokens
+//! greedily or by seeded sampling, and timing every step.
 use crate::{Model, Result, RuntimeError};
 use anyshape_ir::{Bindings, DType, Expr};
 use anyshape_tensor::{Tensor, TensorRef, TensorSpec};
@@ -304,6 +305,23 @@ impl Decoder {
             Sampling::Sample { seed, .. } => Some(ChaCha8Rng::seed_from_u64(seed)),
             Sampling::Greedy => None,
         };
+        // The caches kept in place where the plan allows (every one of them read only
+        // by its attention), with room for the whole generation; otherwise passed from
+        // each run's presents to the next one's pasts.
+        let plan = model.plan();
+        let in_place = plan.caches.len() == self.caches.len()
+            && self.caches.iter().all(|c| {
+                plan.caches
+                    .iter()
+                    .any(|k| plan.inputs[k.past].0.name == c.past.name)
+            });
+        let mut state = match in_place {
+            true => Some(model.cache_state(
+                &Bindings::from_pairs([(self.batch.as_str(), rows as i64)]),
+                prompt.shape[1] + options.max_new_tokens,
+            )?),
+            false => None,
+        };
         let mut past: Vec<Tensor> = self
             .caches
             .iter()
@@ -340,11 +358,18 @@ impl Decoder {
             if let (Some(n), Some(t)) = (&self.positions, &positions) {
                 inputs.push((n, t.view()));
             }
-            for (c, t) in self.caches.iter().zip(&past) {
-                inputs.push((&c.past.name, t.view()));
-            }
-            let mut outs = model.run(&inputs)?;
-            let logits = &outs[self.logits];
+            let mut outs = match state.as_mut() {
+                Some(state) => model.run_cached(&inputs, state)?,
+                None => {
+                    for (c, t) in self.caches.iter().zip(&past) {
+                        inputs.push((&c.past.name, t.view()));
+                    }
+                    model.run(&inputs)?.into_iter().map(Some).collect()
+                }
+            };
+            let logits = outs[self.logits]
+                .take()
+                .ok_or_else(|| RuntimeError::Decoder("its run gave no logits".into()))?;
             let vocab = logits.shape[2];
             if logits.shape[..2] != [rows, len] || vocab == 0 {
                 return Err(RuntimeError::Decoder(format!(
@@ -373,8 +398,10 @@ impl Decoder {
                 }
                 next.push(token);
             }
-            for (c, k) in self.caches.iter().enumerate() {
-                let t = std::mem::replace(&mut outs[self.caches[c].present], Tensor::scalar_i64(0));
+            for (c, k) in self.caches.iter().enumerate().filter(|_| state.is_none()) {
+                let t = outs[k.present].take().ok_or_else(|| {
+                    RuntimeError::Decoder(format!("its run gave no `{}`", k.past.name))
+                })?;
                 if t.shape.get(k.axis) != Some(&(past_len + len)) {
                     return Err(RuntimeError::Decoder(format!(
                         "its present cache `{}` came out {:?}: the past of {past_len} and {len} new tokens should make {} along axis {}",

@@ -11,12 +11,14 @@
 #![deny(missing_docs)]
 
 mod arena;
+mod cache;
 mod error;
 mod exec;
 mod generate;
 mod model;
 mod module;
 
+pub use cache::CacheState;
 pub use error::{Result, RuntimeError};
 pub use exec::{Executor, TaskKernels};
 pub use generate::{Decoder, GenerateOptions, Generation, Sampling};

@@ -3,11 +3,11 @@
 //! task's module loaded and checked to compute its task's workload — nothing imported,
 //! inferred or fused at load — and `run` for any binding of the model's dims, in the
 //! compiled range or past it.
-use crate::{Executor, Module, Result, RuntimeError, TaskKernels};
+use crate::{CacheState, Executor, Module, Result, RuntimeError, TaskKernels};
 use anyshape_abi::{
     check_file, read_model_manifest, ModelManifest, ModuleError, MODEL_FILE, MODEL_PLAN,
 };
-use anyshape_ir::ShapeVar;
+use anyshape_ir::{Bindings, ShapeVar};
 use anyshape_plan::{Plan, PlanFile};
 
 use anyshape_tensor::{Tensor, TensorRef, TensorSpec};
@@ -168,6 +168,26 @@ impl Model {
     /// arena).
     pub fn run(&self, inputs: &[(&str, TensorRef)]) -> Result<Vec<Tensor>> {
         self.executor.run(&self.modules, inputs, None)
+    }
+
+    /// Empty key/value caches for [`Model::run_cached`], with room for `capacity`
+    /// positions, their other dims (the batch) at `dims`; refused where the model keeps
+    /// no cache across runs (not a decoder, or a step other than its attention reads a
+    /// cache).
+    pub fn cache_state(&self, dims: &Bindings, capacity: usize) -> Result<CacheState> {
+        self.executor.cache_state(dims, capacity)
+    }
+
+    /// Run a decoder keeping its caches in `state`: `inputs` without the `past…`
+    /// caches (their length is what `state` holds), whose new rows are appended to
+    /// `state` in place. The outputs in the model's order, each `present…` cache `None`
+    /// (it stays in `state`).
+    pub fn run_cached(
+        &self,
+        inputs: &[(&str, TensorRef)],
+        state: &mut CacheState,
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.executor.run_cached(&self.modules, inputs, state, None)
     }
 
     /// Where a run on `inputs` spends its time: per kind of step (a task's workload,

@@ -16,7 +16,7 @@ use anyshape_abi::{
 };
 use anyshape_codegen::{cpu_sketch, CpuTarget};
 use anyshape_graph::{fuse, infer, lower, onnx};
-use anyshape_ir::{ShapeVar, Workload};
+use anyshape_ir::{ShapeVar, Workload, CACHE_RESERVE};
 use anyshape_measure::Measurer;
 use std::path::{Path, PathBuf};
 
@@ -144,6 +144,11 @@ pub fn compile_model(
         reads.file(&model_dir.join(f));
     }
     check_dims(&graph.dim_names(), dims)?;
+    if dims.iter().any(|d| d.name == CACHE_RESERVE) {
+        return Err(TuneError::Options(format!(
+            "--dim {CACHE_RESERVE}: anyshape names a decoder's spare cache rows so; rename the model's dim"
+        )));
+    }
     if options.trials > 0 && options.records.is_none() {
         return Err(TuneError::Options(
             "tuning a model needs --records DIR (each task's trials go there; a killed run resumes from them)".into(),
@@ -178,11 +183,15 @@ pub fn compile_model(
     if let Some(r) = &options.records {
         std::fs::create_dir_all(r).map_err(io(r))?;
     }
+    // The rows a decoder's cache holds past its end are tuned at 0 (a plain run's);
+    // kernels read them at run time like any dim.
+    let reserve = ShapeVar::parse(&format!("{CACHE_RESERVE}=0")).expect("a valid dim");
     let jobs: Vec<(Workload, Vec<ShapeVar>)> = tasks
         .iter()
         .map(|t| {
             let vars = dims
                 .iter()
+                .chain([&reserve])
                 .filter(|d| t.workload.shape_vars().contains(&d.name))
                 .map(|d| d.spread(options.tune_values))
                 .collect();

@@ -117,8 +117,8 @@ fn gpt2_with_past_runs_compiled() {
     check("gpt2_tiny_past.dynamo18", &total, &cases);
 }
 
-/// Greedy generation (the prompt, then a run per token, each feeding the last one's
-/// present caches as its past) gives onnxruntime's tokens and, at every step, its
+/// Greedy generation (the prompt, then a run per token, the caches kept in place and
+/// appended to) gives onnxruntime's tokens and, at every step, its
 /// logits within 1e-4, for prompts of 1, 37 and 200 tokens (past the compiled range)
 /// and 64 new tokens.
 #[test]
@@ -136,6 +136,8 @@ fn gpt2_generates_onnxruntime_tokens() {
         let m = compile(model, &dims, dir.path());
         let decoder = Decoder::of(&m).unwrap();
         assert_eq!(decoder.past_dim(), "past_sequence");
+        // The decoder keeps them in place (what the tokens below check).
+        assert_eq!(m.plan().caches.len(), 4, "{model}");
         for prompt in [1, 37, 200] {
             let case = models().join(format!("{model}.gen_p{prompt}.npz"));
             let arrays = anyshape_tensor::npz::read(&case).unwrap();
@@ -167,4 +169,86 @@ fn gpt2_generates_onnxruntime_tokens() {
             assert_eq!(g.step_seconds.len(), 64);
         }
     }
+}
+
+/// GPT-2's caches kept in place: every cache of the plan is one (its attention reads it
+/// with rows to spare), and a run that keeps them — the new rows appended, the kernels
+/// reading the buffers with the room left — gives what plain runs give with the
+/// presents passed back as pasts (a prompt of 37, then single tokens); a run past the
+/// room, or at another batch, is refused with why.
+#[test]
+fn gpt2_keeps_its_caches_in_place() {
+    use anyshape_ir::Bindings;
+    use anyshape_tensor::{compare, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let m = compile(
+        "gpt2_tiny_past.ts",
+        &["batch=1..2", "sequence=1..64", "past_sequence=0..64"],
+        dir.path(),
+    );
+    assert_eq!(m.plan().caches.len(), 4, "two layers' keys and values");
+    let capacity = 40;
+    let mut state = m
+        .cache_state(&Bindings::from_pairs([("batch", 1)]), capacity)
+        .unwrap();
+    let mut past: Vec<Tensor> = (0..4)
+        .map(|_| Tensor::f32(vec![1, 4, 0, 16], Vec::new()).unwrap())
+        .collect();
+    let names: Vec<String> = m.inputs().iter().map(|s| s.name.clone()).collect();
+    let mut ids: Vec<i64> = (0..37).map(|i| (i * 7919) % 1000).collect();
+    let mut len = 0;
+    while len + ids.len() <= capacity {
+        let n = ids.len();
+        let t_ids = Tensor::i64(vec![1, n], ids.clone()).unwrap();
+        let mask = Tensor::i64(vec![1, len + n], vec![1; len + n]).unwrap();
+        let given = [("input_ids", t_ids.view()), ("attention_mask", mask.view())];
+        let kept = m.run_cached(&given, &mut state).unwrap();
+        let mut plain_in: Vec<(&str, anyshape_tensor::TensorRef)> = given.to_vec();
+        for (name, t) in names.iter().filter(|n| n.starts_with("past")).zip(&past) {
+            plain_in.push((name, t.view()));
+        }
+        let plain = m.run(&plain_in).unwrap();
+        let logits = kept[0].as_ref().unwrap();
+        let c = compare(logits, &plain[0]).unwrap();
+        assert!(c.passes(1e-5), "past {len}: {c}");
+        assert!(
+            kept[1..].iter().all(Option::is_none),
+            "the presents stay kept"
+        );
+        past = plain[1..].to_vec();
+        len += n;
+        assert_eq!(state.len(), len);
+        let vocab = logits.shape[2];
+        let last = &logits.as_f32().unwrap()[(n - 1) * vocab..];
+        let next = (0..vocab)
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+            .unwrap();
+        ids = vec![next as i64];
+    }
+    // One more position than the room.
+    let t_ids = Tensor::i64(vec![1, 1], ids.clone()).unwrap();
+    let mask = Tensor::i64(vec![1, len + 1], vec![1; len + 1]).unwrap();
+    let e = m
+        .run_cached(
+            &[("input_ids", t_ids.view()), ("attention_mask", mask.view())],
+            &mut state,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("room for 40"), "{e}");
+    assert_eq!(state.len(), len, "a refused run appends nothing");
+    // Another batch than the caches were made for.
+    let mut state = m
+        .cache_state(&Bindings::from_pairs([("batch", 1)]), capacity)
+        .unwrap();
+    let t_ids = Tensor::i64(vec![2, 1], vec![1, 2]).unwrap();
+    let mask = Tensor::i64(vec![2, 1], vec![1, 1]).unwrap();
+    let e = m
+        .run_cached(
+            &[("input_ids", t_ids.view()), ("attention_mask", mask.view())],
+            &mut state,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the caches were made"), "{e}");
 }

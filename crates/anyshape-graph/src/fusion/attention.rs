@@ -11,13 +11,15 @@
 //! - A decoder's keys and values come from its cache (`present = Concat(past, new)`) in
 //!   the `[batch, heads, sequence, dim]` layout: `MatMul(Transpose(Q, [0,2,1,3]),
 //!   Transpose(K, [0,1,3,2]))` is `cache_attention_scores` and `Transpose(MatMul(P, V),
-//!   [0,2,1,3])` `cache_attention_context`, which read the cache in place.
+//!   [0,2,1,3])` `cache_attention_context`, which read the cache in place — with room
+//!   past its end (`R` = [`CACHE_RESERVE`]) where it is the model's `present` output
+//!   (the runtime may then keep it across runs and append to it).
 //!
 //! Every value inside a pattern must have that one use; anything else stays the plain
 //! `batch_matmul_nn` and host steps.
 use super::{Fuser, VIEWS};
 use crate::fact;
-use anyshape_ir::{Expr, Workload};
+use anyshape_ir::{Expr, Workload, CACHE_RESERVE};
 use anyshape_tensor::{exact_quotient, DType, ValueId};
 
 /// An attention contraction found around a `MatMul`.
@@ -73,18 +75,18 @@ impl Fuser<'_> {
             {
                 return None;
             }
+            let mut args = vec![
+                sq[0].clone(),
+                sq[2].clone(),
+                sq[1].clone(),
+                sk[n].clone(),
+                sq[3].clone(),
+            ];
+            if cached {
+                args.push(self.cache_rows(kt.0));
+            }
             return Some(Attention {
-                workload: Workload::of(
-                    op,
-                    &[
-                        sq[0].clone(),
-                        sq[2].clone(),
-                        sq[1].clone(),
-                        sk[n].clone(),
-                        sq[3].clone(),
-                    ],
-                )
-                .ok()?,
+                workload: Workload::of(op, &args).ok()?,
                 inputs: [q.0, kt.0],
                 scale: q.1 * kt.1,
                 nodes: [q.2, kt.2].concat(),
@@ -120,23 +122,33 @@ impl Fuser<'_> {
         let mut nodes = v.2;
         nodes.extend(views);
         nodes.push(back);
+        let mut args = vec![
+            sp[0].clone(),
+            sp[1].clone(),
+            sp[2].clone(),
+            sv[3].clone(),
+            sp[3].clone(),
+        ];
+        if cached {
+            args.push(self.cache_rows(v.0));
+        }
         Some(Attention {
-            workload: Workload::of(
-                op,
-                &[
-                    sp[0].clone(),
-                    sp[1].clone(),
-                    sp[2].clone(),
-                    sv[3].clone(),
-                    sp[3].clone(),
-                ],
-            )
-            .ok()?,
+            workload: Workload::of(op, &args).ok()?,
             inputs: [a, v.0],
             scale: v.1,
             nodes,
             output: t.outputs[0],
         })
+    }
+
+    /// The rows a cache holds past `v`'s: [`CACHE_RESERVE`] where `v` is a decoder's
+    /// cache ([`crate::Graph::cache_append`]), which the runtime may keep across runs
+    /// with room to grow; 0 for any other tensor in that layout.
+    fn cache_rows(&self, v: ValueId) -> Expr {
+        match self.g.cache_append(v) {
+            Some(_) => Expr::var(CACHE_RESERVE),
+            None => Expr::Const(0),
+        }
     }
 
     /// `v` as a permutation `perm` of a rank-4 value: transposes, reshapes that merge

@@ -252,7 +252,8 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
             "MatMul" | "Gemm" => f.contraction(k),
             "Softmax" => f.softmax(k),
             "LayerNormalization" => f.layer_norm(k),
-            op if VIEWS.contains(&op) => Some(Step {
+            // A `Concat` of one input is that input (PyTorch's cache of one tensor).
+            op if VIEWS.contains(&op) || (op == "Concat" && node.inputs.len() == 1) => Some(Step {
                 kind: StepKind::View,
                 nodes: vec![k],
                 inputs: vec![],

@@ -109,34 +109,42 @@ pub fn attention_context(a: &[Expr]) -> Workload {
     )
 }
 
-/// `cache_attention_scores(B, H, M, N, K)`: `Y[b,h,m,n] = Σ_k X[b,m,h,k] · W[b,h,n,k]`,
-/// the scores of queries as the projection lays them out against keys in a key/value
-/// cache's layout (`[batch, heads, sequence, dim]`: a decoder's `present` keys, read in
-/// place instead of transposed).
+/// `cache_attention_scores(B, H, M, N, K, R)`: `Y[b,h,m,n] = Σ_k X[b,m,h,k] ·
+/// W[b,h,n,k]`, the scores of queries as the projection lays them out against keys in
+/// a key/value cache's layout (`[batch, heads, sequence, dim]`: a decoder's `present`
+/// keys, read in place instead of transposed). The cache holds `R` rows more than the
+/// `N` it is read to (`W` is `[B, H, N + R, K]`): 0 where it is exactly the keys, the
+/// room left where a decoder appends to it in place.
 pub fn cache_attention_scores(a: &[Expr]) -> Workload {
     let axes = attention_axes(a);
-    contraction(
+    let mut w = contraction(
         "cache_attention_scores",
-        &["B", "H", "M", "N", "K"],
+        &["B", "H", "M", "N", "K", "R"],
         a,
         axes,
         [&[0, 2, 1, 4], &[0, 1, 3, 4], &[0, 1, 2, 3]],
-    )
+    );
+    w.inputs[1].shape[2] = (&a[3] + &a[5]).simplify();
+    w
 }
 
-/// `cache_attention_context(B, H, M, N, K)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] · W[b,h,k,n]`,
-/// the context from the probabilities and values in a key/value cache's layout
-/// (`[batch, heads, sequence, dim]`), written in the projections' layout (`[batch,
-/// sequence, heads, dim]`, what the transpose back computes).
+/// `cache_attention_context(B, H, M, N, K, R)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] ·
+/// W[b,h,k,n]`, the context from the probabilities and values in a key/value cache's
+/// layout (`[batch, heads, sequence, dim]`), written in the projections' layout
+/// (`[batch, sequence, heads, dim]`, what the transpose back computes). The cache holds
+/// `R` rows more than the `K` it is read to (`W` is `[B, H, K + R, N]`), as in
+/// [`cache_attention_scores`].
 pub fn cache_attention_context(a: &[Expr]) -> Workload {
     let axes = attention_axes(a);
-    contraction(
+    let mut w = contraction(
         "cache_attention_context",
-        &["B", "H", "M", "N", "K"],
+        &["B", "H", "M", "N", "K", "R"],
         a,
         axes,
         [&[0, 1, 2, 4], &[0, 1, 4, 3], &[0, 2, 1, 3]],
-    )
+    );
+    w.inputs[1].shape[2] = (&a[4] + &a[5]).simplify();
+    w
 }
 
 /// The contraction `op` over `axes`: operands `X` and `W` and output `Y` indexed by the

@@ -25,6 +25,12 @@ pub struct OpDef {
     pub build: fn(&[Expr]) -> Workload,
 }
 
+/// The shape var of the rows a decoder's key/value cache holds past those a run reads
+/// (the `R` of `cache_attention_scores` and `cache_attention_context`): 0 in a plain
+/// run, where the cache is exactly the `present` tensor; the room left where the
+/// runtime keeps the cache across runs and appends to it in place.
+pub const CACHE_RESERVE: &str = "cache_reserve";
+
 /// Every operator, in the order help texts list them.
 pub static OPERATORS: &[OpDef] = &[
     OpDef {
@@ -71,15 +77,15 @@ pub static OPERATORS: &[OpDef] = &[
     },
     OpDef {
         name: "cache_attention_scores",
-        args: &["B", "H", "M", "N", "K"],
-        doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,h,n,k] (queries in [batch, sequence, heads, dim], keys in a cache's [batch, heads, sequence, dim])",
+        args: &["B", "H", "M", "N", "K", "R"],
+        doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,h,n,k] (queries in [batch, sequence, heads, dim], keys in a cache's [batch, heads, N+R, dim]: R rows to spare)",
         class: "contraction",
         build: contraction::cache_attention_scores,
     },
     OpDef {
         name: "cache_attention_context",
-        args: &["B", "H", "M", "N", "K"],
-        doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,h,k,n] (values in a cache's [batch, heads, sequence, dim], output in [batch, sequence, heads, dim])",
+        args: &["B", "H", "M", "N", "K", "R"],
+        doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,h,k,n] (values in a cache's [batch, heads, K+R, dim]: R rows to spare; output in [batch, sequence, heads, dim])",
         class: "contraction",
         build: contraction::cache_attention_context,
     },
