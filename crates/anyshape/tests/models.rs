@@ -225,30 +225,25 @@ fn gpt2_keeps_its_caches_in_place() {
             .unwrap();
         ids = vec![next as i64];
     }
-    // One more position than the room.
-    let t_ids = Tensor::i64(vec![1, 1], ids.clone()).unwrap();
-    let mask = Tensor::i64(vec![1, len + 1], vec![1; len + 1]).unwrap();
-    let e = m
-        .run_cached(
+    // What a run of one token per row, `seen` positions in all, says.
+    let refused = |state: &mut anyshape_runtime::CacheState, rows: usize, seen: usize| {
+        let t_ids = Tensor::i64(vec![rows, 1], vec![1; rows]).unwrap();
+        let mask = Tensor::i64(vec![rows, seen], vec![1; rows * seen]).unwrap();
+        m.run_cached(
             &[("input_ids", t_ids.view()), ("attention_mask", mask.view())],
-            &mut state,
+            state,
         )
         .unwrap_err()
-        .to_string();
+        .to_string()
+    };
+    // One more position than the room.
+    let e = refused(&mut state, 1, len + 1);
     assert!(e.contains("room for 40"), "{e}");
     assert_eq!(state.len(), len, "a refused run appends nothing");
     // Another batch than the caches were made for.
     let mut state = m
         .cache_state(&Bindings::from_pairs([("batch", 1)]), capacity)
         .unwrap();
-    let t_ids = Tensor::i64(vec![2, 1], vec![1, 2]).unwrap();
-    let mask = Tensor::i64(vec![2, 1], vec![1, 1]).unwrap();
-    let e = m
-        .run_cached(
-            &[("input_ids", t_ids.view()), ("attention_mask", mask.view())],
-            &mut state,
-        )
-        .unwrap_err()
-        .to_string();
+    let e = refused(&mut state, 2, 1);
     assert!(e.contains("the caches were made"), "{e}");
 }
