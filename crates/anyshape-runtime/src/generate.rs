@@ -253,6 +253,19 @@ impl Decoder {
         Ok(shape)
     }
 
+    /// Whether `model`'s generation keeps the caches in place ([`crate::CacheState`]):
+    /// its plan records every one of them (each read only by its attention). Otherwise
+    /// each run's present caches are passed as the next run's pasts.
+    pub fn keeps_caches(&self, model: &Model) -> bool {
+        let plan = model.plan();
+        plan.caches.len() == self.caches.len()
+            && self.caches.iter().all(|c| {
+                plan.caches
+                    .iter()
+                    .any(|k| plan.inputs[k.past].0.name == c.past.name)
+            })
+    }
+
     /// The bytes of every cache for `batch` rows and a past of `past` tokens: what a
     /// step at that past reads of them.
     pub fn cache_bytes(&self, batch: usize, past: usize) -> Result<u64> {
@@ -308,14 +321,7 @@ impl Decoder {
         // The caches kept in place where the plan allows (every one of them read only
         // by its attention), with room for the whole generation; otherwise passed from
         // each run's presents to the next one's pasts.
-        let plan = model.plan();
-        let in_place = plan.caches.len() == self.caches.len()
-            && self.caches.iter().all(|c| {
-                plan.caches
-                    .iter()
-                    .any(|k| plan.inputs[k.past].0.name == c.past.name)
-            });
-        let mut state = match in_place {
+        let mut state = match self.keeps_caches(model) {
             true => Some(model.cache_state(
                 &Bindings::from_pairs([(self.batch.as_str(), rows as i64)]),
                 prompt.shape[1] + options.max_new_tokens,

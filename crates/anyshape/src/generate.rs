@@ -112,10 +112,15 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let model = Model::load(&a.module)?;
     let decoder = Decoder::of(&model)?;
     println!(
-        "model        {}  (loaded in {:.1} ms; cache grows along `{}`)",
+        "model        {}  (loaded in {:.1} ms; cache grows along `{}`, {})",
         a.module.display(),
         loading.elapsed().as_secs_f64() * 1e3,
-        decoder.past_dim()
+        decoder.past_dim(),
+        if decoder.keeps_caches(&model) {
+            "kept in place"
+        } else {
+            "passed from run to run: a step other than the attention reads it"
+        }
     );
     let options = GenerateOptions {
         max_new_tokens: usize::try_from(a.max_new_tokens)?,

@@ -138,6 +138,7 @@ fn gpt2_generates_onnxruntime_tokens() {
         assert_eq!(decoder.past_dim(), "past_sequence");
         // The decoder keeps them in place (what the tokens below check).
         assert_eq!(m.plan().caches.len(), 4, "{model}");
+        assert!(decoder.keeps_caches(&m), "{model}");
         for prompt in [1, 37, 200] {
             let case = models().join(format!("{model}.gen_p{prompt}.npz"));
             let arrays = anyshape_tensor::npz::read(&case).unwrap();
