@@ -9,7 +9,9 @@
 //! - a host step is one registered ONNX op whose outputs are owned values;
 //! - a view has as many elements as its source;
 //! - arena values that share a slot are never alive at once, and a slot holds each;
-//! - constants lie in the plan's data, each on a cache line, as large as their shape.
+//! - constants lie in the plan's data, each on a cache line, as large as their shape;
+//! - a cache's present is made by a host `Concat` of its past (the one step to read
+//!   the past) and read only by kernels that take `cache_reserve` rows to spare.
 use crate::text;
 use crate::MemoryPlan;
 use anyshape_ir::{Bindings, Expr, Workload};

@@ -17,10 +17,12 @@ mod exec;
 mod generate;
 mod model;
 mod module;
+mod sampling;
 
 pub use cache::CacheState;
 pub use error::{Result, RuntimeError};
 pub use exec::{Executor, TaskKernels};
-pub use generate::{Decoder, GenerateOptions, Generation, Sampling};
+pub use generate::{Decoder, GenerateOptions, Generation};
 pub use model::Model;
 pub use module::{Dispatch, Module};
+pub use sampling::Sampling;
