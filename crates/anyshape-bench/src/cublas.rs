@@ -107,7 +107,7 @@ mod tests {
         ] {
             let w = Workload::parse(w).unwrap();
             let bound = w.bind(&Bindings::from_pairs([("T", t)])).unwrap();
-            let inputs = random_inputs(&bound, 2, 7);
+            let inputs = random_inputs(&w, &bound, 7);
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
             let reference = reference_output(&w, &bound, &views);
             let g = StridedGemm::of(&w, &bound).unwrap();

@@ -336,7 +336,7 @@ pub fn overhead(module: &Module, at: Option<&Bindings>) -> Result<String> {
         "the instance's buffers",
     )
     .map_err(BenchError::Options)?;
-    let inputs = random_inputs(&bound, n_in, 7);
+    let inputs = random_inputs(module.workload(), &bound, 7);
     let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
     let mut out = vec![0.0f32; bound.lens[n_in]];
     let mut checked_out = out.clone();

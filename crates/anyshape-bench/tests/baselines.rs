@@ -25,7 +25,7 @@ const TS: [i64; 10] = [0, 1, 2, 7, 13, 31, 64, 127, 128, 129];
 fn check(w: &Workload, t: i64, what: &str, call: Call) -> i32 {
     let b = Bindings::from_pairs([("T", t)]);
     let bound = w.bind(&b).unwrap();
-    let inputs = random_inputs(&bound, w.inputs.len(), 7);
+    let inputs = random_inputs(w, &bound, 7);
     let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
     let reference = reference_output(w, &bound, &views);
     let mut out = vec![f32::NAN; bound.lens[w.inputs.len()]];

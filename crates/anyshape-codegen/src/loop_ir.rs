@@ -171,6 +171,19 @@ pub enum Value {
     Horizontal(BinaryOp, Box<Value>),
     /// `cond ? a : b`, evaluating only the chosen side.
     Select(Cond, Box<Value>, Box<Value>),
+    /// Elements `index` and `index + 1` of `buf` rounded to bfloat16 (nearest, ties to
+    /// even) and packed into one 32-bit word, the first in its low half: a scalar whose
+    /// bits are that word (the first operand of a bf16 contraction, read in pairs).
+    PairBf16 {
+        /// The buffer.
+        buf: String,
+        /// The first element.
+        index: Expr,
+    },
+    /// `c + lo(a)·lo(b) + hi(a)·hi(b)` lane by lane, `a` and `b` words of two bfloat16
+    /// values (`vdpbf16ps`), `b` of `a`'s lanes or a scalar broadcast over them, `c` of
+    /// `a`'s lanes, in f32.
+    DotBf16(Box<Value>, Box<Value>, Box<Value>),
 }
 
 impl Value {
@@ -235,10 +248,11 @@ impl Value {
             | Value::Const { lanes, .. }
             | Value::Load { lanes, .. }
             | Value::Reg { lanes, .. } => *lanes,
-            Value::Lane(..) | Value::Horizontal(..) => 1,
-            Value::Binary(_, a, b) | Value::Fma(a, _, b) | Value::Select(_, a, b) => {
-                a.lanes().max(b.lanes())
-            }
+            Value::Lane(..) | Value::Horizontal(..) | Value::PairBf16 { .. } => 1,
+            Value::Binary(_, a, b)
+            | Value::Fma(a, _, b)
+            | Value::DotBf16(a, _, b)
+            | Value::Select(_, a, b) => a.lanes().max(b.lanes()),
             Value::Unary(_, x) => x.lanes(),
         }
     }

@@ -177,12 +177,26 @@ impl Verifier<'_> {
                 self.expr(l)
             }
             Value::Unary(_, x) | Value::Horizontal(_, x) => self.value(x),
-            Value::Binary(_, a, b) | Value::Fma(a, _, b) => {
+            Value::PairBf16 { .. } | Value::DotBf16(..) if self.gpu => {
+                self.fail("bfloat16 in a GPU function".into())
+            }
+            Value::PairBf16 { buf, index } => {
+                self.buffer(buf)?;
+                self.expr(index)
+            }
+            Value::Binary(_, a, b) | Value::Fma(a, _, b) | Value::DotBf16(a, _, b) => {
                 let (la, lb) = (a.lanes(), b.lanes());
                 if la != lb && la != 1 && lb != 1 {
                     return self.fail(format!("operands of {la} and {lb} lanes"));
                 }
-                if let Value::Fma(_, m, _) = val {
+                if let Value::Fma(_, m, _) | Value::DotBf16(_, m, _) = val {
+                    if m.lanes() != 1 && m.lanes() != val.lanes() {
+                        return self.fail(format!(
+                            "a multiplier of {} lanes in a product of {}",
+                            m.lanes(),
+                            val.lanes()
+                        ));
+                    }
                     self.value(m)?;
                 }
                 self.value(a)?;

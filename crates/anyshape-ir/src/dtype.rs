@@ -48,6 +48,86 @@ impl DType {
     }
 }
 
+/// What a contraction multiplies in; it accumulates in `f32` either way.
+///
+/// `bf16`: its operands are rounded to bfloat16 (the top 16 bits of an `f32`, rounded
+/// to nearest, ties to even) and multiplied in pairs along the reduction, as AVX512_BF16's
+/// `vdpbf16ps` does: the reduction axis counts **pairs**, the first operand is read two
+/// elements at a time along its contiguous last dimension (element `2k` and `2k + 1`),
+/// and the second operand is stored as 32-bit words, each two bfloat16 values (element
+/// `2k` in the low half, `2k + 1` in the high half) — half the bytes of `f32` weights.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// 32-bit IEEE float throughout.
+    #[default]
+    F32,
+    /// bfloat16 products of pairs, accumulated in `f32`.
+    Bf16,
+}
+
+impl Precision {
+    /// Whether it is `f32` (the default, left out of serialized workloads).
+    pub fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+
+    /// Its name: `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Precision, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(format!("unknown precision `{s}` (known: f32, bf16)")),
+        }
+    }
+}
+
+/// `x` rounded to bfloat16 (nearest, ties to even; a NaN stays a quiet NaN), as the
+/// bits of the 16-bit value.
+pub fn bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    if x.is_nan() {
+        return ((u >> 16) | 0x40) as u16;
+    }
+    (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// The `f32` value of bfloat16 bits.
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Two values as one 32-bit word of bfloat16 (`lo` in the low half), as a bf16
+/// contraction's second operand stores each pair (see [`Precision::Bf16`]); the word's
+/// bits carried in an `f32`.
+pub fn bf16_pair(lo: f32, hi: f32) -> f32 {
+    f32::from_bits(bf16_bits(lo) as u32 | (bf16_bits(hi) as u32) << 16)
+}
+
+/// The two values of a word of bfloat16 (low half first).
+pub fn bf16_unpair(word: f32) -> (f32, f32) {
+    let u = word.to_bits();
+    (bf16_value(u as u16), bf16_value((u >> 16) as u16))
+}
+
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -62,6 +142,18 @@ mod tests {
 
     fn read(text: &str) -> Result<DType, Error> {
         DType::deserialize(text.into_deserializer())
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_keeps_nan() {
+        use super::{bf16_bits, bf16_pair, bf16_unpair, bf16_value};
+        assert_eq!(bf16_value(bf16_bits(1.0)), 1.0);
+        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties to even (1).
+        assert_eq!(bf16_value(bf16_bits(1.0 + 1.0 / 256.0)), 1.0);
+        assert_eq!(bf16_value(bf16_bits(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+        assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
+        assert_eq!(bf16_value(bf16_bits(f32::INFINITY)), f32::INFINITY);
+        assert_eq!(bf16_unpair(bf16_pair(-2.5, 0.375)), (-2.5, 0.375));
     }
 
     #[test]

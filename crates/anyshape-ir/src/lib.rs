@@ -22,7 +22,7 @@ mod shape;
 mod text;
 mod workload;
 
-pub use dtype::DType;
+pub use dtype::{bf16_bits, bf16_pair, bf16_unpair, bf16_value, DType, Precision};
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::Expr;

@@ -10,8 +10,11 @@
 //!   further input is an epilogue operand, read by exactly one epilogue op and indexed
 //!   by spatial axes only, each at most once, with coefficient 1 and offset 0;
 //! - a normalization normalizes along a spatial axis, the output's last, and its
-//!   operand is indexed like the output.
-use crate::{Bindings, DType, Epilogue, Expr, IrError, Result};
+//!   operand is indexed like the output;
+//! - a `bf16` contraction ([`Precision::Bf16`]) has one reduction axis, over pairs: its
+//!   first operand's last dimension, contiguous, twice the axis's constant extent and
+//!   read at twice its index; its second operand in panels of words.
+use crate::{Bindings, DType, Epilogue, Expr, IrError, Precision, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -197,6 +200,9 @@ pub struct Workload {
     pub args: Vec<(String, Expr)>,
     /// Element type.
     pub dtype: DType,
+    /// What a contraction multiplies in (`f32` unless the operator says otherwise).
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
     /// What the operator computes.
     pub class: OpClass,
     /// The loop axes.
@@ -368,6 +374,9 @@ impl Workload {
         }) {
             return bad(format!("epilogue op {op:?} reads no epilogue input"));
         }
+        if self.precision == Precision::Bf16 {
+            self.validate_pairs()?;
+        }
         if let OpClass::Normalization { axis, .. } = self.class {
             let last = self.output_axes().last().copied();
             if last != Some(axis) || self.inputs[0].index != self.output.index {
@@ -376,6 +385,34 @@ impl Workload {
                         .into(),
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// The invariant of a `bf16` contraction (see the module doc).
+    fn validate_pairs(&self) -> Result<()> {
+        let bad = |m: String| Err(IrError::InvalidWorkload(m));
+        let reductions: Vec<usize> = (0..self.axes.len())
+            .filter(|&a| self.axes[a].kind == AxisKind::Reduction)
+            .collect();
+        let (x, w) = (&self.inputs[0], &self.inputs[1]);
+        let [k] = reductions[..] else {
+            return bad("a bf16 contraction has exactly one reduction axis".into());
+        };
+        let last = x.index.len().saturating_sub(1);
+        let pairs = self.axes[k].extent.as_const();
+        let ok = self.class == OpClass::Contraction
+            && x.panels.is_none()
+            && w.panels.is_some()
+            && x.index.last().map(|ix| ix.terms.as_slice()) == Some(&[(k, 2)][..])
+            && x.index.iter().take(last).all(|ix| ix.coeff(k) == 0)
+            && pairs.is_some_and(|p| x.shape.last() == Some(&Expr::Const(2 * p)));
+        if !ok {
+            return bad(format!(
+                "a bf16 contraction multiplies pairs: {}'s last dimension must be an even \
+                 constant, twice the reduction's extent, and {} in panels of word pairs",
+                x.name, w.name
+            ));
         }
         Ok(())
     }
@@ -525,6 +562,8 @@ impl Workload {
         let points: f64 = bound.extents.iter().map(|&e| e as f64).product();
         let out = *bound.lens.last().unwrap_or(&0) as f64;
         let core = match self.class {
+            // A bf16 contraction's reduction counts pairs.
+            OpClass::Contraction if self.precision == Precision::Bf16 => 4.0 * points,
             OpClass::Contraction => 2.0 * points,
             OpClass::Normalization {
                 kind: Normalization::Softmax,

@@ -1,6 +1,9 @@
 //! The reference implementation every program is checked against: a direct loop over
 //! the iteration domain in f64, plus the bound on rounding error used to compare.
-use anyshape_ir::{AxisKind, BoundWorkload, Normalization, OpClass, Workload};
+use anyshape_ir::{
+    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AxisKind, BoundWorkload, Normalization, OpClass,
+    Precision, Workload,
+};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -10,13 +13,18 @@ pub fn buffer_bytes(bound: &BoundWorkload) -> u128 {
     bound.lens.iter().map(|&n| n as u128 * 4).sum()
 }
 
-/// Deterministic random inputs in `[-1, 1)` for an instance.
-pub fn random_inputs(bound: &BoundWorkload, n_inputs: usize, seed: u64) -> Vec<Vec<f32>> {
+/// Deterministic random inputs in `[-1, 1)` for an instance of `w`, every input (a
+/// bf16 contraction's second operand as words of two such values rounded to bfloat16).
+pub fn random_inputs(w: &Workload, bound: &BoundWorkload, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n_inputs)
+    (0..w.inputs.len())
         .map(|t| {
+            let pairs = t == 1 && w.precision == Precision::Bf16;
             (0..bound.lens[t])
-                .map(|_| rng.random_range(-1.0f32..1.0))
+                .map(|_| match pairs {
+                    true => bf16_pair(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)),
+                    false => rng.random_range(-1.0f32..1.0),
+                })
                 .collect()
         })
         .collect()
@@ -65,7 +73,9 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
 
 /// A contraction: for every point of the iteration domain, the product of the two
 /// operands added to the output element it maps to. The tolerance of an element is the
-/// worst-case rounding of summing its terms in f32: `(terms + 2) · eps · Σ|terms|`.
+/// worst-case rounding of summing its terms in f32: `(terms + 2) · eps · Σ|terms|`. In
+/// bf16 each point of the domain is a pair: the first operand's element and the next
+/// one, each rounded to bfloat16, times the two halves of the second operand's word.
 fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f64>, Vec<f64>) {
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
@@ -86,6 +96,22 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
     let inner = reduction.last().copied();
     let outer_red = &reduction[..reduction.len().saturating_sub(1)];
     let n_in = w.class.operands();
+    let bf16 = w.precision == Precision::Bf16;
+    // A point's value and magnitude (the sum of its products' absolute values).
+    let product = |offs: &[i64]| -> (f64, f64) {
+        if bf16 {
+            let x = |o: i64| bf16_value(bf16_bits(inputs[0][o as usize])) as f64;
+            let (lo, hi) = bf16_unpair(inputs[1][offs[1] as usize]);
+            let (p, q) = (x(offs[0]) * lo as f64, x(offs[0] + 1) * hi as f64);
+            (p + q, p.abs() + q.abs())
+        } else {
+            let p: f64 = (0..n_in)
+                .map(|t| inputs[t][offs[t] as usize] as f64)
+                .product();
+            (p, p.abs())
+        }
+    };
+    let terms = if bf16 { 2 * terms } else { terms };
     if terms > 0 && !spatial.iter().any(|&a| bound.extents[a] == 0) {
         let mut point = vec![0i64; w.axes.len()];
         loop {
@@ -106,11 +132,9 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
                 };
                 let (mut sum, mut mag) = (0.0f64, 0.0f64);
                 for _ in 0..extent {
-                    let prod: f64 = (0..n_in)
-                        .map(|t| inputs[t][offs[t] as usize] as f64)
-                        .product();
+                    let (prod, size) = product(&offs);
                     sum += prod;
-                    mag += prod.abs();
+                    mag += size;
                     for t in 0..n_in {
                         offs[t] += strides[t];
                     }
@@ -238,7 +262,7 @@ mod tests {
     fn reference_matches_hand_computed_matmul() {
         let w = Workload::parse("batch_matmul_nn(B=2,M=2,N=3,K=T)").unwrap();
         let bound = w.bind(&Bindings::from_pairs([("T", 4)])).unwrap();
-        let ins = random_inputs(&bound, 2, 7);
+        let ins = random_inputs(&w, &bound, 7);
         let r = reference_output(&w, &bound, &[&ins[0], &ins[1]]);
         for b in 0..2 {
             for m in 0..2 {
@@ -266,14 +290,14 @@ mod tests {
     fn softmax_rows_sum_to_one_and_epilogues_apply() {
         let w = Workload::parse("softmax(M=3,N=T)").unwrap();
         let bound = w.bind(&Bindings::from_pairs([("T", 7)])).unwrap();
-        let ins = random_inputs(&bound, 1, 3);
+        let ins = random_inputs(&w, &bound, 3);
         let r = reference_output(&w, &bound, &[&ins[0]]);
         for row in r.output.chunks(7) {
             assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         }
         let w = Workload::parse("dense(M=2,N=3,K=4)+bias+relu").unwrap();
         let bound = w.bind(&Bindings::default()).unwrap();
-        let ins = random_inputs(&bound, 3, 5);
+        let ins = random_inputs(&w, &bound, 5);
         let views: Vec<&[f32]> = ins.iter().map(|v| v.as_slice()).collect();
         let r = reference_output(&w, &bound, &views);
         for m in 0..2 {

@@ -345,7 +345,7 @@ fn prepare<'a>(cand: &Candidate, cache: &'a mut Option<Instance>) -> Result<Prep
         let out_len = bound.lens[cand.workload.inputs.len()];
         let bytes = buffer_bytes(&bound) + if cand.check { out_len as u128 * 16 } else { 0 };
         anyshape_abi::check_fits(bytes, "the instance's buffers")?;
-        let inputs = random_inputs(&bound, cand.workload.inputs.len(), 42);
+        let inputs = random_inputs(&cand.workload, &bound, 42);
         let reference = cand.check.then(|| {
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
             reference_output(&cand.workload, &bound, &views)

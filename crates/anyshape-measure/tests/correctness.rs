@@ -145,11 +145,27 @@ fn check_programs<K: Sketch<Target = CpuTarget>>(
 /// `workload` with the micro-kernels `mks`, every strategy and mode: symbolic kernels on
 /// every T, specialized kernels for every `every`-th T.
 fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usize) {
-    let target = CpuTarget::detect();
+    matrix_on(
+        &CpuTarget::detect(),
+        workload,
+        mks,
+        every,
+        &PADDING_STRATEGIES,
+    );
+}
+
+/// [`matrix`] on `target` with the padding strategies `strategies`.
+fn matrix_on<K: Sketch<Target = CpuTarget>>(
+    target: &CpuTarget,
+    workload: &str,
+    mks: [K; 2],
+    every: usize,
+    strategies: &[PaddingStrategy],
+) {
     let w = Workload::parse(workload).unwrap();
     let all = instances();
     let mut runs = Vec::new();
-    for strategy in PADDING_STRATEGIES {
+    for &strategy in strategies {
         for mode in KERNEL_MODES {
             match mode {
                 KernelMode::Symbolic => {
@@ -181,7 +197,7 @@ fn matrix<K: Sketch<Target = CpuTarget>>(workload: &str, mks: [K; 2], every: usi
             }
         }
     }
-    check_programs(&target, runs);
+    check_programs(target, runs);
 }
 
 /// `workload` with the three variants of the contraction sketch (vectors along N,
@@ -249,6 +265,45 @@ fn batch_matmul_nt_all_strategies_and_modes() {
 fn batch_matmul_nn_all_strategies_and_modes() {
     contraction("batch_matmul_nn(B=3,M=T,N=64,K=T)", 1);
     contraction("batch_matmul_nn(B=2,M=T,N=T+3,K=19)", 3);
+}
+
+/// bf16 contractions: words of bfloat16 pairs in panels read in place, A's pairs
+/// rounded in the register tile, by the default and the small micro-kernel as a bf16
+/// workload's space fits them (prefetching, edge tiles at M and at N, several reduction
+/// tiles and a tail), every strategy but global padding (which a bf16 contraction
+/// refuses), both modes; on this machine's vectors (`vdpbf16ps` where it has
+/// AVX512_BF16) and on narrower ones (the halves widened by shifts).
+#[test]
+fn dense_bf16_all_strategies_modes_and_vectors() {
+    let native = CpuTarget::detect();
+    let strategies: Vec<PaddingStrategy> = PADDING_STRATEGIES
+        .into_iter()
+        .filter(|s| !s.policy().copy)
+        .collect();
+    for simd in [native.simd, Simd::Avx2, Simd::Sse] {
+        if simd.vector_bytes() > native.simd.vector_bytes() {
+            continue;
+        }
+        let target = CpuTarget {
+            simd,
+            vector_registers: native.vector_registers.min(16),
+            ..native.clone()
+        };
+        for (workload, every) in [
+            ("dense_bf16(M=T,N=80,K=42,P=16)+bias+gelu", 1),
+            ("dense_bf16(M=2*T,N=T+3,K=64,P=16)", 3),
+        ] {
+            let w = Workload::parse(workload).unwrap();
+            let small = ContractionKernel {
+                pf: true,
+                ..small_micro_kernel(&target)
+            };
+            let mks =
+                [ContractionKernel::default_for(&target), small].map(|mk| mk.fit(&target, &w));
+            assert!(mks.iter().all(|mk| mk.ia && !mk.dot && !mk.vm), "{mks:?}");
+            matrix_on(&target, workload, mks, every, &strategies);
+        }
+    }
 }
 
 /// Targets with narrower vectors than this machine's (their partial loads and stores
@@ -500,7 +555,7 @@ fn repeated_calls_with_new_data_are_correct() {
     let bound = w.bind(&b).unwrap();
     each_strategy_kernel(&w, small_micro_kernel(&target), |strategy, f| {
         for seed in [1, 2, 3] {
-            let inputs = random_inputs(&bound, 2, seed);
+            let inputs = random_inputs(&w, &bound, seed);
             let mut out = vec![f32::NAN; bound.lens[2]];
             let ins = [inputs[0].as_ptr(), inputs[1].as_ptr()];
             let outs = [out.as_mut_ptr()];

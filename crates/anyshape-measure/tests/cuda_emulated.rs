@@ -138,7 +138,7 @@ fn generated_cuda_kernels_compute_the_reference_under_emulation() {
             let b = Bindings::from_pairs([("T", t)]);
             let bound = w.bind(&b).unwrap();
             let n_in = w.inputs.len();
-            let inputs = random_inputs(&bound, n_in, 3);
+            let inputs = random_inputs(w, &bound, 3);
             let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
             let ins: Vec<*const f32> = inputs.iter().map(|v| v.as_ptr()).collect();
             let reference = reference_output(w, &bound, &views);

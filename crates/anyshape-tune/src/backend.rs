@@ -68,6 +68,9 @@ pub trait Backend {
     }
     /// Narrow the space to tiles that divide one instance's extents (per-shape tuning).
     fn restrict_to_factors(&mut self, factors: Factors);
+    /// Narrow the space to the micro-kernels that run `w` as they are
+    /// ([`anyshape_codegen::Sketch::fit`]); after any other restriction.
+    fn restrict_to_workload(&mut self, _w: &Workload) {}
     /// A micro-kernel drawn from the space.
     fn sample(&self, rng: &mut impl Rng) -> Self::MicroKernel;
     /// A neighbour of `mk` in the space.
@@ -146,18 +149,26 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
     }
 
     fn default_kernel(&self) -> K {
-        K::default_for(&self.target)
+        self.space.fit(K::default_for(&self.target))
     }
 
     fn seeds(&self, w: &Workload) -> Vec<K> {
-        K::seeds(&self.target, w)
-            .into_iter()
-            .filter(|mk| self.space.contains(mk))
-            .collect()
+        let mut seeds: Vec<K> = Vec::new();
+        for mk in K::seeds(&self.target, w) {
+            let mk = self.space.fit(mk);
+            if self.space.contains(&mk) && !seeds.contains(&mk) {
+                seeds.push(mk);
+            }
+        }
+        seeds
     }
 
     fn restrict_to_factors(&mut self, factors: Factors) {
         self.space = SearchSpace::factor_only(&self.target, factors);
+    }
+
+    fn restrict_to_workload(&mut self, w: &Workload) {
+        self.space = self.space.clone().for_workload(w);
     }
 
     fn sample(&self, rng: &mut impl Rng) -> K {

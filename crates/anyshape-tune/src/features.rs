@@ -150,6 +150,18 @@ impl Walk {
                 self.arith(x.lanes() as f64);
                 self.value(x);
             }
+            // Two elements rounded to bfloat16 and packed: a few integer operations.
+            Value::PairBf16 { buf, index } => {
+                self.access(buf, index, 2, false);
+                self.arith(2.0);
+            }
+            // Two products and two sums per lane.
+            Value::DotBf16(a, b, c) => {
+                self.arith(4.0 * lanes);
+                self.value(a);
+                self.value(b);
+                self.value(c);
+            }
             Value::Fma(a, b, c) => {
                 self.arith(2.0 * lanes);
                 self.value(a);

@@ -100,6 +100,7 @@ impl<B: Backend> Tuner<B> {
             let factors = B::MicroKernel::factors(backend.target(), workload, &instances[0].bound);
             backend.restrict_to_factors(factors);
         }
+        backend.restrict_to_workload(workload);
         let round_floor = previous.iter().map(|r| r.round + 1).max().unwrap_or(0);
         let mut resumed = ResumeSummary::default();
         let mut transient_seconds = 0.0;

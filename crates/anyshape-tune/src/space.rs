@@ -2,8 +2,11 @@
 //! limits only, never by the factors of a shape), or, for per-shape tuning (the
 //! Ansor-style baseline), restricted to tiles that divide one instance's extents.
 //! Sampling, mutation and crossover stay inside the space; what is valid comes from
-//! the sketch ([`Sketch::validate`]), so the space and validation cannot disagree.
+//! the sketch ([`Sketch::validate`]), so the space and validation cannot disagree. A
+//! space for one workload holds only the micro-kernels that run it as they are
+//! ([`Sketch::fit`]: a bf16 contraction's fixed variant).
 use anyshape_codegen::{Factors, Sketch};
+use anyshape_ir::Workload;
 use rand::Rng;
 
 /// The space of valid micro-kernels of sketch `K` on a target.
@@ -11,6 +14,7 @@ use rand::Rng;
 pub struct SearchSpace<K: Sketch> {
     target: K::Target,
     factors: Option<Factors>,
+    workload: Option<Workload>,
 }
 
 impl<K: Sketch> SearchSpace<K> {
@@ -19,7 +23,14 @@ impl<K: Sketch> SearchSpace<K> {
         SearchSpace {
             target: target.clone(),
             factors: None,
+            workload: None,
         }
+    }
+
+    /// The space restricted to the micro-kernels that run `w` as they are.
+    pub fn for_workload(mut self, w: &Workload) -> Self {
+        self.workload = Some(w.clone());
+        self
     }
 
     /// The shape-dependent space of one instance: only tiles that divide its extents
@@ -28,17 +39,29 @@ impl<K: Sketch> SearchSpace<K> {
         SearchSpace {
             target: target.clone(),
             factors: Some(factors),
+            workload: None,
         }
     }
 
     /// Whether `mk` is in the space (valid on the target; dividing the extents in a
     /// factor-only space).
     pub fn contains(&self, mk: &K) -> bool {
-        mk.validate(&self.target).is_ok() && self.factors.as_ref().is_none_or(|f| mk.divides(f))
+        mk.validate(&self.target).is_ok()
+            && self.factors.as_ref().is_none_or(|f| mk.divides(f))
+            && self.fit(*mk) == *mk
     }
 
-    /// `mk` shrunk to dividing tiles in a factor-only space; elsewhere `mk` itself.
+    /// `mk` as it runs the space's workload (itself where the space has none).
+    pub fn fit(&self, mk: K) -> K {
+        match &self.workload {
+            Some(w) => mk.fit(&self.target, w),
+            None => mk,
+        }
+    }
+
+    /// `mk` fitted to the workload and shrunk to dividing tiles in a factor-only space.
     fn snap(&self, mk: K) -> K {
+        let mk = self.fit(mk);
         match &self.factors {
             Some(f) => mk.snap(&self.target, f),
             None => mk,
@@ -53,7 +76,7 @@ impl<K: Sketch> SearchSpace<K> {
                 return mk;
             }
         }
-        K::default_for(&self.target)
+        self.fit(K::default_for(&self.target))
     }
 
     /// A neighbour of `mk` in the space (a fresh sample where none turns up).

@@ -88,7 +88,7 @@ fn check_everywhere(w: &Workload, module: &Module) {
     for t in (0..=128).chain([129, 131, 200, 1000]) {
         let b = Bindings::from_pairs([("T", t)]);
         let bound = module.bind(&b).unwrap();
-        let inputs = random_inputs(&bound, w.inputs.len(), t as u64);
+        let inputs = random_inputs(w, &bound, t as u64);
         let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
         let mut out = vec![f32::NAN; bound.lens[w.inputs.len()]];
         module.run(&b, &views, &mut [&mut out]).unwrap();

@@ -167,7 +167,7 @@ fn run_program<K: Sketch<Target = CpuTarget>>(
     let bound = workload.bind(&bindings)?;
     let micro_kernel = match &args.micro_kernel {
         Some(text) => K::parse(text)?,
-        None => K::default_for(target),
+        None => K::default_for(target).fit(target, workload),
     };
     micro_kernel.validate(target)?;
     let strategy: PaddingStrategy = args

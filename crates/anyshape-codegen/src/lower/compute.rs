@@ -5,7 +5,7 @@
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value};
-use anyshape_ir::Expr;
+use anyshape_ir::{Expr, Precision};
 
 /// Floats in a cache line: what one prefetch request brings.
 const CACHE_LINE_FLOATS: usize = 16;
@@ -91,15 +91,15 @@ impl Nest<'_> {
                     &name,
                     v("base0") + a.row(row) + v("k0") * a.s_col.clone(),
                 ));
-                Value::load(a.buf, v(&name) + v("kk") * a.s_col.clone())
+                self.a_value(a.buf, v(&name) + v("kk") * a.s_col.clone())
             } else {
                 Value::load("Ap", v("ib") * c(mk.kc * mk.mr) + v("kk") * c(mk.mr) + c(i))
             };
             for j in 0..nv {
-                let value = Value::Fma(
-                    Box::new(Value::reg(&format!("b_{j}"), lanes)),
-                    Box::new(a.clone()),
-                    Box::new(Value::reg(&acc(i, j), lanes)),
+                let value = self.product(
+                    Value::reg(&format!("b_{j}"), lanes),
+                    a.clone(),
+                    Value::reg(&acc(i, j), lanes),
                 );
                 step.push(Stmt::Assign {
                     reg: acc(i, j),
@@ -178,6 +178,27 @@ impl Nest<'_> {
             .collect()
     }
 
+    /// A's element at `index` of `buf`, read in place: in bf16 the pair from there,
+    /// rounded and packed into a word.
+    fn a_value(&self, buf: &str, index: Expr) -> Value {
+        match self.w.precision {
+            Precision::F32 => Value::load(buf, index),
+            Precision::Bf16 => Value::PairBf16 {
+                buf: buf.into(),
+                index,
+            },
+        }
+    }
+
+    /// `acc + b · a`: a fused multiply-add, or in bf16 the products of a pair.
+    fn product(&self, b: Value, a: Value, acc: Value) -> Value {
+        let f = match self.w.precision {
+            Precision::F32 => Value::Fma,
+            Precision::Bf16 => Value::DotBf16,
+        };
+        f(Box::new(b), Box::new(a), Box::new(acc))
+    }
+
     /// Whether element `(i, j)` of the register tile at (`mi`, `nj`) is in the output.
     pub(super) fn element_inside(&self) -> Cond {
         Cond::and(
@@ -193,7 +214,7 @@ impl Nest<'_> {
         let mk = self.mk;
         let acc_idx = v("i") * c(mk.nr) + v("j");
         let a = if self.mk.ia {
-            Value::load(
+            self.a_value(
                 a.buf,
                 v("base0") + a.row(v("mi") + v("i")) + (v("k0") + v("kk")) * a.s_col.clone(),
             )
@@ -213,11 +234,7 @@ impl Nest<'_> {
                 v("bofs") + v("jb") * c(mk.kc * mk.nr) + v("kk") * c(mk.nr) + v("j"),
             ),
         };
-        let fma = Value::Fma(
-            Box::new(b),
-            Box::new(a),
-            Box::new(Value::load("acc", acc_idx.clone())),
-        );
+        let fma = self.product(b, a, Value::load("acc", acc_idx.clone()));
         vec![
             Stmt::Alloc {
                 buf: "acc".into(),

@@ -25,8 +25,8 @@
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{for_, if_, let_, Cond, Func, LoopKind, Scope, Stmt};
 use crate::padding::{Compute, Policy};
-use crate::{ContractionKernel, CpuTarget, GemmView, Program, Result};
-use anyshape_ir::{Expr, Workload};
+use crate::{CodegenError, ContractionKernel, CpuTarget, GemmView, Program, Result};
+use anyshape_ir::{Expr, Precision, Workload};
 use std::collections::HashMap;
 
 /// How the main loop nest addresses one operand: buffer, per-batch base offset and the
@@ -120,6 +120,16 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
         (mk.ib && g.n_contiguous(w, roles[1])).then_some(1)
     };
+    if w.precision == Precision::Bf16 && (mk.dot || mk.vm || !mk.ia || b_in_place.is_none()) {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: format!(
+                "a bf16 contraction runs the usual variant reading A in place (ia=1) and B \
+                 in its panels of whole vectors, with no global padding; not {mk} under {}",
+                p.strategy
+            ),
+        });
+    }
     let nest = Nest {
         w,
         g: g.clone(),

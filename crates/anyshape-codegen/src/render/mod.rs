@@ -191,6 +191,18 @@ impl Printer {
                 self.value(b),
                 self.value(c)
             ),
+            Value::PairBf16 { buf, index } => format!("as_pair_bf16(&{buf}[{}])", expr(index)),
+            Value::DotBf16(a, b, c) => format!(
+                "{}({}, {}, {})",
+                if val.lanes() > 1 {
+                    "as_vdot_bf16"
+                } else {
+                    "as_dot_bf16"
+                },
+                self.value(c),
+                self.value(a),
+                self.value(b)
+            ),
             Value::Unary(op, x) => {
                 let vector = x.lanes() > 1;
                 let f = match op {

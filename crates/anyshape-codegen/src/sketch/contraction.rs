@@ -32,7 +32,7 @@
 //! `contraction_seeds.rs`.
 use crate::sketch::{Adaptation, Factors, Sketch};
 use crate::{CodegenError, CpuTarget, GemmView, Program, Result};
-use anyshape_ir::{BoundWorkload, Workload};
+use anyshape_ir::{BoundWorkload, Precision, Workload};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +88,23 @@ pub struct ContractionKernel {
 
 impl ContractionKernel {
     /// `mr` rows (at least one), the M cache tile keeping its count of register tiles.
+    /// The other variant (dot or usual), the register tile keeping its registers and
+    /// the flags of the usual variant cleared.
+    fn switched(&self, lanes: usize) -> Self {
+        let col = self.column_granule(lanes);
+        let mut m = *self;
+        m.dot = !m.dot;
+        m.pf = false;
+        m.ia = false;
+        m.ib = false;
+        m.vm = false;
+        let nr = m.nr / col * m.column_granule(lanes);
+        m.nc = (m.nc / m.nr).max(1) * nr;
+        m.nr = nr;
+        m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
+        m
+    }
+
     fn with_rows(&self, mr: i64) -> Self {
         let mr = mr.max(1) as usize;
         ContractionKernel {
@@ -463,18 +480,23 @@ impl Sketch for ContractionKernel {
             7 if !m.dot => m.ia = !m.ia,
             8 if !m.dot => m.ib = !m.ib,
             9 if !m.dot => m.vm = !m.vm,
-            _ => {
-                m.dot = !m.dot;
-                m.pf = false;
-                m.ia = false;
-                m.ib = false;
-                m.vm = false;
-                let nr = m.nr / col * m.column_granule(lanes);
-                m.nc = (m.nc / m.nr).max(1) * nr;
-                m.nr = nr;
-                m.kc = m.kc.div_ceil(m.k_granule(lanes)).max(1) * m.k_granule(lanes);
-            }
+            _ => m = self.switched(lanes),
         }
+        m
+    }
+
+    fn fit(self, target: &CpuTarget, w: &Workload) -> Self {
+        if w.precision != Precision::Bf16 {
+            return self;
+        }
+        let mut m = if self.dot {
+            self.switched(target.lanes_f32())
+        } else {
+            self
+        };
+        m.ia = true;
+        m.ib = false;
+        m.vm = false;
         m
     }
 

@@ -224,6 +224,12 @@ impl Sketch for GpuContractionKernel {
                 reason: "the GPU sketch takes at most one batch axis (the grid's z)".into(),
             });
         }
+        if w.precision != anyshape_ir::Precision::F32 {
+            return Err(CodegenError::SketchNotApplicable {
+                workload: w.to_string(),
+                reason: format!("the GPU sketch computes in f32, not {}", w.precision),
+            });
+        }
         if w.tensors().any(|t| t.panels.is_some()) {
             return Err(CodegenError::SketchNotApplicable {
                 workload: w.to_string(),

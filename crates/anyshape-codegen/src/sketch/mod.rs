@@ -100,6 +100,12 @@ pub trait Sketch:
     fn seeds(target: &Self::Target, _w: &Workload) -> Vec<Self> {
         vec![Self::default_for(target)]
     }
+    /// `self` as it runs `w`: the parameters `w` fixes set (a bf16 contraction runs
+    /// only the usual variant, reading A in place); the search space of `w` holds only
+    /// micro-kernels it leaves unchanged. Validity is the caller's to check.
+    fn fit(self, _target: &Self::Target, _w: &Workload) -> Self {
+        self
+    }
     /// Parse the text form (what `Display` writes) or JSON.
     fn parse(text: &str) -> Result<Self>;
     /// Check every limit of the target; the error names the broken one.

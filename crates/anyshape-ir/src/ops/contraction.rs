@@ -35,6 +35,40 @@ pub fn dense_packed(a: &[Expr]) -> Workload {
     w
 }
 
+/// `dense_bf16(M, N, K, P)`: `dense` in bfloat16 with `f32` sums (see
+/// [`Precision::Bf16`](crate::Precision)): `X[m, 2k]` and `X[m, 2k+1]` rounded to
+/// bfloat16 times the pair of `W` in word `k` of row `n`, `W` stored in panels of `P`
+/// rows of such words (`[⌈N/P⌉, K/2, P]` words: half of `dense_packed`'s bytes). The
+/// reduction axis counts the `K/2` pairs; `K` must be an even constant.
+pub fn dense_bf16(a: &[Expr]) -> Workload {
+    let [m, n, k, p] = [&a[0], &a[1], &a[2], &a[3]];
+    // An odd or symbolic K fails validation (X's last dimension is not twice the pairs).
+    let pairs = match k.as_const() {
+        Some(k) if k % 2 == 0 => Expr::Const(k / 2),
+        _ => Expr::ceil_div(k.clone(), Expr::Const(2)),
+    };
+    let axes = vec![
+        axis("m", m, Spatial),
+        axis("n", n, Spatial),
+        axis("k", &pairs, Reduction),
+    ];
+    let mut w = contraction(
+        "dense_bf16",
+        &["M", "N", "K", "P"],
+        a,
+        axes,
+        [&[0, 2], &[1, 2], &[0, 1]],
+    );
+    w.precision = crate::Precision::Bf16;
+    w.inputs[0].shape[1] = k.clone();
+    w.inputs[0].index[1] = crate::AffineIndex {
+        terms: vec![(2, 2)],
+        offset: 0,
+    };
+    w.inputs[1].panels = Some(p.as_const().unwrap_or(0));
+    w
+}
+
 fn batch_axes(a: &[Expr]) -> Vec<crate::Axis> {
     let [b, m, n, k] = [&a[0], &a[1], &a[2], &a[3]];
     vec![

@@ -48,6 +48,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::dense_packed,
     },
     OpDef {
+        name: "dense_bf16",
+        args: &["M", "N", "K", "P"],
+        doc: "dense in bf16 (f32 sums), W in panels of P rows of bf16 pairs along K: stored [ceil(N/P), K/2, P] words; K even",
+        class: "contraction",
+        build: contraction::dense_bf16,
+    },
+    OpDef {
         name: "batch_matmul_nt",
         args: &["B", "M", "N", "K"],
         doc: "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]",
@@ -133,6 +140,7 @@ pub(crate) fn workload(
             .zip(args.iter().cloned())
             .collect(),
         dtype: crate::DType::F32,
+        precision: crate::Precision::F32,
         class,
         axes,
         inputs,
@@ -161,6 +169,8 @@ mod tests {
             let args: Vec<Expr> = (0..op.args.len())
                 .map(|i| match op.args[i] {
                     "P" => Expr::Const(16),
+                    // bf16 reduces over pairs: an even constant.
+                    "K" if op.name.ends_with("bf16") => Expr::Const(64),
                     _ => Expr::var("T") + i as i64,
                 })
                 .collect();
@@ -170,6 +180,28 @@ mod tests {
             assert_eq!(operator(op.name).map(|o| o.name), Some(op.name));
         }
         assert!(operator("conv9d").is_none());
+    }
+
+    /// bf16 weights: words of two bfloat16 along K in panels, half of `dense_packed`'s
+    /// words; the reduction counts pairs, so K must be an even constant.
+    #[test]
+    fn bf16_weights_are_pairs_in_panels() {
+        let w = crate::Workload::parse("dense_bf16(M=2,N=5,K=6,P=4)").unwrap();
+        assert_eq!(w.precision, crate::Precision::Bf16);
+        let b = w.bind(&crate::Bindings::default()).unwrap();
+        // X is 2 x 6 floats, W two panels of 4 rows by 3 words, Y 2 x 5.
+        assert_eq!(b.lens, vec![12, 24, 10]);
+        assert_eq!(b.axis_strides[0], vec![6, 0, 2]);
+        let packed = crate::Workload::parse("dense_packed(M=2,N=5,K=6,P=4)").unwrap();
+        let p = packed.bind(&crate::Bindings::default()).unwrap();
+        assert_eq!(w.flops(&b), packed.flops(&p));
+        for bad in [
+            "dense_bf16(M=2,N=5,K=7,P=4)",
+            "dense_bf16(M=2,N=5,K=2*T,P=4)",
+        ] {
+            let e = crate::Workload::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("even constant"), "{bad}: {e}");
+        }
     }
 
     #[test]
