@@ -102,7 +102,26 @@ def test_modules_and_options_are_checked(tmp_path):
         anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1, "sequence": 8, "height": 2}, out=tmp_path / "m", progress=False)
     with pytest.raises(anyshape.InvalidArgument):
         anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": "many"}, out=tmp_path / "m", progress=False)
+    with pytest.raises(anyshape.InvalidArgument, match="unknown precision `f16`"):
+        anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1, "sequence": 8}, out=tmp_path / "m", progress=False, precision="f16")
     assert not (tmp_path / "m").exists()
+
+
+def test_bf16_matches_onnxruntime_within_its_precision(tmp_path):
+    model = anyshape.compile(
+        MODELS / "bert_tiny.ts.onnx",
+        dims={"batch": (1, 2), "sequence": range(1, 65)},
+        out=tmp_path / "bf16.module",
+        progress=False,
+        precision="bf16",
+    )
+    for case in CASES:
+        data = recorded(case)
+        outs = model.run({i.name: data[i.name] for i in model.inputs})
+        for name, got in outs.items():
+            error = relative_error(got, data[name])
+            # Rounded to bfloat16, not the f32 result: within 2e-2, yet not exact.
+            assert 1e-6 < error <= 2e-2, (case, name, error)
 
 
 def test_tuning_runs_the_worker(tmp_path):

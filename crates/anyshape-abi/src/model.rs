@@ -9,7 +9,7 @@
 //! The source ONNX is not part of the module: nothing is imported at load.
 use crate::manifest::sealed_digest;
 use crate::FileEntry;
-use anyshape_ir::ShapeVar;
+use anyshape_ir::{Precision, ShapeVar};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -62,6 +62,11 @@ pub struct ModelManifest {
     pub source: Source,
     /// The model's dims with the domains they were compiled for.
     pub dims: Vec<ShapeVar>,
+    /// What its dense layers over constant weights multiply in (`bf16`: weights stored
+    /// as bfloat16 pairs; everything else runs in `f32`). Left out when `f32`, so the
+    /// manifests (and checksums) of modules written before it stay as they were.
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
     /// The tasks.
     pub tasks: Vec<ModelTask>,
     /// Every file of the module but this manifest, by its path inside the module

@@ -138,7 +138,7 @@ pub fn compare_generate(
     for u in &unavailable {
         progress.note(&format!("warning: {u}"));
     }
-    let mut names = vec!["anyshape".to_string()];
+    let mut names = vec![crate::peers::anyshape_name(&model)];
     names.extend(peers.iter().map(crate::peers::Peer::name));
     let options = GenerateOptions {
         max_new_tokens: o.new_tokens,

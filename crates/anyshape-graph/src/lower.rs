@@ -7,7 +7,7 @@
 use crate::fusion::{Fusion, Layout, StepKind};
 use crate::graph::Graph;
 use crate::{fact, GraphError, Result};
-use anyshape_ir::Expr;
+use anyshape_ir::{bf16_pair, Expr, Precision};
 use anyshape_plan::{
     check_cache, Cache, ConstantLayout, MemoryPlan, Plan, PlanFile, Step, Storage, Task, Value,
 };
@@ -70,7 +70,11 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
                     .iter()
                     .map(|&(v, layout)| match layout {
                         Layout::AsIs => l.value(v),
-                        Layout::Panels { width, transposed } => l.panels(v, width, transposed),
+                        Layout::Panels {
+                            width,
+                            transposed,
+                            precision,
+                        } => l.panels(v, width, transposed, precision),
                     })
                     .collect::<Result<_>>()?;
                 let y = step
@@ -157,7 +161,7 @@ struct Lowering<'a> {
     ids: HashMap<ValueId, usize>,
     /// The plan's value of each weight laid out in panels: (graph value, width,
     /// transposed).
-    panels: HashMap<(ValueId, usize, bool), usize>,
+    panels: HashMap<(ValueId, usize, bool, Precision), usize>,
 }
 
 impl Lowering<'_> {
@@ -234,10 +238,18 @@ impl Lowering<'_> {
     }
 
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows
-    /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`), made once: written
-    /// straight into the plan's data, rows past `N` zero.
-    fn panels(&mut self, v: ValueId, width: usize, transposed: bool) -> Result<usize> {
-        if let Some(&id) = self.panels.get(&(v, width, transposed)) {
+    /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`; in `bf16` as words of
+    /// two bfloat16 along K), made once: written straight into the plan's data, rows
+    /// past `N` zero.
+    fn panels(
+        &mut self,
+        v: ValueId,
+        width: usize,
+        transposed: bool,
+        precision: Precision,
+    ) -> Result<usize> {
+        let key = (v, width, transposed, precision);
+        if let Some(&id) = self.panels.get(&key) {
             return Ok(id);
         }
         let name = self.g.values[v].clone();
@@ -252,44 +264,73 @@ impl Lowering<'_> {
         };
         let (n, k) = if transposed { (c, r) } else { (r, c) };
         let w = t.as_f32()?;
-        let shape = vec![n.div_ceil(width), k, width];
+        // The columns stored: elements, or words of a pair each.
+        let cols = match precision {
+            Precision::F32 => k,
+            Precision::Bf16 if k % 2 == 0 => k / 2,
+            Precision::Bf16 => {
+                return Err(internal(&format!(
+                    "`{name}`: bf16 pairs of an odd reduction ({k})"
+                )))
+            }
+        };
+        let shape = vec![n.div_ceil(width), cols, width];
         let c = PlanFile::add_constant(
             &mut self.plan,
             &mut self.data,
             &name,
             DType::F32,
             shape.clone(),
-            ConstantLayout::Panels { width },
+            ConstantLayout::Panels { width, precision },
             shape.iter().product::<usize>() * 4,
-            |out| panels(w, n, k, width, transposed, out),
+            |out| panels(w, [n, k], width, transposed, precision, out),
         );
+        let suffix = match precision {
+            Precision::F32 => "in panels",
+            Precision::Bf16 => "in panels of bf16 pairs",
+        };
         let id = self.push(Value {
-            name: format!("{name} (in panels)"),
+            name: format!("{name} ({suffix})"),
             dtype: DType::F32,
             shape: shape.iter().map(|&d| Expr::Const(d as i64)).collect(),
             storage: Storage::Constant(c),
         });
-        self.panels.insert((v, width, transposed), id);
+        self.panels.insert(key, id);
         Ok(id)
     }
 }
 
 /// The weight `w` (`W[n, k]`, or `[K, N]` when `transposed`) laid out in panels of
 /// `width` rows of `W[n, k]` (`dense_packed`'s layout, see
-/// `anyshape_ir::TensorRef::panels`) as little-endian bytes into `out`, zeroed: a panel
+/// `anyshape_ir::TensorRef::panels`; in `bf16`, `dense_bf16`'s: each column a pair of
+/// K, as one word of two bfloat16) as little-endian bytes into `out`, zeroed: a panel
 /// at a time, each column of it `width` rows.
-fn panels(w: &[f32], n: usize, k: usize, width: usize, transposed: bool, out: &mut [u8]) {
-    for (p, panel) in out.chunks_exact_mut(k * width * 4).enumerate() {
+fn panels(
+    w: &[f32],
+    [n, k]: [usize; 2],
+    width: usize,
+    transposed: bool,
+    precision: Precision,
+    out: &mut [u8],
+) {
+    let at = |row: usize, col: usize| match transposed {
+        true => w[col * n + row],
+        false => w[row * k + col],
+    };
+    let cols = match precision {
+        Precision::F32 => k,
+        Precision::Bf16 => k / 2,
+    };
+    for (p, panel) in out.chunks_exact_mut(cols * width * 4).enumerate() {
         let rows = (p * width)..((p + 1) * width).min(n);
-        for col in 0..k {
-            let at = col * width * 4;
+        for col in 0..cols {
+            let start = col * width * 4;
             for (i, row) in rows.clone().enumerate() {
-                let x = if transposed {
-                    w[col * n + row]
-                } else {
-                    w[row * k + col]
+                let x = match precision {
+                    Precision::F32 => at(row, col),
+                    Precision::Bf16 => bf16_pair(at(row, 2 * col), at(row, 2 * col + 1)),
                 };
-                panel[at + i * 4..at + i * 4 + 4].copy_from_slice(&x.to_le_bytes());
+                panel[start + i * 4..start + i * 4 + 4].copy_from_slice(&x.to_le_bytes());
             }
         }
     }

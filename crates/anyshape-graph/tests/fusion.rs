@@ -12,7 +12,7 @@ fn tasks(file: &str) -> (Vec<(String, usize)>, anyshape_graph::Fusion, usize) {
         .join(file);
     let g = onnx::load(&path).unwrap();
     let facts = infer(&g).unwrap();
-    let f = fuse(&g, &facts);
+    let f = fuse(&g, &facts, anyshape_ir::Precision::F32);
     let t = f
         .tasks()
         .into_iter()
@@ -145,6 +145,52 @@ fn gpt2_with_past_reads_its_cache_in_place() {
     }
 }
 
+/// In bf16 every dense layer over a weight becomes `dense_bf16` (the same tasks
+/// otherwise: attention and softmax stay f32), its weight stored as words of bfloat16
+/// pairs: half the bytes of the f32 plan's panels.
+#[test]
+fn bf16_fuses_dense_layers_over_half_the_weight_bytes() {
+    use anyshape_ir::Precision;
+    use anyshape_plan::ConstantLayout;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gpt2_tiny.ts.onnx");
+    let g = onnx::load(&path).unwrap();
+    let facts = infer(&g).unwrap();
+    let [f32_plan, bf16_plan] = [Precision::F32, Precision::Bf16]
+        .map(|p| anyshape_graph::lower(&g, &facts, &fuse(&g, &facts, p)).unwrap());
+    let names = |plan: &anyshape_plan::PlanFile| -> Vec<String> {
+        let tasks = &plan.plan().tasks;
+        tasks.iter().map(|t| t.workload.to_string()).collect()
+    };
+    let (f, b) = (names(&f32_plan), names(&bf16_plan));
+    assert_eq!(f.len(), b.len());
+    assert!(b.iter().any(|w| w.starts_with("dense_bf16(")));
+    for (f, b) in f.iter().zip(&b) {
+        assert_eq!(f.replace("dense_packed(", "dense_bf16("), *b);
+    }
+    let panel_bytes = |plan: &anyshape_plan::PlanFile, precision: Precision| -> u64 {
+        let consts = &plan.plan().constants;
+        consts
+            .iter()
+            .filter(|k| {
+                k.layout
+                    == ConstantLayout::Panels {
+                        width: 16,
+                        precision,
+                    }
+            })
+            .map(|k| k.bytes)
+            .sum()
+    };
+    let (fb, bb) = (
+        panel_bytes(&f32_plan, Precision::F32),
+        panel_bytes(&bf16_plan, Precision::Bf16),
+    );
+    assert!(
+        fb > 0 && bb * 2 == fb,
+        "{fb} bytes of f32 panels, {bb} of bf16 ones"
+    );
+}
+
 /// Lowering records each cache of GPT-2 with past (the plan may keep it across runs),
 /// and the verifier refuses a cache that a step could not read with room to spare.
 #[test]
@@ -155,7 +201,9 @@ fn gpt2_with_past_plans_its_caches() {
             .join(file);
         let g = onnx::load(&path).unwrap();
         let facts = infer(&g).unwrap();
-        let plan = anyshape_graph::lower(&g, &facts, &fuse(&g, &facts)).unwrap();
+        let plan =
+            anyshape_graph::lower(&g, &facts, &fuse(&g, &facts, anyshape_ir::Precision::F32))
+                .unwrap();
         let p = plan.plan();
         assert_eq!(p.caches.len(), 4, "{file}: two layers' keys and values");
         for c in &p.caches {
@@ -235,7 +283,7 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
         ..Graph::default()
     };
     let facts = infer(&g).unwrap();
-    let f = fuse(&g, &facts);
+    let f = fuse(&g, &facts, anyshape_ir::Precision::F32);
     let kernels: Vec<_> = f
         .steps
         .iter()
@@ -256,7 +304,8 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
                 1,
                 Layout::Panels {
                     width: 16,
-                    transposed: false
+                    transposed: false,
+                    precision: anyshape_ir::Precision::F32,
                 }
             )
         ]
@@ -266,7 +315,7 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
         let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
         let inputs = [("x", Tensor::f32(vec![m, k], x).unwrap())];
         let want = exec::run(&g, &inputs).unwrap();
-        let got = common::run_plan(&g, &inputs).unwrap();
+        let got = common::run_plan(&g, &inputs, anyshape_ir::Precision::F32).unwrap();
         assert_eq!(got[0].shape, vec![m, n]);
         let (a, b) = (got[0].as_f32().unwrap(), want[0].as_f32().unwrap());
         let err = a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs()));

@@ -6,7 +6,7 @@
 //! `anyshape_measure::reference_output`) reproduce onnxruntime's outputs.
 mod common;
 use anyshape_graph::{fact, infer, onnx};
-use anyshape_ir::{Bindings, Expr};
+use anyshape_ir::{Bindings, Expr, Precision};
 use anyshape_tensor::Tensor;
 use std::path::{Path, PathBuf};
 
@@ -53,18 +53,22 @@ fn check(model: &str, cases: &[&str]) {
             .collect();
         let outs = anyshape_graph::exec::run(&g, &inputs)
             .unwrap_or_else(|e| panic!("{model} {case}: {e}"));
-        let fused =
-            common::run_plan(&g, &inputs).unwrap_or_else(|e| panic!("{model} {case} plan: {e}"));
-        for (&o, got) in g.outputs.iter().zip(&fused) {
-            let name = &g.values[o];
-            let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
-            assert_eq!(got.shape, want.shape, "{model} {case} {name}: fused shape");
-            let e = rel_error(got, want);
-            assert!(
-                e <= 1e-4,
-                "{model} {case} {name}: plan relative error {e:e}"
-            );
-            eprintln!("{model} {case} {name}: plan relative error {e:.1e}");
+        // The plan in f32, and in bf16 (dense layers' weights as bfloat16 pairs) within
+        // that precision's expected error.
+        for precision in [Precision::F32, Precision::Bf16] {
+            let fused = common::run_plan(&g, &inputs, precision)
+                .unwrap_or_else(|e| panic!("{model} {case} {precision} plan: {e}"));
+            for (&o, got) in g.outputs.iter().zip(&fused) {
+                let name = &g.values[o];
+                let (_, want) = arrays.iter().find(|(n, _)| n == name).unwrap();
+                assert_eq!(got.shape, want.shape, "{model} {case} {name}: fused shape");
+                let e = rel_error(got, want);
+                assert!(
+                    e <= precision.expected_error(),
+                    "{model} {case} {name}: {precision} plan relative error {e:e}"
+                );
+                eprintln!("{model} {case} {name}: {precision} plan relative error {e:.1e}");
+            }
         }
         for (&o, got) in g.outputs.iter().zip(&outs) {
             let name = &g.values[o];

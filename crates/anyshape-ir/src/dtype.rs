@@ -74,6 +74,16 @@ impl Precision {
         *self == Precision::F32
     }
 
+    /// The relative error (of the largest magnitude) within which a model compiled in
+    /// this precision is checked against an `f32` reference unless told otherwise:
+    /// `1e-4` in `f32` (sums in another order), `2e-2` in `bf16` (8-bit mantissas).
+    pub fn expected_error(self) -> f64 {
+        match self {
+            Precision::F32 => 1e-4,
+            Precision::Bf16 => 2e-2,
+        }
+    }
+
     /// Its name: `f32` or `bf16`.
     pub fn name(self) -> &'static str {
         match self {

@@ -14,7 +14,7 @@
 //!   the past) and read only by kernels that take `cache_reserve` rows to spare.
 use crate::text;
 use crate::MemoryPlan;
-use anyshape_ir::{Bindings, Expr, Workload};
+use anyshape_ir::{Bindings, Expr, Precision, Workload};
 use anyshape_tensor::{DType, Node, TensorSpec, ValueId};
 use serde::{Deserialize, Serialize};
 
@@ -59,10 +59,15 @@ pub enum ConstantLayout {
     /// Row-major, as the model holds it.
     RowMajor,
     /// A 2-D weight `W[n, k]` in panels of `width` rows (`dense_packed`'s layout: stored
-    /// `[⌈N/width⌉, K, width]`, the last panel's rows past `N` zero).
+    /// `[⌈N/width⌉, K, width]`, the last panel's rows past `N` zero); in `bf16`,
+    /// `dense_bf16`'s: each element a word of two bfloat16 along K (`[⌈N/width⌉, K/2,
+    /// width]` words, see `anyshape_ir::Precision::Bf16`).
     Panels {
         /// Rows per panel.
         width: usize,
+        /// `f32` elements or words of two bfloat16.
+        #[serde(default, skip_serializing_if = "Precision::is_f32")]
+        precision: Precision,
     },
 }
 

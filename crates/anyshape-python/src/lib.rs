@@ -307,11 +307,12 @@ impl Observer for Quiet {
 }
 
 /// Compile the ONNX model `model` for `dims` (`NAME=DOMAIN` texts) into the model
-/// module `out`, tuning each task with `trials` on average (0: untuned, seconds). The
-/// worker that measures candidates is `python` (the running interpreter) with
-/// `-m anyshape._worker`. Returns the manifest's JSON.
+/// module `out`, tuning each task with `trials` on average (0: untuned, seconds), its
+/// dense layers in `precision` (`f32` or `bf16`). The worker that measures candidates
+/// is `python` (the running interpreter) with `-m anyshape._worker`. Returns the
+/// manifest's JSON.
 #[pyfunction]
-#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress))]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -324,7 +325,9 @@ fn compile(
     cache: Option<PathBuf>,
     python: PathBuf,
     progress: bool,
+    precision: String,
 ) -> PyResult<String> {
+    let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
     let dims: Vec<ShapeVar> = dims
         .iter()
         .map(|d| ShapeVar::parse(d))
@@ -335,6 +338,7 @@ fn compile(
         trials,
         records,
         resume,
+        precision,
         ..defaults
     };
     let measurer = Measurer {

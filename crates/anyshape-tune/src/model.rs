@@ -16,7 +16,7 @@ use anyshape_abi::{
 };
 use anyshape_codegen::{cpu_sketch, CpuTarget};
 use anyshape_graph::{fuse, infer, lower, onnx};
-use anyshape_ir::{ShapeVar, Workload, CACHE_RESERVE};
+use anyshape_ir::{Precision, ShapeVar, Workload, CACHE_RESERVE};
 use anyshape_measure::Measurer;
 use std::path::{Path, PathBuf};
 
@@ -42,6 +42,9 @@ pub struct ModelOptions {
     pub tune: TuneOptions,
     /// What follows each search.
     pub pipeline: PipelineOptions,
+    /// What dense layers over constant weights multiply in (see
+    /// [`anyshape_graph::fuse`]).
+    pub precision: Precision,
 }
 
 impl Default for ModelOptions {
@@ -72,6 +75,7 @@ impl Default for ModelOptions {
                 check_flops: None,
                 dispatch: false,
             },
+            precision: Precision::F32,
         }
     }
 }
@@ -169,7 +173,8 @@ pub fn compile_model(
     let others: Vec<&Path> = options.records.iter().map(|p| p.as_path()).collect();
     output::check_out_dir(out, "--out", &reads, &others)?;
     let facts = infer(&graph).map_err(TuneError::Model)?;
-    let plan = lower(&graph, &facts, &fuse(&graph, &facts)).map_err(TuneError::Model)?;
+    let plan = lower(&graph, &facts, &fuse(&graph, &facts, options.precision))
+        .map_err(TuneError::Model)?;
     let tasks = &plan.plan().tasks;
     let tmp = anyshape_files::temp_dir(out);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -278,6 +283,7 @@ pub fn compile_model(
             },
         },
         dims: dims.to_vec(),
+        precision: options.precision,
         tasks: entries,
         files,
         checksum: String::new(),

@@ -5,7 +5,7 @@ use crate::progress::Reporter;
 use crate::tune::interrupt_flag;
 use crate::{runner, Common};
 use anyhow::Result;
-use anyshape_ir::ShapeVar;
+use anyshape_ir::{Precision, ShapeVar};
 use anyshape_measure::{MeasureOptions, Measurer};
 use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, TuneOptions};
 use clap::Args;
@@ -47,6 +47,14 @@ pub struct CompileArgs {
     /// Continue the tasks' records: nothing measured is measured again.
     #[arg(long)]
     resume: bool,
+    /// What dense layers over constant weights multiply in: `bf16` stores their weights
+    /// as bfloat16 pairs (half the bytes) and multiplies with AVX512_BF16's
+    /// `vdpbf16ps`, summing in f32 (on a CPU without it the products are widened by
+    /// shifts: the bytes still halve, the products are slower, and compile says so);
+    /// attention, softmax, normalizations and residual adds stay f32. Outputs move by
+    /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    precision: Precision,
     /// Where the model module goes.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -70,6 +78,18 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .map(|d| ShapeVar::parse(d))
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
+    let precision = args.precision;
+    if precision == Precision::Bf16
+        && !anyshape_abi::host_cpu_features()
+            .iter()
+            .any(|f| f == "avx512_bf16")
+    {
+        eprintln!(
+            "note: this CPU has no AVX512_BF16: bf16 weights still halve the bytes read, but \
+             their products are widened to f32 by shifts (slower than f32 where the layers \
+             are compute-bound)"
+        );
+    }
     let defaults = ModelOptions::default();
     let options = ModelOptions {
         trials: args.trials as usize,
@@ -90,6 +110,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             reads: args.common.reads(),
             ..defaults.pipeline
         },
+        precision,
     };
     let measurer = Measurer {
         builder: args.common.builder(),

@@ -46,9 +46,10 @@ pub struct GenerateArgs {
     /// Write `prompt_ids` and `generated_ids` to this `.npz`.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// The largest relative error of the logits from recorded ones that passes.
-    #[arg(long, default_value_t = 1e-4, value_parser = crate::positive)]
-    max_error: f64,
+    /// The largest relative error of the logits from recorded ones that passes
+    /// [default: 1e-4; 2e-2 for a module compiled with --precision bf16].
+    #[arg(long, value_parser = crate::positive)]
+    max_error: Option<f64>,
 }
 
 /// What a recorded generation holds besides its prompt.
@@ -188,12 +189,20 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    check(&a, &g, &recorded)
+    let max_error = a
+        .max_error
+        .unwrap_or(model.manifest().precision.expected_error());
+    check(&a, &g, &recorded, max_error)
 }
 
 /// Compare a greedy generation with a recorded one: every token, and each step's
-/// logits within `--max-error`.
-fn check(a: &GenerateArgs, g: &anyshape_runtime::Generation, recorded: &Recorded) -> Result<()> {
+/// logits within `max_error`.
+fn check(
+    a: &GenerateArgs,
+    g: &anyshape_runtime::Generation,
+    recorded: &Recorded,
+    max_error: f64,
+) -> Result<()> {
     let source = a.prompt_ids.display();
     if let Some(want) = &recorded.tokens {
         let want = want
@@ -229,10 +238,9 @@ fn check(a: &GenerateArgs, g: &anyshape_runtime::Generation, recorded: &Recorded
         }
         if let Some((step, c)) = worst {
             println!("check        logits of {steps} steps: worst at step {step}: {c}");
-            if !c.passes(a.max_error) {
+            if !c.passes(max_error) {
                 bail!(
-                    "the logits differ from those recorded in {source} by more than {:e}",
-                    a.max_error
+                    "the logits differ from those recorded in {source} by more than {max_error:e}"
                 );
             }
         }

@@ -112,6 +112,10 @@ pub fn inspect_model_module(dir: &Path) -> Result<()> {
         let (lo, hi) = v.domain.bounds().unwrap_or((0, 0));
         println!("dim          {} compiled for {lo}..{hi}", v.name);
     }
+    println!(
+        "precision    {} (dense layers over weights; the rest f32)",
+        m.precision
+    );
     for s in model.inputs() {
         println!(
             "input        {} {} {}",
@@ -220,7 +224,7 @@ fn print_graph(g: &anyshape_graph::Graph, path: &Path) -> Result<()> {
             shape_text(&f.shape)
         );
     }
-    let fusion = fuse(g, &facts);
+    let fusion = fuse(g, &facts, anyshape_ir::Precision::F32);
     let runtime: usize = fusion.steps.iter().map(|s| s.nodes.len()).sum();
     println!(
         "\n{} run-time nodes in {} steps ({} nodes known at compile time)",

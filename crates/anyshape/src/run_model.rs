@@ -20,8 +20,9 @@ pub struct ModelRun<'a> {
     pub output: Option<&'a Path>,
     /// Keep timing for this many seconds.
     pub seconds: f64,
-    /// The largest relative error from recorded outputs that passes.
-    pub max_error: f64,
+    /// The largest relative error from recorded outputs that passes (the module's
+    /// precision's expected error when `None`).
+    pub max_error: Option<f64>,
     /// Print where a run spends its time.
     pub profile: bool,
 }
@@ -68,6 +69,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
     let loading = Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let loaded = loading.elapsed().as_secs_f64();
+    let max_error = max_error.unwrap_or(model.manifest().precision.expected_error());
     let input_names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
     let output_names: Vec<&str> = model.outputs().iter().map(|s| s.name.as_str()).collect();
     for (name, _) in &files {

@@ -38,5 +38,6 @@ def compile(
     cache: Optional[str],
     python: str,
     progress: bool,
+    precision: str,
 ) -> str: ...
 def serve_worker() -> int: ...

@@ -182,9 +182,18 @@ pub(crate) fn time_loop<T>(
 /// anyshape's runtime on a model module.
 pub(crate) struct Anyshape(pub anyshape_runtime::Model);
 
+/// anyshape's name in reports: with the precision of its dense layers where it is not
+/// f32 (`anyshape BF16`).
+pub(crate) fn anyshape_name(model: &anyshape_runtime::Model) -> String {
+    match model.manifest().precision {
+        anyshape_ir::Precision::F32 => "anyshape".into(),
+        p => format!("anyshape {}", p.name().to_uppercase()),
+    }
+}
+
 impl Peer for Anyshape {
     fn name(&self) -> String {
-        "anyshape".into()
+        anyshape_name(&self.0)
     }
 
     fn time(

@@ -120,12 +120,12 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
         (mk.ib && g.n_contiguous(w, roles[1])).then_some(1)
     };
-    if w.precision == Precision::Bf16 && (mk.dot || mk.vm || !mk.ia || b_in_place.is_none()) {
+    if w.precision == Precision::Bf16 && (mk.dot || mk.vm || b_in_place.is_none()) {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: format!(
-                "a bf16 contraction runs the usual variant reading A in place (ia=1) and B \
-                 in its panels of whole vectors, with no global padding; not {mk} under {}",
+                "a bf16 contraction runs the usual variant reading B in its panels of \
+                 whole vectors, with no global padding; not {mk} under {}",
                 p.strategy
             ),
         });

@@ -4,12 +4,13 @@
 //! memory and the row sketches), or, for the CPU's packed panels, a whole edge block
 //! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`), or, where
 //! the source's K axis is contiguous, tiles transposed in registers whose loads stop
-//! at the edge and whose stores write the zeros (`Stmt::Transpose`).
+//! at the edge and whose stores write the zeros (`Stmt::Transpose`). A bf16
+//! contraction's A is packed as words of its pairs, rounded (`Value::PairBf16`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Transpose, Value};
 use crate::padding::Fetch;
-use anyshape_ir::Expr;
+use anyshape_ir::{Expr, Precision};
 
 /// The copy of one element that may lie outside its tensor (`valid` says where it
 /// lies), as the fetch policy does it: unchecked, filled with the identity of the
@@ -78,7 +79,15 @@ impl Nest<'_> {
         let src_idx =
             v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
         let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
-        let copy = store(dst, dst_idx.clone(), Value::load(op.buf, src_idx));
+        // In bf16, A's pairs rounded into words once here, not in every register tile.
+        let element = match (which, self.w.precision) {
+            (0, Precision::Bf16) => Value::PairBf16 {
+                buf: op.buf.into(),
+                index: src_idx,
+            },
+            _ => Value::load(op.buf, src_idx),
+        };
+        let copy = store(dst, dst_idx.clone(), element);
         // Write the packed panel contiguously (register-tile rows innermost): measured
         // faster than walking a K-contiguous source, whose writes then stride by `reg`.
         let nest = |rows: Expr, ks: Expr, copy: Stmt| {

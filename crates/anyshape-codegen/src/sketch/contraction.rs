@@ -494,7 +494,6 @@ impl Sketch for ContractionKernel {
         } else {
             self
         };
-        m.ia = true;
         m.ib = false;
         m.vm = false;
         m

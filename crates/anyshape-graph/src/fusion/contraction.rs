@@ -1,12 +1,29 @@
 //! Contractions (`MatMul`, `Gemm`) as backbones: which operand is a weight laid out in
-//! panels, the workload (`dense_packed` or `batch_matmul_nn`), and the elementwise ops
-//! after it that become its epilogue while they fit.
+//! panels, the workload (`dense_packed`, `dense_bf16` or `batch_matmul_nn`), and the
+//! elementwise ops after it that become its epilogue while they fit.
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
 use crate::fact;
-use anyshape_ir::{Binary, Expr, Unary, Workload};
+use anyshape_ir::{Binary, Expr, Precision, Unary, Workload};
 use anyshape_tensor::DType;
 
 impl Fuser<'_> {
+    /// A dense layer over a constant weight `[n, k]` (`[k, n]` where `transposed`): its
+    /// workload in the fusion's precision where it can (bf16 pairs need an even
+    /// constant K), else `dense_packed`, and how it reads the weight.
+    fn dense(&self, m: Expr, n: &Expr, k: &Expr, transposed: bool) -> Option<(Workload, Layout)> {
+        let panel = Expr::Const(PANEL_WIDTH as i64);
+        let precision = match (self.precision, k.as_const()) {
+            (Precision::Bf16, Some(k)) if k % 2 == 0 => Precision::Bf16,
+            _ => Precision::F32,
+        };
+        let op = match precision {
+            Precision::F32 => "dense_packed",
+            Precision::Bf16 => "dense_bf16",
+        };
+        let w = Workload::of(op, &[m, n.clone(), k.clone(), panel]).ok()?;
+        Some((w, Layout::panels(transposed, precision)))
+    }
+
     /// A backbone and its epilogue.
     pub(super) fn contraction(&self, k: usize) -> Option<Step> {
         let node = &self.g.nodes[k];
@@ -16,7 +33,6 @@ impl Fuser<'_> {
         if fact(self.facts, a).dtype != DType::F32 {
             return None;
         }
-        let panel = Expr::Const(PANEL_WIDTH as i64);
         let mut inputs = vec![(a, Layout::AsIs)];
         let mut extra = Vec::new();
         let mut y = node.outputs[0];
@@ -42,12 +58,8 @@ impl Fuser<'_> {
             } else {
                 (&sb[1], &sb[0])
             };
-            inputs.push((b, Layout::panels(!trans_b)));
-            let w = Workload::of(
-                "dense_packed",
-                &[sa[0].clone(), n.clone(), kk.clone(), panel],
-            )
-            .ok()?;
+            let (w, layout) = self.dense(sa[0].clone(), n, kk, !trans_b)?;
+            inputs.push((b, layout));
             match node.optional_input(2) {
                 Some(c) => {
                     let cs = self.shape(c);
@@ -68,14 +80,16 @@ impl Fuser<'_> {
             && sa.len() >= 2
         {
             let m = numel(&sa[..sa.len() - 1]);
-            match self.transposed.get(&b) {
+            let (src, transposed) = match self.transposed.get(&b) {
                 Some(&(src, t)) => {
-                    inputs.push((src, Layout::panels(false)));
                     extra.push(t);
+                    (src, false)
                 }
-                None => inputs.push((b, Layout::panels(true))),
-            }
-            Workload::of("dense_packed", &[m, sb[1].clone(), sb[0].clone(), panel]).ok()?
+                None => (b, true),
+            };
+            let (w, layout) = self.dense(m, &sb[1], &sb[0], transposed)?;
+            inputs.push((src, layout));
+            w
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
             let r = sa.len();

@@ -28,7 +28,7 @@ mod epilogue;
 
 use crate::fact;
 use crate::graph::Graph;
-use anyshape_ir::{Expr, Unary, Workload};
+use anyshape_ir::{Expr, Precision, Unary, Workload};
 use anyshape_tensor::{DType, Fact, Node, ValueId};
 use std::collections::BTreeMap;
 
@@ -74,22 +74,26 @@ pub enum Layout {
     /// As the graph holds it.
     AsIs,
     /// A 2-D constant weight laid out once, before any run, in panels of `width` rows
-    /// of `W[n, k]` (what `dense_packed` reads); `transposed`: the graph holds it as
-    /// ONNX's `[K, N]`.
+    /// of `W[n, k]` (what `dense_packed` reads; in `bf16`, words of two bfloat16 along
+    /// K, what `dense_bf16` reads); `transposed`: the graph holds it as ONNX's `[K, N]`.
     Panels {
         /// Rows per panel.
         width: usize,
         /// Whether the graph holds the weight as `[K, N]`.
         transposed: bool,
+        /// `f32` elements or words of two `bf16`.
+        precision: Precision,
     },
 }
 
 impl Layout {
-    /// The weight of a `dense_packed` kernel, held by the graph as `[K, N]` or not.
-    fn panels(transposed: bool) -> Layout {
+    /// The weight of a `dense_packed` (`dense_bf16`) kernel, held by the graph as
+    /// `[K, N]` or not.
+    fn panels(transposed: bool, precision: Precision) -> Layout {
         Layout::Panels {
             width: PANEL_WIDTH,
             transposed,
+            precision,
         }
     }
 }
@@ -175,6 +179,8 @@ struct Fuser<'a> {
     transposed: std::collections::HashMap<ValueId, (ValueId, usize)>,
     /// The attention contractions, by their `MatMul` node.
     attention: std::collections::HashMap<usize, attention::Attention>,
+    /// What dense layers over constant weights multiply in.
+    precision: Precision,
 }
 
 /// Whether value `v` is known at compile time (a constant, or shape plumbing).
@@ -182,8 +188,11 @@ fn is_static(f: &Fact) -> bool {
     f.value.is_some() || (f.sym.is_some() && f.dtype == DType::I64 && f.rank() <= 1)
 }
 
-/// Group the run-time nodes of `g` (with the facts of [`crate::infer`]) into steps.
-pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
+/// Group the run-time nodes of `g` (with the facts of [`crate::infer`]) into steps; dense
+/// layers over constant weights multiply in `precision` (`bf16`: `dense_bf16`, its
+/// weights in panels of bfloat16 pairs, where the reduction is an even constant; the
+/// others, and every other kernel, in `f32`).
+pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
     let runtime: Vec<bool> = g
         .nodes
         .iter()
@@ -209,6 +218,7 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>]) -> Fusion {
         taken: runtime.iter().map(|r| !r).collect(),
         transposed: Default::default(),
         attention: Default::default(),
+        precision,
     };
     for (k, n) in g.nodes.iter().enumerate() {
         let (Some(&Some(src)), Some(&out)) = (n.inputs.first(), n.outputs.first()) else {

@@ -1,6 +1,6 @@
 //! Helpers shared by the graph crate's tests.
 use anyshape_graph::{fuse, infer, lower, Graph};
-use anyshape_ir::{Bindings, Workload};
+use anyshape_ir::{Bindings, Precision, Workload};
 use anyshape_runtime::{Executor, Result, TaskKernels};
 use anyshape_tensor::{Tensor, TensorRef};
 
@@ -40,10 +40,15 @@ impl TaskKernels for Reference {
     }
 }
 
-/// `g` fused, lowered to a plan and run on `inputs`, kernel steps by the reference.
-pub fn run_plan(g: &Graph, inputs: &[(&str, Tensor)]) -> anyshape_runtime::Result<Vec<Tensor>> {
+/// `g` fused (dense layers over weights in `precision`), lowered to a plan and run on
+/// `inputs`, kernel steps by the reference.
+pub fn run_plan(
+    g: &Graph,
+    inputs: &[(&str, Tensor)],
+    precision: Precision,
+) -> anyshape_runtime::Result<Vec<Tensor>> {
     let facts = infer(g).unwrap();
-    let plan = lower(g, &facts, &fuse(g, &facts)).unwrap();
+    let plan = lower(g, &facts, &fuse(g, &facts, precision)).unwrap();
     let tasks = plan
         .plan()
         .tasks
