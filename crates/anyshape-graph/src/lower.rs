@@ -283,7 +283,22 @@ impl Lowering<'_> {
             shape.clone(),
             ConstantLayout::Panels { width, precision },
             shape.iter().product::<usize>() * 4,
-            |out| panels(w, [n, k], width, transposed, precision, out),
+            |out| {
+                let at = |row: usize, col: usize| match transposed {
+                    true => w[col * n + row],
+                    false => w[row * k + col],
+                };
+                match precision {
+                    Precision::F32 => panels(at, n, cols, width, out),
+                    Precision::Bf16 => panels(
+                        |row, col| bf16_pair(at(row, 2 * col), at(row, 2 * col + 1)),
+                        n,
+                        cols,
+                        width,
+                        out,
+                    ),
+                }
+            },
         );
         let suffix = match precision {
             Precision::F32 => "in panels",
@@ -300,36 +315,23 @@ impl Lowering<'_> {
     }
 }
 
-/// The weight `w` (`W[n, k]`, or `[K, N]` when `transposed`) laid out in panels of
-/// `width` rows of `W[n, k]` (`dense_packed`'s layout, see
-/// `anyshape_ir::TensorRef::panels`; in `bf16`, `dense_bf16`'s: each column a pair of
-/// K, as one word of two bfloat16) as little-endian bytes into `out`, zeroed: a panel
-/// at a time, each column of it `width` rows.
+/// The `n x cols` matrix of 32-bit elements `element(row, col)` laid out in panels of
+/// `width` rows (`anyshape_ir::TensorRef::panels`: `dense_packed`'s weights, or
+/// `dense_bf16`'s words of two bfloat16) as little-endian bytes into `out`, zeroed: a
+/// panel at a time, each column of it `width` rows.
 fn panels(
-    w: &[f32],
-    [n, k]: [usize; 2],
+    element: impl Fn(usize, usize) -> f32,
+    n: usize,
+    cols: usize,
     width: usize,
-    transposed: bool,
-    precision: Precision,
     out: &mut [u8],
 ) {
-    let at = |row: usize, col: usize| match transposed {
-        true => w[col * n + row],
-        false => w[row * k + col],
-    };
-    let cols = match precision {
-        Precision::F32 => k,
-        Precision::Bf16 => k / 2,
-    };
     for (p, panel) in out.chunks_exact_mut(cols * width * 4).enumerate() {
         let rows = (p * width)..((p + 1) * width).min(n);
         for col in 0..cols {
             let start = col * width * 4;
             for (i, row) in rows.clone().enumerate() {
-                let x = match precision {
-                    Precision::F32 => at(row, col),
-                    Precision::Bf16 => bf16_pair(at(row, 2 * col), at(row, 2 * col + 1)),
-                };
+                let x = element(row, col);
                 panel[start + i * 4..start + i * 4 + 4].copy_from_slice(&x.to_le_bytes());
             }
         }

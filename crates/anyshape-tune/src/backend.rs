@@ -69,7 +69,7 @@ pub trait Backend {
     /// Narrow the space to tiles that divide one instance's extents (per-shape tuning).
     fn restrict_to_factors(&mut self, factors: Factors);
     /// Narrow the space to the micro-kernels that run `w` as they are
-    /// ([`anyshape_codegen::Sketch::fit`]); after any other restriction.
+    /// ([`anyshape_codegen::Sketch::fit`]).
     fn restrict_to_workload(&mut self, _w: &Workload) {}
     /// A micro-kernel drawn from the space.
     fn sample(&self, rng: &mut impl Rng) -> Self::MicroKernel;
@@ -164,7 +164,7 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
     }
 
     fn restrict_to_factors(&mut self, factors: Factors) {
-        self.space = SearchSpace::factor_only(&self.target, factors);
+        self.space = self.space.clone().with_factors(factors);
     }
 
     fn restrict_to_workload(&mut self, w: &Workload) {

@@ -36,11 +36,14 @@ impl<K: Sketch> SearchSpace<K> {
     /// The shape-dependent space of one instance: only tiles that divide its extents
     /// (what per-shape auto-schedulers such as Ansor search).
     pub fn factor_only(target: &K::Target, factors: Factors) -> Self {
-        SearchSpace {
-            target: target.clone(),
-            factors: Some(factors),
-            workload: None,
-        }
+        SearchSpace::new(target).with_factors(factors)
+    }
+
+    /// The space restricted to tiles that divide `factors` (whatever else restricts
+    /// it stays).
+    pub fn with_factors(mut self, factors: Factors) -> Self {
+        self.factors = Some(factors);
+        self
     }
 
     /// Whether `mk` is in the space (valid on the target; dividing the extents in a

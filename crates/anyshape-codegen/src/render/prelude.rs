@@ -139,30 +139,28 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
 
 /// The helpers of bf16 contractions (see `anyshape_ir::Precision::Bf16`; words of two
 /// bfloat16 values carried in floats): `as_pair_bf16` rounds two elements to bfloat16
-/// (nearest, ties to even; NaN stays a quiet NaN) into one word, `as_dot_bf16` and
-/// `as_vdot_bf16` add the two products of a pair of words (the vector form against a
-/// broadcast word). With AVX512_BF16 and 16 lanes the vector form is one `vdpbf16ps`
-/// (inline assembly: the intrinsic's types differ between compilers and versions, and
-/// `immintrin.h` would add ~0.1 s to every compile); elsewhere the halves are widened to
-/// f32 by shifts and multiplied — half the bytes of f32 weights on any CPU.
+/// (nearest, ties to even; NaN stays a quiet NaN) into one word, `as_bf16_lo`/`_hi`
+/// widen a word's halves to f32, `as_dot_bf16` and `as_vdot_bf16` add the two products
+/// of a pair of words (the vector form against a broadcast word). With AVX512_BF16 and
+/// 16 lanes the vector form is one `vdpbf16ps` (inline assembly: the intrinsic's types
+/// differ between compilers and versions, and `immintrin.h` would add ~0.1 s to every
+/// compile); elsewhere the halves are widened by shifts and multiplied — half the
+/// bytes of f32 weights on any CPU.
 fn bf16(lanes: usize) -> String {
-    let widen = "uint32_t y; float al, ah; memcpy(&y, &a, 4); uint32_t t = y << 16; \
-                 memcpy(&al, &t, 4); t = y & 0xffff0000u; memcpy(&ah, &t, 4);";
-    let mut s = format!(
-        "static inline uint32_t as_bf16_round(uint32_t u) {{ return (u & 0x7fffffffu) > 0x7f800000u \
-         ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }}\n\
-         static inline float as_pair_bf16(const float *p) {{ uint32_t a, b, w; float r; \
+    let mut s = String::from(
+        "static inline uint32_t as_bf16_round(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u \
+         ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }\n\
+         static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; \
          memcpy(&a, p, 4); memcpy(&b, p + 1, 4); \
-         w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }}\n\
-         static inline float as_dot_bf16(float c, float b, float a) {{ {widen} \
-         uint32_t x; float bl, bh; memcpy(&x, &b, 4); t = x << 16; memcpy(&bl, &t, 4); \
-         t = x & 0xffff0000u; memcpy(&bh, &t, 4); return c + bl * al + bh * ah; }}\n"
+         w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }\n\
+         static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }\n\
+         static inline float as_bf16_hi(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u &= 0xffff0000u; memcpy(&r, &u, 4); return r; }\n\
+         static inline float as_dot_bf16(float c, float b, float a) { \
+         return c + as_bf16_lo(b) * as_bf16_lo(a) + as_bf16_hi(b) * as_bf16_hi(a); }\n",
     );
     if lanes > 1 {
-        let emulated = format!(
-            "static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) {{ {widen} \
-             as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * al + (as_vf)(x & 0xffff0000u) * ah; }}\n"
-        );
+        let emulated = "static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b; \
+                        return c + (as_vf)(x << 16) * as_bf16_lo(a) + (as_vf)(x & 0xffff0000u) * as_bf16_hi(a); }\n";
         s.push_str(&format!(
             "typedef uint32_t as_vu __attribute__((vector_size({})));\n",
             lanes * 4
@@ -175,7 +173,7 @@ fn bf16(lanes: usize) -> String {
                  #else\n{emulated}#endif\n"
             ));
         } else {
-            s.push_str(&emulated);
+            s.push_str(emulated);
         }
     }
     s

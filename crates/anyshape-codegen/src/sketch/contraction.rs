@@ -87,7 +87,6 @@ pub struct ContractionKernel {
 }
 
 impl ContractionKernel {
-    /// `mr` rows (at least one), the M cache tile keeping its count of register tiles.
     /// The other variant (dot or usual), the register tile keeping its registers and
     /// the flags of the usual variant cleared.
     fn switched(&self, lanes: usize) -> Self {
@@ -105,6 +104,7 @@ impl ContractionKernel {
         m
     }
 
+    /// `mr` rows (at least one), the M cache tile keeping its count of register tiles.
     fn with_rows(&self, mr: i64) -> Self {
         let mr = mr.max(1) as usize;
         ContractionKernel {

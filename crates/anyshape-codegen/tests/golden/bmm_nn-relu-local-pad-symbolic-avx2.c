@@ -26,9 +26,11 @@ static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof 
 static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
 static inline uint32_t as_bf16_round(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }
 static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; memcpy(&a, p, 4); memcpy(&b, p + 1, 4); w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }
-static inline float as_dot_bf16(float c, float b, float a) { uint32_t y; float al, ah; memcpy(&y, &a, 4); uint32_t t = y << 16; memcpy(&al, &t, 4); t = y & 0xffff0000u; memcpy(&ah, &t, 4); uint32_t x; float bl, bh; memcpy(&x, &b, 4); t = x << 16; memcpy(&bl, &t, 4); t = x & 0xffff0000u; memcpy(&bh, &t, 4); return c + bl * al + bh * ah; }
+static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
+static inline float as_bf16_hi(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u &= 0xffff0000u; memcpy(&r, &u, 4); return r; }
+static inline float as_dot_bf16(float c, float b, float a) { return c + as_bf16_lo(b) * as_bf16_lo(a) + as_bf16_hi(b) * as_bf16_hi(a); }
 typedef uint32_t as_vu __attribute__((vector_size(32)));
-static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { uint32_t y; float al, ah; memcpy(&y, &a, 4); uint32_t t = y << 16; memcpy(&al, &t, 4); t = y & 0xffff0000u; memcpy(&ah, &t, 4); as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * al + (as_vf)(x & 0xffff0000u) * ah; }
+static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * as_bf16_lo(a) + (as_vf)(x & 0xffff0000u) * as_bf16_hi(a); }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
 #if defined(__AVX__)
