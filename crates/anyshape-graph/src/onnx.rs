@@ -21,10 +21,11 @@ pub mod proto {
 pub const MAX_MODEL_BYTES: u64 = 2 << 30;
 
 /// The ONNX IR versions anyshape reads. The versions after 10 add element types (11:
-/// FLOAT4E2M1, 12: FLOAT8E8M0, 13: UINT2/INT2), which are refused by name like every
-/// type the runtime does not have, and (11) multi-device placement annotations, which
-/// do not change what the graph computes and are ignored on one CPU.
-pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=13;
+/// FLOAT4E2M1, 12: FLOAT8E8M0, 13: UINT2/INT2, 14: FLOAT6E2M3/FLOAT6E3M2), which are
+/// refused by name like every type the runtime does not have, (11) multi-device
+/// placement annotations, which do not change what the graph computes and are ignored
+/// on one CPU, and (14) opaque types, refused as values that are not tensors.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
 
 /// The largest external data file anyshape reads.
 pub const MAX_EXTERNAL_BYTES: u64 = 64 << 30;

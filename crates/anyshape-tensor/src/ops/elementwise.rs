@@ -1,7 +1,7 @@
 //! Elementwise ops of several inputs with numpy broadcasting: arithmetic (`f32` and
-//! `i64`, `Mod` with either sign rule; on the shape plumbing's integer vectors also as
-//! expressions), comparisons and
-//! logic (to `bool`) and `Where`. Ops of one input are `unary.rs`'s.
+//! `i64`, `Mod` with either sign rule, the variadic `Sum`, `Mean`, `Max`, `Min`; on the
+//! shape plumbing's integer vectors also as expressions), comparisons and logic (to
+//! `bool`) and `Where`. Ops of one input are `unary.rs`'s.
 use super::{
     broadcast_out, broadcast_shape, broadcast_strides, fail, for_each_row, req, sized, OpSpec,
 };
@@ -44,6 +44,18 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "Mod",
         since: 10,
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Sum",
+        since: 8,
+        infer: infer_arith,
+        eval: eval_arith,
+    },
+    OpSpec {
+        name: "Mean",
+        since: 8,
         infer: infer_arith,
         eval: eval_arith,
     },
@@ -151,7 +163,7 @@ fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
                     for v in &vs[1..] {
                         let x = sym_at(v, i);
                         acc = match node.op.as_str() {
-                            "Add" => acc + x,
+                            "Add" | "Sum" => acc + x,
                             "Sub" => acc - x,
                             "Mul" => acc * x,
                             // ONNX integer division truncates; shapes are not negative.
@@ -222,15 +234,24 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
                 };
             }
             match op {
-                "Add" => op!(|p: f32, q: f32| p + q),
+                "Add" | "Sum" | "Mean" => op!(|p: f32, q: f32| p + q),
                 "Sub" => op!(|p: f32, q: f32| p - q),
                 "Mul" => op!(|p: f32, q: f32| p * q),
                 "Div" => op!(|p: f32, q: f32| p / q),
                 "Pow" => op!(|p: f32, q: f32| if q == 2.0 { p * p } else { p.powf(q) }),
-                // Floats take C's fmod (the dividend's sign), which ONNX requires them
-                // to ask for.
+                // fmod=1: C's fmod (the dividend's sign); 0 (floats from opset 26):
+                // the divisor's sign, as NumPy's `mod` (a zero takes the divisor's sign).
                 "Mod" if node.int("fmod", 0)? != 0 => op!(|p: f32, q: f32| p % q),
-                "Mod" => return fail(node, "Mod of floats needs fmod=1"),
+                "Mod" => op!(|p: f32, q: f32| {
+                    let r = p % q;
+                    if r == 0.0 {
+                        0f32.copysign(q)
+                    } else if (r < 0.0) != (q < 0.0) {
+                        r + q
+                    } else {
+                        r
+                    }
+                }),
                 "Max" => op!(|p: f32, q: f32| if p.is_nan() || q.is_nan() {
                     f32::NAN
                 } else {
@@ -256,7 +277,7 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
         }
         (DataRef::I64(x), DataRef::I64(y)) => {
             let f: fn(i64, i64) -> Option<i64> = match op {
-                "Add" => i64::checked_add,
+                "Add" | "Sum" => i64::checked_add,
                 "Sub" => i64::checked_sub,
                 "Mul" => i64::checked_mul,
                 "Div" => i64::checked_div,
@@ -295,8 +316,15 @@ fn eval_arith(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         return Ok(vec![first.to_tensor()]);
     };
     let mut acc = binary(node, first, *second)?;
+    let mut n = 2;
     for t in rest {
         acc = binary(node, acc.view(), *t)?;
+        n += 1;
+    }
+    if node.op == "Mean" {
+        let v = acc.as_f32().map_err(|e| node.error(e))?;
+        let mean = v.iter().map(|&s| s / n as f32).collect();
+        acc = Tensor::f32(acc.shape.clone(), mean)?;
     }
     Ok(vec![acc])
 }

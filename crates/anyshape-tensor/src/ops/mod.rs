@@ -3,21 +3,32 @@
 //! as expressions, shape plumbing folded into expressions) and what it computes on
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
+//! - `activation.rs`: activations with parameters (`LeakyRelu`, `Elu`, `Selu`,
+//!   `PRelu`, …);
 //! - `elementwise.rs`: arithmetic (`Mod` too), comparisons, logic, `Where`
 //!   (broadcasting);
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
 //!   `Identity`, `Cast`, `Clip`, `Trilu`;
 //! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
+//! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
+//! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
 //!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
-//! - `reduce.rs`: `Softmax`, `LayerNormalization`, `BatchNormalization`, `ReduceMean`,
-//!   `ReduceSum`, `ArgMax`, `ArgMin`, `CumSum`;
+//! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
+//!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,
+//!   `GroupNormalization`, `BatchNormalization`;
+//! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
+//!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`.
+mod activation;
 mod elementwise;
+mod index;
 mod linalg;
 mod movement;
+mod normalize;
+mod pad;
 mod pool;
 mod reduce;
 mod resize;
@@ -59,8 +70,12 @@ pub struct OpSpec {
 pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
     elementwise::OPS
         .iter()
+        .chain(activation::OPS)
         .chain(movement::OPS)
+        .chain(index::OPS)
         .chain(linalg::OPS)
+        .chain(normalize::OPS)
+        .chain(pad::OPS)
         .chain(pool::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
@@ -115,6 +130,21 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
         )));
     }
     Ok(())
+}
+
+/// The output of an op that keeps its first input's type and shape.
+pub(crate) fn infer_same(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![Fact::new(x.dtype, x.shape.to_vec())])
+}
+
+/// `(outer, n, inner)` of a tensor seen along axis `a`.
+pub(crate) fn split_at(shape: &[usize], a: usize) -> (usize, usize, usize) {
+    (
+        shape[..a].iter().product(),
+        shape[a],
+        shape[a + 1..].iter().product(),
+    )
 }
 
 /// The required input `i`.

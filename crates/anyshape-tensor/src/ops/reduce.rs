@@ -1,29 +1,17 @@
-//! Reductions, normalizations and scans over axes: `Softmax`, `LayerNormalization`,
-//! `BatchNormalization` (inference), `ReduceMean`, `ReduceSum`, `ArgMax`, `ArgMin`,
+//! Reductions and scans over axes: the `Reduce*` family (sum, mean, max, min, product,
+//! L1 and L2 norms, sum of squares, log-sum, log-sum-exp), `ArgMax`, `ArgMin`, `TopK`,
 //! `CumSum`. The reference accumulates floats in `f64`.
-use super::{axis, const_ints, fail, req, OpSpec};
+use super::{axis, const_ints, fail, infer_same, req, split_at, OpSpec};
 use crate::node::Node;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
-        name: "Softmax",
-        since: 13,
-        infer: infer_same,
-        eval: eval_softmax,
-    },
-    OpSpec {
-        name: "LayerNormalization",
-        since: 17,
-        infer: infer_layer_norm,
-        eval: eval_layer_norm,
-    },
-    OpSpec {
-        name: "BatchNormalization",
-        since: 9,
-        infer: infer_same,
-        eval: eval_batch_norm,
+        name: "ReduceSum",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
     },
     OpSpec {
         name: "ReduceMean",
@@ -32,7 +20,49 @@ pub(super) static OPS: &[OpSpec] = &[
         eval: eval_reduce,
     },
     OpSpec {
-        name: "ReduceSum",
+        name: "ReduceMax",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceMin",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceProd",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceL1",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceL2",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceSumSquare",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceLogSum",
+        since: 1,
+        infer: infer_reduce,
+        eval: eval_reduce,
+    },
+    OpSpec {
+        name: "ReduceLogSumExp",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
@@ -50,6 +80,12 @@ pub(super) static OPS: &[OpSpec] = &[
         eval: eval_arg,
     },
     OpSpec {
+        name: "TopK",
+        since: 11,
+        infer: infer_top_k,
+        eval: eval_top_k,
+    },
+    OpSpec {
         name: "CumSum",
         since: 11,
         infer: infer_same,
@@ -57,124 +93,8 @@ pub(super) static OPS: &[OpSpec] = &[
     },
 ];
 
-fn infer_same(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let x = req(node, ins, 0)?;
-    Ok(vec![Fact::new(x.dtype, x.shape.to_vec())])
-}
-
-/// `(outer, n, inner)` of a tensor seen along `a`.
-fn split_at(shape: &[usize], a: usize) -> (usize, usize, usize) {
-    (
-        shape[..a].iter().product(),
-        shape[a],
-        shape[a + 1..].iter().product(),
-    )
-}
-
-fn eval_softmax(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let x = req(node, ins, 0)?;
-    let v = x.as_f32().map_err(|e| node.error(e))?;
-    // Opset 13 on: the axis alone (before, the input was flattened to 2-D at `axis`).
-    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
-    let (outer, n, inner) = split_at(x.shape, a);
-    let mut out = vec![0f32; v.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |j: usize| (o * n + j) * inner + i;
-            let max = (0..n).map(|j| v[at(j)]).fold(f32::NEG_INFINITY, f32::max);
-            let sum: f64 = (0..n).map(|j| ((v[at(j)] - max) as f64).exp()).sum();
-            for j in 0..n {
-                out[at(j)] = (((v[at(j)] - max) as f64).exp() / sum) as f32;
-            }
-        }
-    }
-    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
-}
-
-fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let x = req(node, ins, 0)?;
-    let a = axis(node, node.int("axis", -1)?, x.rank())?;
-    let mut stat = x.shape[..a].to_vec();
-    stat.extend(std::iter::repeat_n(Expr::Const(1), x.rank() - a));
-    let mut outs = vec![Fact::new(x.dtype, x.shape.to_vec())];
-    for _ in 1..node.outputs.len() {
-        outs.push(Fact::new(x.dtype, stat.clone()));
-    }
-    Ok(outs)
-}
-
-fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let x = req(node, ins, 0)?;
-    let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
-    let bias = ins
-        .get(2)
-        .copied()
-        .flatten()
-        .map(|b| b.as_f32())
-        .transpose()
-        .map_err(|e| node.error(e))?;
-    let eps = node.float("epsilon", 1e-5)?;
-    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
-    let rows: usize = x.shape[..a].iter().product();
-    let n: usize = x.shape[a..].iter().product();
-    if scale.len() != n || bias.is_some_and(|b| b.len() != n) {
-        return fail(
-            node,
-            format!("scale and bias must have the {n} elements of the normalized axes"),
-        );
-    }
-    let v = x.as_f32().map_err(|e| node.error(e))?;
-    let mut out = vec![0f32; v.len()];
-    let (mut means, mut invs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    for (row, out) in v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
-        let mean = lane_sum(row, |x| x) / n as f32;
-        let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n as f32;
-        let inv = 1.0 / (var + eps).sqrt();
-        match bias {
-            Some(b) => {
-                for (((y, &x), &g), &b) in out.iter_mut().zip(row).zip(scale).zip(b) {
-                    *y = (x - mean) * inv * g + b;
-                }
-            }
-            None => {
-                for ((y, &x), &g) in out.iter_mut().zip(row).zip(scale) {
-                    *y = (x - mean) * inv * g;
-                }
-            }
-        }
-        means.push(mean);
-        invs.push(inv);
-    }
-    // Rows of no elements: no mean, no deviation.
-    means.resize(rows, f32::NAN);
-    invs.resize(rows, f32::NAN);
-    let mut stat: Vec<usize> = x.shape[..a].to_vec();
-    stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
-    let mut outs = vec![Tensor::f32(x.shape.to_vec(), out)?];
-    if node.outputs.len() > 1 {
-        outs.push(Tensor::f32(stat.clone(), means)?);
-    }
-    if node.outputs.len() > 2 {
-        outs.push(Tensor::f32(stat, invs)?);
-    }
-    Ok(outs)
-}
-
-/// The sum of `f` over `xs` in eight independent partial sums (the loop vectorizes;
-/// the partial sums also keep the rounding error of a long row small).
-fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = xs.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f(x);
-        }
-    }
-    acc.iter().sum::<f32>() + rest.iter().map(|&x| f(x)).sum::<f32>()
-}
-
-/// The reduced axes: an attribute, or (ReduceSum, and ReduceMean from opset 18) an input.
+/// The reduced axes: an attribute, or (ReduceSum from opset 13, the others from opset
+/// 18) an input.
 fn reduce_axes(node: &Node, from_input: Option<Vec<i64>>, rank: usize) -> Result<Vec<usize>> {
     let given = match node.ints("axes")? {
         Some(a) => Some(a),
@@ -215,6 +135,38 @@ fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
+/// The output offset of each element of a tensor of shape `shape` reduced over `axes`
+/// (kept as axes of one element), in the input's order.
+fn reduced_offsets(shape: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let out: Vec<usize> = (0..shape.len())
+        .map(|i| if axes.contains(&i) { 1 } else { shape[i] })
+        .collect();
+    let mut strides = crate::tensor::strides(&out);
+    for &a in axes {
+        strides[a] = 0;
+    }
+    (super::strided_walk(shape, &strides), out)
+}
+
+/// Folds the elements of each reduced group, starting from `init`.
+fn fold<T: Copy, A: Copy>(
+    v: &[T],
+    offsets: &[usize],
+    n_out: usize,
+    init: A,
+    f: impl Fn(A, T) -> A,
+) -> Vec<A> {
+    let mut acc = vec![init; n_out];
+    for (&x, &o) in v.iter().zip(offsets) {
+        acc[o] = f(acc[o], x);
+    }
+    acc
+}
+
+/// `Reduce*(x, axes)`: each group of elements over `axes` (all by default; none with
+/// `noop_with_empty_axes`) reduced to one. Floats in `f64`; integers (sum, max, min,
+/// product) wrap. An empty group gives the reduction's identity (`-inf` for max and
+/// the log-sums, `inf` for min, 1 for the product, 0 otherwise), as ONNX defines.
 fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let input = ins
@@ -226,47 +178,63 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         .map_err(|e| node.error(e))?;
     let r = x.shape.len();
     let axes = reduce_axes(node, input, r)?;
-    let keep = node.int("keepdims", 1)? != 0;
-    let v = x.as_f32().map_err(|e| node.error(e))?;
-    let out_full: Vec<usize> = (0..r)
-        .map(|i| if axes.contains(&i) { 1 } else { x.shape[i] })
-        .collect();
+    let (offsets, out_full) = reduced_offsets(x.shape, &axes);
     let n_out: usize = out_full.iter().product();
-    let mut acc = vec![0f64; n_out];
-    let st = crate::tensor::strides(&out_full);
-    let mut counter = vec![0usize; r];
-    for &val in v {
-        let o: usize = (0..r)
-            .map(|d| {
-                if axes.contains(&d) {
-                    0
+    let op = node.op.as_str();
+    let data = match x.data {
+        DataRef::F32(v) => {
+            let count = axes.iter().map(|&a| x.shape[a]).product::<usize>() as f64;
+            let sum = |g: fn(f64) -> f64| fold(v, &offsets, n_out, 0.0, |a, e| a + g(e as f64));
+            let nan_or = |a: f64, e: f64, pick: fn(f64, f64) -> f64| {
+                if a.is_nan() || e.is_nan() {
+                    f64::NAN
                 } else {
-                    counter[d] * st[d]
+                    pick(a, e)
                 }
-            })
-            .sum();
-        acc[o] += val as f64;
-        for d in (0..r).rev() {
-            counter[d] += 1;
-            if counter[d] < x.shape[d] {
-                break;
-            }
-            counter[d] = 0;
+            };
+            let out: Vec<f64> = match op {
+                "ReduceSum" => sum(|e| e),
+                "ReduceMean" => sum(|e| e).into_iter().map(|s| s / count).collect(),
+                "ReduceL1" => sum(f64::abs),
+                "ReduceL2" => sum(|e| e * e).into_iter().map(f64::sqrt).collect(),
+                "ReduceSumSquare" => sum(|e| e * e),
+                "ReduceLogSum" => sum(|e| e).into_iter().map(f64::ln).collect(),
+                "ReduceProd" => fold(v, &offsets, n_out, 1.0, |a, e| a * e as f64),
+                "ReduceMax" => fold(v, &offsets, n_out, f64::NEG_INFINITY, |a, e| {
+                    nan_or(a, e as f64, f64::max)
+                }),
+                "ReduceMin" => fold(v, &offsets, n_out, f64::INFINITY, |a, e| {
+                    nan_or(a, e as f64, f64::min)
+                }),
+                "ReduceLogSumExp" => {
+                    let max = fold(v, &offsets, n_out, f64::NEG_INFINITY, |a, e| {
+                        a.max(e as f64)
+                    });
+                    // Shifted by each group's maximum (no overflow); an infinite one as 0.
+                    let shift: Vec<f64> = max
+                        .iter()
+                        .map(|&m| if m.is_finite() { m } else { 0.0 })
+                        .collect();
+                    let mut acc = vec![0f64; n_out];
+                    for (&e, &o) in v.iter().zip(&offsets) {
+                        acc[o] += (e as f64 - shift[o]).exp();
+                    }
+                    acc.iter().zip(&shift).map(|(s, m)| s.ln() + m).collect()
+                }
+                _ => return fail(node, "unsupported for float"),
+            };
+            Data::F32(out.into_iter().map(|f| f as f32).collect())
         }
-    }
-    let count: usize = axes.iter().map(|&a| x.shape[a]).product();
-    let mean = node.op == "ReduceMean";
-    let out: Vec<f32> = acc
-        .iter()
-        .map(|&s| {
-            if mean {
-                (s / count.max(1) as f64) as f32
-            } else {
-                s as f32
-            }
-        })
-        .collect();
-    let shape = if keep {
+        DataRef::I64(v) => Data::I64(match op {
+            "ReduceSum" => fold(v, &offsets, n_out, 0, i64::wrapping_add),
+            "ReduceProd" => fold(v, &offsets, n_out, 1, i64::wrapping_mul),
+            "ReduceMax" => fold(v, &offsets, n_out, i64::MIN, i64::max),
+            "ReduceMin" => fold(v, &offsets, n_out, i64::MAX, i64::min),
+            _ => return fail(node, "unsupported for int64"),
+        }),
+        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+    };
+    let shape = if node.int("keepdims", 1)? != 0 {
         out_full
     } else {
         (0..r)
@@ -274,7 +242,7 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             .map(|i| x.shape[i])
             .collect()
     };
-    Ok(vec![Tensor::f32(shape, out)?])
+    Ok(vec![Tensor::new(shape, data)?])
 }
 
 /// Running sums of `v` seen as `(outer, n, inner)` along its middle axis into `out`:
@@ -326,43 +294,6 @@ fn eval_cumsum(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         DataRef::Bool(_) => return fail(node, "unsupported for bool"),
     };
     Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
-}
-
-/// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`
-/// per channel (axis 1), from the running statistics; training mode is refused.
-fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    if node.int("training_mode", 0)? != 0 || node.outputs.len() > 1 {
-        return fail(node, "training mode (batch statistics) is not supported");
-    }
-    let x = req(node, ins, 0)?;
-    if x.shape.len() < 2 {
-        return fail(node, "an input of rank 2 or more (N, C, ...)");
-    }
-    let c = x.shape[1];
-    let channel = |i: usize| -> Result<&[f32]> {
-        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
-        if v.len() != c {
-            return fail(
-                node,
-                format!("input {i} must have the {c} channels' values"),
-            );
-        }
-        Ok(v)
-    };
-    let (scale, bias, mean, var) = (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
-    let eps = node.float("epsilon", 1e-5)? as f64;
-    let inner: usize = x.shape[2..].iter().product();
-    let v = x.as_f32().map_err(|e| node.error(e))?;
-    let out = v
-        .iter()
-        .enumerate()
-        .map(|(i, &e)| {
-            let ch = (i / inner.max(1)) % c;
-            let inv = 1.0 / (var[ch] as f64 + eps).sqrt();
-            ((e as f64 - mean[ch] as f64) * inv * scale[ch] as f64 + bias[ch] as f64) as f32
-        })
-        .collect();
-    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
 }
 
 fn infer_arg(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -424,4 +355,78 @@ fn eval_arg(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         shape.remove(a);
     }
     Ok(vec![Tensor::i64(shape, out)?])
+}
+
+fn infer_top_k(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", -1)?, x.rank())?;
+    let k = match const_ints(node, ins, 1)?.as_slice() {
+        [k] if *k >= 0 => *k,
+        _ => return fail(node, "K must be one integer, not negative"),
+    };
+    let mut shape = x.shape.to_vec();
+    shape[a] = Expr::Const(k);
+    Ok(vec![
+        Fact::new(x.dtype, shape.clone()),
+        Fact::new(DType::I64, shape),
+    ])
+}
+
+/// `TopK(x, K)`: along `axis`, the `K` largest (or, with `largest=0`, smallest)
+/// elements and their indices, in order (ties: the lower index first).
+fn eval_top_k(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let k = match super::ints(node, ins, 1)?.as_slice() {
+        [k] if *k >= 0 && *k as usize <= x.shape[a] => *k as usize,
+        _ => {
+            return fail(
+                node,
+                format!("K must be one integer in [0, {}]", x.shape[a]),
+            )
+        }
+    };
+    let largest = node.int("largest", 1)? != 0;
+    let (outer, n, inner) = split_at(x.shape, a);
+    let wide: Vec<f64> = match x.data {
+        DataRef::F32(v) => v.iter().map(|&f| f as f64).collect(),
+        DataRef::I64(v) => v.iter().map(|&i| i as f64).collect(),
+        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+    };
+    let mut picked = vec![0usize; outer * k * inner];
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            order.clear();
+            order.extend(0..n);
+            // A stable sort: equal elements keep the lower index first.
+            order.sort_by(|&p, &q| {
+                let (p, q) = (wide[at(p)], wide[at(q)]);
+                let c = p.partial_cmp(&q).unwrap_or(std::cmp::Ordering::Equal);
+                if largest {
+                    c.reverse()
+                } else {
+                    c
+                }
+            });
+            for (r, &j) in order[..k].iter().enumerate() {
+                picked[(o * k + r) * inner + i] = j;
+            }
+        }
+    }
+    let flat: Vec<usize> = picked
+        .iter()
+        .enumerate()
+        .map(|(p, &j)| {
+            let (o, i) = (p / (k * inner), p % inner);
+            (o * n + j) * inner + i
+        })
+        .collect();
+    let mut shape = x.shape.to_vec();
+    shape[a] = k;
+    Ok(vec![
+        Tensor::new(shape.clone(), x.data.pick(&flat))?,
+        Tensor::i64(shape, picked.into_iter().map(|j| j as i64).collect())?,
+    ])
 }

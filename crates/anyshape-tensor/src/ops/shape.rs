@@ -1,4 +1,4 @@
-//! Shape plumbing: `Shape`, `Reshape`, `Flatten`, `Unsqueeze`, `Squeeze`, `Expand`,
+//! Shape plumbing: `Shape`, `Size`, `Reshape`, `Flatten`, `Unsqueeze`, `Squeeze`, `Expand`,
 //! `Range`, `ConstantOfShape`, `Constant`. Shapes they compute from other shapes stay
 //! expressions over the shape vars (folded at compile time), so the runtime only
 //! evaluates expressions.
@@ -16,6 +16,12 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_shape,
         eval: eval_shape,
+    },
+    OpSpec {
+        name: "Size",
+        since: 1,
+        infer: infer_size,
+        eval: eval_size,
     },
     OpSpec {
         name: "Reshape",
@@ -89,6 +95,20 @@ fn eval_shape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (s, e) = shape_range(node, x.shape.len())?;
     let d = dims_as_i64(&x.shape[s..e.max(s)]);
     Ok(vec![Tensor::i64(vec![d.len()], d)?])
+}
+
+/// `Size`: the number of elements, a scalar (an expression over the shape vars).
+fn infer_size(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let n = x.shape.iter().cloned().fold(Expr::Const(1), |a, d| a * d);
+    Ok(vec![Fact::symbolic(vec![n], 0)])
+}
+
+fn eval_size(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![Tensor::scalar_i64(
+        x.shape.iter().product::<usize>() as i64
+    )])
 }
 
 /// The output shape of the reshaping ops (`Reshape`, `Flatten`, `Unsqueeze`,

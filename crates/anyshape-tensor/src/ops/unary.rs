@@ -1,8 +1,9 @@
 //! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`,
 //! `Softplus`, `HardSwish`, …), trigonometric and hyperbolic functions (rotary position
 //! embeddings), rounding, `Neg`/`Abs`/`Sign` (also on the shape plumbing's integer
-//! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity` and
-//! `Cast`; and `Clip` (bounds as inputs) and `Trilu` (a triangle of the last two axes
+//! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity`,
+//! `Dropout` (at inference: the input, and a mask of all true), `Cast` and `CastLike`;
+//! and `Clip` (bounds as inputs) and `Trilu` (a triangle of the last two axes
 //! kept: causal masks), which take one tensor and constants.
 use super::{fail, req, OpSpec};
 use crate::node::Node;
@@ -232,10 +233,25 @@ pub(super) static OPS: &[OpSpec] = &[
         infer: infer_unary,
         eval: eval_unary,
     },
+    OpSpec {
+        name: "CastLike",
+        since: 15,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
+    OpSpec {
+        name: "Dropout",
+        since: 12,
+        infer: infer_unary,
+        eval: eval_unary,
+    },
 ];
 
-/// The `to` type of a `Cast`.
-fn cast_to(node: &Node) -> Result<DType> {
+/// The `to` type of a `Cast` (`like`: a `CastLike`'s second input's type).
+fn cast_to(node: &Node, like: Option<DType>) -> Result<DType> {
+    if node.op == "CastLike" {
+        return like.ok_or_else(|| node.error("input 1 is missing"));
+    }
     let code = node.int("to", 0)?;
     DType::from_onnx(code as i32)
         .ok_or_else(|| node.error(format!("Cast to element type {code} is not supported")))
@@ -243,10 +259,42 @@ fn cast_to(node: &Node) -> Result<DType> {
 
 fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    Ok(vec![match node.op.as_str() {
+    let like = ins.get(1).copied().flatten().map(|f| f.dtype);
+    Ok(match node.op.as_str() {
+        "Dropout" => {
+            let mode = ins.get(2).copied().flatten();
+            training(
+                node,
+                mode.is_some(),
+                mode.and_then(|f| f.value.as_ref()?.as_bool().ok()),
+            )?;
+            let mut outs = vec![x.clone()];
+            if node.outputs.len() > 1 {
+                outs.push(Fact::new(DType::Bool, x.shape.to_vec()));
+            }
+            return Ok(outs);
+        }
+        _ => vec![unary_fact(node, x, like)?],
+    })
+}
+
+/// `Dropout`'s `training_mode` input (not `given`: inference), which must be false
+/// and known at compile time (`value`).
+fn training(node: &Node, given: bool, value: Option<&[bool]>) -> Result<()> {
+    match (given, value) {
+        (false, _) => Ok(()),
+        (true, Some(v)) if v.iter().all(|b| !b) => Ok(()),
+        (true, Some(_)) => fail(node, "training mode (random dropout) is not supported"),
+        (true, None) => fail(node, "training_mode must be a boolean constant"),
+    }
+}
+
+/// What a one-input op's output is.
+fn unary_fact(node: &Node, x: &Fact, like: Option<DType>) -> Result<Fact> {
+    Ok(match node.op.as_str() {
         "Identity" => x.clone(),
-        "Cast" => {
-            let to = cast_to(node)?;
+        "Cast" | "CastLike" => {
+            let to = cast_to(node, like)?;
             if to == DType::I64 && x.dtype == DType::I64 {
                 x.clone()
             } else {
@@ -264,7 +312,7 @@ fn infer_unary(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         ),
         "IsNaN" | "IsInf" | "Not" => Fact::new(DType::Bool, x.shape.to_vec()),
         _ => Fact::new(x.dtype, x.shape.to_vec()),
-    }])
+    })
 }
 
 fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
@@ -273,8 +321,17 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let op = node.op.as_str();
     let data = match (op, &x.data) {
         ("Identity", d) => d.to_data(),
-        ("Cast", d) => {
-            let to = cast_to(node)?;
+        ("Dropout", d) => {
+            let mode = ins.get(2).copied().flatten();
+            training(node, mode.is_some(), mode.and_then(|t| t.as_bool().ok()))?;
+            let mut outs = vec![Tensor::new(shape.clone(), d.to_data())?];
+            if node.outputs.len() > 1 {
+                outs.push(Tensor::bool(shape.clone(), vec![true; x.len()])?);
+            }
+            return Ok(outs);
+        }
+        ("Cast" | "CastLike", d) => {
+            let to = cast_to(node, ins.get(1).copied().flatten().map(|t| t.dtype()))?;
             match (d, to) {
                 (DataRef::F32(v), DType::F32) => Data::F32(v.to_vec()),
                 (DataRef::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),

@@ -1,0 +1,140 @@
+//! Activations with parameters: `LeakyRelu`, `Elu`, `Selu`, `Celu`, `ThresholdedRelu`,
+//! `Shrink`, `Mish`, and `PRelu` (its slope a tensor broadcast to the input). Each on
+//! `f32`; the parameters are the attributes ONNX defines, with its defaults.
+use super::{broadcast_indices, broadcast_out, fail, infer_same, req, OpSpec};
+use crate::node::Node;
+use crate::{Result, Tensor, TensorRef};
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "LeakyRelu",
+        since: 6,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "Elu",
+        since: 6,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "Selu",
+        since: 6,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "Celu",
+        since: 12,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "ThresholdedRelu",
+        since: 10,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "Shrink",
+        since: 9,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "Mish",
+        since: 18,
+        infer: infer_same,
+        eval: eval_activation,
+    },
+    OpSpec {
+        name: "PRelu",
+        since: 9,
+        infer: infer_prelu,
+        eval: eval_prelu,
+    },
+];
+
+fn eval_activation(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let alpha = |default| node.float("alpha", default);
+    let out: Vec<f32> = match node.op.as_str() {
+        "LeakyRelu" => {
+            let a = alpha(0.01)?;
+            v.iter().map(|&x| if x < 0.0 { a * x } else { x }).collect()
+        }
+        "Elu" => {
+            let a = alpha(1.0)?;
+            v.iter()
+                .map(|&x| if x < 0.0 { a * x.exp_m1() } else { x })
+                .collect()
+        }
+        "Selu" => {
+            let (a, g) = (alpha(1.673_263_2)?, node.float("gamma", 1.050_701)?);
+            v.iter()
+                .map(|&x| g * if x <= 0.0 { a * x.exp_m1() } else { x })
+                .collect()
+        }
+        "Celu" => {
+            let a = alpha(1.0)?;
+            v.iter()
+                .map(|&x| x.max(0.0) + (a * (x / a).exp_m1()).min(0.0))
+                .collect()
+        }
+        "ThresholdedRelu" => {
+            let a = alpha(1.0)?;
+            v.iter().map(|&x| if x > a { x } else { 0.0 }).collect()
+        }
+        "Shrink" => {
+            let (bias, lambd) = (node.float("bias", 0.0)?, node.float("lambd", 0.5)?);
+            v.iter()
+                .map(|&x| {
+                    if x < -lambd {
+                        x + bias
+                    } else if x > lambd {
+                        x - bias
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        }
+        // x · tanh(softplus(x)), softplus without overflow.
+        "Mish" => v
+            .iter()
+            .map(|&x| x * (x.max(0.0) + (-x.abs()).exp().ln_1p()).tanh())
+            .collect(),
+        _ => return fail(node, "unsupported"),
+    };
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+fn infer_prelu(node: &Node, ins: &[Option<&crate::Fact>]) -> Result<Vec<crate::Fact>> {
+    let (x, s) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let shape = crate::broadcast(&x.shape, &s.shape).map_err(|e| node.error(e))?;
+    if shape.len() != x.rank() {
+        return fail(node, "the slope must broadcast to the input");
+    }
+    Ok(vec![crate::Fact::new(x.dtype, x.shape.to_vec())])
+}
+
+/// `PRelu(x, slope)`: `x` where it is not negative, `slope · x` where it is, the slope
+/// broadcast to the input (unidirectionally).
+fn eval_prelu(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, s) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if broadcast_out(node, x.shape, s.shape)? != x.shape {
+        return fail(node, "the slope must broadcast to the input");
+    }
+    let (v, slope) = (
+        x.as_f32().map_err(|e| node.error(e))?,
+        s.as_f32().map_err(|e| node.error(e))?,
+    );
+    let out = v
+        .iter()
+        .zip(broadcast_indices(s.shape, x.shape))
+        .map(|(&x, i)| if x < 0.0 { slope[i] * x } else { x })
+        .collect();
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}

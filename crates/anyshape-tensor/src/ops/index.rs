@@ -1,0 +1,223 @@
+//! Ops that read or write elements at indices given as data: `GatherElements` (RoBERTa's
+//! position ids, `torch.gather`), `ScatterElements` and `ScatterND` (in-place index
+//! writes as exporters write them), each write optionally a reduction (`add`, `mul`,
+//! `max`, `min`). Every index is checked against its axis: an index out of range is an
+//! error, never a read or write elsewhere.
+use super::{fail, req, sized, strided_walk, OpSpec};
+use crate::node::Node;
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "GatherElements",
+        since: 11,
+        infer: infer_gather_elements,
+        eval: eval_gather_elements,
+    },
+    OpSpec {
+        name: "ScatterElements",
+        since: 11,
+        infer: infer_like_data,
+        eval: eval_scatter_elements,
+    },
+    OpSpec {
+        name: "ScatterND",
+        since: 11,
+        infer: infer_like_data,
+        eval: eval_scatter_nd,
+    },
+];
+
+fn infer_gather_elements(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if x.rank() != i.rank() {
+        return fail(node, "the indices must have the rank of the data");
+    }
+    Ok(vec![Fact::new(x.dtype, i.shape.to_vec())])
+}
+
+fn infer_like_data(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    Ok(vec![Fact::new(x.dtype, x.shape.to_vec())])
+}
+
+/// An index along an axis of `d` elements (negative counts from the end), checked.
+fn resolve(node: &Node, given: i64, d: usize, axis: usize) -> Result<usize> {
+    let d = d as i64;
+    let k = if given < 0 { given + d } else { given };
+    if !(0..d).contains(&k) {
+        return fail(
+            node,
+            format!("index {given} is out of range [-{d}, {d}) of axis {axis} of the data"),
+        );
+    }
+    Ok(k as usize)
+}
+
+/// For each element of the indices (shape `ishape`, every axis but `a` no longer than
+/// the data's), the flat offset in the data (shape `xshape`) it names.
+fn element_offsets(
+    node: &Node,
+    xshape: &[usize],
+    ishape: &[usize],
+    idx: &[i64],
+    a: usize,
+) -> Result<Vec<usize>> {
+    if xshape.len() != ishape.len() {
+        return fail(node, "the indices must have the rank of the data");
+    }
+    if let Some(d) = (0..xshape.len()).find(|&d| d != a && ishape[d] > xshape[d]) {
+        return fail(
+            node,
+            format!(
+                "the indices' axis {d} ({}) is longer than the data's ({})",
+                ishape[d], xshape[d]
+            ),
+        );
+    }
+    let xs = crate::strides(xshape);
+    let mut base_strides = xs.clone();
+    base_strides[a] = 0;
+    strided_walk(ishape, &base_strides)
+        .into_iter()
+        .zip(idx)
+        .map(|(base, &given)| Ok(base + resolve(node, given, xshape[a], a)? * xs[a]))
+        .collect()
+}
+
+fn eval_gather_elements(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let a = super::axis(node, node.int("axis", 0)?, x.shape.len())?;
+    let idx = i.as_i64().map_err(|e| node.error(e))?;
+    let offsets = element_offsets(node, x.shape, i.shape, idx, a)?;
+    Ok(vec![Tensor::new(i.shape.to_vec(), x.data.pick(&offsets))?])
+}
+
+/// How a scatter combines an update with the element it lands on.
+#[derive(Clone, Copy, PartialEq)]
+enum Reduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+fn reduction(node: &Node) -> Result<Reduction> {
+    Ok(match node.string("reduction", "none")?.as_str() {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        other => return fail(node, format!("reduction `{other}` is not one ONNX defines")),
+    })
+}
+
+/// A copy of `data` with `updates[j]` written (or combined by `how`) at `offsets[j]`,
+/// in order.
+fn scatter(
+    node: &Node,
+    data: DataRef,
+    updates: DataRef,
+    offsets: &[usize],
+    how: Reduction,
+) -> Result<Data> {
+    fn put<T: Copy>(
+        data: &[T],
+        updates: &[T],
+        offsets: &[usize],
+        combine: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        let mut out = data.to_vec();
+        for (&at, &u) in offsets.iter().zip(updates) {
+            out[at] = combine(out[at], u);
+        }
+        out
+    }
+    Ok(match (data, updates, how) {
+        (DataRef::F32(d), DataRef::F32(u), how) => Data::F32(put(
+            d,
+            u,
+            offsets,
+            match how {
+                Reduction::None => |_, u| u,
+                Reduction::Add => |x, u| x + u,
+                Reduction::Mul => |x, u| x * u,
+                Reduction::Max => f32::max,
+                Reduction::Min => f32::min,
+            },
+        )),
+        (DataRef::I64(d), DataRef::I64(u), how) => Data::I64(put(
+            d,
+            u,
+            offsets,
+            match how {
+                Reduction::None => |_, u| u,
+                Reduction::Add => i64::wrapping_add,
+                Reduction::Mul => i64::wrapping_mul,
+                Reduction::Max => i64::max,
+                Reduction::Min => i64::min,
+            },
+        )),
+        (DataRef::Bool(d), DataRef::Bool(u), Reduction::None) => {
+            Data::Bool(put(d, u, offsets, |_, u| u))
+        }
+        (d, u, _) => {
+            return fail(
+                node,
+                format!(
+                    "updates of {} into data of {} (with this reduction)",
+                    u.dtype(),
+                    d.dtype()
+                ),
+            )
+        }
+    })
+}
+
+fn eval_scatter_elements(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, i, u) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
+    if i.shape != u.shape {
+        return fail(node, "the updates must have the indices' shape");
+    }
+    let a = super::axis(node, node.int("axis", 0)?, x.shape.len())?;
+    let idx = i.as_i64().map_err(|e| node.error(e))?;
+    let offsets = element_offsets(node, x.shape, i.shape, idx, a)?;
+    let data = scatter(node, x.data, u.data, &offsets, reduction(node)?)?;
+    Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}
+
+/// `ScatterND(data, indices, updates)`: each row of the indices' last axis (`k` long)
+/// names a slice `data[i_0, …, i_{k-1}, :, …]`, which the matching block of the updates
+/// (shape `indices.shape[..-1] ++ data.shape[k..]`) replaces or is combined into.
+fn eval_scatter_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, i, u) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
+    let Some((&k, lead)) = i.shape.split_last() else {
+        return fail(node, "the indices must have rank 1 or more");
+    };
+    if k > x.shape.len() {
+        return fail(node, "indices deeper than the data");
+    }
+    let want: Vec<usize> = lead.iter().chain(&x.shape[k..]).copied().collect();
+    if u.shape != want.as_slice() {
+        return fail(
+            node,
+            format!("the updates' shape {:?} is not {want:?}", u.shape),
+        );
+    }
+    let idx = i.as_i64().map_err(|e| node.error(e))?;
+    let inner: usize = x.shape[k..].iter().product();
+    let xs = crate::strides(x.shape);
+    let rows: usize = lead.iter().product();
+    let mut offsets = Vec::with_capacity(sized(node, &[rows, inner])?);
+    for r in 0..rows {
+        let mut at = 0;
+        for j in 0..k {
+            at += resolve(node, idx[r * k + j], x.shape[j], j)? * xs[j];
+        }
+        offsets.extend(at..at + inner);
+    }
+    let data = scatter(node, x.data, u.data, &offsets, reduction(node)?)?;
+    Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}

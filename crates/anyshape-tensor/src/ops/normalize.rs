@@ -1,0 +1,333 @@
+//! Normalizations: functions of each row along an axis (`Softmax`, `LogSoftmax`,
+//! `Hardmax`, `LpNormalization`) and of groups of axes (`LayerNormalization`,
+//! `RMSNormalization`, `InstanceNormalization`, `GroupNormalization`,
+//! `BatchNormalization` at inference). The reference keeps its sums in `f64` or in
+//! lanes of `f32`.
+use super::{axis, broadcast_indices, fail, infer_same, req, split_at, OpSpec};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Softmax",
+        since: 13,
+        infer: infer_same,
+        eval: eval_along_axis,
+    },
+    OpSpec {
+        name: "LogSoftmax",
+        since: 13,
+        infer: infer_same,
+        eval: eval_along_axis,
+    },
+    OpSpec {
+        name: "Hardmax",
+        since: 13,
+        infer: infer_same,
+        eval: eval_along_axis,
+    },
+    OpSpec {
+        name: "LpNormalization",
+        since: 1,
+        infer: infer_same,
+        eval: eval_along_axis,
+    },
+    OpSpec {
+        name: "LayerNormalization",
+        since: 17,
+        infer: infer_layer_norm,
+        eval: eval_layer_norm,
+    },
+    OpSpec {
+        name: "RMSNormalization",
+        since: 23,
+        infer: infer_same,
+        eval: eval_rms_norm,
+    },
+    OpSpec {
+        name: "InstanceNormalization",
+        since: 6,
+        infer: infer_same,
+        eval: eval_group_norm,
+    },
+    OpSpec {
+        name: "GroupNormalization",
+        since: 21,
+        infer: infer_same,
+        eval: eval_group_norm,
+    },
+    OpSpec {
+        name: "BatchNormalization",
+        since: 9,
+        infer: infer_same,
+        eval: eval_batch_norm,
+    },
+];
+
+/// A function of each row along `axis` (opset 13 on: the axis alone; before, the input
+/// was flattened to 2-D at `axis`): `Softmax`, `LogSoftmax`, `Hardmax` (1 at the
+/// row's first maximum), `LpNormalization` (`x / ‖row‖_p`, `p` 1 or 2).
+fn eval_along_axis(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let (outer, n, inner) = split_at(x.shape, a);
+    let op = node.op.as_str();
+    let p = node.int("p", 2)?;
+    if op == "LpNormalization" && !matches!(p, 1 | 2) {
+        return fail(node, format!("p = {p} (ONNX defines 1 and 2)"));
+    }
+    let mut out = vec![0f32; v.len()];
+    let mut row = vec![0f64; n];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            for (j, r) in row.iter_mut().enumerate() {
+                *r = v[at(j)] as f64;
+            }
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            match op {
+                "Softmax" | "LogSoftmax" => {
+                    let sum: f64 = row.iter().map(|&e| (e - max).exp()).sum();
+                    for (j, &e) in row.iter().enumerate() {
+                        out[at(j)] = if op == "Softmax" {
+                            ((e - max).exp() / sum) as f32
+                        } else {
+                            (e - max - sum.ln()) as f32
+                        };
+                    }
+                }
+                "Hardmax" => {
+                    if let Some(j) = row.iter().position(|&e| e == max) {
+                        out[at(j)] = 1.0;
+                    }
+                }
+                _ => {
+                    let norm = if p == 1 {
+                        row.iter().map(|e| e.abs()).sum::<f64>()
+                    } else {
+                        row.iter().map(|e| e * e).sum::<f64>().sqrt()
+                    };
+                    for (j, &e) in row.iter().enumerate() {
+                        out[at(j)] = if norm == 0.0 { 0.0 } else { (e / norm) as f32 };
+                    }
+                }
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let a = axis(node, node.int("axis", -1)?, x.rank())?;
+    let mut stat = x.shape[..a].to_vec();
+    stat.extend(std::iter::repeat_n(Expr::Const(1), x.rank() - a));
+    let mut outs = vec![Fact::new(x.dtype, x.shape.to_vec())];
+    for _ in 1..node.outputs.len() {
+        outs.push(Fact::new(x.dtype, stat.clone()));
+    }
+    Ok(outs)
+}
+
+fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
+    let bias = ins
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|b| b.as_f32())
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    let eps = node.float("epsilon", 1e-5)?;
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let rows: usize = x.shape[..a].iter().product();
+    let n: usize = x.shape[a..].iter().product();
+    if scale.len() != n || bias.is_some_and(|b| b.len() != n) {
+        return fail(
+            node,
+            format!("scale and bias must have the {n} elements of the normalized axes"),
+        );
+    }
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; v.len()];
+    let (mut means, mut invs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for (row, out) in v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+        let mean = lane_sum(row, |x| x) / n as f32;
+        let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        match bias {
+            Some(b) => {
+                for (((y, &x), &g), &b) in out.iter_mut().zip(row).zip(scale).zip(b) {
+                    *y = (x - mean) * inv * g + b;
+                }
+            }
+            None => {
+                for ((y, &x), &g) in out.iter_mut().zip(row).zip(scale) {
+                    *y = (x - mean) * inv * g;
+                }
+            }
+        }
+        means.push(mean);
+        invs.push(inv);
+    }
+    // Rows of no elements: no mean, no deviation.
+    means.resize(rows, f32::NAN);
+    invs.resize(rows, f32::NAN);
+    let mut stat: Vec<usize> = x.shape[..a].to_vec();
+    stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
+    let mut outs = vec![Tensor::f32(x.shape.to_vec(), out)?];
+    if node.outputs.len() > 1 {
+        outs.push(Tensor::f32(stat.clone(), means)?);
+    }
+    if node.outputs.len() > 2 {
+        outs.push(Tensor::f32(stat, invs)?);
+    }
+    Ok(outs)
+}
+
+/// The sum of `f` over `xs` in eight independent partial sums (the loop vectorizes;
+/// the partial sums also keep the rounding error of a long row small).
+fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(x);
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().map(|&x| f(x)).sum::<f32>()
+}
+
+/// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`
+/// per channel (axis 1), from the running statistics; training mode is refused.
+fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    if node.int("training_mode", 0)? != 0 || node.outputs.len() > 1 {
+        return fail(node, "training mode (batch statistics) is not supported");
+    }
+    let x = req(node, ins, 0)?;
+    if x.shape.len() < 2 {
+        return fail(node, "an input of rank 2 or more (N, C, ...)");
+    }
+    let c = x.shape[1];
+    let channel = |i: usize| -> Result<&[f32]> {
+        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
+        if v.len() != c {
+            return fail(
+                node,
+                format!("input {i} must have the {c} channels' values"),
+            );
+        }
+        Ok(v)
+    };
+    let (scale, bias, mean, var) = (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
+    let eps = node.float("epsilon", 1e-5)? as f64;
+    let inner: usize = x.shape[2..].iter().product();
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let out = v
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| {
+            let ch = (i / inner.max(1)) % c;
+            let inv = 1.0 / (var[ch] as f64 + eps).sqrt();
+            ((e as f64 - mean[ch] as f64) * inv * scale[ch] as f64 + bias[ch] as f64) as f32
+        })
+        .collect();
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+/// `RMSNormalization(x, scale)`: each group of the axes from `axis` on divided by its
+/// root mean square (`sqrt(mean(x²) + epsilon)`) and multiplied by `scale`, which
+/// broadcasts to those axes.
+fn eval_rms_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let scale = req(node, ins, 1)?;
+    let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
+    let eps = node.float("epsilon", 1e-5)? as f64;
+    let normalized = &x.shape[a..];
+    if scale.shape.len() > normalized.len()
+        || super::broadcast_shape(scale.shape, normalized).as_deref() != Some(normalized)
+    {
+        return fail(
+            node,
+            format!(
+                "the scale's shape {:?} does not broadcast to the normalized axes {normalized:?}",
+                scale.shape
+            ),
+        );
+    }
+    let g = scale.as_f32().map_err(|e| node.error(e))?;
+    let g: Vec<f32> = broadcast_indices(scale.shape, normalized)
+        .into_iter()
+        .map(|i| g[i])
+        .collect();
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let n = g.len().max(1);
+    let mut out = vec![0f32; v.len()];
+    for (row, out) in v.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let ms = row.iter().map(|&e| e as f64 * e as f64).sum::<f64>() / n as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((y, &e), &s) in out.iter_mut().zip(row).zip(&g) {
+            *y = (e as f64 * inv * s as f64) as f32;
+        }
+    }
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+/// `InstanceNormalization(x, scale, B)` (a group per channel) and
+/// `GroupNormalization(x, scale, bias)` (`num_groups` groups of channels): each group
+/// of each sample, over its channels and spatial axes, brought to mean 0 and variance 1,
+/// then scaled and shifted per channel (`x: [N, C, ...]`).
+fn eval_group_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    if x.shape.len() < 2 {
+        return fail(node, "an input of rank 2 or more (N, C, ...)");
+    }
+    let c = x.shape[1];
+    let groups = if node.op == "GroupNormalization" {
+        let g = node.int("num_groups", 0)?;
+        if g < 1 || c % g as usize != 0 {
+            return fail(node, format!("num_groups {g} does not divide {c} channels"));
+        }
+        g as usize
+    } else {
+        c.max(1)
+    };
+    let channel = |i: usize| -> Result<&[f32]> {
+        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
+        if v.len() != c {
+            return fail(
+                node,
+                format!("input {i} must have the {c} channels' values"),
+            );
+        }
+        Ok(v)
+    };
+    let (scale, bias) = (channel(1)?, channel(2)?);
+    let eps = node.float("epsilon", 1e-5)? as f64;
+    let spatial: usize = x.shape[2..].iter().product();
+    let per_group = c / groups * spatial;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; v.len()];
+    for (gi, (row, out)) in v
+        .chunks_exact(per_group.max(1))
+        .zip(out.chunks_exact_mut(per_group.max(1)))
+        .enumerate()
+    {
+        let mean = row.iter().map(|&e| e as f64).sum::<f64>() / per_group as f64;
+        let var = row
+            .iter()
+            .map(|&e| (e as f64 - mean) * (e as f64 - mean))
+            .sum::<f64>()
+            / per_group as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (j, (y, &e)) in out.iter_mut().zip(row).enumerate() {
+            let ch = (gi % groups) * (c / groups) + j / spatial.max(1);
+            *y = ((e as f64 - mean) * inv * scale[ch] as f64 + bias[ch] as f64) as f32;
+        }
+    }
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
