@@ -104,6 +104,46 @@ fn vit_runs_compiled() {
     check("vit_tiny.ts", &dims, &["i224", "b2i224"]);
 }
 
+/// The other encoder families: RoBERTa (position ids from a `CumSum` of the mask, and
+/// `GatherElements`), ALBERT (factorized embeddings, layers sharing weights), DistilBERT,
+/// T5's encoder (relative position buckets: `Log`, `Min`, `Where` over the positions;
+/// RMS norm decomposed; gated GELU) — both exporters where both export them.
+#[test]
+fn encoder_families_run_compiled() {
+    let cases = ["s1", "s37", "s128", "b3s17"];
+    for model in [
+        "roberta_tiny.ts",
+        "roberta_tiny.dynamo",
+        "albert_tiny.ts",
+        "albert_tiny.dynamo",
+        "distilbert_tiny.ts",
+        "distilbert_tiny.dynamo",
+        "t5enc_tiny.ts",
+    ] {
+        check(model, &TEXT, &cases);
+    }
+}
+
+/// A Llama-style decoder (RMS norm, rotary embeddings from `Sin`/`Cos` of the positions,
+/// SiLU-gated MLP, grouped-query attention: 4 query heads over 2 key/value heads, a
+/// causal mask) without its cache.
+#[test]
+fn llama_runs_compiled() {
+    check("llama_tiny.ts", &TEXT, &["s1", "s37", "s128", "b3s17"]);
+    check("llama_tiny.dynamo18", &TEXT, &["s37", "b3s17"]);
+}
+
+/// A ResNet (convolutions with batch norm, max pooling, residual adds, global average
+/// pooling) over any image size: 64x64, 96x96 at batch 2, 160x224, and 97x97 (odd, and
+/// past the range).
+#[test]
+fn resnet_runs_compiled() {
+    let dims = ["batch=1..2", "height=32..96", "width=32..96"];
+    let cases = ["i64", "b2i96", "i160x224", "i97"];
+    check("resnet_tiny.ts", &dims, &cases);
+    check("resnet_tiny.dynamo18", &dims, &cases);
+}
+
 /// GPT-2 with its key/value cache as inputs and outputs, compiled for a past from 0
 /// (the prompt) to 64: prompts, later steps, a past of 128 (past the range) and batch 3
 /// (past it too), in one process, so a step with an empty past follows ones with a
@@ -115,22 +155,23 @@ fn gpt2_with_past_runs_compiled() {
     check("gpt2_tiny_past.ts", &dims, &cases);
     let total = [&dims[..], &["total_sequence=1..128"]].concat();
     check("gpt2_tiny_past.dynamo18", &total, &cases);
+    check("llama_tiny_past.ts", &dims, &cases);
+    check("llama_tiny_past.dynamo18", &total, &cases);
 }
 
 /// Greedy generation (the prompt, then a run per token, the caches kept in place and
 /// appended to) gives onnxruntime's tokens and, at every step, its
 /// logits within 1e-4, for prompts of 1, 37 and 200 tokens (past the compiled range)
-/// and 64 new tokens.
+/// and 64 new tokens: GPT-2 and the Llama-style decoder (its cache of 2 key/value
+/// heads, rotary positions from the cache's length), each from both exporters.
 #[test]
-fn gpt2_generates_onnxruntime_tokens() {
+fn decoders_generate_onnxruntime_tokens() {
     use anyshape_runtime::{Decoder, GenerateOptions, Sampling};
     let dims = ["batch=1", "sequence=1..64", "past_sequence=0..128"];
+    let total = [&dims[..], &["total_sequence=1..192"]].concat();
     for (model, dims) in [
         ("gpt2_tiny_past.ts", dims.to_vec()),
-        (
-            "gpt2_tiny_past.dynamo18",
-            [&dims[..], &["total_sequence=1..192"]].concat(),
-        ),
+        ("gpt2_tiny_past.dynamo18", total.clone()),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = compile(model, &dims, dir.path());
