@@ -145,6 +145,52 @@ fn gpt2_with_past_reads_its_cache_in_place() {
     }
 }
 
+/// Grouped-query attention (the Llama-style decoder: 4 query heads over 2 cache heads):
+/// its contractions read each cache head in place for its group of query heads — the
+/// repeat (`Unsqueeze`, `Expand`, `Reshape`) of the cache is no step at all — with the
+/// two scales (Llama scales queries and keys by √scale each) and the mask folded in.
+#[test]
+fn llama_reads_its_cache_in_place_for_each_group() {
+    let (ts, f, n) = tasks("llama_tiny_past.ts.onnx");
+    steps_cover_each_node_once(&f, n);
+    let (dynamo, f2, n2) = tasks("llama_tiny_past.dynamo18.onnx");
+    steps_cover_each_node_once(&f2, n2);
+    for w in [
+        "grouped_cache_attention_scores(B=batch,H=2,G=2,M=sequence,N=past_sequence+sequence,K=16,R=cache_reserve)+scale(0.25)+add(b,m,n)",
+        "grouped_cache_attention_context(B=batch,H=2,G=2,M=sequence,N=16,K=past_sequence+sequence,R=cache_reserve)",
+    ] {
+        for (file, t) in [("ts", &ts), ("dynamo", &dynamo)] {
+            assert!(t.contains(&(w.to_string(), 2)), "{file}: {w} missing from {t:#?}");
+        }
+    }
+    for (file, f) in [
+        ("llama_tiny_past.ts.onnx", &f),
+        ("llama_tiny_past.dynamo18.onnx", &f2),
+    ] {
+        let g = onnx::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models")
+                .join(file),
+        )
+        .unwrap();
+        let presents: Vec<usize> = g.outputs[1..].to_vec();
+        for s in &f.steps {
+            let reads_cache = s.nodes.iter().any(|&k| {
+                g.nodes[k]
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .any(|v| presents.contains(v))
+            });
+            assert!(
+                !reads_cache || matches!(s.kind, StepKind::Kernel(_)),
+                "{file}: a {:?} step reads a cache",
+                s.kind
+            );
+        }
+    }
+}
+
 /// In bf16 every dense layer over a weight becomes `dense_bf16` (the same tasks
 /// otherwise: attention and softmax stay f32), its weight stored as words of bfloat16
 /// pairs: half the bytes of the f32 plan's panels.

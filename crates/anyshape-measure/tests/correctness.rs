@@ -367,6 +367,16 @@ fn attention_all_strategies_and_modes() {
         3,
     );
     contraction("cache_attention_context(B=2,H=3,M=T,N=16,K=T+1,R=T)", 3);
+    // Grouped-query attention's: G = 3 query heads per cache head, the cache read in
+    // place by each (broadcast over g), the mask broadcast over the heads and groups.
+    contraction(
+        "grouped_cache_attention_scores(B=2,H=2,G=3,M=T,N=T+1,K=16,R=5)+scale(0.25)+add(b,m,n)",
+        3,
+    );
+    contraction(
+        "grouped_cache_attention_context(B=2,H=2,G=3,M=T,N=16,K=T+1,R=T)",
+        3,
+    );
 }
 
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),

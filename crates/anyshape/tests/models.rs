@@ -172,6 +172,8 @@ fn decoders_generate_onnxruntime_tokens() {
     for (model, dims) in [
         ("gpt2_tiny_past.ts", dims.to_vec()),
         ("gpt2_tiny_past.dynamo18", total.clone()),
+        ("llama_tiny_past.ts", dims.to_vec()),
+        ("llama_tiny_past.dynamo18", total.clone()),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = compile(model, &dims, dir.path());

@@ -15,6 +15,14 @@
 //!   past its end (`R` = [`CACHE_RESERVE`]) where it is the model's `present` output
 //!   (the runtime may then keep it across runs and append to it).
 //!
+//! - Grouped-query attention (Llama's) repeats each cache head for its group of query
+//!   heads (`Reshape(Expand(Unsqueeze(present, 2)))` to `[batch, heads·group,
+//!   sequence, dim]`): with queries and probabilities in `[batch, heads, sequence,
+//!   dim]`, `MatMul(Q, Transpose(repeated K, [0,1,3,2]))` is
+//!   `grouped_cache_attention_scores` and `MatMul(P, repeated V)`
+//!   `grouped_cache_attention_context`, which read each cache head in place for its
+//!   whole group instead of the repeated copy.
+//!
 //! Every value inside a pattern must have that one use; anything else stays the plain
 //! `batch_matmul_nn` and host steps.
 use super::{Fuser, VIEWS};
@@ -43,6 +51,8 @@ const HEADS: [usize; 4] = [0, 2, 1, 3];
 const HEADS_T: [usize; 4] = [0, 2, 3, 1];
 /// The keys' transpose from a cache's `[batch, heads, sequence, dim]`.
 const CACHE_T: [usize; 4] = [0, 1, 3, 2];
+/// No transpose: reshapes that come back to the same axes, and scalings.
+const IDENTITY: [usize; 4] = [0, 1, 2, 3];
 
 impl Fuser<'_> {
     /// The attention contraction whose `MatMul` is node `k`, if the pattern holds.
@@ -53,6 +63,9 @@ impl Fuser<'_> {
         }
         let (a, b) = (node.input(0).ok()?, node.input(1).ok()?);
         let y = node.outputs[0];
+        if let Some(grouped) = self.grouped_attention(a, b, y) {
+            return Some(grouped);
+        }
         if let Some(q) = self.transposed_from(a, HEADS) {
             // Q [B, M, H, K]; K [B, N, H, K] from the projection, or [B, H, N, K] from
             // a cache.
@@ -139,6 +152,119 @@ impl Fuser<'_> {
             nodes,
             output: t.outputs[0],
         })
+    }
+
+    /// Grouped-query attention's contraction `MatMul(a, b) = y`: the scores where `b`
+    /// is a repeated cache transposed (`[0,1,3,2]`), the context where it is the
+    /// repeated cache itself; `a` (scaled or not) in `[batch, heads·group, sequence,
+    /// dim]`.
+    fn grouped_attention(&self, a: ValueId, b: ValueId, y: ValueId) -> Option<Attention> {
+        let (x, x_scale, x_nodes) =
+            self.transposed_from(a, IDENTITY)
+                .unwrap_or((a, 1.0, Vec::new()));
+        let sx = self.shape(x);
+        let (op, (cache, group, c_nodes), c_scale, t_nodes) = match self.transposed_from(b, CACHE_T)
+        {
+            Some((kt, s, nodes)) => (
+                "grouped_cache_attention_scores",
+                self.repeated(kt)?,
+                s,
+                nodes,
+            ),
+            None => {
+                let (v, s, nodes) =
+                    self.transposed_from(b, IDENTITY)
+                        .unwrap_or((b, 1.0, Vec::new()));
+                (
+                    "grouped_cache_attention_context",
+                    self.repeated(v)?,
+                    s,
+                    nodes,
+                )
+            }
+        };
+        let sc = self.shape(cache);
+        if sx.len() != 4
+            || sc.len() != 4
+            || sx[0] != sc[0]
+            || !same_product(&sx[1], &[sc[1].clone(), group.clone()])
+        {
+            return None;
+        }
+        // Scores: Q [B, H·G, M, K] against keys [B, H, N, K]; context: P [B, H·G, M, K]
+        // against values [B, H, K, N].
+        let (n, k) = if op == "grouped_cache_attention_scores" {
+            if sx[3] != sc[3] {
+                return None;
+            }
+            (sc[2].clone(), sx[3].clone())
+        } else {
+            if sx[3] != sc[2] {
+                return None;
+            }
+            (sc[3].clone(), sx[3].clone())
+        };
+        let args = [
+            sx[0].clone(),
+            sc[1].clone(),
+            group,
+            sx[2].clone(),
+            n,
+            k,
+            self.cache_rows(cache),
+        ];
+        Some(Attention {
+            workload: Workload::of(op, &args).ok()?,
+            inputs: [x, cache],
+            scale: x_scale * c_scale,
+            nodes: [x_nodes, t_nodes, c_nodes].concat(),
+            output: y,
+        })
+    }
+
+    /// A cache `[B, H, S, D]` repeated for groups of `G` heads: `v` is
+    /// `Reshape(Expand(Unsqueeze(cache, 2) → [B, H, G, S, D]) → [B, H·G, S, D])`, each
+    /// value on the way used once. The cache, `G` and the three nodes.
+    fn repeated(&self, v: ValueId) -> Option<(ValueId, Expr, Vec<usize>)> {
+        let step = |v: ValueId, op: &str| -> Option<(usize, ValueId)> {
+            let p = self.producer[v]?;
+            let n = &self.g.nodes[p];
+            (n.op == op
+                && self.consumers[v].len() == 1
+                && !self.g.outputs.contains(&v)
+                && !self.taken[p])
+                .then_some((p, n.input(0).ok()?))
+        };
+        let (reshape, e) = step(v, "Reshape")?;
+        let (expand, u) = step(e, "Expand")?;
+        let (unsqueeze, cache) = step(u, "Unsqueeze")?;
+        let (sv, se, su, sc) = (
+            self.shape(v),
+            self.shape(e),
+            self.shape(u),
+            self.shape(cache),
+        );
+        let one = Expr::Const(1);
+        if sc.len() != 4
+            || su
+                != [
+                    sc[0].clone(),
+                    sc[1].clone(),
+                    one,
+                    sc[2].clone(),
+                    sc[3].clone(),
+                ]
+            || se.len() != 5
+            || se[..2] != sc[..2]
+            || se[3..] != sc[2..]
+            || sv.len() != 4
+            || sv[0] != sc[0]
+            || sv[2..] != sc[2..]
+            || !same_product(&sv[1], &[sc[1].clone(), se[2].clone()])
+        {
+            return None;
+        }
+        Some((cache, se[2].clone(), vec![unsqueeze, expand, reshape]))
     }
 
     /// The rows a cache holds past `v`'s: [`CACHE_RESERVE`] where `v` is a decoder's

@@ -37,7 +37,9 @@ impl Fuser<'_> {
     /// The output axes of the contraction `backbone` along which `o` is added to its
     /// output `v` (shaped `out_shape` and not reshaped since), the others broadcast
     /// (dims of 1): e.g. an attention mask `[B, 1, M, N]` over the scores `[B, H, M, N]`
-    /// is axes `b, m, n`. `None` where it is not such a broadcast.
+    /// is axes `b, m, n`. A dim of `v` may span adjacent output axes (grouped-query
+    /// scores `[B, H·G, M, N]` are axes `b, h, g, m, n`): `o`'s dim there is all of them
+    /// or 1. `None` where it is not such a broadcast.
     pub(super) fn broadcast_axes(
         &self,
         o: ValueId,
@@ -47,14 +49,35 @@ impl Fuser<'_> {
     ) -> Option<Vec<usize>> {
         let names = backbone.output_axes();
         let (os, vs) = (self.shape(o), self.shape(v));
-        if vs != out_shape || vs.len() != names.len() || os.len() > vs.len() {
+        if vs != out_shape || os.len() > vs.len() {
+            return None;
+        }
+        // The run of output axes behind each dim of `v`, in order.
+        let extents = &backbone.output.shape;
+        let mut runs: Vec<&[usize]> = Vec::new();
+        let mut at = 0;
+        for d in vs {
+            let mut take = 1;
+            while at + take <= names.len()
+                && anyshape_tensor::exact_quotient(std::slice::from_ref(d), &extents[at..at + take])
+                    != Some(Expr::Const(1))
+            {
+                take += 1;
+            }
+            if at + take > names.len() {
+                return None;
+            }
+            runs.push(&names[at..at + take]);
+            at += take;
+        }
+        if at != names.len() {
             return None;
         }
         let lead = vs.len() - os.len();
         let mut axes = Vec::new();
         for (i, d) in os.iter().enumerate() {
             match anyshape_tensor::equal(d, &vs[lead + i]) {
-                Some(true) => axes.push(names[lead + i]),
+                Some(true) => axes.extend(runs[lead + i]),
                 _ if d.as_const() == Some(1) => {}
                 _ => return None,
             }

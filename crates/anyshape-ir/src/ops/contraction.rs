@@ -181,6 +181,55 @@ pub fn cache_attention_context(a: &[Expr]) -> Workload {
     w
 }
 
+fn grouped_axes(a: &[Expr]) -> Vec<crate::Axis> {
+    let [b, h, g, m, n, k] = [&a[0], &a[1], &a[2], &a[3], &a[4], &a[5]];
+    vec![
+        axis("b", b, Spatial),
+        axis("h", h, Spatial),
+        axis("g", g, Spatial),
+        axis("m", m, Spatial),
+        axis("n", n, Spatial),
+        axis("k", k, Reduction),
+    ]
+}
+
+/// `grouped_cache_attention_scores(B, H, G, M, N, K, R)`: `Y[b,h,g,m,n] = Σ_k
+/// X[b,h,g,m,k] · W[b,h,n,k]`, grouped-query attention's scores (Llama's): `H·G` query
+/// heads in `[batch, heads, sequence, dim]` (`[B, H·G, M, K]`, each group of `G`
+/// consecutive heads sharing one key head), keys in a cache's `[B, H, N + R, K]` read
+/// in place by every head of their group — instead of the cache repeated `G` times.
+/// `R` as in [`cache_attention_scores`].
+pub fn grouped_cache_attention_scores(a: &[Expr]) -> Workload {
+    let axes = grouped_axes(a);
+    let mut w = contraction(
+        "grouped_cache_attention_scores",
+        &["B", "H", "G", "M", "N", "K", "R"],
+        a,
+        axes,
+        [&[0, 1, 2, 3, 5], &[0, 1, 4, 5], &[0, 1, 2, 3, 4]],
+    );
+    w.inputs[1].shape[2] = (&a[4] + &a[6]).simplify();
+    w
+}
+
+/// `grouped_cache_attention_context(B, H, G, M, N, K, R)`: `Y[b,h,g,m,n] = Σ_k
+/// X[b,h,g,m,k] · W[b,h,k,n]`, grouped-query attention's context: the probabilities of
+/// `H·G` query heads (`[B, H·G, M, K]`) against values in a cache's `[B, H, K + R, N]`,
+/// each group of `G` heads reading its value head in place; the output in
+/// `[batch, heads, sequence, dim]`.
+pub fn grouped_cache_attention_context(a: &[Expr]) -> Workload {
+    let axes = grouped_axes(a);
+    let mut w = contraction(
+        "grouped_cache_attention_context",
+        &["B", "H", "G", "M", "N", "K", "R"],
+        a,
+        axes,
+        [&[0, 1, 2, 3, 5], &[0, 1, 5, 4], &[0, 1, 2, 3, 4]],
+    );
+    w.inputs[1].shape[2] = (&a[5] + &a[6]).simplify();
+    w
+}
+
 /// The contraction `op` over `axes`: operands `X` and `W` and output `Y` indexed by the
 /// given axes (in their dimension order).
 fn contraction(

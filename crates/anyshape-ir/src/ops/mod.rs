@@ -26,7 +26,7 @@ pub struct OpDef {
 }
 
 /// The shape var of the rows a decoder's key/value cache holds past those a run reads
-/// (the `R` of `cache_attention_scores` and `cache_attention_context`): 0 in a plain
+/// (the `R` of the `cache_attention_*` and `grouped_cache_attention_*` ops): 0 in a plain
 /// run, where the cache is exactly the `present` tensor; the room left where the
 /// runtime keeps the cache across runs and appends to it in place.
 pub const CACHE_RESERVE: &str = "cache_reserve";
@@ -95,6 +95,20 @@ pub static OPERATORS: &[OpDef] = &[
         doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,h,k,n] (values in a cache's [batch, heads, K+R, dim]: R rows to spare; output in [batch, sequence, heads, dim])",
         class: "contraction",
         build: contraction::cache_attention_context,
+    },
+    OpDef {
+        name: "grouped_cache_attention_scores",
+        args: &["B", "H", "G", "M", "N", "K", "R"],
+        doc: "Y[b,h,g,m,n] = sum_k X[b,h,g,m,k] * W[b,h,n,k] (grouped-query: H*G query heads in [batch, heads, sequence, dim], G per key head of a cache's [batch, H, N+R, dim])",
+        class: "contraction",
+        build: contraction::grouped_cache_attention_scores,
+    },
+    OpDef {
+        name: "grouped_cache_attention_context",
+        args: &["B", "H", "G", "M", "N", "K", "R"],
+        doc: "Y[b,h,g,m,n] = sum_k X[b,h,g,m,k] * W[b,h,k,n] (grouped-query: H*G heads' probabilities, G per value head of a cache's [batch, H, K+R, dim]; output in [batch, heads, sequence, dim])",
+        class: "contraction",
+        build: contraction::grouped_cache_attention_context,
     },
     OpDef {
         name: "softmax",
