@@ -75,6 +75,7 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
                             transposed,
                             precision,
                         } => l.panels(v, width, transposed, precision),
+                        Layout::Columns { conv } => l.columns(v, &g.nodes[conv]),
                     })
                     .collect::<Result<_>>()?;
                 let y = step
@@ -235,6 +236,42 @@ impl Lowering<'_> {
                 }
             },
         )
+    }
+
+    /// The plan's value of the columns of image tensor `x` for the convolution `conv`
+    /// (`[n, ci·kh·kw, oh·ow]`), laid out by a host step ([`anyshape_tensor::ops::IM2COL`])
+    /// pushed here, before the kernel that reads them.
+    fn columns(&mut self, x: ValueId, conv: &Node) -> Result<usize> {
+        let kernel = fact(self.facts, conv.input(1)?)
+            .const_shape()
+            .filter(|s| s.len() == 4)
+            .ok_or_else(|| internal("a convolution's filters are not constant"))?;
+        let mut attrs = conv.attrs.clone();
+        attrs.insert(
+            "kernel_shape".into(),
+            anyshape_tensor::Attr::Ints(vec![kernel[2] as i64, kernel[3] as i64]),
+        );
+        let spec = anyshape_tensor::ops::op(anyshape_tensor::ops::IM2COL)
+            .ok_or_else(|| internal("no im2col op"))?;
+        let mut node = Node {
+            name: format!("{} (columns)", conv.name),
+            op: spec.name.into(),
+            inputs: vec![Some(x)],
+            outputs: vec![],
+            attrs,
+        };
+        let out = (spec.infer)(&node, &[Some(fact(self.facts, x))])?.remove(0);
+        let input = self.value(x)?;
+        let id = self.push(Value {
+            name: format!("{} (columns)", self.g.values[x]),
+            dtype: out.dtype,
+            shape: out.shape,
+            storage: Storage::Owned,
+        });
+        node.inputs = vec![Some(input)];
+        node.outputs = vec![id];
+        self.plan.steps.push(Step::Host(node));
+        Ok(id)
     }
 
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows

@@ -191,6 +191,37 @@ fn llama_reads_its_cache_in_place_for_each_group() {
     }
 }
 
+/// A ResNet's convolutions become `conv_columns` kernels over their inputs' patches,
+/// each with its bias, the residual add and the ReLU after it, reading columns a host
+/// `anyshape.Im2Col` lays out (the shortcut's 1x1 projection strides by 2, so it too).
+#[test]
+fn resnet_convolutions_become_kernels() {
+    for file in ["resnet_tiny.ts.onnx", "resnet_tiny.dynamo18.onnx"] {
+        let (t, f, n) = tasks(file);
+        steps_cover_each_node_once(&f, n);
+        assert_eq!(t.len(), 6, "{file}: {t:#?}");
+        assert!(
+            t.iter().all(|(w, _)| w.starts_with("conv_columns(")),
+            "{t:#?}"
+        );
+        let with_residual = t
+            .iter()
+            .filter(|(w, _)| w.ends_with("+add(m)+add(b,m,n)+relu"))
+            .count();
+        assert_eq!(
+            with_residual, 2,
+            "{file}: the two blocks' residual adds: {t:#?}"
+        );
+        let columns = f
+            .steps
+            .iter()
+            .flat_map(|s| &s.inputs)
+            .filter(|(_, l)| matches!(l, anyshape_graph::Layout::Columns { .. }))
+            .count();
+        assert_eq!(columns, 6, "{file}: every convolution reads columns");
+    }
+}
+
 /// In bf16 every dense layer over a weight becomes `dense_bf16` (the same tasks
 /// otherwise: attention and softmax stay f32), its weight stored as words of bfloat16
 /// pairs: half the bytes of the f32 plan's panels.

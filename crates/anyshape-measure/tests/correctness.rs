@@ -379,6 +379,15 @@ fn attention_all_strategies_and_modes() {
     );
 }
 
+/// A convolution on its input's columns: filters shared by the batch (the first
+/// operand broadcast over `b`), the columns read N-contiguous, with a per-channel bias,
+/// a residual input and ReLU (a ResNet block's), at batch 1 and 3.
+#[test]
+fn conv_columns_all_strategies_and_modes() {
+    contraction("conv_columns(B=1,M=19,N=T,K=27)+add(m)+relu", 2);
+    contraction("conv_columns(B=3,M=8,N=T*T,K=36)+add(m)+add(b,m,n)+relu", 3);
+}
+
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),
 /// a residual input, scaling; on every strategy and mode.
 #[test]

@@ -469,7 +469,8 @@ fn clip_trilu_and_batch_norm_match_their_definitions_at_every_n() {
 }
 
 /// A model with ops anyshape does not import is refused, by `inspect` and `compile`,
-/// naming every such op at once (with a node and how many), not only the first.
+/// naming every such op at once (with a node and how many), not only the first — the
+/// ops compiling makes for itself (`anyshape.Im2Col`) among them.
 #[test]
 fn every_op_not_imported_is_named_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -480,13 +481,15 @@ fn every_op_not_imported_is_named_at_once() {
         .node("NoSuchOp", &["x", "x"], &["a"], &[])
         .node("Relu", &["a"], &["b"], &[])
         .node("FancyOp", &["b"], &["c"], &[])
-        .node("NoSuchOp", &["c", "x"], &["y"], &[])
+        .node("anyshape.Im2Col", &["c"], &["e"], &[])
+        .node("NoSuchOp", &["e", "x"], &["y"], &[])
         .output("y", &rows)
         .write(&d.join("m.onnx"));
     let words = [
         "does not import yet",
         "FancyOp (node `FancyOp_2`)",
         "NoSuchOp (2 nodes, the first `NoSuchOp_0`)",
+        "anyshape.Im2Col (node `anyshape.Im2Col_3`)",
     ];
     failed_with(&anyshape(d, &["inspect", "m.onnx"]), &words);
     failed_with(&compile_n(d, "m.onnx", "m.module"), &words);
@@ -603,5 +606,136 @@ fn a_huge_pooling_window_is_refused() {
         );
     } else {
         failed_with(&compiled, &["more work than one op may do"]);
+    }
+}
+
+/// A 2-D convolution of `x` (`[n, ci, h, w]`) by `w` (`[co, ci, kh, kw]`) as its
+/// definition's loop nest, in f64: strides, pads (top, left, bottom, right),
+/// dilations, a bias or none.
+#[allow(clippy::too_many_arguments)]
+fn conv_nest(
+    x: &[f32],
+    [n, ci, h, wd]: [usize; 4],
+    w: &[f32],
+    [co, kh, kw]: [usize; 3],
+    bias: Option<&[f32]>,
+    [sy, sx]: [usize; 2],
+    [pt, pl, pb, pr]: [usize; 4],
+    [dy, dx]: [usize; 2],
+) -> (Vec<f32>, [usize; 4]) {
+    let oh = (h + pt + pb - dy * (kh - 1) - 1) / sy + 1;
+    let ow = (wd + pl + pr - dx * (kw - 1) - 1) / sx + 1;
+    let mut out = Vec::with_capacity(n * co * oh * ow);
+    for b in 0..n {
+        for o in 0..co {
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let mut acc = bias.map_or(0.0, |v| v[o] as f64);
+                    for i in 0..ci {
+                        for u in 0..kh {
+                            for q in 0..kw {
+                                let iy = (y * sy + u * dy) as isize - pt as isize;
+                                let ix = (xo * sx + q * dx) as isize - pl as isize;
+                                if (0..h as isize).contains(&iy) && (0..wd as isize).contains(&ix) {
+                                    acc += x[((b * ci + i) * h + iy as usize) * wd + ix as usize]
+                                        as f64
+                                        * w[((o * ci + i) * kh + u) * kw + q] as f64;
+                                }
+                            }
+                        }
+                    }
+                    out.push(acc as f32);
+                }
+            }
+        }
+    }
+    (out, [n, co, oh, ow])
+}
+
+/// Convolutions over constant filters run as `conv_columns` kernels: a pointwise one
+/// (its input read in place), a padded 3x3 one with its bias, a residual input and
+/// ReLU fused, and a strided, dilated, unevenly padded one without a bias (its input's
+/// columns laid out by a host step) — at batch 1, a prime, the range's end and past it.
+#[test]
+fn convolutions_match_their_loop_nest_at_every_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (ci, h, wd) = (3usize, 7usize, 9usize);
+    let img = [Dim::Named("n"), Dim::Fixed(3), Dim::Fixed(7), Dim::Fixed(9)];
+    let filters = |co: usize, kh: usize, kw: usize, seed: usize| -> Vec<f32> {
+        (0..co * ci * kh * kw)
+            .map(|i| (((i + seed) * 53 % 89) as f32 - 44.0) / 40.0)
+            .collect()
+    };
+    let (w1, w3, w5) = (
+        filters(4, 1, 1, 1),
+        filters(4, 3, 3, 2),
+        filters(2, 3, 2, 3),
+    );
+    let bias: Vec<f32> = (0..4).map(|o| o as f32 * 0.5 - 1.0).collect();
+    let shape = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+    let out4 = [Dim::Named("n"), Dim::Fixed(4), Dim::Fixed(7), Dim::Fixed(9)];
+    Onnx::new(17)
+        .input("x", &img)
+        .input("res", &out4)
+        .weight("w1", &shape(&[4, ci, 1, 1]), &w1)
+        .weight("w3", &shape(&[4, ci, 3, 3]), &w3)
+        .weight("w5", &shape(&[2, ci, 3, 2]), &w5)
+        .weight("b", &[4], &bias)
+        .node("Conv", &["x", "w1", "b"], &["y_pointwise"], &[])
+        .output("y_pointwise", &out4)
+        .node_lists(
+            "Conv",
+            &["x", "w3", "b"],
+            &["c3"],
+            &[],
+            &[("pads", &[1, 1, 1, 1])],
+        )
+        .node("Add", &["c3", "res"], &["s3"], &[])
+        .node("Relu", &["s3"], &["y_block"], &[])
+        .output("y_block", &out4)
+        .node_lists(
+            "Conv",
+            &["x", "w5"],
+            &["y_strided"],
+            &[],
+            &[
+                ("strides", &[2, 3]),
+                ("pads", &[2, 0, 1, 3]),
+                ("dilations", &[2, 1]),
+            ],
+        )
+        .output(
+            "y_strided",
+            &[Dim::Named("n"), Dim::Fixed(2), Dim::Fixed(3), Dim::Fixed(4)],
+        )
+        .write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert_eq!(t.matches("conv_columns(").count(), 3, "{t}");
+    for n in [1usize, 3, 4, 7] {
+        let x: Vec<f32> = (0..n * ci * h * wd)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let res: Vec<f32> = (0..n * 4 * h * wd)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        let xs = [n, ci, h, wd];
+        let (pointwise, s1) =
+            conv_nest(&x, xs, &w1, [4, 1, 1], Some(&bias), [1, 1], [0; 4], [1, 1]);
+        let (c3, s3) = conv_nest(&x, xs, &w3, [4, 3, 3], Some(&bias), [1, 1], [1; 4], [1, 1]);
+        let block: Vec<f32> = c3.iter().zip(&res).map(|(a, r)| (a + r).max(0.0)).collect();
+        let (strided, s5) = conv_nest(&x, xs, &w5, [2, 3, 2], None, [2, 3], [2, 0, 1, 3], [2, 1]);
+        assert_eq!(s5, [n, 2, 3, 4]);
+        let at = |v: &[f32], shape: &[usize]| npy("<f4", false, shape, &f32_bytes(v));
+        let members = [
+            ("x", at(&x, &xs)),
+            ("res", at(&res, &[n, 4, h, wd])),
+            ("y_pointwise", at(&pointwise, &s1)),
+            ("y_block", at(&block, &s3)),
+            ("y_strided", at(&strided, &s5)),
+        ];
+        run_checked(d, n, &members);
     }
 }

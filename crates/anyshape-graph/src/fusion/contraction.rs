@@ -1,6 +1,7 @@
-//! Contractions (`MatMul`, `Gemm`) as backbones: which operand is a weight laid out in
-//! panels, the workload (`dense_packed`, `dense_bf16` or `batch_matmul_nn`), and the
-//! elementwise ops after it that become its epilogue while they fit.
+//! Contractions (`MatMul`, `Gemm`, `Conv`) as backbones: which operand is a weight laid
+//! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`, or
+//! `conv_columns` over the input's patches), and the elementwise ops after it that
+//! become its epilogue while they fit.
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
 use crate::fact;
 use anyshape_ir::{Binary, Expr, Precision, Unary, Workload};
@@ -24,6 +25,51 @@ impl Fuser<'_> {
         Some((w, Layout::panels(transposed, precision)))
     }
 
+    /// A 2-D convolution `Conv(X, W, B)` over constant filters `W` `[co, ci, kh, kw]`
+    /// (and bias), one group: `conv_columns` over `X`'s patches — `X` itself where the
+    /// filters are 1x1 with no stride, pad or dilation (`[n, ci, h·w]` is already its
+    /// columns), else the columns a host step lays out.
+    fn convolution(&self, k: usize) -> Option<(Workload, Layout)> {
+        let node = &self.g.nodes[k];
+        let (x, w) = (node.input(0).ok()?, node.input(1).ok()?);
+        let filters = self.constant(w)?;
+        let [co, ci, kh, kw] = filters.shape[..] else {
+            return None;
+        };
+        if node.int("group", 1).ok()? != 1
+            || node
+                .optional_input(2)
+                .is_some_and(|c| self.constant(c).is_none())
+            || self.shape(x).len() != 4
+        {
+            return None;
+        }
+        let y = self.shape(node.outputs[0]);
+        let [n, _, oh, ow] = y else { return None };
+        let ones = |name: &str| {
+            node.ints(name)
+                .ok()
+                .is_some_and(|v| v.is_none_or(|v| v.iter().all(|&x| x == 1)))
+        };
+        let no_pads = node
+            .ints("pads")
+            .ok()
+            .is_some_and(|v| v.is_none_or(|v| v.iter().all(|&x| x == 0)));
+        let pointwise = kh == 1 && kw == 1 && ones("strides") && ones("dilations") && no_pads;
+        let layout = if pointwise {
+            Layout::AsIs
+        } else {
+            Layout::Columns { conv: k }
+        };
+        let args = [
+            n.clone(),
+            Expr::Const(co as i64),
+            (oh.clone() * ow.clone()).simplify(),
+            Expr::Const((ci * kh * kw) as i64),
+        ];
+        Some((Workload::of("conv_columns", &args).ok()?, layout))
+    }
+
     /// A backbone and its epilogue.
     pub(super) fn contraction(&self, k: usize) -> Option<Step> {
         let node = &self.g.nodes[k];
@@ -43,6 +89,17 @@ impl Fuser<'_> {
             match att.scale {
                 1.0 => att.workload.clone(),
                 s => att.workload.clone().then_scale(s as f64).ok()?,
+            }
+        } else if node.op == "Conv" {
+            let (w, columns) = self.convolution(k)?;
+            inputs = vec![(b, Layout::AsIs), (a, columns)];
+            match node.optional_input(2) {
+                Some(c) => {
+                    inputs.push((c, Layout::AsIs));
+                    let m = w.output_axes()[1];
+                    w.then_with(Binary::Add, &[m]).ok()?
+                }
+                None => w,
             }
         } else if node.op == "Gemm" {
             if node.int("transA", 0).ok()? != 0

@@ -84,6 +84,13 @@ pub enum Layout {
         /// `f32` elements or words of two `bf16`.
         precision: Precision,
     },
+    /// An NCHW image tensor's patches as the columns of a matrix per image
+    /// (`[n, ci·kh·kw, oh·ow]`), laid out at run time by a host step before the kernel:
+    /// the input of the convolution `conv`, the node whose window attributes say how.
+    Columns {
+        /// The `Conv` node.
+        conv: usize,
+    },
 }
 
 impl Layout {
@@ -259,7 +266,7 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
         }
         let node = &g.nodes[k];
         let step = match node.op.as_str() {
-            "MatMul" | "Gemm" => f.contraction(k),
+            "MatMul" | "Gemm" | "Conv" => f.contraction(k),
             "Softmax" => f.softmax(k),
             "LayerNormalization" => f.layer_norm(k),
             // A `Concat` of one input is that input (PyTorch's cache of one tensor).

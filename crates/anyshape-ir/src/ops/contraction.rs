@@ -103,6 +103,21 @@ pub fn batch_matmul_nn(a: &[Expr]) -> Workload {
     )
 }
 
+/// `conv_columns(B, M, N, K)`: `Y[b,m,n] = Σ_k X[m,k] · W[b,k,n]`, a 2-D convolution
+/// on its input's columns: `X` the filters `[out channels, in channels·kh·kw]` (shared
+/// by the batch), `W` each image's patches as columns `[in channels·kh·kw, out pixels]`
+/// (im2col; a 1x1 convolution's input as it is), `Y` the output in NCHW.
+pub fn conv_columns(a: &[Expr]) -> Workload {
+    let axes = batch_axes(a);
+    contraction(
+        "conv_columns",
+        &["B", "M", "N", "K"],
+        a,
+        axes,
+        [&[1, 3], &[0, 3, 2], &[0, 1, 2]],
+    )
+}
+
 fn attention_axes(a: &[Expr]) -> Vec<crate::Axis> {
     let [b, h, m, n, k] = [&a[0], &a[1], &a[2], &a[3], &a[4]];
     vec![

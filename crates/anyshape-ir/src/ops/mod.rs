@@ -69,6 +69,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::batch_matmul_nn,
     },
     OpDef {
+        name: "conv_columns",
+        args: &["B", "M", "N", "K"],
+        doc: "Y[b,m,n] = sum_k X[m,k] * W[b,k,n] (a 2-D convolution: X the filters [out channels, in channels*kh*kw], W each image's columns [in channels*kh*kw, out pixels] (im2col), Y in NCHW)",
+        class: "contraction",
+        build: contraction::conv_columns,
+    },
+    OpDef {
         name: "attention_scores",
         args: &["B", "H", "M", "N", "K"],
         doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,n,h,k] (queries and keys in [batch, sequence, heads, dim])",

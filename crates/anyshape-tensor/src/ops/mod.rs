@@ -12,7 +12,8 @@
 //! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
-//! - `linalg.rs`: `MatMul`, `Gemm`, `Conv`;
+//! - `linalg.rs`: `MatMul`, `Gemm`;
+//! - `conv.rs`: `Conv`, and the internal `anyshape.Im2Col` before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
 //!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
@@ -23,6 +24,7 @@
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`.
 mod activation;
+mod conv;
 mod elementwise;
 mod index;
 mod linalg;
@@ -38,6 +40,7 @@ mod unary;
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
 use anyshape_ir::Expr;
+pub use conv::IM2COL;
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -74,6 +77,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(movement::OPS)
         .chain(index::OPS)
         .chain(linalg::OPS)
+        .chain(conv::OPS)
         .chain(normalize::OPS)
         .chain(pad::OPS)
         .chain(pool::OPS)
@@ -105,7 +109,8 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
     }
     let mut unknown: std::collections::BTreeMap<&str, (&str, usize)> = Default::default();
     for node in nodes {
-        let Some(spec) = op(&node.op) else {
+        // Internal ops (`anyshape.…`) are what compiling makes, never a model's.
+        let Some(spec) = op(&node.op).filter(|_| !node.op.starts_with("anyshape.")) else {
             unknown.entry(&node.op).or_insert((&node.name, 0)).1 += 1;
             continue;
         };

@@ -1,0 +1,362 @@
+//! 2-D convolutions (NCHW): `Conv` as a reference (patches × filters through the
+//! `gemm` crate: a host step where no kernel runs it) and `anyshape.Im2Col`, the
+//! patches of each image as the columns of a matrix — the host step before a
+//! `conv_columns` kernel, which fusion makes of a `Conv` over constant filters. The
+//! internal op is no ONNX op: a model that names it is refused at import.
+use super::pool::Window;
+use super::{fail, req, sized, OpSpec};
+use crate::node::Node;
+use crate::{Fact, Result, Tensor, TensorRef};
+use anyshape_ir::Expr;
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Conv",
+        since: 11,
+        infer: infer_conv,
+        eval: eval_conv,
+    },
+    OpSpec {
+        name: IM2COL,
+        since: 1,
+        infer: infer_im2col,
+        eval: eval_im2col,
+    },
+];
+
+/// The internal op that lays out a convolution's input patches as columns: input
+/// `x` `[n, ci, h, w]`, the convolution's window attributes and its `kernel_shape`;
+/// output `[n, ci·kh·kw, oh·ow]`.
+pub const IM2COL: &str = "anyshape.Im2Col";
+
+/// A convolution's window ([`Window`]); groups are refused.
+fn conv_window(node: &Node) -> Result<Window> {
+    if node.int("group", 1)? != 1 {
+        return fail(node, "grouped convolutions are not supported yet");
+    }
+    Window::of(node)
+}
+
+fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if x.rank() != 4 || w.rank() != 4 {
+        return fail(node, "2-D convolutions (NCHW) only");
+    }
+    let c = conv_window(node)?;
+    let kh = w.shape[2]
+        .as_const()
+        .ok_or_else(|| node.error("a symbolic kernel size"))?;
+    let kw = w.shape[3]
+        .as_const()
+        .ok_or_else(|| node.error("a symbolic kernel size"))?;
+    Ok(vec![Fact::new(
+        x.dtype,
+        vec![
+            x.shape[0].clone(),
+            w.shape[0].clone(),
+            c.out_expr(&x.shape[2], kh, 0),
+            c.out_expr(&x.shape[3], kw, 1),
+        ],
+    )])
+}
+
+fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if x.shape.len() != 4 || w.shape.len() != 4 || x.shape[1] != w.shape[1] {
+        return fail(node, "2-D convolutions (NCHW) with matching channels only");
+    }
+    let c = conv_window(node)?;
+    let (n, ci, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let (co, kh, kw) = (w.shape[0], w.shape[2], w.shape[3]);
+    if kh == 0 || kw == 0 {
+        return fail(node, "an empty kernel");
+    }
+    let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
+    let xv = x.as_f32().map_err(|e| node.error(e))?;
+    let wv = w.as_f32().map_err(|e| node.error(e))?;
+    let bias = ins
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|b| b.as_f32().map(|v| v.to_vec()))
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    sized(node, &[n, co, oh, ow])?;
+    if bias.as_ref().is_some_and(|v| v.len() != co) {
+        return fail(
+            node,
+            format!("a bias of another length than the {co} output channels"),
+        );
+    }
+    // Per image: the patches as the columns of a (ci·kh·kw) × (oh·ow) matrix (zero
+    // where a patch reaches into the padding), then weights × patches with the `gemm`
+    // crate: the output is NCHW as it comes out.
+    let (k, p) = (ci * kh * kw, oh * ow);
+    sized(node, &[k, p])?;
+    let mut cols = vec![0f32; k * p];
+    let mut out = vec![0f32; n * co * p];
+    for b in 0..n {
+        columns(xv, [ci, h, wd], [kh, kw], &c, [oh, ow], b, &mut cols);
+        let dst = &mut out[b * co * p..][..co * p];
+        if let Some(bias) = &bias {
+            for (o, row) in dst.chunks_mut(p.max(1)).enumerate() {
+                row.fill(bias[o]);
+            }
+        }
+        if co > 0 && p > 0 && k > 0 {
+            // SAFETY: dst is co × p, wv co × k and cols k × p, all row-major, as passed.
+            unsafe {
+                gemm::gemm(
+                    co,
+                    p,
+                    k,
+                    dst.as_mut_ptr(),
+                    1,
+                    p as isize,
+                    true,
+                    wv.as_ptr(),
+                    1,
+                    k as isize,
+                    cols.as_ptr(),
+                    1,
+                    p as isize,
+                    1.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(vec![n, co, oh, ow], out)?])
+}
+
+/// The patches of image `b` of `x` (`[n, ci, h, w]`) as the columns of a
+/// `(ci·kh·kw) × (oh·ow)` matrix, row-major into `cols` (zero where a patch reaches
+/// into the padding): what a convolution multiplies its filters with. Each output row
+/// of a column row is a zero run, the input row's elements at the stride (a plain copy
+/// at stride 1), and a zero run.
+fn columns(
+    x: &[f32],
+    [ci, h, wd]: [usize; 3],
+    [kh, kw]: [usize; 2],
+    c: &Window,
+    [oh, ow]: [usize; 2],
+    b: usize,
+    cols: &mut [f32],
+) {
+    let p = oh * ow;
+    let (sy, sx) = (c.strides[0], c.strides[1]);
+    for i in 0..ci {
+        let plane = &x[(b * ci + i) * h * wd..][..h * wd];
+        for u in 0..kh {
+            for q in 0..kw {
+                let row = &mut cols[((i * kh + u) * kw + q) * p..][..p];
+                // The output columns whose input column is inside: ix = xo·sx + off.
+                let off = (q * c.dilations[1]) as isize - c.pads[1] as isize;
+                let first = if off >= 0 {
+                    0
+                } else {
+                    ((-off) as usize).div_ceil(sx)
+                };
+                let end = if (wd as isize) <= off {
+                    0
+                } else {
+                    ((wd as isize - off) as usize).div_ceil(sx)
+                }
+                .clamp(first.min(ow), ow);
+                let first = first.min(end);
+                for (y, out) in row.chunks_exact_mut(ow.max(1)).take(oh).enumerate() {
+                    let iy = (y * sy + u * c.dilations[0]) as isize - c.pads[0] as isize;
+                    if !(0..h as isize).contains(&iy) {
+                        out.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy as usize * wd..][..wd];
+                    out[..first].fill(0.0);
+                    out[end..].fill(0.0);
+                    let start = (first as isize * sx as isize + off) as usize;
+                    if sx == 1 {
+                        out[first..end].copy_from_slice(&src[start..start + (end - first)]);
+                    } else {
+                        for (o, &v) in out[first..end]
+                            .iter_mut()
+                            .zip(src[start..].iter().step_by(sx))
+                        {
+                            *o = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The kernel extent `[kh, kw]` of an `anyshape.Im2Col` node.
+fn kernel_shape(node: &Node) -> Result<[usize; 2]> {
+    match node.ints("kernel_shape")? {
+        Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => Ok([v[0] as usize, v[1] as usize]),
+        _ => fail(node, "kernel_shape: two positive extents"),
+    }
+}
+
+fn infer_im2col(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() != 4 {
+        return fail(node, "an NCHW input");
+    }
+    let c = conv_window(node)?;
+    let [kh, kw] = kernel_shape(node)?;
+    let k = x.shape[1].clone() * Expr::Const((kh * kw) as i64);
+    let p = c.out_expr(&x.shape[2], kh as i64, 0) * c.out_expr(&x.shape[3], kw as i64, 1);
+    Ok(vec![Fact::new(
+        x.dtype,
+        vec![x.shape[0].clone(), k.simplify(), p.simplify()],
+    )])
+}
+
+fn eval_im2col(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let &[n, ci, h, wd] = x.shape else {
+        return fail(node, "an NCHW input");
+    };
+    let c = conv_window(node)?;
+    let [kh, kw] = kernel_shape(node)?;
+    let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
+    let (k, p) = (ci * kh * kw, oh * ow);
+    let mut cols = vec![0f32; sized(node, &[n, k, p])?];
+    let xv = x.as_f32().map_err(|e| node.error(e))?;
+    for (b, image) in cols.chunks_exact_mut((k * p).max(1)).enumerate().take(n) {
+        columns(xv, [ci, h, wd], [kh, kw], &c, [oh, ow], b, image);
+    }
+    Ok(vec![Tensor::f32(vec![n, k, p], cols)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::Attr;
+
+    /// The convolution as a plain loop nest, for the test.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        x: &[f32],
+        [n, ci, h, wd]: [usize; 4],
+        w: &[f32],
+        [co, kh, kw]: [usize; 3],
+        bias: Option<&[f32]>,
+        c: &Window,
+        [oh, ow]: [usize; 2],
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; n * co * oh * ow];
+        for b in 0..n {
+            for o in 0..co {
+                for y in 0..oh {
+                    for xo in 0..ow {
+                        let mut acc = bias.map_or(0.0, |v| v[o]);
+                        for i in 0..ci {
+                            for p in 0..kh {
+                                for q in 0..kw {
+                                    let iy = (y * c.strides[0] + p * c.dilations[0]) as isize
+                                        - c.pads[0] as isize;
+                                    let ix = (xo * c.strides[1] + q * c.dilations[1]) as isize
+                                        - c.pads[1] as isize;
+                                    if (0..h as isize).contains(&iy)
+                                        && (0..wd as isize).contains(&ix)
+                                    {
+                                        acc += x
+                                            [((b * ci + i) * h + iy as usize) * wd + ix as usize]
+                                            * w[((o * ci + i) * kh + p) * kw + q];
+                                    }
+                                }
+                            }
+                        }
+                        out[((b * co + o) * oh + y) * ow + xo] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Patches × weights equals the loop nest: patchify (ViT), padding, strides,
+    /// dilations, bias or none, batch 2, a kernel as large as the image.
+    #[test]
+    fn conv_matches_the_loop_nest() {
+        /// Input NCHW, (out channels, kh, kw), strides, pads, dilations, with a bias.
+        type Case = (
+            [usize; 4],
+            [usize; 3],
+            [usize; 2],
+            [usize; 4],
+            [usize; 2],
+            bool,
+        );
+        let cases: &[Case] = &[
+            ([1, 3, 32, 48], [8, 16, 16], [16, 16], [0; 4], [1, 1], true),
+            ([2, 2, 7, 9], [3, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], false),
+            (
+                [2, 3, 11, 10],
+                [4, 3, 2],
+                [2, 3],
+                [2, 0, 1, 3],
+                [2, 1],
+                true,
+            ),
+            ([1, 1, 5, 5], [2, 5, 5], [1, 1], [0; 4], [1, 1], true),
+        ];
+        for &(xs, [co, kh, kw], strides, pads, dilations, with_bias) in cases {
+            let ci = xs[1];
+            let x: Vec<f32> = (0..xs.iter().product::<usize>())
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let w: Vec<f32> = (0..co * ci * kh * kw)
+                .map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0)
+                .collect();
+            let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.5 - 1.0).collect();
+            let ints = |v: &[usize]| Attr::Ints(v.iter().map(|&x| x as i64).collect());
+            let node = Node {
+                name: "conv".into(),
+                op: "Conv".into(),
+                inputs: vec![],
+                outputs: vec![],
+                attrs: [
+                    ("strides".to_string(), ints(&strides)),
+                    ("pads".to_string(), ints(&pads)),
+                    ("dilations".to_string(), ints(&dilations)),
+                ]
+                .into(),
+            };
+            let xt = Tensor::f32(xs.to_vec(), x.clone()).unwrap();
+            let wt = Tensor::f32(vec![co, ci, kh, kw], w.clone()).unwrap();
+            let bt = Tensor::f32(vec![co], bias.clone()).unwrap();
+            let ins = [
+                Some(xt.view()),
+                Some(wt.view()),
+                with_bias.then(|| bt.view()),
+            ];
+            let got = eval_conv(&node, &ins).unwrap().remove(0);
+            let c = conv_window(&node).unwrap();
+            let [oh, ow] = [got.shape[2], got.shape[3]];
+            let want = naive(
+                &x,
+                xs,
+                &w,
+                [co, kh, kw],
+                with_bias.then_some(&bias[..]),
+                &c,
+                [oh, ow],
+            );
+            let got = got.as_f32().unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, e) in got.iter().zip(&want) {
+                assert!(
+                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{xs:?}: {g} vs {e}"
+                );
+            }
+        }
+    }
+}
