@@ -90,12 +90,19 @@ impl Window {
             .map_or(0, |v| v / self.strides[i] + 1)
     }
 
-    /// The input row (`i` = 0) or column (`i` = 1) that output position `o` reads at
-    /// kernel offset `u`; `None` in the padding.
-    pub fn source(&self, o: usize, u: usize, i: usize, extent: usize) -> Option<usize> {
-        (o * self.strides[i] + u * self.dilations[i])
-            .checked_sub(self.pads[i])
-            .filter(|&v| v < extent)
+    /// The kernel offsets at which output position `o` of axis `i` (0: rows, 1:
+    /// columns) reads inside an input of `extent` (a window of `k` taps): the others
+    /// fall in the padding.
+    pub fn inside(&self, o: usize, k: usize, i: usize, extent: usize) -> std::ops::Range<usize> {
+        let start = o * self.strides[i];
+        let d = self.dilations[i];
+        // Tap u reads start + u·d - pad, inside where pad <= start + u·d < pad + extent.
+        let lo = self.pads[i].saturating_sub(start).div_ceil(d).min(k);
+        let hi = (self.pads[i] + extent)
+            .saturating_sub(start)
+            .div_ceil(d)
+            .clamp(lo, k);
+        lo..hi
     }
 }
 
@@ -158,28 +165,39 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         );
     }
     let v = x.as_f32().map_err(|e| node.error(e))?;
+    // Each output position's window rows and columns inside the image.
+    let rows: Vec<std::ops::Range<usize>> = (0..oh).map(|y| w.inside(y, k[0], 0, h)).collect();
+    let cols: Vec<std::ops::Range<usize>> = (0..ow).map(|xo| w.inside(xo, k[1], 1, wd)).collect();
     let mut out = Vec::with_capacity(images * oh * ow);
     for img in v.chunks(h * wd).take(images) {
-        for y in 0..oh {
-            for xo in 0..ow {
-                let (mut best, mut sum, mut count) = (f32::NEG_INFINITY, 0f64, 0usize);
-                for u in 0..k[0] {
-                    for q in 0..k[1] {
-                        match (w.source(y, u, 0, h), w.source(xo, q, 1, wd)) {
-                            (Some(r), Some(c)) => {
-                                let e = img[r * wd + c];
-                                // NaN wins a max, as in onnxruntime.
-                                best = if e > best || e.is_nan() { e } else { best };
-                                sum += e as f64;
-                                count += 1;
-                            }
-                            _ => count += include_pad as usize,
-                        }
-                    }
-                }
+        for (y, ry) in rows.iter().enumerate() {
+            for (xo, rx) in cols.iter().enumerate() {
+                let first = |o: usize, u: usize, i: usize| {
+                    o * w.strides[i] + u * w.dilations[i] - w.pads[i]
+                };
+                let taps = ry.clone().flat_map(|u| {
+                    let r = first(y, u, 0);
+                    rx.clone().map(move |q| (r, q))
+                });
                 out.push(if max {
-                    best
+                    // NaN wins a max, as in onnxruntime.
+                    taps.fold(f32::NEG_INFINITY, |best, (r, q)| {
+                        let e = img[r * wd + first(xo, q, 1)];
+                        if e > best || e.is_nan() {
+                            e
+                        } else {
+                            best
+                        }
+                    })
                 } else {
+                    let sum: f64 = taps
+                        .map(|(r, q)| img[r * wd + first(xo, q, 1)] as f64)
+                        .sum();
+                    let count = if include_pad {
+                        k[0] * k[1]
+                    } else {
+                        ry.len() * rx.len()
+                    };
                     (sum / count.max(1) as f64) as f32
                 });
             }
