@@ -159,8 +159,20 @@ impl Reader<'_> {
                     .map_err(|e| node.error(format!("attribute `{key}`: {e}")))?;
                 node.attrs.insert(key, value);
             }
-            for o in &n.output {
+            // An optional output left out is an empty name: one before a given output
+            // keeps its place as a value nothing reads (outputs are positional); those
+            // after the last given one are not asked for.
+            let given = n
+                .output
+                .iter()
+                .rposition(|o| !o.is_empty())
+                .map_or(0, |i| i + 1);
+            for (i, o) in n.output[..given].iter().enumerate() {
                 if o.is_empty() {
+                    self.g
+                        .values
+                        .push(format!("{} output {i} (left out)", node.name));
+                    node.outputs.push(self.g.values.len() - 1);
                     continue;
                 }
                 let id = self.id(o);

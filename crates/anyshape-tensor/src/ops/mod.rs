@@ -5,6 +5,8 @@
 //!
 //! - `activation.rs`: activations with parameters (`LeakyRelu`, `Elu`, `Selu`,
 //!   `PRelu`, …);
+//! - `attention.rs`: `Attention` (opset 23 on: heads, a past, grouped-query heads,
+//!   masks, causal and windowed);
 //! - `elementwise.rs`: arithmetic (`Mod` too), comparisons, logic, `Where`
 //!   (broadcasting);
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
@@ -24,6 +26,7 @@
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`.
 mod activation;
+mod attention;
 mod conv;
 mod elementwise;
 mod index;
@@ -74,6 +77,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
     elementwise::OPS
         .iter()
         .chain(activation::OPS)
+        .chain(attention::OPS)
         .chain(movement::OPS)
         .chain(index::OPS)
         .chain(linalg::OPS)
