@@ -344,6 +344,37 @@ pub(crate) fn ints(node: &Node, ins: &[Option<TensorRef>], i: usize) -> Result<V
         .to_vec())
 }
 
+/// The concrete integers of optional input `i` (axes, pads), if given.
+pub(crate) fn optional_ints(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    i: usize,
+) -> Result<Option<Vec<i64>>> {
+    ins.get(i)
+        .copied()
+        .flatten()
+        .map(|t| t.as_i64().map(|v| v.to_vec()))
+        .transpose()
+        .map_err(|e| node.error(e))
+}
+
+/// The `c` values per channel of input `i` (a normalization's scale, bias, statistics).
+pub(crate) fn per_channel<'a>(
+    node: &Node,
+    ins: &[Option<TensorRef<'a>>],
+    i: usize,
+    c: usize,
+) -> Result<&'a [f32]> {
+    let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
+    if v.len() != c {
+        return fail(
+            node,
+            format!("input {i} must have the {c} channels' values"),
+        );
+    }
+    Ok(v)
+}
+
 /// A [`TensorError`] from a message about `node`.
 pub(crate) fn fail<T>(node: &Node, message: impl std::fmt::Display) -> Result<T> {
     Err(node.error(message))

@@ -3,7 +3,7 @@
 //! `RMSNormalization`, `InstanceNormalization`, `GroupNormalization`,
 //! `BatchNormalization` at inference). The reference keeps its sums in `f64` or in
 //! lanes of `f32`.
-use super::{axis, broadcast_indices, fail, infer_same, req, split_at, OpSpec};
+use super::{axis, broadcast_indices, fail, infer_same, per_channel, req, split_at, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -213,16 +213,7 @@ fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         return fail(node, "an input of rank 2 or more (N, C, ...)");
     }
     let c = x.shape[1];
-    let channel = |i: usize| -> Result<&[f32]> {
-        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
-        if v.len() != c {
-            return fail(
-                node,
-                format!("input {i} must have the {c} channels' values"),
-            );
-        }
-        Ok(v)
-    };
+    let channel = |i: usize| per_channel(node, ins, i, c);
     let (scale, bias, mean, var) = (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
     let eps = node.float("epsilon", 1e-5)? as f64;
     let inner: usize = x.shape[2..].iter().product();
@@ -296,16 +287,7 @@ fn eval_group_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
     } else {
         c.max(1)
     };
-    let channel = |i: usize| -> Result<&[f32]> {
-        let v = req(node, ins, i)?.as_f32().map_err(|e| node.error(e))?;
-        if v.len() != c {
-            return fail(
-                node,
-                format!("input {i} must have the {c} channels' values"),
-            );
-        }
-        Ok(v)
-    };
+    let channel = |i: usize| per_channel(node, ins, i, c);
     let (scale, bias) = (channel(1)?, channel(2)?);
     let eps = node.float("epsilon", 1e-5)? as f64;
     let spatial: usize = x.shape[2..].iter().product();

@@ -133,13 +133,7 @@ fn gather_by_axis(
 /// `Pad(data, pads, constant_value, axes)`.
 fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let axes = ins
-        .get(3)
-        .copied()
-        .flatten()
-        .map(|t| t.as_i64().map(|v| v.to_vec()))
-        .transpose()
-        .map_err(|e| node.error(e))?;
+    let axes = super::optional_ints(node, ins, 3)?;
     let pads = axis_pads(node, &super::ints(node, ins, 1)?, axes, x.shape.len())?;
     let mode = node.string("mode", "constant")?;
     if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {

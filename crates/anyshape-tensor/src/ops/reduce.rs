@@ -169,13 +169,7 @@ fn fold<T: Copy, A: Copy>(
 /// the log-sums, `inf` for min, 1 for the product, 0 otherwise), as ONNX defines.
 fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let input = ins
-        .get(1)
-        .copied()
-        .flatten()
-        .map(|t| t.as_i64().map(|v| v.to_vec()))
-        .transpose()
-        .map_err(|e| node.error(e))?;
+    let input = super::optional_ints(node, ins, 1)?;
     let r = x.shape.len();
     let axes = reduce_axes(node, input, r)?;
     let (offsets, out_full) = reduced_offsets(x.shape, &axes);
