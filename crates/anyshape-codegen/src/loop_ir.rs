@@ -87,6 +87,8 @@ pub enum UnaryOp {
     Exp,
     /// `0` where `x` is NaN, else `x`.
     NanToZero,
+    /// SiLU: `x · sigmoid(x)`.
+    Silu,
 }
 
 impl From<anyshape_ir::Unary> for UnaryOp {
@@ -97,6 +99,7 @@ impl From<anyshape_ir::Unary> for UnaryOp {
             anyshape_ir::Unary::Gelu => UnaryOp::Gelu,
             anyshape_ir::Unary::GeluTanh => UnaryOp::GeluTanh,
             anyshape_ir::Unary::NanToZero => UnaryOp::NanToZero,
+            anyshape_ir::Unary::Silu => UnaryOp::Silu,
         }
     }
 }

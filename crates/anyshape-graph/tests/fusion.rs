@@ -148,7 +148,8 @@ fn gpt2_with_past_reads_its_cache_in_place() {
 /// Grouped-query attention (the Llama-style decoder: 4 query heads over 2 cache heads):
 /// its contractions read each cache head in place for its group of query heads — the
 /// repeat (`Unsqueeze`, `Expand`, `Reshape`) of the cache is no step at all — with the
-/// two scales (Llama scales queries and keys by √scale each) and the mask folded in.
+/// two scales (Llama scales queries and keys by √scale each) and the mask folded in; and
+/// its gated MLP's SiLU and gate fold into the gate projection.
 #[test]
 fn llama_reads_its_cache_in_place_for_each_group() {
     let (ts, f, n) = tasks("llama_tiny_past.ts.onnx");
@@ -156,6 +157,7 @@ fn llama_reads_its_cache_in_place_for_each_group() {
     let (dynamo, f2, n2) = tasks("llama_tiny_past.dynamo18.onnx");
     steps_cover_each_node_once(&f2, n2);
     for w in [
+        "dense_packed(M=batch*sequence,N=128,K=64,P=16)+silu+mul(m,n)",
         "grouped_cache_attention_scores(B=batch,H=2,G=2,M=sequence,N=past_sequence+sequence,K=16,R=cache_reserve)+scale(0.25)+add(b,m,n)",
         "grouped_cache_attention_context(B=batch,H=2,G=2,M=sequence,N=16,K=past_sequence+sequence,R=cache_reserve)",
     ] {

@@ -41,6 +41,8 @@ pub enum Unary {
     /// `0` where `x` is NaN, else `x` (what exporters write after a softmax whose rows
     /// may be fully masked: `Where(IsNaN(p), 0, p)`).
     NanToZero,
+    /// SiLU (swish): `x · sigmoid(x)` = `x/2 · (1 + tanh(x/2))` (Llama's gated MLP).
+    Silu,
 }
 
 /// An elementwise function of the value and an input's element.
@@ -85,6 +87,7 @@ impl Unary {
             }
             Unary::NanToZero if x.is_nan() => 0.0,
             Unary::NanToZero => x,
+            Unary::Silu => x / (1.0 + (-x).exp()),
         }
     }
 
@@ -93,17 +96,20 @@ impl Unary {
         match self {
             Unary::Relu | Unary::Tanh | Unary::NanToZero => 1.0,
             Unary::Gelu | Unary::GeluTanh => 1.13,
+            Unary::Silu => 1.1,
         }
     }
 
     /// The absolute error of the generated code's evaluation beyond f32 rounding: erf
     /// and tanh are rational approximations there (`as_erf` < 5e-7, `as_tanh` < 4e-7),
-    /// which GELU scales by `0.5·|x|` with `|x| ≤ 4` where it matters.
+    /// which GELU scales by `0.5·|x|` with `|x| ≤ 4` where it matters, and SiLU by
+    /// `0.5·|x|` with `|x| ≤ 16` (past that tanh is ±1 in f32).
     fn approximation(self) -> f64 {
         match self {
             Unary::Relu | Unary::NanToZero => 0.0,
             Unary::Tanh => 4e-7,
             Unary::Gelu | Unary::GeluTanh => 1e-6,
+            Unary::Silu => 4e-6,
         }
     }
 
@@ -115,16 +121,18 @@ impl Unary {
             Unary::Gelu => "gelu",
             Unary::GeluTanh => "gelu_tanh",
             Unary::NanToZero => "nan_to_zero",
+            Unary::Silu => "silu",
         }
     }
 
     /// Every unary op.
-    pub const ALL: [Unary; 5] = [
+    pub const ALL: [Unary; 6] = [
         Unary::Relu,
         Unary::Tanh,
         Unary::Gelu,
         Unary::GeluTanh,
         Unary::NanToZero,
+        Unary::Silu,
     ];
 }
 

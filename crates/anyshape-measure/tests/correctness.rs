@@ -397,6 +397,8 @@ fn epilogue_chains_all_strategies_and_modes() {
         "batch_matmul_nt(B=2,M=T,N=T,K=16)+scale(0.125)+gelu_tanh+mul(m,n)",
         3,
     );
+    // Llama's gated MLP: SiLU of one projection times another.
+    contraction("dense_packed(M=T,N=40,K=24,P=16)+silu+mul(m,n)", 3);
 }
 
 /// Softmax along rows of any length (1 to past the tile), every strategy and mode.

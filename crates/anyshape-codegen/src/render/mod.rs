@@ -211,6 +211,7 @@ impl Printer {
                     UnaryOp::Tanh => "as_tanh",
                     UnaryOp::Gelu => "as_gelu",
                     UnaryOp::GeluTanh => "as_gelu_tanh",
+                    UnaryOp::Silu => "as_silu",
                     UnaryOp::Exp if vector => "as_vexp",
                     UnaryOp::Exp => "expf",
                     UnaryOp::NanToZero if vector => "as_vnan0",

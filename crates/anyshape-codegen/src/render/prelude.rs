@@ -61,7 +61,8 @@ pub fn prelude(dialect: Dialect, lanes: usize) -> String {
          {h} float as_nan0(float x) {{ return x != x ? 0.0f : x; }}\n\
          {h} float as_max_f(float a, float b) {{ return a > b ? a : b; }}\n\
          {h} float as_gelu(float x) {{ return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }}\n\
-         {h} float as_gelu_tanh(float x) {{ return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }}\n"
+         {h} float as_gelu_tanh(float x) {{ return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }}\n\
+         {h} float as_silu(float x) {{ return 0.5f * x * (1.0f + as_tanh(0.5f * x)); }}\n"
     ));
     if dialect == Dialect::Cuda {
         return s;

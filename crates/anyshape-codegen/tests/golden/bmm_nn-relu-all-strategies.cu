@@ -15,6 +15,7 @@ static __device__ __forceinline__ float as_nan0(float x) { return x != x ? 0.0f 
 static __device__ __forceinline__ float as_max_f(float a, float b) { return a > b ? a : b; }
 static __device__ __forceinline__ float as_gelu(float x) { return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }
 static __device__ __forceinline__ float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+static __device__ __forceinline__ float as_silu(float x) { return 0.5f * x * (1.0f + as_tanh(0.5f * x)); }
 extern "C" __global__ void __launch_bounds__(256) asg_3f738cf6a5065821(const float *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, as_i64 as_arg_T) {
   const as_i64 sv_T = as_arg_T;
   const as_i64 e_m = sv_T;

@@ -17,6 +17,7 @@ static inline float as_nan0(float x) { return x != x ? 0.0f : x; }
 static inline float as_max_f(float a, float b) { return a > b ? a : b; }
 static inline float as_gelu(float x) { return 0.5f * x * (1.0f + as_erf(x * 0.70710678118654752f)); }
 static inline float as_gelu_tanh(float x) { return 0.5f * x * (1.0f + as_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+static inline float as_silu(float x) { return 0.5f * x * (1.0f + as_tanh(0.5f * x)); }
 static inline as_vf as_vmax(as_vf a, as_vf b) { as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }
 static inline as_vf as_vrelu(as_vf x) { return as_vmax(x, (as_vf){0}); }
 static inline as_vf as_vnan0(as_vf x) { as_vi m = x == x; return (as_vf)(m & (as_vi)x); }

@@ -1,7 +1,8 @@
 //! Contractions (`MatMul`, `Gemm`, `Conv`) as backbones: which operand is a weight laid
 //! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`, or
 //! `conv_columns` over the input's patches), and the elementwise ops after it that
-//! become its epilogue while they fit.
+//! become its epilogue while they fit (a bias, GELU, SiLU and a gate, a mask or a
+//! residual, scales, tanh, ReLU).
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
 use crate::fact;
 use anyshape_ir::{Binary, Expr, Precision, Unary, Workload};
@@ -176,6 +177,13 @@ impl Fuser<'_> {
                 y = end;
                 continue;
             }
+            if let Some((s, end)) = self.silu(v) {
+                nodes.extend(views);
+                nodes.extend(s);
+                w = w.then(Unary::Silu);
+                y = end;
+                continue;
+            }
             let Some(c) = self.sole_use(v) else { break };
             let n = &self.g.nodes[c];
             let next = match (n.op.as_str(), self.operand(n, v)) {
@@ -199,9 +207,20 @@ impl Fuser<'_> {
                     inputs.push((o, Layout::AsIs));
                     w.clone().then_with(Binary::Add, &axes).ok()
                 }
-                ("Mul", Some(o)) => self
+                ("Mul", Some(o)) if self.scalar(o).is_some() => self
                     .scalar(o)
                     .and_then(|s| w.clone().then_scale(s as f64).ok()),
+                // A gate: the product with a run-time tensor of the output's shape
+                // (Llama's `SiLU(x·W1) ⊙ (x·W3)`).
+                ("Mul", Some(o))
+                    if self.constant(o).is_none()
+                        && fact(self.facts, o).dtype == DType::F32
+                        && self.shape(o) == self.shape(v)
+                        && numel(self.shape(o)) == numel(&out_shape) =>
+                {
+                    inputs.push((o, Layout::AsIs));
+                    w.clone().then_with(Binary::Mul, &w.output_axes()).ok()
+                }
                 ("Div", Some(o)) if n.inputs[0] == Some(v) => self
                     .scalar(o)
                     .filter(|&s| s != 0.0)

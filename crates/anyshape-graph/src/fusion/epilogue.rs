@@ -1,7 +1,7 @@
 //! Epilogue patterns: the elementwise decompositions that fusion folds into the kernel
 //! before them — GELU in its erf and tanh forms (whichever way the exporter associated
-//! the products), an input added along some of a contraction's output axes (a mask),
-//! and the NaN guard after a softmax.
+//! the products), SiLU (`x · Sigmoid(x)`), an input added along some of a contraction's
+//! output axes (a mask), and the NaN guard after a softmax.
 use super::Fuser;
 use anyshape_ir::{Expr, Unary, Workload};
 use anyshape_tensor::ValueId;
@@ -32,6 +32,30 @@ impl Fuser<'_> {
         })?;
         let (nodes, end) = self.gelu_erf(x, div.0)?;
         Some((Unary::Gelu, nodes, end))
+    }
+
+    /// `Mul(x, Sigmoid(x))` reading `x` (its only uses): SiLU's two nodes and output.
+    pub(super) fn silu(&self, x: ValueId) -> Option<(Vec<usize>, ValueId)> {
+        if self.g.outputs.contains(&x) {
+            return None;
+        }
+        let uses = self.uses(x);
+        let [(a, _), (b, _)] = uses.as_slice() else {
+            return None;
+        };
+        let (sig, mul) = if self.g.nodes[*a].op == "Sigmoid" {
+            (*a, *b)
+        } else {
+            (*b, *a)
+        };
+        let s = self.g.nodes[sig].outputs[0];
+        let m = &self.g.nodes[mul];
+        (self.g.nodes[sig].op == "Sigmoid"
+            && m.op == "Mul"
+            && self.operand(m, x) == Some(s)
+            && self.single(s, "Mul") == Some(mul)
+            && !self.g.outputs.contains(&s))
+        .then(|| (vec![sig, mul], m.outputs[0]))
     }
 
     /// The output axes of the contraction `backbone` along which `o` is added to its

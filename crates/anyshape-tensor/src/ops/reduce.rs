@@ -135,32 +135,68 @@ fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
-/// The output offset of each element of a tensor of shape `shape` reduced over `axes`
-/// (kept as axes of one element), in the input's order.
-fn reduced_offsets(shape: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
-    let out: Vec<usize> = (0..shape.len())
-        .map(|i| if axes.contains(&i) { 1 } else { shape[i] })
-        .collect();
-    let mut strides = crate::tensor::strides(&out);
-    for &a in axes {
-        strides[a] = 0;
-    }
-    (super::strided_walk(shape, &strides), out)
+/// Which group of a reduction each input element belongs to.
+enum Groups {
+    /// The reduced axes are the trailing ones: each group is a run of this many
+    /// consecutive elements (an RMS norm's rows).
+    Runs(usize),
+    /// Each element's group, in the input's order.
+    Offsets(Vec<usize>),
 }
 
-/// Folds the elements of each reduced group, starting from `init`.
+impl Groups {
+    /// The groups of a tensor of shape `shape` reduced over `axes` (sorted), and the
+    /// output's shape with the reduced axes kept as axes of one element.
+    fn of(shape: &[usize], axes: &[usize]) -> (Groups, Vec<usize>) {
+        let out: Vec<usize> = (0..shape.len())
+            .map(|i| if axes.contains(&i) { 1 } else { shape[i] })
+            .collect();
+        let trailing = axes
+            .iter()
+            .enumerate()
+            .all(|(k, &a)| a == shape.len() - axes.len() + k);
+        if trailing {
+            let run = axes.iter().map(|&a| shape[a]).product();
+            return (Groups::Runs(run), out);
+        }
+        let mut strides = crate::tensor::strides(&out);
+        for &a in axes {
+            strides[a] = 0;
+        }
+        (Groups::Offsets(super::strided_walk(shape, &strides)), out)
+    }
+
+    /// The group of element `i`.
+    fn at(&self, i: usize) -> usize {
+        match self {
+            Groups::Runs(n) => i / n,
+            Groups::Offsets(o) => o[i],
+        }
+    }
+}
+
+/// Folds the elements of each of `n_out` groups, starting from `init`.
 fn fold<T: Copy, A: Copy>(
     v: &[T],
-    offsets: &[usize],
+    groups: &Groups,
     n_out: usize,
     init: A,
     f: impl Fn(A, T) -> A,
 ) -> Vec<A> {
-    let mut acc = vec![init; n_out];
-    for (&x, &o) in v.iter().zip(offsets) {
-        acc[o] = f(acc[o], x);
+    match groups {
+        Groups::Runs(0) => vec![init; n_out],
+        Groups::Runs(n) => v
+            .chunks_exact(*n)
+            .map(|run| run.iter().fold(init, |a, &x| f(a, x)))
+            .collect(),
+        Groups::Offsets(o) => {
+            let mut acc = vec![init; n_out];
+            for (&x, &g) in v.iter().zip(o) {
+                acc[g] = f(acc[g], x);
+            }
+            acc
+        }
     }
-    acc
 }
 
 /// `Reduce*(x, axes)`: each group of elements over `axes` (all by default; none with
@@ -172,13 +208,13 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let input = super::optional_ints(node, ins, 1)?;
     let r = x.shape.len();
     let axes = reduce_axes(node, input, r)?;
-    let (offsets, out_full) = reduced_offsets(x.shape, &axes);
+    let (groups, out_full) = Groups::of(x.shape, &axes);
     let n_out: usize = out_full.iter().product();
     let op = node.op.as_str();
     let data = match x.data {
         DataRef::F32(v) => {
             let count = axes.iter().map(|&a| x.shape[a]).product::<usize>() as f64;
-            let sum = |g: fn(f64) -> f64| fold(v, &offsets, n_out, 0.0, |a, e| a + g(e as f64));
+            let sum = |g: fn(f64) -> f64| fold(v, &groups, n_out, 0.0, |a, e| a + g(e as f64));
             let nan_or = |a: f64, e: f64, pick: fn(f64, f64) -> f64| {
                 if a.is_nan() || e.is_nan() {
                     f64::NAN
@@ -193,25 +229,24 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                 "ReduceL2" => sum(|e| e * e).into_iter().map(f64::sqrt).collect(),
                 "ReduceSumSquare" => sum(|e| e * e),
                 "ReduceLogSum" => sum(|e| e).into_iter().map(f64::ln).collect(),
-                "ReduceProd" => fold(v, &offsets, n_out, 1.0, |a, e| a * e as f64),
-                "ReduceMax" => fold(v, &offsets, n_out, f64::NEG_INFINITY, |a, e| {
+                "ReduceProd" => fold(v, &groups, n_out, 1.0, |a, e| a * e as f64),
+                "ReduceMax" => fold(v, &groups, n_out, f64::NEG_INFINITY, |a, e| {
                     nan_or(a, e as f64, f64::max)
                 }),
-                "ReduceMin" => fold(v, &offsets, n_out, f64::INFINITY, |a, e| {
+                "ReduceMin" => fold(v, &groups, n_out, f64::INFINITY, |a, e| {
                     nan_or(a, e as f64, f64::min)
                 }),
                 "ReduceLogSumExp" => {
-                    let max = fold(v, &offsets, n_out, f64::NEG_INFINITY, |a, e| {
-                        a.max(e as f64)
-                    });
+                    let max = fold(v, &groups, n_out, f64::NEG_INFINITY, |a, e| a.max(e as f64));
                     // Shifted by each group's maximum (no overflow); an infinite one as 0.
                     let shift: Vec<f64> = max
                         .iter()
                         .map(|&m| if m.is_finite() { m } else { 0.0 })
                         .collect();
                     let mut acc = vec![0f64; n_out];
-                    for (&e, &o) in v.iter().zip(&offsets) {
-                        acc[o] += (e as f64 - shift[o]).exp();
+                    for (i, &e) in v.iter().enumerate() {
+                        let g = groups.at(i);
+                        acc[g] += (e as f64 - shift[g]).exp();
                     }
                     acc.iter().zip(&shift).map(|(s, m)| s.ln() + m).collect()
                 }
@@ -220,10 +255,10 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             Data::F32(out.into_iter().map(|f| f as f32).collect())
         }
         DataRef::I64(v) => Data::I64(match op {
-            "ReduceSum" => fold(v, &offsets, n_out, 0, i64::wrapping_add),
-            "ReduceProd" => fold(v, &offsets, n_out, 1, i64::wrapping_mul),
-            "ReduceMax" => fold(v, &offsets, n_out, i64::MIN, i64::max),
-            "ReduceMin" => fold(v, &offsets, n_out, i64::MAX, i64::min),
+            "ReduceSum" => fold(v, &groups, n_out, 0, i64::wrapping_add),
+            "ReduceProd" => fold(v, &groups, n_out, 1, i64::wrapping_mul),
+            "ReduceMax" => fold(v, &groups, n_out, i64::MIN, i64::max),
+            "ReduceMin" => fold(v, &groups, n_out, i64::MAX, i64::min),
             _ => return fail(node, "unsupported for int64"),
         }),
         DataRef::Bool(_) => return fail(node, "unsupported for bool"),
