@@ -281,6 +281,18 @@ fn eval_slice(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     }
     let st = strides(x.shape);
     let n: usize = shape.iter().product();
+    if n > 0 && step.iter().all(|&s| s > 0) {
+        // Forward steps: a strided read from the first element, row by row.
+        let base: usize = (0..r).map(|d| start[d] as usize * st[d]).sum();
+        let walk: Vec<usize> = (0..r).map(|d| step[d] as usize * st[d]).collect();
+        let from = match x.data {
+            DataRef::F32(v) => DataRef::F32(&v[base..]),
+            DataRef::I64(v) => DataRef::I64(&v[base..]),
+            DataRef::Bool(v) => DataRef::Bool(&v[base..]),
+        };
+        let data = super::strided(from, &shape, &walk);
+        return Ok(vec![Tensor::new(shape, data)?]);
+    }
     let mut idx = Vec::with_capacity(n);
     let mut counter = vec![0usize; r];
     for _ in 0..n {
