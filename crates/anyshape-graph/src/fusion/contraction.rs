@@ -47,16 +47,12 @@ impl Fuser<'_> {
         }
         let y = self.shape(node.outputs[0]);
         let [n, _, oh, ow] = y else { return None };
-        let ones = |name: &str| {
-            node.ints(name)
-                .ok()
-                .is_some_and(|v| v.is_none_or(|v| v.iter().all(|&x| x == 1)))
-        };
-        let no_pads = node
-            .ints("pads")
-            .ok()
-            .is_some_and(|v| v.is_none_or(|v| v.iter().all(|&x| x == 0)));
-        let pointwise = kh == 1 && kw == 1 && ones("strides") && ones("dilations") && no_pads;
+        let window = anyshape_tensor::ops::Window::of(node).ok()?;
+        let pointwise = kh == 1
+            && kw == 1
+            && window.strides == [1, 1]
+            && window.dilations == [1, 1]
+            && window.pads == [0; 4];
         let layout = if pointwise {
             Layout::AsIs
         } else {

@@ -34,24 +34,23 @@ impl Fuser<'_> {
         Some((Unary::Gelu, nodes, end))
     }
 
-    /// `Mul(x, Sigmoid(x))` reading `x` (its only uses): SiLU's two nodes and output.
-    pub(super) fn silu(&self, x: ValueId) -> Option<(Vec<usize>, ValueId)> {
+    /// The two uses of `x`, a value no graph output: the one of op `op`, then the other.
+    fn two_uses(&self, x: ValueId, op: &str) -> Option<(usize, usize)> {
         if self.g.outputs.contains(&x) {
             return None;
         }
-        let uses = self.uses(x);
-        let [(a, _), (b, _)] = uses.as_slice() else {
-            return None;
-        };
-        let (sig, mul) = if self.g.nodes[*a].op == "Sigmoid" {
-            (*a, *b)
-        } else {
-            (*b, *a)
-        };
+        match self.uses(x).as_slice() {
+            [(a, o), (b, _)] | [(b, _), (a, o)] if *o == op => Some((*a, *b)),
+            _ => None,
+        }
+    }
+
+    /// `Mul(x, Sigmoid(x))` reading `x` (its only uses): SiLU's two nodes and output.
+    pub(super) fn silu(&self, x: ValueId) -> Option<(Vec<usize>, ValueId)> {
+        let (sig, mul) = self.two_uses(x, "Sigmoid")?;
         let s = self.g.nodes[sig].outputs[0];
         let m = &self.g.nodes[mul];
-        (self.g.nodes[sig].op == "Sigmoid"
-            && m.op == "Mul"
+        (m.op == "Mul"
             && self.operand(m, x) == Some(s)
             && self.single(s, "Mul") == Some(mul)
             && !self.g.outputs.contains(&s))
@@ -181,26 +180,12 @@ impl Fuser<'_> {
     /// output. Exporters write it after attention's softmax, whose fully masked rows
     /// are NaN.
     pub(super) fn nan_to_zero(&self, p: ValueId) -> Option<(Vec<usize>, ValueId)> {
-        if self.g.outputs.contains(&p) {
-            return None;
-        }
-        let uses = self.uses(p);
-        let [(a, _), (b, _)] = uses.as_slice() else {
-            return None;
-        };
-        let (is_nan, pick) = if self.g.nodes[*a].op == "IsNaN" {
-            (*a, *b)
-        } else {
-            (*b, *a)
-        };
+        let (is_nan, pick) = self.two_uses(p, "IsNaN")?;
         let n = &self.g.nodes[pick];
         let flag = self.g.nodes[is_nan].outputs[0];
         let guards = matches!(n.inputs.as_slice(),
             [Some(c), Some(z), Some(x)] if *c == flag && *x == p && self.scalar(*z) == Some(0.0));
-        (self.g.nodes[is_nan].op == "IsNaN"
-            && n.op == "Where"
-            && guards
-            && self.single(flag, "Where") == Some(pick))
-        .then(|| (vec![is_nan, pick], n.outputs[0]))
+        (n.op == "Where" && guards && self.single(flag, "Where") == Some(pick))
+            .then(|| (vec![is_nan, pick], n.outputs[0]))
     }
 }

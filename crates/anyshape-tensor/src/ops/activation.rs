@@ -1,9 +1,10 @@
 //! Activations with parameters: `LeakyRelu`, `Elu`, `Selu`, `Celu`, `ThresholdedRelu`,
-//! `Shrink`, `Mish`, and `PRelu` (its slope a tensor broadcast to the input). Each on
+//! `Shrink`, `Mish`, `Clip` (its bounds optional scalar inputs, also on integers), and
+//! `PRelu` (its slope a tensor broadcast to the input). Each on
 //! `f32`; the parameters are the attributes ONNX defines, with its defaults.
 use super::{broadcast_indices, broadcast_out, fail, infer_same, req, OpSpec};
 use crate::node::Node;
-use crate::{Result, Tensor, TensorRef};
+use crate::{Data, DataRef, Result, Tensor, TensorRef};
 
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
@@ -47,6 +48,12 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 18,
         infer: infer_same,
         eval: eval_activation,
+    },
+    OpSpec {
+        name: "Clip",
+        since: 11,
+        infer: infer_same,
+        eval: eval_clip,
     },
     OpSpec {
         name: "PRelu",
@@ -114,10 +121,10 @@ fn eval_activation(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
 fn infer_prelu(node: &Node, ins: &[Option<&crate::Fact>]) -> Result<Vec<crate::Fact>> {
     let (x, s) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let shape = crate::broadcast(&x.shape, &s.shape).map_err(|e| node.error(e))?;
-    if shape.len() != x.rank() {
+    if shape != x.shape {
         return fail(node, "the slope must broadcast to the input");
     }
-    Ok(vec![crate::Fact::new(x.dtype, x.shape.to_vec())])
+    infer_same(node, ins)
 }
 
 /// `PRelu(x, slope)`: `x` where it is not negative, `slope · x` where it is, the slope
@@ -137,4 +144,53 @@ fn eval_prelu(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         .map(|(&x, i)| if x < 0.0 { slope[i] * x } else { x })
         .collect();
     Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+/// Input `i` of a `Clip`: a scalar bound, or none (absent or empty).
+fn clip_bound<'a>(
+    node: &Node,
+    ins: &[Option<TensorRef<'a>>],
+    i: usize,
+) -> Result<Option<DataRef<'a>>> {
+    match ins.get(i).copied().flatten() {
+        Some(t) if t.shape.iter().product::<usize>() > 1 => {
+            fail(node, "min and max must be scalars")
+        }
+        Some(t) if t.shape.iter().product::<usize>() == 1 => Ok(Some(t.data)),
+        _ => Ok(None),
+    }
+}
+
+/// `Clip(x, min, max)`: each bound an optional scalar input (absent or empty: none).
+/// NaN stays NaN.
+fn eval_clip(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let (lo, hi) = (clip_bound(node, ins, 1)?, clip_bound(node, ins, 2)?);
+    let data = match x.data {
+        DataRef::F32(v) => {
+            let get = |b: Option<DataRef>, none: f32| match b {
+                Some(DataRef::F32(b)) => Ok(b[0]),
+                None => Ok(none),
+                Some(_) => fail(node, "bounds of another type than the input"),
+            };
+            let (lo, hi) = (get(lo, f32::NEG_INFINITY)?, get(hi, f32::INFINITY)?);
+            // max(min(x, hi), lo) as onnxruntime computes it (lo wins where lo > hi).
+            Data::F32(
+                v.iter()
+                    .map(|&x| if x.is_nan() { x } else { x.min(hi).max(lo) })
+                    .collect(),
+            )
+        }
+        DataRef::I64(v) => {
+            let get = |b: Option<DataRef>, none: i64| match b {
+                Some(DataRef::I64(b)) => Ok(b[0]),
+                None => Ok(none),
+                Some(_) => fail(node, "bounds of another type than the input"),
+            };
+            let (lo, hi) = (get(lo, i64::MIN)?, get(hi, i64::MAX)?);
+            Data::I64(v.iter().map(|&x| x.min(hi).max(lo)).collect())
+        }
+        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+    };
+    Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
 }

@@ -3,7 +3,7 @@
 //! writes as exporters write them), each write optionally a reduction (`add`, `mul`,
 //! `max`, `min`). Every index is checked against its axis: an index out of range is an
 //! error, never a read or write elsewhere.
-use super::{fail, req, sized, strided_walk, OpSpec};
+use super::{fail, infer_same, req, sized, strided_walk, OpSpec};
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
 
@@ -17,13 +17,13 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "ScatterElements",
         since: 11,
-        infer: infer_like_data,
+        infer: infer_same,
         eval: eval_scatter_elements,
     },
     OpSpec {
         name: "ScatterND",
         since: 11,
-        infer: infer_like_data,
+        infer: infer_same,
         eval: eval_scatter_nd,
     },
 ];
@@ -34,11 +34,6 @@ fn infer_gather_elements(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>
         return fail(node, "the indices must have the rank of the data");
     }
     Ok(vec![Fact::new(x.dtype, i.shape.to_vec())])
-}
-
-fn infer_like_data(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let x = req(node, ins, 0)?;
-    Ok(vec![Fact::new(x.dtype, x.shape.to_vec())])
 }
 
 /// An index along an axis of `d` elements (negative counts from the end), checked.

@@ -4,14 +4,14 @@
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
 //! - `activation.rs`: activations with parameters (`LeakyRelu`, `Elu`, `Selu`,
-//!   `PRelu`, …);
+//!   `PRelu`, `Clip`, …);
 //! - `attention.rs`: `Attention` (opset 23 on: heads, a past, grouped-query heads,
 //!   masks, causal and windowed);
-//! - `elementwise.rs`: arithmetic (`Mod` too), comparisons, logic, `Where`
-//!   (broadcasting);
+//! - `elementwise.rs`: arithmetic (`Mod` too, the variadic `Sum`, `Mean`, `Max`,
+//!   `Min`), comparisons, logic, `Where` (broadcasting);
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
-//!   `Identity`, `Cast`, `Clip`, `Trilu`;
-//! - `shape.rs`: `Shape`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
+//!   `Identity`, `Dropout`, `Cast`, `CastLike`, `Trilu`;
+//! - `shape.rs`: `Shape`, `Size`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`;
@@ -44,6 +44,7 @@ use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
+pub use pool::Window;
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -154,6 +155,24 @@ pub(crate) fn split_at(shape: &[usize], a: usize) -> (usize, usize, usize) {
         shape[a],
         shape[a + 1..].iter().product(),
     )
+}
+
+/// The sum of `f` over `xs` in eight independent partial sums (the loop vectorizes;
+/// the partial sums also keep the rounding error of a long row small), accumulated in
+/// `f`'s type: `f32` (layer norm's rows) or `f64` (the reductions').
+pub(crate) fn lane_sum<T>(xs: &[f32], f: impl Fn(f32) -> T) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T> + std::iter::Sum,
+{
+    let mut acc = [T::default(); 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = *a + f(x);
+        }
+    }
+    acc.iter().copied().sum::<T>() + rest.iter().map(|&x| f(x)).sum::<T>()
 }
 
 /// The required input `i`.

@@ -243,18 +243,8 @@ fn infer_slice(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 
 fn eval_slice(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let axes = ins
-        .get(3)
-        .copied()
-        .flatten()
-        .map(|_| ints(node, ins, 3))
-        .transpose()?;
-    let steps = ins
-        .get(4)
-        .copied()
-        .flatten()
-        .map(|_| ints(node, ins, 4))
-        .transpose()?;
+    let axes = super::optional_ints(node, ins, 3)?;
+    let steps = super::optional_ints(node, ins, 4)?;
     let params = slice_params(
         node,
         x.shape.len(),

@@ -3,7 +3,9 @@
 //! `RMSNormalization`, `InstanceNormalization`, `GroupNormalization`,
 //! `BatchNormalization` at inference). The reference keeps its sums in `f64` or in
 //! lanes of `f32`.
-use super::{axis, broadcast_indices, fail, infer_same, per_channel, req, split_at, OpSpec};
+use super::{
+    axis, broadcast_indices, fail, infer_same, lane_sum, per_channel, req, split_at, OpSpec,
+};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -186,20 +188,6 @@ fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         outs.push(Tensor::f32(stat, invs)?);
     }
     Ok(outs)
-}
-
-/// The sum of `f` over `xs` in eight independent partial sums (the loop vectorizes;
-/// the partial sums also keep the rounding error of a long row small).
-fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = xs.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f(x);
-        }
-    }
-    acc.iter().sum::<f32>() + rest.iter().map(|&x| f(x)).sum::<f32>()
 }
 
 /// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`

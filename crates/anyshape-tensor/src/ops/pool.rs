@@ -35,9 +35,12 @@ pub(super) static OPS: &[OpSpec] = &[
 ];
 
 /// A 2-D window's placement: strides, pads (top, left, bottom, right), dilations.
-pub(super) struct Window {
+pub struct Window {
+    /// Steps between windows along height and width.
     pub strides: [usize; 2],
+    /// Pads before and after: top, left, bottom, right.
     pub pads: [usize; 4],
+    /// Steps between a window's taps along height and width.
     pub dilations: [usize; 2],
 }
 

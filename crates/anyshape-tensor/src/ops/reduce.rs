@@ -175,19 +175,6 @@ impl Groups {
     }
 }
 
-/// `Σ g(x)` over `xs` in `f64`, in eight partial sums.
-fn lane_sum(xs: &[f32], g: fn(f64) -> f64) -> f64 {
-    let mut acc = [0f64; 8];
-    let chunks = xs.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += g(x as f64);
-        }
-    }
-    acc.iter().sum::<f64>() + rest.iter().map(|&x| g(x as f64)).sum::<f64>()
-}
-
 /// Folds the elements of each of `n_out` groups, starting from `init`.
 fn fold<T: Copy, A: Copy>(
     v: &[T],
@@ -229,7 +216,10 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             let count = axes.iter().map(|&a| x.shape[a]).product::<usize>() as f64;
             let sum = |g: fn(f64) -> f64| match groups {
                 // Runs summed in eight independent lanes (they vectorize).
-                Groups::Runs(n) if n > 0 => v.chunks_exact(n).map(|run| lane_sum(run, g)).collect(),
+                Groups::Runs(n) if n > 0 => v
+                    .chunks_exact(n)
+                    .map(|run| super::lane_sum(run, |x| g(x as f64)))
+                    .collect(),
                 _ => fold(v, &groups, n_out, 0.0, |a, e| a + g(e as f64)),
             };
             let nan_or = |a: f64, e: f64, pick: fn(f64, f64) -> f64| {

@@ -3,8 +3,8 @@
 //! embeddings), rounding, `Neg`/`Abs`/`Sign` (also on the shape plumbing's integer
 //! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity`,
 //! `Dropout` (at inference: the input, and a mask of all true), `Cast` and `CastLike`;
-//! and `Clip` (bounds as inputs) and `Trilu` (a triangle of the last two axes
-//! kept: causal masks), which take one tensor and constants.
+//! and `Trilu` (a triangle of the last two axes kept: causal masks), which takes one
+//! tensor and a constant.
 use super::{fail, req, OpSpec};
 use crate::node::Node;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
@@ -196,12 +196,6 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_unary,
         eval: eval_unary,
-    },
-    OpSpec {
-        name: "Clip",
-        since: 11,
-        infer: infer_unary,
-        eval: eval_clip,
     },
     OpSpec {
         name: "Trilu",
@@ -422,55 +416,6 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         (_, d) => return fail(node, format!("unsupported for {}", d.dtype())),
     };
     Ok(vec![Tensor::new(shape, data)?])
-}
-
-/// Input `i` of a `Clip`: a scalar bound, or none (absent or empty).
-fn clip_bound<'a>(
-    node: &Node,
-    ins: &[Option<TensorRef<'a>>],
-    i: usize,
-) -> Result<Option<DataRef<'a>>> {
-    match ins.get(i).copied().flatten() {
-        Some(t) if t.shape.iter().product::<usize>() > 1 => {
-            fail(node, "min and max must be scalars")
-        }
-        Some(t) if t.shape.iter().product::<usize>() == 1 => Ok(Some(t.data)),
-        _ => Ok(None),
-    }
-}
-
-/// `Clip(x, min, max)`: each bound an optional scalar input (absent or empty: none).
-/// NaN stays NaN.
-fn eval_clip(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let x = req(node, ins, 0)?;
-    let (lo, hi) = (clip_bound(node, ins, 1)?, clip_bound(node, ins, 2)?);
-    let data = match x.data {
-        DataRef::F32(v) => {
-            let get = |b: Option<DataRef>, none: f32| match b {
-                Some(DataRef::F32(b)) => Ok(b[0]),
-                None => Ok(none),
-                Some(_) => fail(node, "bounds of another type than the input"),
-            };
-            let (lo, hi) = (get(lo, f32::NEG_INFINITY)?, get(hi, f32::INFINITY)?);
-            // max(min(x, hi), lo) as onnxruntime computes it (lo wins where lo > hi).
-            Data::F32(
-                v.iter()
-                    .map(|&x| if x.is_nan() { x } else { x.min(hi).max(lo) })
-                    .collect(),
-            )
-        }
-        DataRef::I64(v) => {
-            let get = |b: Option<DataRef>, none: i64| match b {
-                Some(DataRef::I64(b)) => Ok(b[0]),
-                None => Ok(none),
-                Some(_) => fail(node, "bounds of another type than the input"),
-            };
-            let (lo, hi) = (get(lo, i64::MIN)?, get(hi, i64::MAX)?);
-            Data::I64(v.iter().map(|&x| x.min(hi).max(lo)).collect())
-        }
-        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
-    };
-    Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
 }
 
 /// `Trilu(x, k)`: the elements of each matrix of the last two axes on or above (`upper`,
