@@ -1,6 +1,7 @@
 """The Python package end to end: compile the tiny BERT the repository ships, run it in
 its compiled range and past it against onnxruntime's recorded outputs, through the
 package's API and through the onnxruntime-style `InferenceSession`; bad input raises."""
+import json
 import pathlib
 
 import numpy as np
@@ -125,18 +126,33 @@ def test_bf16_matches_onnxruntime_within_its_precision(tmp_path):
 
 
 def test_tuning_runs_the_worker(tmp_path):
-    model = anyshape.compile(
-        MODELS / "bert_tiny.ts.onnx",
-        dims={"batch": 1, "sequence": (1, 4)},
-        out=tmp_path / "tuned.module",
-        trials=1,
-        records=tmp_path / "records",
-        progress=False,
-    )
+    def tune(records, db):
+        return anyshape.compile(
+            MODELS / "bert_tiny.ts.onnx",
+            dims={"batch": 1, "sequence": (1, 4)},
+            out=tmp_path / "tuned.module",
+            trials=1,
+            records=tmp_path / records,
+            progress=False,
+            db=db,
+        )
+
+    model = tune("records", tmp_path / "tuning.sqlite")
     assert sorted(p.name for p in (tmp_path / "records").iterdir())[0] == "t00.jsonl"
     data = recorded("s1")
     outs = model.run({i.name: data[i.name] for i in model.inputs})
     assert relative_error(outs["last_hidden_state"], data["last_hidden_state"]) <= 1e-4
+    # A second compile starts from the first's trials in the tuning database: its
+    # records hold them, marked reused; db=False uses none.
+    tune("again", tmp_path / "tuning.sqlite")
+    first = (tmp_path / "records" / "t00.jsonl").read_text().splitlines()
+    again = [json.loads(line) for line in (tmp_path / "again" / "t00.jsonl").read_text().splitlines()]
+    assert len(again) == len(first) and all(r["reused"] for r in again)
+    tune("alone", False)
+    alone = [json.loads(line) for line in (tmp_path / "alone" / "t00.jsonl").read_text().splitlines()]
+    assert alone and not any(r.get("reused") for r in alone)
+    with pytest.raises(anyshape.InvalidArgument, match="not an SQLite file"):
+        tune("mine", tmp_path / "records" / "t00.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,10 @@ pub struct TuningInfo {
     /// leaves them out.
     #[serde(default)]
     pub untimed_trials: usize,
+    /// Of `resumed_trials`, those taken from the tuning database (measured by an
+    /// earlier run; `seconds` leaves them out).
+    #[serde(default)]
+    pub reused_trials: usize,
 }
 
 /// SHA-256 of `bytes`, hex.

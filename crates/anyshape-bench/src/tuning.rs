@@ -235,6 +235,7 @@ mod tests {
             time: TimeBreakdown::default(),
             wall_seconds: curve.last().unwrap().0,
             new_trials: 16,
+            reused_trials: 0,
             families: vec![],
         }
     }

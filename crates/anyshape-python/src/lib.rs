@@ -295,6 +295,9 @@ impl Observer for Lines {
             s.budget
         );
     }
+    fn reused(&mut self, database: &std::path::Path, trials: &[usize]) {
+        eprintln!("{}", anyshape_tune::Reuse { database, trials });
+    }
 }
 
 /// Quiet progress.
@@ -308,11 +311,13 @@ impl Observer for Quiet {
 
 /// Compile the ONNX model `model` for `dims` (`NAME=DOMAIN` texts) into the model
 /// module `out`, tuning each task with `trials` on average (0: untuned, seconds), its
-/// dense layers in `precision` (`f32` or `bf16`). The worker that measures candidates
-/// is `python` (the running interpreter) with `-m anyshape._worker`. Returns the
+/// dense layers in `precision` (`f32` or `bf16`); tuning records its trials in the
+/// tuning database `db` too (and starts from its earlier runs), where `use_db`: `db`,
+/// else `tuning.sqlite` in the kernel cache. The worker that measures candidates is
+/// `python` (the running interpreter) with `-m anyshape._worker`. Returns the
 /// manifest's JSON.
 #[pyfunction]
-#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision))]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -326,6 +331,8 @@ fn compile(
     python: PathBuf,
     progress: bool,
     precision: String,
+    db: Option<PathBuf>,
+    use_db: bool,
 ) -> PyResult<String> {
     let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
     let dims: Vec<ShapeVar> = dims
@@ -333,16 +340,22 @@ fn compile(
         .map(|d| ShapeVar::parse(d))
         .collect::<Result<_, _>>()
         .map_err(|e| InvalidArgument::new_err(e.to_string()))?;
+    let cache = cache.unwrap_or_else(Builder::default_cache_dir);
     let defaults = ModelOptions::default();
     let options = ModelOptions {
         trials,
         records,
         resume,
         precision,
+        tune: anyshape_tune::TuneOptions {
+            database: (use_db && trials > 0)
+                .then(|| db.unwrap_or_else(|| cache.join(anyshape_tune::DATABASE_FILE))),
+            ..defaults.tune
+        },
         ..defaults
     };
     let measurer = Measurer {
-        builder: Builder::new(cache.unwrap_or_else(Builder::default_cache_dir)),
+        builder: Builder::new(cache),
         runner: Runner {
             worker: WorkerCommand {
                 program: python,

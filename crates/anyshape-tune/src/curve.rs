@@ -40,6 +40,9 @@ pub struct TuningLog {
     pub wall_seconds: f64,
     /// This run's trials (resumed ones not included).
     pub new_trials: usize,
+    /// Trials the tasks took from the tuning database's earlier runs.
+    #[serde(default)]
+    pub reused_trials: usize,
     /// The families of more than one task: their shared models' held-out quality.
     pub families: Vec<FamilyQuality>,
 }
@@ -105,6 +108,7 @@ mod tests {
             },
             wall_seconds: 10.0,
             new_trials: 20,
+            reused_trials: 0,
             families: vec![],
         };
         // 1.9 at 3 s, but back above 2.0 at 4 s: reached for good at 5 s.

@@ -23,6 +23,15 @@ pub enum TuneError {
         /// What went wrong.
         message: String,
     },
+    /// The tuning database cannot be opened, read or written (not a tuning database:
+    /// user input; locked or the disk full: environment).
+    #[error("tuning database {path}: {message}")]
+    Database {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The machine failed the run, not its input (the compiler killed, out of memory):
     /// the records are kept and the run can resume.
     #[error("{0}")]

@@ -1,6 +1,7 @@
 //! The journal of a run: its records file and what the run holds of it (its trials,
 //! the trials the environment failed, the round numbers), and what resuming took from
 //! the file and left aside.
+use crate::database::DbRun;
 use crate::{Backend, Record, RecordLog, Result};
 use anyshape_codegen::Sketch;
 use anyshape_ir::Bindings;
@@ -26,8 +27,11 @@ pub(crate) type BackendRecord<B> =
 /// What a run took from its records file, and what it left aside.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ResumeSummary {
-    /// Trials of this workload, target and strategy on the run's instances: reused.
+    /// Trials of this workload, target and strategy on the run's instances: reused
+    /// (those of the tuning database's best earlier run included).
     pub trials: usize,
+    /// Of `trials`, those taken from the tuning database (the file held none).
+    pub reused: usize,
     /// Records of another workload, target or padding strategy: ignored.
     pub other_runs: usize,
     /// Records of instances outside the domain: ignored.
@@ -39,6 +43,8 @@ pub struct ResumeSummary {
 /// The records of a run: the file and what it holds.
 pub(crate) struct Journal<B: Backend> {
     pub log: RecordLog,
+    /// The run in the tuning database, where there is one.
+    pub db: Option<DbRun>,
     /// The run's trials (transient failures excluded).
     pub records: Vec<BackendRecord<B>>,
     /// Pairs the environment failed in this process: recorded, not chosen again until
@@ -84,6 +90,9 @@ impl<B: Backend> Journal<B> {
         record.seconds = self.clock.elapsed().as_secs_f64();
         self.clock = Instant::now();
         self.log.append(&record)?;
+        if let Some(db) = &mut self.db {
+            db.append(&self.records, &record)?;
+        }
         self.round_floor = self.round_floor.max(record.round + 1);
         if record.is_transient() {
             self.transient_seconds += record.seconds;

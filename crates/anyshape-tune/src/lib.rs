@@ -15,6 +15,7 @@ mod backend;
 mod check;
 mod cost_model;
 mod curve;
+mod database;
 mod error;
 mod exploit;
 mod explore;
@@ -40,6 +41,7 @@ pub use backend::{Backend, CpuBackend, GpuBackend, SketchBackend, Trial, TrialBa
 pub use check::{check_best, BestCheck};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use curve::{CurvePoint, TuningLog, TUNING_FILE};
+pub use database::{DatabaseSummary, Reuse, RunKey, TuningDb, DATABASE_FILE};
 pub use error::{Result, TuneError};
 pub use family::{family_of, family_quality, FamilyQuality, Offer};
 pub use features::{extract, feature_names, Tunable};

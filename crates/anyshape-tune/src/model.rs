@@ -170,8 +170,19 @@ pub fn compile_model(
             .map_err(|e| TuneError::Output(e.to_string()))?;
     }
     anyshape_files::clean_leftovers(out);
-    let others: Vec<&Path> = options.records.iter().map(|p| p.as_path()).collect();
+    let others: Vec<&Path> = options
+        .records
+        .iter()
+        .chain(&options.tune.database)
+        .map(|p| p.as_path())
+        .collect();
     output::check_out_dir(out, "--out", &reads, &others)?;
+    if let Some(db) = &options.tune.database {
+        reads
+            .check("--db", db)
+            .map_err(|e| TuneError::Output(e.to_string()))?;
+        crate::TuningDb::open(db)?; // a file that is not one is refused before any work
+    }
     let facts = infer(&graph).map_err(TuneError::Model)?;
     let plan = lower(&graph, &facts, &fuse(&graph, &facts, options.precision))
         .map_err(TuneError::Model)?;
@@ -226,6 +237,10 @@ pub fn compile_model(
         let mut runs = (0..tasks.len())
             .map(|i| cpu_sketch!(jobs[i].0.class, task_run(job(i))))
             .collect::<Result<Vec<_>>>()?;
+        if let Some(db) = &options.tune.database {
+            let reused: Vec<usize> = runs.iter().map(|r| r.reused()).collect();
+            observer.reused(db, &reused);
+        }
         let families: Vec<String> = jobs.iter().map(|(w, _)| family_of(w)).collect();
         let log = schedule(&mut runs, tasks, &families, options, observer)?;
         for q in &log.families {

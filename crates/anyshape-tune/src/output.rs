@@ -124,15 +124,17 @@ pub fn check_distinct(outputs: &[(&str, &Path)]) -> Result<()> {
 }
 
 /// A tuning run's outputs checked together before any work: none is something the run
-/// reads, the records and report are distinct files, and the module directory (if
-/// any) may be replaced and holds neither.
+/// reads, the records, report and tuning database are distinct files, and the module
+/// directory (if any) may be replaced and holds none of them.
 pub fn check_outputs(
     records: &Path,
     report: Option<&Path>,
+    database: Option<&Path>,
     out: Option<&Path>,
     reads: &Reads,
 ) -> Result<()> {
     let mut files = vec![("--records", records)];
+    files.extend(database.map(|d| ("--db", d)));
     if let Some(r) = report {
         if r.is_dir() {
             return Err(refuse(format!(

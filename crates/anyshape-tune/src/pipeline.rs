@@ -30,6 +30,9 @@ pub enum Stage {
     Votes {
         /// Trials the vote round takes at most.
         trials: usize,
+        /// The records already end with a vote round (resumed, or reused from the
+        /// tuning database): only what it lacks is measured.
+        recorded: bool,
     },
     /// The dispatch tree is trained on the votes.
     Tree,
@@ -64,6 +67,9 @@ pub trait Observer {
     fn scheduled(&mut self, _given: usize, _expected_seconds: f64) {}
     /// A family of tasks and how well its shared cost model ranks held-out trials.
     fn family(&mut self, _quality: &crate::FamilyQuality) {}
+    /// The tasks' searches start: each task's trials taken from the tuning database
+    /// `database` (earlier runs of its workload; 0 where it had none).
+    fn reused(&mut self, _database: &std::path::Path, _trials: &[usize]) {}
 }
 
 /// What to do after the search.
@@ -175,6 +181,7 @@ where
         let start = Instant::now();
         observer.stage(&Stage::Votes {
             trials: options.votes.max_kernels * tuner.instances().len(),
+            recorded: tuner.vote_round().is_some(),
         });
         let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
         tuned.vote_seconds = start.elapsed().as_secs_f64();
@@ -205,6 +212,7 @@ where
                         trials: tuner.trials(),
                         resumed_trials: tuned.report.resumed_trials,
                         untimed_trials,
+                        reused_trials: tuner.resumed().reused,
                     }),
                     reads: &options.reads,
                 },

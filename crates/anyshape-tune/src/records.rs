@@ -107,6 +107,10 @@ pub struct Record<K = ContractionKernel, T = CpuTarget> {
     /// older versions have no vote rounds, so a run resumed from them votes again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub vote: bool,
+    /// Taken from the tuning database: measured by an earlier run (its `seconds` are
+    /// that run's), reused by this one at no cost. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
 }
 
 impl<K, T> Record<K, T> {
@@ -335,6 +339,7 @@ mod tests {
             round: 0,
             seconds: 0.5,
             vote: false,
+            reused: false,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct TuneOptions {
     /// Stop after the current round when this is set (Ctrl-C): the search reports
     /// [`StopReason::Interrupted`] and the records hold every trial so far.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// The tuning database (`database.rs`): every trial is recorded there too, and a
+    /// run whose records file holds nothing of its workload starts from the database's
+    /// best earlier run of it. None: the records file alone. Per-shape runs never use it.
+    pub database: Option<std::path::PathBuf>,
 }
 
 impl Default for TuneOptions {
@@ -58,6 +62,7 @@ impl Default for TuneOptions {
             check_flops: 4e8,
             per_shape: false,
             interrupt: None,
+            database: None,
         }
     }
 }

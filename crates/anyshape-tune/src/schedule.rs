@@ -313,6 +313,7 @@ pub(crate) fn schedule(
         time,
         wall_seconds: start.elapsed().as_secs_f64(),
         new_trials: runs.iter().map(|r| r.trials()).sum::<usize>() - held.iter().sum::<usize>(),
+        reused_trials: runs.iter().map(|r| r.reused()).sum(),
         families: qualities,
     })
 }

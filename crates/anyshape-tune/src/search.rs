@@ -10,6 +10,7 @@
 //! each instance. The last share of the budget measures the winners' neighbours
 //! instead (`exploit.rs`). The search stops when the budget is spent, when it stalls,
 //! or when interrupted ([`StopReason`]).
+use crate::database::{DbRun, RunKey};
 use crate::family::Shared;
 use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
 use crate::{
@@ -72,7 +73,7 @@ impl<B: Backend> Tuner<B> {
         workload: &Workload,
         instances: Vec<Instance>,
         options: TuneOptions,
-        log: RecordLog,
+        mut log: RecordLog,
         previous: Vec<BackendRecord<B>>,
     ) -> Result<Tuner<B>> {
         if instances.is_empty() {
@@ -118,6 +119,28 @@ impl<B: Backend> Tuner<B> {
                 records.push(r);
             }
         }
+        let mut db = match &options.database {
+            Some(path) if !options.per_shape => Some(DbRun::open(
+                path,
+                RunKey {
+                    workload: name.clone(),
+                    target: serde_json::to_string(backend.target()).expect("targets serialize"),
+                    strategy: serde_json::to_string(&options.strategy)
+                        .expect("strategies serialize"),
+                    anyshape: env!("CARGO_PKG_VERSION").to_string(),
+                },
+            )?),
+            _ => None,
+        };
+        if let Some(db) = db.as_mut().filter(|_| records.is_empty()) {
+            // Nothing of this workload in the file: start from the database's best run,
+            // written to the file as this run's own start (a resume finds it there).
+            records = db.best_run(|r: &BackendRecord<B>| index.contains_key(&r.bindings))?;
+            for r in &records {
+                log.append(r)?;
+            }
+            resumed.reused = records.len();
+        }
         resumed.trials = records.len();
         Ok(Tuner {
             workload: workload.clone(),
@@ -127,6 +150,7 @@ impl<B: Backend> Tuner<B> {
             options,
             journal: Journal {
                 log,
+                db,
                 records,
                 transient: BTreeSet::new(),
                 transient_seconds,
@@ -198,18 +222,13 @@ impl<B: Backend> Tuner<B> {
 
     /// Tuning wall time of the records, this run's and resumed ones': the sum of their
     /// [`Record::seconds`]; and how many records carry no time (written by an older
-    /// version), which the sum then leaves out.
+    /// version), which the sum then leaves out. Records reused from the tuning database
+    /// cost this run nothing: neither counts them.
     pub fn tuning_seconds(&self) -> (f64, usize) {
-        let untimed = self
-            .journal
-            .records
-            .iter()
-            .filter(|r| r.seconds == 0.0)
-            .count();
+        let own = || self.journal.records.iter().filter(|r| !r.reused);
         (
-            self.journal.records.iter().map(|r| r.seconds).sum::<f64>()
-                + self.journal.transient_seconds,
-            untimed,
+            own().map(|r| r.seconds).sum::<f64>() + self.journal.transient_seconds,
+            own().filter(|r| r.seconds == 0.0).count(),
         )
     }
 
@@ -315,6 +334,7 @@ impl<B: Backend> Tuner<B> {
                 round,
                 seconds: 0.0,
                 vote,
+                reused: false,
             };
             if let Err(e) = journal.append(record, on_trial) {
                 append_error.get_or_insert(e);

@@ -68,6 +68,8 @@ pub(crate) trait TaskSearch {
     fn search_to(&mut self, budget: usize, observer: &mut dyn Observer) -> Result<(f64, bool)>;
     /// Trials in the records.
     fn trials(&self) -> usize;
+    /// Of those, the trials taken from the tuning database.
+    fn reused(&self) -> usize;
     /// Tuning seconds of the records.
     fn tuning_seconds(&self) -> f64;
     /// Where this process's search time went.
@@ -139,6 +141,10 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
 
     fn trials(&self) -> usize {
         self.tuner.trials()
+    }
+
+    fn reused(&self) -> usize {
+        self.tuner.resumed().reused
     }
 
     fn tuning_seconds(&self) -> f64 {

@@ -3,7 +3,7 @@
 //! `run_model.rs`.
 use crate::progress::Reporter;
 use crate::tune::interrupt_flag;
-use crate::{runner, Common};
+use crate::{runner, Common, DbArgs};
 use anyhow::Result;
 use anyshape_ir::{Precision, ShapeVar};
 use anyshape_measure::{MeasureOptions, Measurer};
@@ -67,6 +67,8 @@ pub struct CompileArgs {
     #[arg(long)]
     quiet: bool,
     #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -100,6 +102,9 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         resume: args.resume,
         tune: TuneOptions {
             interrupt: Some(interrupt_flag()),
+            database: (args.trials > 0)
+                .then(|| args.db.path(&args.common))
+                .flatten(),
             measure: MeasureOptions {
                 cold: !args.warm_cache,
                 ..defaults.tune.measure.clone()
@@ -130,8 +135,12 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     drop(reporter);
     let m = &compiled.manifest;
     let runs: usize = m.tasks.iter().map(|t| t.count).sum();
+    let reused = match compiled.tuning.as_ref().map_or(0, |t| t.reused_trials) {
+        0 => String::new(),
+        n => format!("; {n} of them reused from the tuning database"),
+    };
     println!(
-        "model module written to {} in {:.1} s: {} tasks ({runs} kernel calls per run), {} measurements (search and votes); run it with `anyshape run --module {} --inputs case.npz`",
+        "model module written to {} in {:.1} s: {} tasks ({runs} kernel calls per run), {} measurements (search and votes{reused}); run it with `anyshape run --module {} --inputs case.npz`",
         args.out.display(),
         start.elapsed().as_secs_f64(),
         m.tasks.len(),

@@ -115,6 +115,37 @@ impl Common {
     }
 }
 
+/// Where tuning runs record their trials besides their records file.
+#[derive(Args, Clone)]
+struct DbArgs {
+    /// The tuning database (SQLite): every trial is recorded there too, and a task
+    /// whose records hold nothing of its workload starts from the database's best
+    /// earlier run of the same workload, target and strategy — measured by any
+    /// compile or tune before, of this model or another with the same layers
+    /// [default: tuning.sqlite in the kernel cache directory].
+    #[arg(long, value_name = "FILE")]
+    db: Option<PathBuf>,
+    /// Use no tuning database: the records alone.
+    #[arg(long, conflicts_with = "db")]
+    no_db: bool,
+}
+
+impl DbArgs {
+    /// The database's path, or none with --no-db.
+    fn path(&self, common: &Common) -> Option<PathBuf> {
+        if self.no_db {
+            return None;
+        }
+        Some(self.db.clone().unwrap_or_else(|| {
+            common
+                .cache_dir
+                .clone()
+                .unwrap_or_else(Builder::default_cache_dir)
+                .join(anyshape_tune::DATABASE_FILE)
+        }))
+    }
+}
+
 /// A duration option: seconds, at least 0, at most a week.
 pub(crate) fn seconds(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {

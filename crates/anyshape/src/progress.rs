@@ -130,7 +130,13 @@ impl Observer for Reporter {
                     bar.set_position(*resumed as u64);
                 }
             }
-            Stage::Votes { trials } => {
+            Stage::Votes { recorded: true, .. } => {
+                eprintln!(
+                    "votes: the records' vote round, re-timing only the close calls it lacks ..."
+                );
+                self.bar(None, "{spinner} votes: {pos} records  {elapsed_precise}");
+            }
+            Stage::Votes { trials, .. } => {
                 eprintln!("votes: measuring the candidate micro-kernels on every instance (some {trials} measurements), then re-timing the close calls ...");
                 self.bar(None, "{spinner} votes: {pos} records  {elapsed_precise}");
             }
@@ -198,6 +204,10 @@ impl Observer for Reporter {
             "scheduler: done, {given} trials given; expected model latency {:.3} ms",
             expected_seconds * 1e3
         ));
+    }
+
+    fn reused(&mut self, database: &std::path::Path, trials: &[usize]) {
+        self.note(&anyshape_tune::Reuse { database, trials }.to_string());
     }
 
     fn family(&mut self, q: &FamilyQuality) {

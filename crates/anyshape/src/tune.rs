@@ -1,7 +1,7 @@
 //! `anyshape tune`: joint tuning of a workload for every instance of its domain, on the
 //! CPU (the sketch of the workload's class) or a CUDA GPU, through the compile pipeline.
 use crate::progress::Reporter;
-use crate::{runner, Common};
+use crate::{runner, Common, DbArgs};
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::{
     cpu_sketch, DeviceKind, GpuContractionKernel, GpuTarget, Sketch, Target as _,
@@ -87,6 +87,8 @@ pub struct TuneArgs {
     /// No progress bar.
     #[arg(long)]
     pub(crate) quiet: bool,
+    #[command(flatten)]
+    pub(crate) db: DbArgs,
     #[command(flatten)]
     pub(crate) common: Common,
 }
@@ -178,7 +180,10 @@ pub fn report_resumed(r: &ResumeSummary) {
     if r.trials + r.other_runs + r.outside_domain + r.transient == 0 {
         return;
     }
-    let mut parts = vec![format!("{} trials reused", r.trials)];
+    let mut parts = vec![match r.reused {
+        0 => format!("{} trials reused", r.trials),
+        n => format!("{n} trials reused from the tuning database's best earlier run"),
+    }];
     if r.other_runs > 0 {
         parts.push(format!(
             "{} records of another workload, target or strategy ignored",
@@ -290,18 +295,24 @@ impl Job<'_> {
         if let Some(w) = &args.weights {
             reads.file(w);
         }
+        let database = args.db.path(&args.common);
         check_outputs(
             &records,
             args.report.as_deref(),
+            database.as_deref(),
             args.out.as_deref(),
             &reads,
         )?;
+        if let Some(db) = &database {
+            anyshape_tune::TuningDb::open(db)?; // a file that is not one is refused now
+        }
         let options = TuneOptions {
             trials: args.trials as usize,
             batch: args.batch as usize,
             seed: args.seed,
             strategy: args.strategy.parse().map_err(anyhow::Error::msg)?,
             interrupt: Some(interrupt_flag()),
+            database,
             ..TuneOptions::default()
         };
         Ok(Job {

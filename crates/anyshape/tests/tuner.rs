@@ -5,7 +5,9 @@
 use anyshape_codegen::{CpuTarget, PaddingStrategy};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
-use anyshape_tune::{check_best, instances, Record, RecordLog, TuneOptions, Tuner};
+use anyshape_tune::{
+    check_best, elect, instances, Record, RecordLog, TuneOptions, Tuner, TuningDb, VoteOptions,
+};
 use std::collections::BTreeSet;
 
 fn runner() -> Runner {
@@ -102,6 +104,75 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     .unwrap();
     assert_eq!((v.checked, v.skipped), (24, 0));
     assert!(v.failures.is_empty(), "{:#?}", v.failures);
+}
+
+/// A run whose records file holds nothing of its workload starts from the tuning
+/// database's best earlier run: its trials and votes are reused (nothing measured
+/// again, the same votes), written to the new records file marked as reused; a larger
+/// budget measures only the difference, and another workload reuses nothing.
+#[test]
+fn a_new_run_starts_from_the_database() {
+    let target = CpuTarget::detect();
+    let w = Workload::parse("dense(M=T,N=24,K=16)").unwrap();
+    let vars = [ShapeVar::parse("T=1..6").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tuning.sqlite");
+    let measurer = Measurer {
+        builder: Builder::new(dir.path().join("cache")),
+        runner: runner(),
+    };
+    let run = |w: &Workload, name: &str, trials: usize| {
+        let (log, previous) = RecordLog::open(&dir.path().join(name), false).unwrap();
+        let mut tuner = Tuner::new(
+            w,
+            &target,
+            instances(w, &vars).unwrap(),
+            TuneOptions {
+                trials,
+                batch: 3,
+                instances_per_kernel: 2,
+                measure: measurer.runner.options.clone(),
+                database: Some(db.clone()),
+                ..TuneOptions::default()
+            },
+            &measurer,
+            log,
+            previous,
+        )
+        .unwrap();
+        let reused = tuner.resumed().reused;
+        let mut measured = 0;
+        tuner.run(&mut |_| {}, &mut |_| measured += 1).unwrap();
+        let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| measured += 1).unwrap();
+        (reused, measured, tuner.trials(), votes)
+    };
+    let (reused, measured, held, first) = run(&w, "a.jsonl", 12);
+    assert_eq!(reused, 0);
+    assert!(measured > 12, "the votes measure too: {measured}");
+    assert_eq!(held, measured);
+
+    let (reused, measured, again, votes) = run(&w, "b.jsonl", 12);
+    assert_eq!((reused, measured, again), (held, 0, held));
+    assert_eq!(
+        votes.votes, first.votes,
+        "the same records give the same votes"
+    );
+    let (_, b): (_, Vec<Record>) = RecordLog::open(&dir.path().join("b.jsonl"), true).unwrap();
+    assert_eq!(b.len(), held);
+    assert!(b.iter().all(|r| r.reused));
+
+    // A larger budget: the search goes on from the reused trials, then votes again.
+    let (reused, measured, more, _) = run(&w, "c.jsonl", held + 4);
+    assert_eq!(reused, held);
+    assert!(
+        measured >= 4 && more == held + measured,
+        "{measured} {more}"
+    );
+
+    let other = Workload::parse("dense(M=T,N=24,K=8)").unwrap();
+    assert_eq!(run(&other, "d.jsonl", 3).0, 0);
+    let summary = TuningDb::open(&db).unwrap().summary().unwrap();
+    assert_eq!((summary.keys, summary.runs), (2, 3));
 }
 
 #[test]

@@ -429,3 +429,51 @@ fn odd_module_records_and_weights_are_handled() {
         assert!(out.contains(&needle), "`{needle}` in {out}");
     }
 }
+
+/// The tuning database: a `--db` that is not anyshape's tuning database (a file of the
+/// user's, an empty file, the records file, a file inside `--out`) is refused before any
+/// work and left as it was; the default one lives in the kernel cache, and a second run
+/// with new records starts from the first run's trials there instead of measuring again.
+#[test]
+fn the_tuning_database_is_never_a_users_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("notes.txt"), "mine").unwrap();
+    std::fs::write(d.join("empty.db"), "").unwrap();
+    std::fs::create_dir(d.join("m")).unwrap();
+    for (db, out, says) in [
+        ("notes.txt", None, "not an SQLite file"),
+        ("empty.db", None, "not an SQLite file"),
+        ("R", None, "name the same file"),
+        ("m/tuning.sqlite", Some("m"), "lies inside --out m"),
+    ] {
+        let mut args = vec!["--trials", "4", "--records", "R", "--db", db];
+        args.extend(out.iter().flat_map(|o| ["--out", o]));
+        let o = tune(d, &args);
+        assert!(!o.status.success(), "--db {db}: {}", text(&o));
+        assert!(text(&o).contains(says), "--db {db}: {}", text(&o));
+    }
+    assert_eq!(
+        std::fs::read_to_string(d.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    assert_eq!(std::fs::read(d.join("empty.db")).unwrap(), b"");
+    assert!(!d.join("m/tuning.sqlite").exists() && !d.join("R").exists());
+
+    // The default database, in the kernel cache: the second run reuses the first's.
+    let o = tune(d, &["--trials", "6", "--records", "R1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(d.join("cache/tuning.sqlite").is_file());
+    let o = tune(d, &["--trials", "6", "--records", "R2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("6 trials reused from the tuning database"),
+        "{}",
+        text(&o)
+    );
+    assert!(text(&o).contains("trials 6 (6 resumed"), "{}", text(&o));
+    // --no-db: the records alone.
+    let o = tune(d, &["--trials", "6", "--records", "R3", "--no-db"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("trials 6 (0 resumed"), "{}", text(&o));
+}

@@ -78,6 +78,7 @@ def compile(
     cache: Optional[Union[str, os.PathLike]] = None,
     progress: bool = True,
     precision: str = "f32",
+    db: Union[str, os.PathLike, bool] = True,
 ) -> "Model":
     """Compile the ONNX model at `model` into the model module `out` and load it.
 
@@ -90,6 +91,10 @@ def compile(
     bytes) and multiplies them in bfloat16 with f32 sums (AVX512_BF16's `vdpbf16ps`;
     emulated where the CPU lacks it); everything else stays f32, and outputs move by up
     to ~1e-2 of their range.
+    Tuning records every trial in a tuning database too, and a task starts from the
+    database's best earlier run of its workload (this model's or another's with the same
+    layers): `db=True` is `tuning.sqlite` in the kernel cache, a path names another,
+    `db=False` uses none.
     `out` is replaced only if it is absent, empty or a module holding only its own files.
     """
     domains = [_domain(k, v) for k, v in (dims or {}).items()]
@@ -104,6 +109,8 @@ def compile(
         sys.executable,
         bool(progress),
         str(precision),
+        None if isinstance(db, bool) else os.fspath(db),
+        db is not False,
     )
     return load(out)
 

@@ -1,0 +1,427 @@
+//! The tuning database: every trial of every tuning run on the machine, in one SQLite
+//! file (by default `tuning.sqlite` in the kernel cache; or the file the user names),
+//! shared by the compiles and tunes that run at once.
+//!
+//! - A **run** is one tuner's trials of one key: (workload, target, padding strategy,
+//!   anyshape version). A run's trials are its records, in order, as its records file
+//!   holds them (`Record` in JSON: the database is a file boundary), so a run taken
+//!   from the database is a run resumed ([`Tuner::with_backend`](crate::Tuner)).
+//! - A new tuner whose records file holds nothing of its key starts from the
+//!   database's **best earlier run** of that key: the one with the most trials on the
+//!   tuner's instances. Its trials, votes included, are reused as if resumed (marked
+//!   [`Record::reused`](crate::Record)), so a second compile of the same layers
+//!   measures only what its budget asks beyond them.
+//! - Concurrent runs: SQLite's write-ahead log, a busy timeout, one transaction per
+//!   trial; a killed run leaves its committed trials.
+//! - Nothing is lost: an existing file is written only if it is an anyshape tuning
+//!   database (SQLite's header and anyshape's application id); anything else — a file
+//!   of the user's, an empty file, another program's database, one written by a newer
+//!   anyshape — is refused before anything is written.
+use crate::{Record, Result, TuneError};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{de::DeserializeOwned, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The database's file name in the kernel cache directory.
+pub const DATABASE_FILE: &str = "tuning.sqlite";
+
+/// SQLite's `application_id` of anyshape's tuning databases ("anys").
+const APPLICATION_ID: i64 = 0x616e_7973;
+
+/// The schema's version (`user_version`).
+const SCHEMA_VERSION: i64 = 1;
+
+/// How long a write waits for another run's transaction to end.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The first bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// What a run is keyed by: trials of one key are interchangeable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunKey {
+    /// The workload, in its textual form.
+    pub workload: String,
+    /// The target, as JSON (its fingerprint: every field the kernels depend on).
+    pub target: String,
+    /// The padding strategy, as JSON.
+    pub strategy: String,
+    /// The anyshape version that measured it (another version's kernels differ).
+    pub anyshape: String,
+}
+
+/// What the database holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatabaseSummary {
+    /// Distinct keys (workload, target, strategy, version).
+    pub keys: usize,
+    /// Runs.
+    pub runs: usize,
+    /// Trials.
+    pub trials: usize,
+}
+
+/// What a model's tasks took from the tuning database, as the line progress prints.
+pub struct Reuse<'a> {
+    /// The database.
+    pub database: &'a Path,
+    /// Each task's trials taken from it.
+    pub trials: &'a [usize],
+}
+
+impl std::fmt::Display for Reuse<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let from = self.trials.iter().filter(|&&n| n > 0).count();
+        let total: usize = self.trials.iter().sum();
+        write!(f, "tuning database {}: ", self.database.display())?;
+        match from {
+            0 => write!(f, "no earlier run of these tasks' workloads (their trials are recorded there for the next compile)"),
+            _ => write!(f, "{from} of {} tasks start from an earlier run ({total} trials reused, votes included)", self.trials.len()),
+        }
+    }
+}
+
+/// An open tuning database.
+pub struct TuningDb {
+    path: PathBuf,
+    conn: Connection,
+}
+
+impl std::fmt::Debug for TuningDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TuningDb")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl TuningDb {
+    /// Open the database at `path`, creating it (and its directory) when there is no
+    /// file; an existing file must be an anyshape tuning database (see the module's
+    /// doc), else it is refused untouched.
+    pub fn open(path: &Path) -> Result<TuningDb> {
+        let err = |message: String| TuneError::Database {
+            path: path.display().to_string(),
+            message,
+        };
+        // A file that is not ours is the user's: refused as an output would be.
+        let refuse = |why: &str| TuneError::Output(format!("--db {}: {why}", path.display()));
+        if path.exists() {
+            let len = anyshape_files::regular_file_len(path).map_err(|e| refuse(&e.to_string()))?;
+            let mut header = [0u8; 16];
+            let read = std::fs::File::open(path)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
+            if len < 16 || read.is_err() || &header != SQLITE_HEADER {
+                return Err(refuse(
+                    "is not a tuning database (not an SQLite file); anyshape does not write over it: name a new file, or --no-db",
+                ));
+            }
+        } else if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+        }
+        let sql = |e: rusqlite::Error| err(e.to_string());
+        let conn = Connection::open(path).map_err(sql)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+        let db = TuningDb {
+            path: path.to_path_buf(),
+            conn,
+        };
+        db.adopt()?;
+        Ok(db)
+    }
+
+    /// Check that the file is ours (or new and empty) and create the schema.
+    fn adopt(&self) -> Result<()> {
+        let sql = |e: rusqlite::Error| self.error(e.to_string());
+        let pragma = |name: &str| -> Result<i64> {
+            self.conn
+                .query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+                .map_err(sql)
+        };
+        let tables: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(sql)?;
+        let id = pragma("application_id")?;
+        if id != APPLICATION_ID && (id != 0 || tables > 0) {
+            return Err(TuneError::Output(format!(
+                "--db {}: is another program's SQLite database, not anyshape's tuning database; anyshape does not write to it: name a new file, or --no-db",
+                self.path.display()
+            )));
+        }
+        let version = pragma("user_version")?;
+        if version > SCHEMA_VERSION {
+            return Err(self.error(format!(
+                "was written by a newer anyshape (schema {version}; this one reads {SCHEMA_VERSION}): use that version, or name a new file"
+            )));
+        }
+        // Write-ahead logging lets runs read while one writes; each commit is one trial.
+        self.conn
+            .query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+            .map_err(sql)?;
+        self.conn
+            .execute_batch(&format!(
+                "PRAGMA synchronous = NORMAL;
+                 BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS runs (
+                     id INTEGER PRIMARY KEY,
+                     workload TEXT NOT NULL,
+                     target TEXT NOT NULL,
+                     strategy TEXT NOT NULL,
+                     anyshape TEXT NOT NULL,
+                     started INTEGER NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS runs_by_key
+                     ON runs (workload, target, strategy, anyshape);
+                 CREATE TABLE IF NOT EXISTS trials (
+                     run INTEGER NOT NULL REFERENCES runs (id),
+                     seq INTEGER NOT NULL,
+                     record TEXT NOT NULL,
+                     PRIMARY KEY (run, seq)
+                 ) WITHOUT ROWID;
+                 PRAGMA application_id = {APPLICATION_ID};
+                 PRAGMA user_version = {SCHEMA_VERSION};
+                 COMMIT;"
+            ))
+            .map_err(sql)
+    }
+
+    fn error(&self, message: String) -> TuneError {
+        TuneError::Database {
+            path: self.path.display().to_string(),
+            message,
+        }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Start a run of `key`; its id.
+    pub fn start_run(&self, key: &RunKey) -> Result<i64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.conn
+            .execute(
+                "INSERT INTO runs (workload, target, strategy, anyshape, started)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![key.workload, key.target, key.strategy, key.anyshape, now],
+            )
+            .map_err(|e| self.error(e.to_string()))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Append `records` (each a record as JSON) to run `run` as its trials `first`,
+    /// `first + 1`, …, in one transaction.
+    pub fn append(&mut self, run: i64, first: i64, records: &[String]) -> Result<()> {
+        let path = self.path.display().to_string();
+        let sql = |e: rusqlite::Error| TuneError::Database {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        {
+            let mut insert = tx
+                .prepare_cached("INSERT INTO trials (run, seq, record) VALUES (?1, ?2, ?3)")
+                .map_err(sql)?;
+            for (seq, record) in (first..).zip(records) {
+                insert.execute(params![run, seq, record]).map_err(sql)?;
+            }
+        }
+        tx.commit().map_err(sql)
+    }
+
+    /// The runs of `key`, oldest first: each run's id and its records (JSON), in order.
+    pub fn runs(&self, key: &RunKey) -> Result<Vec<(i64, Vec<String>)>> {
+        let sql = |e: rusqlite::Error| self.error(e.to_string());
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT runs.id, trials.record FROM runs JOIN trials ON trials.run = runs.id
+                 WHERE workload = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
+                 ORDER BY runs.id, trials.seq",
+            )
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map(
+                params![key.workload, key.target, key.strategy, key.anyshape],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .map_err(sql)?;
+        let mut runs: Vec<(i64, Vec<String>)> = Vec::new();
+        for row in rows {
+            let (id, record) = row.map_err(sql)?;
+            match runs.last_mut() {
+                Some((last, records)) if *last == id => records.push(record),
+                _ => runs.push((id, vec![record])),
+            }
+        }
+        Ok(runs)
+    }
+
+    /// How many keys, runs and trials it holds.
+    pub fn summary(&self) -> Result<DatabaseSummary> {
+        let sql = |e: rusqlite::Error| self.error(e.to_string());
+        let count = |q: &str| -> Result<usize> {
+            self.conn
+                .query_row(q, [], |r| r.get::<_, i64>(0))
+                .optional()
+                .map_err(sql)
+                .map(|n| n.unwrap_or(0) as usize)
+        };
+        Ok(DatabaseSummary {
+            keys: count(
+                "SELECT count(*) FROM (SELECT DISTINCT workload, target, strategy, anyshape FROM runs)",
+            )?,
+            runs: count("SELECT count(*) FROM runs")?,
+            trials: count("SELECT count(*) FROM trials")?,
+        })
+    }
+}
+
+/// A tuner's run in the database, started at its first new trial: it then holds the
+/// tuner's earlier records (resumed or reused) and every trial after, so that each run
+/// is whole.
+pub(crate) struct DbRun {
+    db: TuningDb,
+    key: RunKey,
+    /// The run's id and its next trial's number, once started.
+    run: Option<(i64, i64)>,
+}
+
+impl DbRun {
+    /// Open the database at `path` for a tuner of `key`.
+    pub fn open(path: &Path, key: RunKey) -> Result<DbRun> {
+        Ok(DbRun {
+            db: TuningDb::open(path)?,
+            key,
+            run: None,
+        })
+    }
+
+    /// Record `record`, after the `earlier` records the tuner held before its first.
+    pub fn append<R: Serialize>(&mut self, earlier: &[R], record: &R) -> Result<()> {
+        let json = |r: &R| serde_json::to_string(r).expect("records serialize");
+        let (run, next) = match self.run {
+            Some(started) => started,
+            None => {
+                let run = self.db.start_run(&self.key)?;
+                let earlier: Vec<String> = earlier.iter().map(json).collect();
+                self.db.append(run, 0, &earlier)?;
+                (run, earlier.len() as i64)
+            }
+        };
+        self.db.append(run, next, &[json(record)])?;
+        self.run = Some((run, next + 1));
+        Ok(())
+    }
+
+    /// The records of the key's best earlier run: the one with the most records that
+    /// `keep` accepts (the latest of equals), only those, in order, each marked
+    /// [`Record::reused`]; records that do not parse (another version's) are left out.
+    pub fn best_run<K: DeserializeOwned, T: DeserializeOwned>(
+        &self,
+        keep: impl Fn(&Record<K, T>) -> bool,
+    ) -> Result<Vec<Record<K, T>>> {
+        let mut best: Vec<Record<K, T>> = Vec::new();
+        for (_, texts) in self.db.runs(&self.key)? {
+            let run: Vec<Record<K, T>> = texts
+                .iter()
+                .filter_map(|t| serde_json::from_str::<Record<K, T>>(t).ok())
+                .filter(|r| !r.is_transient() && r.invalid().is_none() && keep(r))
+                .map(|r| Record { reused: true, ..r })
+                .collect();
+            if !run.is_empty() && run.len() >= best.len() {
+                best = run;
+            }
+        }
+        Ok(best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(w: &str) -> RunKey {
+        RunKey {
+            workload: w.into(),
+            target: "{}".into(),
+            strategy: "\"local_pad\"".into(),
+            anyshape: "0".into(),
+        }
+    }
+
+    #[test]
+    fn runs_keep_their_trials_in_order_per_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/tuning.sqlite");
+        let mut db = TuningDb::open(&path).unwrap();
+        let a = db.start_run(&key("a")).unwrap();
+        let b = db.start_run(&key("b")).unwrap();
+        let a2 = db.start_run(&key("a")).unwrap();
+        for (run, seq, text) in [(a, 0, "x"), (b, 0, "y"), (a, 1, "z"), (a2, 0, "w")] {
+            db.append(run, seq, &[text.to_string()]).unwrap();
+        }
+        drop(db);
+        // A second connection (another process's) sees what the first committed.
+        let mut db = TuningDb::open(&path).unwrap();
+        assert_eq!(
+            db.runs(&key("a")).unwrap(),
+            vec![(a, vec!["x".into(), "z".into()]), (a2, vec!["w".into()])]
+        );
+        assert_eq!(
+            db.summary().unwrap(),
+            DatabaseSummary {
+                keys: 2,
+                runs: 3,
+                trials: 4
+            }
+        );
+        // A trial is appended once; a failed transaction leaves nothing of itself.
+        assert!(db.append(a, 1, &["u".into(), "again".into()]).is_err());
+        assert_eq!(db.runs(&key("a")).unwrap()[0].1.len(), 2);
+    }
+
+    #[test]
+    fn files_that_are_not_ours_are_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(&str, &[u8]); 3] = [
+            ("empty", b""),
+            ("text", b"my notes, not a database\n"),
+            ("short", b"SQLite"),
+        ];
+        for (name, content) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, content).unwrap();
+            let e = TuningDb::open(&path).unwrap_err().to_string();
+            assert!(e.contains("not an SQLite file"), "{name}: {e}");
+            assert_eq!(std::fs::read(&path).unwrap(), content, "{name}");
+        }
+        // Another program's SQLite database.
+        let other = dir.path().join("other.db");
+        let conn = Connection::open(&other).unwrap();
+        conn.execute_batch("CREATE TABLE mine (x); INSERT INTO mine VALUES (1);")
+            .unwrap();
+        drop(conn);
+        let before = std::fs::read(&other).unwrap();
+        let e = TuningDb::open(&other).unwrap_err().to_string();
+        assert!(e.contains("another program's"), "{e}");
+        assert_eq!(std::fs::read(&other).unwrap(), before);
+        // A newer schema.
+        let newer = dir.path().join("newer.sqlite");
+        drop(TuningDb::open(&newer).unwrap());
+        Connection::open(&newer)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 99")
+            .unwrap();
+        let e = TuningDb::open(&newer).unwrap_err().to_string();
+        assert!(e.contains("newer anyshape"), "{e}");
+        // A directory.
+        assert!(TuningDb::open(dir.path()).is_err());
+    }
+}
