@@ -62,7 +62,13 @@ pub fn read_tuning(module: &Path) -> Result<TuningLog> {
 impl TuningComparison {
     /// Compare `log` with `baseline`: when each reached the milestones of the
     /// baseline's final expected latency.
-    pub fn new(log: TuningLog, baseline: TuningLog) -> Result<TuningComparison> {
+    pub fn new(mut log: TuningLog, mut baseline: TuningLog) -> Result<TuningComparison> {
+        if log.mode == baseline.mode {
+            // Compiles of one mode (with and without a warm tuning database, say):
+            // the report tells them apart.
+            log.mode.push_str(" (under test)");
+            baseline.mode.push_str(" (baseline)");
+        }
         let last = baseline.final_latency().ok_or_else(|| {
             BenchError::Options("the baseline's tuning curve has no expected latency".into())
         })?;
@@ -236,6 +242,7 @@ mod tests {
             wall_seconds: curve.last().unwrap().0,
             new_trials: 16,
             reused_trials: 0,
+            database: vec![],
             families: vec![],
         }
     }

@@ -3,7 +3,7 @@
 //! the budget (the tuning curve, FamilySeer Fig. 7), where the time went, and how well
 //! each family's shared cost model ranked held-out trials. `anyshape bench --tuning`
 //! compares two of them (e.g. families and scheduler against independent equal shares).
-use crate::{FamilyQuality, TimeBreakdown};
+use crate::{DatabaseQuality, FamilyQuality, TimeBreakdown};
 use serde::{Deserialize, Serialize};
 
 /// The tuning log's file name in a model module.
@@ -43,6 +43,10 @@ pub struct TuningLog {
     /// Trials the tasks took from the tuning database's earlier runs.
     #[serde(default)]
     pub reused_trials: usize,
+    /// The tasks the database had no run of, trained on its samples of their families'
+    /// other workloads: how well those ranked their trials.
+    #[serde(default)]
+    pub database: Vec<DatabaseQuality>,
     /// The families of more than one task: their shared models' held-out quality.
     pub families: Vec<FamilyQuality>,
 }
@@ -109,6 +113,7 @@ mod tests {
             wall_seconds: 10.0,
             new_trials: 20,
             reused_trials: 0,
+            database: vec![],
             families: vec![],
         };
         // 1.9 at 3 s, but back above 2.0 at 4 s: reached for good at 5 s.

@@ -43,6 +43,9 @@ const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 pub struct RunKey {
     /// The workload, in its textual form.
     pub workload: String,
+    /// Its family ([`family_of`](crate::family_of)): runs of the family's other
+    /// workloads train a new workload's cost model.
+    pub family: String,
     /// The target, as JSON (its fingerprint: every field the kernels depend on).
     pub target: String,
     /// The padding strategy, as JSON.
@@ -79,6 +82,21 @@ impl std::fmt::Display for Reuse<'_> {
             0 => write!(f, "no earlier run of these tasks' workloads (their trials are recorded there for the next compile)"),
             _ => write!(f, "{from} of {} tasks start from an earlier run ({total} trials reused, votes included)", self.trials.len()),
         }
+    }
+}
+
+impl std::fmt::Display for crate::DatabaseQuality {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (new to the tuning database): its family's {} samples there rank its {} held-out trials with Spearman {:.3} (its own other trials: {:.3}; both: {:.3})",
+            self.workload,
+            self.samples,
+            self.held_out,
+            self.spearman_database,
+            self.spearman_alone,
+            self.spearman_both
+        )
     }
 }
 
@@ -168,6 +186,7 @@ impl TuningDb {
                  CREATE TABLE IF NOT EXISTS runs (
                      id INTEGER PRIMARY KEY,
                      workload TEXT NOT NULL,
+                     family TEXT NOT NULL,
                      target TEXT NOT NULL,
                      strategy TEXT NOT NULL,
                      anyshape TEXT NOT NULL,
@@ -175,6 +194,8 @@ impl TuningDb {
                  );
                  CREATE INDEX IF NOT EXISTS runs_by_key
                      ON runs (workload, target, strategy, anyshape);
+                 CREATE INDEX IF NOT EXISTS runs_by_family
+                     ON runs (family, target, strategy, anyshape);
                  CREATE TABLE IF NOT EXISTS trials (
                      run INTEGER NOT NULL REFERENCES runs (id),
                      seq INTEGER NOT NULL,
@@ -207,9 +228,16 @@ impl TuningDb {
             .map_or(0, |d| d.as_secs() as i64);
         self.conn
             .execute(
-                "INSERT INTO runs (workload, target, strategy, anyshape, started)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![key.workload, key.target, key.strategy, key.anyshape, now],
+                "INSERT INTO runs (workload, family, target, strategy, anyshape, started)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    key.workload,
+                    key.family,
+                    key.target,
+                    key.strategy,
+                    key.anyshape,
+                    now
+                ],
             )
             .map_err(|e| self.error(e.to_string()))?;
         Ok(self.conn.last_insert_rowid())
@@ -261,6 +289,36 @@ impl TuningDb {
             }
         }
         Ok(runs)
+    }
+
+    /// Records of the newest runs of `key`'s family's other workloads (same target,
+    /// strategy and version), newest run first, at most `limit`: each with its run's
+    /// workload.
+    pub fn family_records(&self, key: &RunKey, limit: usize) -> Result<Vec<(String, String)>> {
+        let sql = |e: rusqlite::Error| self.error(e.to_string());
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT runs.workload, trials.record FROM runs JOIN trials ON trials.run = runs.id
+                 WHERE family = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
+                     AND workload != ?5
+                 ORDER BY runs.id DESC, trials.seq LIMIT ?6",
+            )
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map(
+                params![
+                    key.family,
+                    key.target,
+                    key.strategy,
+                    key.anyshape,
+                    key.workload,
+                    limit as i64
+                ],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .map_err(sql)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(sql)
     }
 
     /// How many keys, runs and trials it holds.
@@ -320,6 +378,25 @@ impl DbRun {
         Ok(())
     }
 
+    /// Measured records of the family's other workloads (see
+    /// [`TuningDb::family_records`]), each trial once (runs repeat the runs they
+    /// started from), at most `limit` read.
+    pub fn family_records<K, T>(&self, limit: usize) -> Result<Vec<Record<K, T>>>
+    where
+        K: DeserializeOwned + Ord + Copy,
+        T: DeserializeOwned,
+    {
+        let mut seen = std::collections::BTreeSet::new();
+        Ok(self
+            .db
+            .family_records(&self.key, limit)?
+            .into_iter()
+            .filter_map(|(_, text)| serde_json::from_str::<Record<K, T>>(&text).ok())
+            .filter(|r| r.latency().is_some() && r.invalid().is_none())
+            .filter(|r| seen.insert((r.workload.clone(), r.micro_kernel, r.bindings.clone())))
+            .collect())
+    }
+
     /// The records of the key's best earlier run: the one with the most records that
     /// `keep` accepts (the latest of equals), only those, in order, each marked
     /// [`Record::reused`]; records that do not parse (another version's) are left out.
@@ -350,6 +427,7 @@ mod tests {
     fn key(w: &str) -> RunKey {
         RunKey {
             workload: w.into(),
+            family: "f".into(),
             target: "{}".into(),
             strategy: "\"local_pad\"".into(),
             anyshape: "0".into(),
@@ -382,6 +460,12 @@ mod tests {
                 trials: 4
             }
         );
+        // The family's other workloads: newest run first, not the key's own.
+        assert_eq!(
+            db.family_records(&key("a"), 10).unwrap(),
+            vec![("b".to_string(), "y".to_string())]
+        );
+        assert_eq!(db.family_records(&key("b"), 2).unwrap().len(), 2);
         // A trial is appended once; a failed transaction leaves nothing of itself.
         assert!(db.append(a, 1, &["u".into(), "again".into()]).is_err());
         assert_eq!(db.runs(&key("a")).unwrap()[0].1.len(), 2);

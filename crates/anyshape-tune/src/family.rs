@@ -10,14 +10,21 @@
 //!   member join the member's candidates ([`Shared::kernels`]); the shared model scores
 //!   them on the member's instances and only the promising ones are measured there.
 //!
+//! A task the tuning database has no run of takes its family's **other workloads**
+//! there (other models' layers of other sizes) as samples of its cost model from the
+//! first round ([`Tuner::database_samples`]); [`Tuner::database_quality`] says how well
+//! they rank the task's own trials.
+//!
 //! The model's compile moves [`Offer`]s between the members after every slice of the
 //! task scheduler (`model.rs`); [`family_quality`] says how well a family's model ranks
 //! held-out trials, against a model trained on the member's records alone.
+use crate::journal::BackendRecord;
 use crate::{spearman, Backend, CostModel, Sample, Tuner};
-use anyshape_ir::Workload;
+use anyshape_ir::{Bindings, Workload};
 use serde::{Deserialize, Serialize};
 use std::any::Any;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 /// The family of a workload: its operator and the shape vars it ranges over, e.g.
 /// `dense_packed[sequence]`. Members of one family share one sketch.
@@ -85,12 +92,122 @@ impl<B: Backend> Tuner<B> {
         self.shared = shared;
     }
 
-    /// Samples of this task's own trials and of its family's, in that order.
+    /// Samples of this task's own trials and of its family's (in the model, then in
+    /// the tuning database), in that order.
     pub(crate) fn with_shared(&self, own: Vec<Sample>) -> Vec<Sample> {
         let mut all = own;
         all.extend(self.shared.samples.iter().cloned());
+        all.extend(self.database.iter().cloned());
         all
     }
+
+    /// Cost-model samples of records of the family's other workloads (from the tuning
+    /// database): each trial's features on its own workload (the representative
+    /// instance the middle of that workload's recorded ones), each workload weighing
+    /// as much in all as a task's instances do. Records whose workload does not parse
+    /// or bind are left out. Counts as search time.
+    pub(crate) fn database_samples(&mut self, records: &[BackendRecord<B>]) -> Vec<Sample> {
+        let t0 = Instant::now();
+        let mut by_workload: BTreeMap<&str, Vec<&BackendRecord<B>>> = BTreeMap::new();
+        for r in records {
+            by_workload.entry(&r.workload).or_default().push(r);
+        }
+        let mut out = Vec::new();
+        for (text, group) in by_workload {
+            let Ok(w) = Workload::parse(text) else {
+                continue;
+            };
+            let instances: BTreeSet<&Bindings> = group.iter().map(|r| &r.bindings).collect();
+            let rep = (*instances
+                .iter()
+                .nth(instances.len() / 2)
+                .expect("a group has records"))
+            .clone();
+            let weight = 1.0 / instances.len() as f64;
+            let mut features: HashMap<B::MicroKernel, Vec<f64>> = HashMap::new();
+            for r in group {
+                let (Ok(bound), Some(latency)) = (w.bind(&r.bindings), r.latency()) else {
+                    continue;
+                };
+                let f = features
+                    .entry(r.micro_kernel)
+                    .or_insert_with(|| {
+                        self.backend
+                            .features(&w, &r.micro_kernel, self.options.strategy, &rep)
+                    })
+                    .clone();
+                out.push(Sample {
+                    features: f,
+                    adaptation: self.backend.adaptation(&w, &r.micro_kernel, &bound),
+                    throughput: w.flops(&bound) / latency,
+                    weight,
+                });
+            }
+        }
+        self.time.search += t0.elapsed().as_secs_f64();
+        out
+    }
+
+    /// How well a cost model trained on the tuning database's samples ranks this
+    /// task's trials — a workload it never saw — beside one trained on the task's own;
+    /// none without database samples or with under 20 measured trials.
+    pub fn database_quality(&mut self) -> Option<DatabaseQuality> {
+        let ok: Vec<BackendRecord<B>> = self
+            .journal
+            .records
+            .iter()
+            .filter(|r| r.latency().is_some() && !r.reused)
+            .cloned()
+            .collect();
+        if self.database.is_empty() || ok.len() < 20 {
+            return None;
+        }
+        // The same split as the search's held-out figure: the last fifth held out.
+        let cut = ok.len() * 4 / 5;
+        let held = self.samples(&ok[cut..]);
+        let own = self.samples(&ok[..cut]);
+        let mut both = own.clone();
+        both.extend(self.database.iter().cloned());
+        let truth: Vec<f64> = held.iter().map(|s| s.throughput).collect();
+        let rank = |samples: &[Sample]| {
+            let model = CostModel::fit(samples, 1);
+            let feats: Vec<Vec<f64>> = held.iter().map(|s| s.features.clone()).collect();
+            let pred: Vec<f64> = model
+                .ln_f_mk(&feats)
+                .into_iter()
+                .zip(&held)
+                .map(|(l, s)| model.throughput(l, s.adaptation))
+                .collect();
+            spearman(&pred, &truth)
+        };
+        Some(DatabaseQuality {
+            workload: self.workload.to_string(),
+            samples: self.database.len(),
+            held_out: held.len(),
+            spearman_database: rank(&self.database),
+            spearman_alone: rank(&own),
+            spearman_both: rank(&both),
+        })
+    }
+}
+
+/// How well the tuning database's samples of a family's other workloads rank a new
+/// workload's trials (the last fifth of its measured trials, held out), against its
+/// own earlier trials.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatabaseQuality {
+    /// The workload, never seen by the database's model.
+    pub workload: String,
+    /// Database samples (trials of the family's other workloads).
+    pub samples: usize,
+    /// The workload's trials held out.
+    pub held_out: usize,
+    /// Spearman of the model trained on the database's samples alone.
+    pub spearman_database: f64,
+    /// Spearman of the model trained on the workload's other trials alone.
+    pub spearman_alone: f64,
+    /// Spearman of the model trained on both.
+    pub spearman_both: f64,
 }
 
 /// How well a family's shared cost model ranks trials it was not trained on.

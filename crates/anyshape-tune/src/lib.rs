@@ -43,7 +43,7 @@ pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use curve::{CurvePoint, TuningLog, TUNING_FILE};
 pub use database::{DatabaseSummary, Reuse, RunKey, TuningDb, DATABASE_FILE};
 pub use error::{Result, TuneError};
-pub use family::{family_of, family_quality, FamilyQuality, Offer};
+pub use family::{family_of, family_quality, DatabaseQuality, FamilyQuality, Offer};
 pub use features::{extract, feature_names, Tunable};
 pub use instances::{instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;

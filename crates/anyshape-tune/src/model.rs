@@ -246,6 +246,9 @@ pub fn compile_model(
         for q in &log.families {
             observer.family(q);
         }
+        for q in &log.database {
+            observer.unseen(q);
+        }
         for (i, t) in tasks.iter().enumerate() {
             observer.task(i, tasks.len(), &t.workload, t.count);
             trials[i] = runs[i].finish(observer)?;

@@ -67,6 +67,9 @@ pub trait Observer {
     fn scheduled(&mut self, _given: usize, _expected_seconds: f64) {}
     /// A family of tasks and how well its shared cost model ranks held-out trials.
     fn family(&mut self, _quality: &crate::FamilyQuality) {}
+    /// A task the tuning database had no run of, and how well its samples of the
+    /// task's family ranked the task's trials.
+    fn unseen(&mut self, _quality: &crate::DatabaseQuality) {}
     /// The tasks' searches start: each task's trials taken from the tuning database
     /// `database` (earlier runs of its workload; 0 where it had none).
     fn reused(&mut self, _database: &std::path::Path, _trials: &[usize]) {}
@@ -159,7 +162,7 @@ where
     observer.stage(&Stage::Search {
         instances: tuner.instances().len(),
         budget: tuner.budget(),
-        resumed: tuner.trials(),
+        resumed: tuner.search_trials(),
     });
     let obs = std::cell::RefCell::new(observer);
     let report = tuner.run(&mut |s| obs.borrow_mut().round(s), &mut |n| {

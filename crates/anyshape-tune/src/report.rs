@@ -10,7 +10,8 @@ use std::sync::Arc;
 /// Tuning options.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
-    /// Total trials (programs measured on an instance), including resumed ones.
+    /// Total search trials (programs measured on an instance), including resumed ones;
+    /// the votes' measurements come on top.
     pub trials: usize,
     /// Micro-kernels built and measured per round.
     pub batch: usize,
@@ -94,7 +95,7 @@ impl std::ops::AddAssign for TimeBreakdown {
 pub struct RoundSummary {
     /// Round number.
     pub round: usize,
-    /// Trials so far (including resumed ones).
+    /// Search trials so far (including resumed ones; not the votes').
     pub trials: usize,
     /// Trial budget.
     pub budget: usize,

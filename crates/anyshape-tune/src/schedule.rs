@@ -297,15 +297,17 @@ pub(crate) fn schedule(
             qualities.push(family_quality(name, &members, &samples));
         }
     }
+    let database = runs.iter().any(|r| r.reused() + r.database_samples() > 0);
     Ok(TuningLog {
         mode: format!(
-            "{}{}",
+            "{}{}{}",
             if options.equal_shares {
                 "equal shares"
             } else {
                 "scheduler"
             },
-            if options.families { " + families" } else { "" }
+            if options.families { " + families" } else { "" },
+            if database { " + tuning database" } else { "" }
         ),
         trials_per_task: options.trials,
         tasks: tasks.len(),
@@ -314,6 +316,10 @@ pub(crate) fn schedule(
         wall_seconds: start.elapsed().as_secs_f64(),
         new_trials: runs.iter().map(|r| r.trials()).sum::<usize>() - held.iter().sum::<usize>(),
         reused_trials: runs.iter().map(|r| r.reused()).sum(),
+        database: runs
+            .iter_mut()
+            .filter_map(|r| r.database_quality())
+            .collect(),
         families: qualities,
     })
 }

@@ -14,9 +14,9 @@ use crate::database::{DbRun, RunKey};
 use crate::family::Shared;
 use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
 use crate::{
-    spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog, Result,
-    RoundSummary, StopReason, TimeBreakdown, Trial, TrialBatch, TrialResult, TuneError,
-    TuneOptions, TuneReport,
+    family_of, spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog,
+    Result, RoundSummary, Sample, StopReason, TimeBreakdown, Trial, TrialBatch, TrialResult,
+    TuneError, TuneOptions, TuneReport,
 };
 use anyshape_codegen::{CpuTarget, Program, Sketch};
 use anyshape_ir::{Bindings, Workload};
@@ -26,6 +26,11 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// At most this many records of a family's other workloads are read from the tuning
+/// database for a new workload's cost model (the newest runs'; features are extracted
+/// for each distinct micro-kernel).
+const FAMILY_RECORDS: usize = 3000;
 
 /// A joint tuning run on a backend (the CPU one unless named).
 pub struct Tuner<B: Backend> {
@@ -40,6 +45,9 @@ pub struct Tuner<B: Backend> {
     pub(crate) time: TimeBreakdown,
     /// What the task's family shares with it (nothing outside a model's compile).
     pub(crate) shared: Shared<B::MicroKernel>,
+    /// Samples of the family's other workloads in the tuning database, for a workload
+    /// it has no run of (`family.rs`).
+    pub(crate) database: Vec<Sample>,
 }
 
 impl<'a> Tuner<CpuBackend<'a>> {
@@ -124,6 +132,7 @@ impl<B: Backend> Tuner<B> {
                 path,
                 RunKey {
                     workload: name.clone(),
+                    family: family_of(workload),
                     target: serde_json::to_string(backend.target()).expect("targets serialize"),
                     strategy: serde_json::to_string(&options.strategy)
                         .expect("strategies serialize"),
@@ -141,8 +150,14 @@ impl<B: Backend> Tuner<B> {
             }
             resumed.reused = records.len();
         }
+        // A workload the database has no run of: its family's other workloads there
+        // train the cost model from the first round.
+        let family = match &db {
+            Some(db) if records.is_empty() => db.family_records(FAMILY_RECORDS)?,
+            _ => Vec::new(),
+        };
         resumed.trials = records.len();
-        Ok(Tuner {
+        let mut tuner = Tuner {
             workload: workload.clone(),
             backend,
             resumed,
@@ -161,7 +176,10 @@ impl<B: Backend> Tuner<B> {
             index,
             time: TimeBreakdown::default(),
             shared: Shared::default(),
-        })
+            database: Vec::new(),
+        };
+        tuner.database = tuner.database_samples(&family);
+        Ok(tuner)
     }
 
     /// Features of each micro-kernel (cached; extraction counts as search time).
@@ -189,13 +207,19 @@ impl<B: Backend> Tuner<B> {
         self.journal.records.len()
     }
 
+    /// The search's trials in the records (resumed ones included, vote rounds' not):
+    /// what the trial budget counts.
+    pub fn search_trials(&self) -> usize {
+        self.journal.records.iter().filter(|r| !r.vote).count()
+    }
+
     /// The trial budget.
     pub fn budget(&self) -> usize {
         self.options.trials
     }
 
     /// Set the trial budget: [`Tuner::run`] goes on until the records hold this many
-    /// (the task scheduler raises it slice by slice).
+    /// search trials (the task scheduler raises it slice by slice).
     pub fn set_budget(&mut self, trials: usize) {
         self.options.trials = trials;
     }
@@ -274,7 +298,7 @@ impl<B: Backend> Tuner<B> {
             .fold(0.0, f64::max);
         RoundSummary {
             round,
-            trials: self.journal.records.len(),
+            trials: self.search_trials(),
             budget: self.options.trials,
             failed,
             predicted_weighted_latency: predicted,
@@ -371,7 +395,7 @@ impl<B: Backend> Tuner<B> {
                 .is_some_and(|f| f.load(Ordering::Relaxed))
         };
         let stop = loop {
-            if self.journal.records.len() >= self.options.trials {
+            if self.search_trials() >= self.options.trials {
                 break StopReason::Budget;
             }
             if stalled >= 3 {
@@ -383,7 +407,7 @@ impl<B: Backend> Tuner<B> {
             let mut rng = ChaCha8Rng::seed_from_u64(
                 self.options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round as u64,
             );
-            let budget = self.options.trials - self.journal.records.len();
+            let budget = self.options.trials - self.search_trials();
             // The last share of the budget goes to the winners' neighbours
             // (`exploit.rs`). Its turn comes when only its share is left, or when a
             // usual round would get under a quarter of a round's trials (rounds that

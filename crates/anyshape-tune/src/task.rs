@@ -3,9 +3,9 @@
 //! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's default
 //! micro-kernel for every instance.
 use crate::{
-    instances, tune_workload, write_module, ModelOptions, ModuleSpec, Observer, Offer, Packaged,
-    PipelineOptions, RecordLog, Result, SketchBackend, Specialize, StopReason, TimeBreakdown,
-    TuneError, TuneOptions, Tuner, Votes,
+    instances, tune_workload, write_module, DatabaseQuality, ModelOptions, ModuleSpec, Observer,
+    Offer, Packaged, PipelineOptions, RecordLog, Result, SketchBackend, Specialize, StopReason,
+    TimeBreakdown, TuneError, TuneOptions, Tuner, Votes,
 };
 use anyshape_abi::{DispatchTree, Vote};
 use anyshape_codegen::{CpuTarget, Sketch};
@@ -66,10 +66,12 @@ pub(crate) trait TaskSearch {
     /// Search until the records hold `budget` trials; the task's weighted latency then
     /// (seconds) and whether the search stalled.
     fn search_to(&mut self, budget: usize, observer: &mut dyn Observer) -> Result<(f64, bool)>;
-    /// Trials in the records.
+    /// Search trials in the records (what the budget counts; votes' not).
     fn trials(&self) -> usize;
     /// Of those, the trials taken from the tuning database.
     fn reused(&self) -> usize;
+    /// Samples of its family's other workloads the tuning database gave its cost model.
+    fn database_samples(&self) -> usize;
     /// Tuning seconds of the records.
     fn tuning_seconds(&self) -> f64;
     /// Where this process's search time went.
@@ -78,6 +80,9 @@ pub(crate) trait TaskSearch {
     fn offer(&mut self) -> Offer;
     /// Take what the other members of its family offer.
     fn adopt(&mut self, offers: &[&Offer]);
+    /// How well the tuning database's samples rank the task's trials (a workload it
+    /// had no run of).
+    fn database_quality(&mut self) -> Option<DatabaseQuality>;
     /// The votes, the tree and the module (in the task's directory); the trials
     /// measured, votes included.
     fn finish(&mut self, observer: &mut dyn Observer) -> Result<usize>;
@@ -140,11 +145,15 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
     }
 
     fn trials(&self) -> usize {
-        self.tuner.trials()
+        self.tuner.search_trials()
     }
 
     fn reused(&self) -> usize {
         self.tuner.resumed().reused
+    }
+
+    fn database_samples(&self) -> usize {
+        self.tuner.database.len()
     }
 
     fn tuning_seconds(&self) -> f64 {
@@ -161,6 +170,10 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
 
     fn adopt(&mut self, offers: &[&Offer]) {
         self.tuner.adopt(offers)
+    }
+
+    fn database_quality(&mut self) -> Option<DatabaseQuality> {
+        self.tuner.database_quality()
     }
 
     fn finish(&mut self, observer: &mut dyn Observer) -> Result<usize> {

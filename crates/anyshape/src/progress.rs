@@ -210,6 +210,10 @@ impl Observer for Reporter {
         self.note(&anyshape_tune::Reuse { database, trials }.to_string());
     }
 
+    fn unseen(&mut self, q: &anyshape_tune::DatabaseQuality) {
+        self.note(&q.to_string());
+    }
+
     fn family(&mut self, q: &FamilyQuality) {
         let rho = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.3}"));
         self.note(&format!(

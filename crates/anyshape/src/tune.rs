@@ -32,7 +32,8 @@ pub struct TuneArgs {
     /// values not listed weigh 1. Uniform when absent.
     #[arg(long, value_name = "FILE")]
     pub(crate) weights: Option<PathBuf>,
-    /// Trial budget (programs measured on an instance), counting resumed trials.
+    /// Trial budget of the search (programs measured on an instance), counting resumed
+    /// trials; the votes' measurements come on top.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) trials: u64,
     /// Records file (JSONL), appended to after every trial; needed by `tune`
@@ -379,6 +380,9 @@ pub fn tune_on<K: Packaged>(
     drop(reporter);
     let wall = start.elapsed().as_secs_f64();
     print_report(&tuned.report, wall);
+    if let Some(q) = tuner.database_quality() {
+        println!("cost model: {q}");
+    }
     if let Some((votes, tree, accuracy)) = &tuned.dispatch {
         let measured = votes.votes.iter().filter(|v| v.measured).count();
         println!(

@@ -109,7 +109,8 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
 /// A run whose records file holds nothing of its workload starts from the tuning
 /// database's best earlier run: its trials and votes are reused (nothing measured
 /// again, the same votes), written to the new records file marked as reused; a larger
-/// budget measures only the difference, and another workload reuses nothing.
+/// budget measures only the difference, and another workload of the family reuses
+/// nothing but trains its cost model on the family's trials there.
 #[test]
 fn a_new_run_starts_from_the_database() {
     let target = CpuTarget::detect();
@@ -142,16 +143,22 @@ fn a_new_run_starts_from_the_database() {
         .unwrap();
         let reused = tuner.resumed().reused;
         let mut measured = 0;
-        tuner.run(&mut |_| {}, &mut |_| measured += 1).unwrap();
+        let report = tuner.run(&mut |_| {}, &mut |_| measured += 1).unwrap();
         let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| measured += 1).unwrap();
-        (reused, measured, tuner.trials(), votes)
+        (
+            reused,
+            measured,
+            tuner.trials(),
+            votes,
+            report.model_samples,
+        )
     };
-    let (reused, measured, held, first) = run(&w, "a.jsonl", 12);
+    let (reused, measured, held, first, _) = run(&w, "a.jsonl", 12);
     assert_eq!(reused, 0);
     assert!(measured > 12, "the votes measure too: {measured}");
     assert_eq!(held, measured);
 
-    let (reused, measured, again, votes) = run(&w, "b.jsonl", 12);
+    let (reused, measured, again, votes, _) = run(&w, "b.jsonl", 12);
     assert_eq!((reused, measured, again), (held, 0, held));
     assert_eq!(
         votes.votes, first.votes,
@@ -162,15 +169,22 @@ fn a_new_run_starts_from_the_database() {
     assert!(b.iter().all(|r| r.reused));
 
     // A larger budget: the search goes on from the reused trials, then votes again.
-    let (reused, measured, more, _) = run(&w, "c.jsonl", held + 4);
+    let (reused, measured, more, _, _) = run(&w, "c.jsonl", held + 4);
     assert_eq!(reused, held);
     assert!(
         measured >= 4 && more == held + measured,
         "{measured} {more}"
     );
 
+    // Another workload of the family reuses no trial, but its cost model trains on the
+    // family's trials in the database from the start.
     let other = Workload::parse("dense(M=T,N=24,K=8)").unwrap();
-    assert_eq!(run(&other, "d.jsonl", 3).0, 0);
+    let (reused, _, _, _, samples) = run(&other, "d.jsonl", 3);
+    assert_eq!(reused, 0);
+    assert!(
+        samples >= held + 4,
+        "{samples} samples: its own 3 trials and the family's"
+    );
     let summary = TuningDb::open(&db).unwrap().summary().unwrap();
     assert_eq!((summary.keys, summary.runs), (2, 3));
 }
