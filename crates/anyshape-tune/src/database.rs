@@ -100,6 +100,58 @@ impl std::fmt::Display for crate::DatabaseQuality {
     }
 }
 
+/// Create the tables where they are not (and mark the file as anyshape's), in one
+/// transaction.
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         CREATE TABLE IF NOT EXISTS runs (
+             id INTEGER PRIMARY KEY,
+             workload TEXT NOT NULL,
+             family TEXT NOT NULL,
+             target TEXT NOT NULL,
+             strategy TEXT NOT NULL,
+             anyshape TEXT NOT NULL,
+             started INTEGER NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS runs_by_key
+             ON runs (workload, target, strategy, anyshape);
+         CREATE INDEX IF NOT EXISTS runs_by_family
+             ON runs (family, target, strategy, anyshape);
+         CREATE TABLE IF NOT EXISTS trials (
+             run INTEGER NOT NULL REFERENCES runs (id),
+             seq INTEGER NOT NULL,
+             record TEXT NOT NULL,
+             PRIMARY KEY (run, seq)
+         ) WITHOUT ROWID;
+         PRAGMA application_id = {APPLICATION_ID};
+         PRAGMA user_version = {SCHEMA_VERSION};
+         COMMIT;"
+    ))
+}
+
+/// Create a new tuning database at `path`, whole: made beside it and linked into place
+/// only where nothing is yet, so that a run opening the path at the same moment finds
+/// no file or a whole database, never the empty file SQLite starts with (which it
+/// would refuse as not ours); where another run's got there first, that one is kept.
+fn create(path: &Path) -> std::io::Result<()> {
+    static CREATES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CREATES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // `.NAME.tmp-N-PID`: what a killed run leaves, the next one removes.
+    let tmp = path.with_file_name(format!(".{name}.tmp-{n}-{}", std::process::id()));
+    anyshape_files::clean_leftovers(path);
+    let made = Connection::open(&tmp)
+        .and_then(|conn| create_schema(&conn))
+        .map_err(std::io::Error::other)
+        .and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match made {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
 /// An open tuning database.
 pub struct TuningDb {
     path: PathBuf,
@@ -125,19 +177,21 @@ impl TuningDb {
         };
         // A file that is not ours is the user's: refused as an output would be.
         let refuse = |why: &str| TuneError::Output(format!("--db {}: {why}", path.display()));
-        if path.exists() {
-            let len = anyshape_files::regular_file_len(path).map_err(|e| refuse(&e.to_string()))?;
-            let mut header = [0u8; 16];
-            let read = std::fs::File::open(path)
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
-            if len < 16 || read.is_err() || &header != SQLITE_HEADER {
-                return Err(refuse(
-                    "is not a tuning database (not an SQLite file); anyshape does not write over it: name a new file, or --no-db",
-                ));
+        if !path.exists() {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| err(format!("cannot create its directory: {e}")))?;
             }
-        } else if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+            create(path).map_err(|e| err(format!("cannot create it: {e}")))?;
+        }
+        let len = anyshape_files::regular_file_len(path).map_err(|e| refuse(&e.to_string()))?;
+        let mut header = [0u8; 16];
+        let read = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
+        if len < 16 || read.is_err() || &header != SQLITE_HEADER {
+            return Err(refuse(
+                "is not a tuning database (not an SQLite file); anyshape does not write over it: name a new file, or --no-db",
+            ));
         }
         let sql = |e: rusqlite::Error| err(e.to_string());
         let conn = Connection::open(path).map_err(sql)?;
@@ -180,33 +234,9 @@ impl TuningDb {
             .query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
             .map_err(sql)?;
         self.conn
-            .execute_batch(&format!(
-                "PRAGMA synchronous = NORMAL;
-                 BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS runs (
-                     id INTEGER PRIMARY KEY,
-                     workload TEXT NOT NULL,
-                     family TEXT NOT NULL,
-                     target TEXT NOT NULL,
-                     strategy TEXT NOT NULL,
-                     anyshape TEXT NOT NULL,
-                     started INTEGER NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS runs_by_key
-                     ON runs (workload, target, strategy, anyshape);
-                 CREATE INDEX IF NOT EXISTS runs_by_family
-                     ON runs (family, target, strategy, anyshape);
-                 CREATE TABLE IF NOT EXISTS trials (
-                     run INTEGER NOT NULL REFERENCES runs (id),
-                     seq INTEGER NOT NULL,
-                     record TEXT NOT NULL,
-                     PRIMARY KEY (run, seq)
-                 ) WITHOUT ROWID;
-                 PRAGMA application_id = {APPLICATION_ID};
-                 PRAGMA user_version = {SCHEMA_VERSION};
-                 COMMIT;"
-            ))
-            .map_err(sql)
+            .execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(sql)?;
+        create_schema(&self.conn).map_err(sql)
     }
 
     fn error(&self, message: String) -> TuneError {
@@ -263,26 +293,30 @@ impl TuningDb {
         tx.commit().map_err(sql)
     }
 
+    /// The rows `query` selects with `values`, each read by `row`.
+    fn rows<T>(
+        &self,
+        query: &str,
+        values: impl rusqlite::Params,
+        row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>> {
+        let sql = |e: rusqlite::Error| self.error(e.to_string());
+        let mut stmt = self.conn.prepare(query).map_err(sql)?;
+        let rows = stmt.query_map(values, row).map_err(sql)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(sql)
+    }
+
     /// The runs of `key`, oldest first: each run's id and its records (JSON), in order.
     pub fn runs(&self, key: &RunKey) -> Result<Vec<(i64, Vec<String>)>> {
-        let sql = |e: rusqlite::Error| self.error(e.to_string());
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT runs.id, trials.record FROM runs JOIN trials ON trials.run = runs.id
-                 WHERE workload = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
-                 ORDER BY runs.id, trials.seq",
-            )
-            .map_err(sql)?;
-        let rows = stmt
-            .query_map(
-                params![key.workload, key.target, key.strategy, key.anyshape],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-            )
-            .map_err(sql)?;
+        let rows = self.rows(
+            "SELECT runs.id, trials.record FROM runs JOIN trials ON trials.run = runs.id
+             WHERE workload = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
+             ORDER BY runs.id, trials.seq",
+            params![key.workload, key.target, key.strategy, key.anyshape],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+        )?;
         let mut runs: Vec<(i64, Vec<String>)> = Vec::new();
-        for row in rows {
-            let (id, record) = row.map_err(sql)?;
+        for (id, record) in rows {
             match runs.last_mut() {
                 Some((last, records)) if *last == id => records.push(record),
                 _ => runs.push((id, vec![record])),
@@ -295,30 +329,21 @@ impl TuningDb {
     /// strategy and version), newest run first, at most `limit`: each with its run's
     /// workload.
     pub fn family_records(&self, key: &RunKey, limit: usize) -> Result<Vec<(String, String)>> {
-        let sql = |e: rusqlite::Error| self.error(e.to_string());
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT runs.workload, trials.record FROM runs JOIN trials ON trials.run = runs.id
-                 WHERE family = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
-                     AND workload != ?5
-                 ORDER BY runs.id DESC, trials.seq LIMIT ?6",
-            )
-            .map_err(sql)?;
-        let rows = stmt
-            .query_map(
-                params![
-                    key.family,
-                    key.target,
-                    key.strategy,
-                    key.anyshape,
-                    key.workload,
-                    limit as i64
-                ],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-            )
-            .map_err(sql)?;
-        rows.collect::<rusqlite::Result<_>>().map_err(sql)
+        self.rows(
+            "SELECT runs.workload, trials.record FROM runs JOIN trials ON trials.run = runs.id
+             WHERE family = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
+                 AND workload != ?5
+             ORDER BY runs.id DESC, trials.seq LIMIT ?6",
+            params![
+                key.family,
+                key.target,
+                key.strategy,
+                key.anyshape,
+                key.workload,
+                limit as i64
+            ],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )
     }
 
     /// How many keys, runs and trials it holds.
@@ -469,6 +494,36 @@ mod tests {
         // A trial is appended once; a failed transaction leaves nothing of itself.
         assert!(db.append(a, 1, &["u".into(), "again".into()]).is_err());
         assert_eq!(db.runs(&key("a")).unwrap()[0].1.len(), 2);
+    }
+
+    #[test]
+    fn runs_creating_it_at_once_share_one_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new/tuning.sqlite");
+        std::thread::scope(|s| {
+            let opens: Vec<_> = (0..8)
+                .map(|i| {
+                    let path = &path;
+                    s.spawn(move || {
+                        let mut db = TuningDb::open(path)?;
+                        let run = db.start_run(&key("a"))?;
+                        db.append(run, 0, &[i.to_string()])
+                    })
+                })
+                .collect();
+            for o in opens {
+                o.join().unwrap().unwrap();
+            }
+        });
+        let db = TuningDb::open(&path).unwrap();
+        assert_eq!(db.summary().unwrap().runs, 8);
+        // Nothing of the creation is left beside it.
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
     }
 
     #[test]
