@@ -32,9 +32,9 @@ compile() { # model, records
   $bin compile "models/full/$1.ts.onnx" --dim batch=1 --dim sequence=1..512 --trials "$trials" \
     --records "$run/$1.records" --cache-dir "$run/cache" --out "$run/$1.module" > "$run/$1.log" 2>&1
   end=$(date +%s.%N)
-  grep -v '^round' "$run/$1.log" > "$out/$1-compile.log"
+  grep -v '^round' "$run/$1.log" | sed "s#$run/#<run dir>/#g" > "$out/$1-compile.log"
   echo "wall: $(echo "$end - $start" | bc) s" | tee -a "$out/$1-compile.log"
-  cp "$run/$1.module/tuning.json" "$out/$1-tuning.json"
+  sed "s#$run/#<run dir>/#g" "$run/$1.module/tuning.json" > "$out/$1-tuning.json"
 }
 compile roberta_base   # from an empty database and kernel cache
 compile bert_base      # the database warm from RoBERTa-base
