@@ -5,7 +5,8 @@
 //! - A **run** is one tuner's trials of one key: (workload, target, padding strategy,
 //!   anyshape version). A run's trials are its records, in order, as its records file
 //!   holds them (`Record` in JSON: the database is a file boundary), so a run taken
-//!   from the database is a run resumed ([`Tuner::with_backend`](crate::Tuner)).
+//!   from the database is a run resumed ([`Tuner::with_backend`](crate::Tuner); a
+//!   tuner's run here is its journal's `DbRun`).
 //! - A new tuner whose records file holds nothing of its key starts from the
 //!   database's **best earlier run** of that key: the one with the most trials on the
 //!   tuner's instances. Its trials, votes included, are reused as if resumed (marked
@@ -17,9 +18,8 @@
 //!   database (SQLite's header and anyshape's application id); anything else — a file
 //!   of the user's, an empty file, another program's database, one written by a newer
 //!   anyshape — is refused before anything is written.
-use crate::{Record, Result, TuneError};
+use crate::{Result, TuneError};
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::{de::DeserializeOwned, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -82,21 +82,6 @@ impl std::fmt::Display for Reuse<'_> {
             0 => write!(f, "no earlier run of these tasks' workloads (their trials are recorded there for the next compile)"),
             _ => write!(f, "{from} of {} tasks start from an earlier run ({total} trials reused, votes included)", self.trials.len()),
         }
-    }
-}
-
-impl std::fmt::Display for crate::DatabaseQuality {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} (new to the tuning database): its family's {} samples there rank its {} held-out trials with Spearman {:.3} (its own other trials: {:.3}; both: {:.3})",
-            self.workload,
-            self.samples,
-            self.held_out,
-            self.spearman_database,
-            self.spearman_alone,
-            self.spearman_both
-        )
     }
 }
 
@@ -363,85 +348,6 @@ impl TuningDb {
             runs: count("SELECT count(*) FROM runs")?,
             trials: count("SELECT count(*) FROM trials")?,
         })
-    }
-}
-
-/// A tuner's run in the database, started at its first new trial: it then holds the
-/// tuner's earlier records (resumed or reused) and every trial after, so that each run
-/// is whole.
-pub(crate) struct DbRun {
-    db: TuningDb,
-    key: RunKey,
-    /// The run's id and its next trial's number, once started.
-    run: Option<(i64, i64)>,
-}
-
-impl DbRun {
-    /// Open the database at `path` for a tuner of `key`.
-    pub fn open(path: &Path, key: RunKey) -> Result<DbRun> {
-        Ok(DbRun {
-            db: TuningDb::open(path)?,
-            key,
-            run: None,
-        })
-    }
-
-    /// Record `record`, after the `earlier` records the tuner held before its first.
-    pub fn append<R: Serialize>(&mut self, earlier: &[R], record: &R) -> Result<()> {
-        let json = |r: &R| serde_json::to_string(r).expect("records serialize");
-        let (run, next) = match self.run {
-            Some(started) => started,
-            None => {
-                let run = self.db.start_run(&self.key)?;
-                let earlier: Vec<String> = earlier.iter().map(json).collect();
-                self.db.append(run, 0, &earlier)?;
-                (run, earlier.len() as i64)
-            }
-        };
-        self.db.append(run, next, &[json(record)])?;
-        self.run = Some((run, next + 1));
-        Ok(())
-    }
-
-    /// Measured records of the family's other workloads (see
-    /// [`TuningDb::family_records`]), each trial once (runs repeat the runs they
-    /// started from), at most `limit` read.
-    pub fn family_records<K, T>(&self, limit: usize) -> Result<Vec<Record<K, T>>>
-    where
-        K: DeserializeOwned + Ord + Copy,
-        T: DeserializeOwned,
-    {
-        let mut seen = std::collections::BTreeSet::new();
-        Ok(self
-            .db
-            .family_records(&self.key, limit)?
-            .into_iter()
-            .filter_map(|(_, text)| serde_json::from_str::<Record<K, T>>(&text).ok())
-            .filter(|r| r.latency().is_some() && r.invalid().is_none())
-            .filter(|r| seen.insert((r.workload.clone(), r.micro_kernel, r.bindings.clone())))
-            .collect())
-    }
-
-    /// The records of the key's best earlier run: the one with the most records that
-    /// `keep` accepts (the latest of equals), only those, in order, each marked
-    /// [`Record::reused`]; records that do not parse (another version's) are left out.
-    pub fn best_run<K: DeserializeOwned, T: DeserializeOwned>(
-        &self,
-        keep: impl Fn(&Record<K, T>) -> bool,
-    ) -> Result<Vec<Record<K, T>>> {
-        let mut best: Vec<Record<K, T>> = Vec::new();
-        for (_, texts) in self.db.runs(&self.key)? {
-            let run: Vec<Record<K, T>> = texts
-                .iter()
-                .filter_map(|t| serde_json::from_str::<Record<K, T>>(t).ok())
-                .filter(|r| !r.is_transient() && r.invalid().is_none() && keep(r))
-                .map(|r| Record { reused: true, ..r })
-                .collect();
-            if !run.is_empty() && run.len() >= best.len() {
-                best = run;
-            }
-        }
-        Ok(best)
     }
 }
 

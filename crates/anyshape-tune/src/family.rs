@@ -271,6 +271,21 @@ pub fn family_quality(family: &str, tasks: &[usize], members: &[Vec<Sample>]) ->
     quality
 }
 
+impl std::fmt::Display for DatabaseQuality {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (new to the tuning database): its family's {} samples there rank its {} held-out trials with Spearman {:.3} (its own other trials: {:.3}; both: {:.3})",
+            self.workload,
+            self.samples,
+            self.held_out,
+            self.spearman_database,
+            self.spearman_alone,
+            self.spearman_both
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,11 @@
 //! The journal of a run: its records file and what the run holds of it (its trials,
-//! the trials the environment failed, the round numbers), and what resuming took from
-//! the file and left aside.
-use crate::database::DbRun;
-use crate::{Backend, Record, RecordLog, Result};
+//! the trials the environment failed, the round numbers), its run in the tuning
+//! database ([`DbRun`]), and what resuming took from the file and left aside.
+use crate::database::{RunKey, TuningDb};
+use crate::{family_of, Backend, Record, RecordLog, Result, TuneOptions};
 use anyshape_codegen::Sketch;
-use anyshape_ir::Bindings;
+use anyshape_ir::{Bindings, Workload};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -103,5 +104,98 @@ impl<B: Backend> Journal<B> {
         }
         on_trial(self.records.len());
         Ok(())
+    }
+}
+
+/// A tuner's run in the database, started at its first new trial: it then holds the
+/// tuner's earlier records (resumed or reused) and every trial after, so that each run
+/// is whole.
+pub(crate) struct DbRun {
+    db: TuningDb,
+    key: RunKey,
+    /// The run's id and its next trial's number, once started.
+    run: Option<(i64, i64)>,
+}
+
+impl DbRun {
+    /// The run of a tuner of `workload` on `target` with `options`, where they name a
+    /// tuning database (per-shape runs use none).
+    pub fn of<T: Serialize>(
+        options: &TuneOptions,
+        workload: &Workload,
+        target: &T,
+    ) -> Result<Option<DbRun>> {
+        let Some(path) = options.database.as_ref().filter(|_| !options.per_shape) else {
+            return Ok(None);
+        };
+        Ok(Some(DbRun {
+            db: TuningDb::open(path)?,
+            key: RunKey {
+                workload: workload.to_string(),
+                family: family_of(workload),
+                target: serde_json::to_string(target).expect("targets serialize"),
+                strategy: serde_json::to_string(&options.strategy).expect("strategies serialize"),
+                anyshape: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            run: None,
+        }))
+    }
+
+    /// Record `record`, after the `earlier` records the tuner held before its first.
+    pub fn append<R: Serialize>(&mut self, earlier: &[R], record: &R) -> Result<()> {
+        let json = |r: &R| serde_json::to_string(r).expect("records serialize");
+        let (run, next) = match self.run {
+            Some(started) => started,
+            None => {
+                let run = self.db.start_run(&self.key)?;
+                let earlier: Vec<String> = earlier.iter().map(json).collect();
+                self.db.append(run, 0, &earlier)?;
+                (run, earlier.len() as i64)
+            }
+        };
+        self.db.append(run, next, &[json(record)])?;
+        self.run = Some((run, next + 1));
+        Ok(())
+    }
+
+    /// Measured records of the family's other workloads (see
+    /// [`TuningDb::family_records`]), each trial once (runs repeat the runs they
+    /// started from), at most `limit` read.
+    pub fn family_records<K, T>(&self, limit: usize) -> Result<Vec<Record<K, T>>>
+    where
+        K: DeserializeOwned + Ord + Copy,
+        T: DeserializeOwned,
+    {
+        let mut seen = std::collections::BTreeSet::new();
+        Ok(self
+            .db
+            .family_records(&self.key, limit)?
+            .into_iter()
+            .filter_map(|(_, text)| serde_json::from_str::<Record<K, T>>(&text).ok())
+            .filter(|r| r.latency().is_some() && r.invalid().is_none())
+            .filter(|r| seen.insert((r.workload.clone(), r.micro_kernel, r.bindings.clone())))
+            .collect())
+    }
+
+    /// The records of the key's best earlier run: the one with the most records that
+    /// `keep` accepts (the latest of equals), only those, in order, each marked
+    /// [`Record::reused`]; records that do not parse (another version's) are left out.
+    pub fn best_run<K: DeserializeOwned, T: DeserializeOwned>(
+        &self,
+        keep: impl Fn(&Record<K, T>) -> bool,
+    ) -> Result<Vec<Record<K, T>>> {
+        let mut best: Vec<Record<K, T>> = Vec::new();
+        for (_, texts) in self.db.runs(&self.key)? {
+            let run: Vec<Record<K, T>> = texts
+                .iter()
+                .filter_map(|t| serde_json::from_str::<Record<K, T>>(t).ok())
+                .filter(|r| !r.is_transient() && r.invalid().is_none() && keep(r))
+                .map(|r| Record { reused: true, ..r })
+                .collect();
+            if !run.is_empty() && run.len() >= best.len() {
+                best = run;
+            }
+        }
+        Ok(best)
     }
 }

@@ -10,13 +10,12 @@
 //! each instance. The last share of the budget measures the winners' neighbours
 //! instead (`exploit.rs`). The search stops when the budget is spent, when it stalls,
 //! or when interrupted ([`StopReason`]).
-use crate::database::{DbRun, RunKey};
 use crate::family::Shared;
-use crate::journal::{BackendRecord, Journal, ResumeSummary, RoundFailures};
+use crate::journal::{BackendRecord, DbRun, Journal, ResumeSummary, RoundFailures};
 use crate::{
-    family_of, spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog,
-    Result, RoundSummary, Sample, StopReason, TimeBreakdown, Trial, TrialBatch, TrialResult,
-    TuneError, TuneOptions, TuneReport,
+    spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog, Result,
+    RoundSummary, Sample, StopReason, TimeBreakdown, Trial, TrialBatch, TrialResult, TuneError,
+    TuneOptions, TuneReport,
 };
 use anyshape_codegen::{CpuTarget, Program, Sketch};
 use anyshape_ir::{Bindings, Workload};
@@ -127,20 +126,7 @@ impl<B: Backend> Tuner<B> {
                 records.push(r);
             }
         }
-        let mut db = match &options.database {
-            Some(path) if !options.per_shape => Some(DbRun::open(
-                path,
-                RunKey {
-                    workload: name.clone(),
-                    family: family_of(workload),
-                    target: serde_json::to_string(backend.target()).expect("targets serialize"),
-                    strategy: serde_json::to_string(&options.strategy)
-                        .expect("strategies serialize"),
-                    anyshape: env!("CARGO_PKG_VERSION").to_string(),
-                },
-            )?),
-            _ => None,
-        };
+        let mut db = DbRun::of(&options, workload, backend.target())?;
         if let Some(db) = db.as_mut().filter(|_| records.is_empty()) {
             // Nothing of this workload in the file: start from the database's best run,
             // written to the file as this run's own start (a resume finds it there).
