@@ -19,7 +19,7 @@
 //!   of the user's, an empty file, another program's database, one written by a newer
 //!   anyshape — is refused before anything is written.
 use crate::{Result, TuneError};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -231,11 +231,6 @@ impl TuningDb {
         }
     }
 
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Start a run of `key`; its id.
     pub fn start_run(&self, key: &RunKey) -> Result<i64> {
         let now = std::time::SystemTime::now()
@@ -311,11 +306,11 @@ impl TuningDb {
     }
 
     /// Records of the newest runs of `key`'s family's other workloads (same target,
-    /// strategy and version), newest run first, at most `limit`: each with its run's
-    /// workload.
-    pub fn family_records(&self, key: &RunKey, limit: usize) -> Result<Vec<(String, String)>> {
+    /// strategy and version; each record names its workload), newest run first, at
+    /// most `limit`.
+    pub fn family_records(&self, key: &RunKey, limit: usize) -> Result<Vec<String>> {
         self.rows(
-            "SELECT runs.workload, trials.record FROM runs JOIN trials ON trials.run = runs.id
+            "SELECT trials.record FROM runs JOIN trials ON trials.run = runs.id
              WHERE family = ?1 AND target = ?2 AND strategy = ?3 AND anyshape = ?4
                  AND workload != ?5
              ORDER BY runs.id DESC, trials.seq LIMIT ?6",
@@ -327,7 +322,7 @@ impl TuningDb {
                 key.workload,
                 limit as i64
             ],
-            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            |r| r.get::<_, String>(0),
         )
     }
 
@@ -337,9 +332,8 @@ impl TuningDb {
         let count = |q: &str| -> Result<usize> {
             self.conn
                 .query_row(q, [], |r| r.get::<_, i64>(0))
-                .optional()
                 .map_err(sql)
-                .map(|n| n.unwrap_or(0) as usize)
+                .map(|n| n as usize)
         };
         Ok(DatabaseSummary {
             keys: count(
@@ -394,7 +388,7 @@ mod tests {
         // The family's other workloads: newest run first, not the key's own.
         assert_eq!(
             db.family_records(&key("a"), 10).unwrap(),
-            vec![("b".to_string(), "y".to_string())]
+            vec!["y".to_string()]
         );
         assert_eq!(db.family_records(&key("b"), 2).unwrap().len(), 2);
         // A trial is appended once; a failed transaction leaves nothing of itself.

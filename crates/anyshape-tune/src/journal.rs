@@ -171,7 +171,7 @@ impl DbRun {
             .db
             .family_records(&self.key, limit)?
             .into_iter()
-            .filter_map(|(_, text)| serde_json::from_str::<Record<K, T>>(&text).ok())
+            .filter_map(|text| serde_json::from_str::<Record<K, T>>(&text).ok())
             .filter(|r| r.latency().is_some() && r.invalid().is_none())
             .filter(|r| seen.insert((r.workload.clone(), r.micro_kernel, r.bindings.clone())))
             .collect())
