@@ -1,7 +1,8 @@
 //! The builder: compiles a batch of kernels for a device — C into one shared library
-//! with the system C compiler (the batch split into one translation unit per job, so
-//! they compile in parallel), CUDA into one PTX file with NVRTC (`nvrtc.rs`) — caching
-//! the result by the hash of everything that goes into it.
+//! with the system C compiler (one translation unit per kernel, compiled in parallel
+//! and cached as an object file, so a kernel is compiled once whatever batches it is
+//! linked into), CUDA into one PTX file with NVRTC (`nvrtc.rs`) — caching the result
+//! by the hash of everything that goes into it.
 //!
 //! A kernel the compiler rejects is the code generator's fault and fails alone
 //! ([`BuiltLibrary::failed`], cached with the library). A compile the environment stops
@@ -285,6 +286,11 @@ impl Builder {
 
     /// Compile `kernels` in `work` and link them into `work/out.so`; returns its path,
     /// the kernels the compiler rejected and those the environment kept from compiling.
+    /// Each kernel is its own translation unit, cached as an object file by the hash of
+    /// everything that goes into it ([`Builder::object_entry`]): a micro-kernel is
+    /// compiled once for every batch, vote round and module that links it (before, a
+    /// vote round's candidates and each module were compiled again as new libraries:
+    /// 1-2 s of GCC per task and round).
     #[allow(clippy::type_complexity)]
     fn build_in(
         &self,
@@ -292,48 +298,47 @@ impl Builder {
         header: &str,
         kernels: &[KernelSource],
     ) -> Result<(PathBuf, BTreeMap<String, String>, BTreeMap<String, String>)> {
-        let chunks: Vec<&[KernelSource]> = if kernels.is_empty() {
-            vec![&[]]
-        } else {
-            kernels
-                .chunks(kernels.len().div_ceil(self.jobs.max(1)))
-                .collect()
-        };
         let mut objects = Vec::new();
         let mut failed = BTreeMap::new();
         let mut unavailable = BTreeMap::new();
-        let results = self.compile_all(
-            work,
-            header,
-            &chunks
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (format!("chunk{i}"), *c))
-                .collect::<Vec<_>>(),
-        )?;
-        for ((obj, outcome), chunk) in results.into_iter().zip(&chunks) {
-            if let Compiled::Ok = outcome {
-                objects.push(obj);
-                continue;
+        let mut missing = Vec::new();
+        for (i, k) in kernels.iter().enumerate() {
+            let entry = self.object_entry(header, k);
+            match cache::lookup(&entry) {
+                Ok(true) => objects.push(entry),
+                Ok(false) => missing.push((i, entry)),
+                Err(why) => {
+                    tracing::warn!(
+                        "kernel cache entry {} is damaged ({why}); rebuilding it",
+                        entry.display()
+                    );
+                    missing.push((i, entry));
+                }
             }
-            // Find the culprits: compile each kernel of the failed chunk on its own.
-            let singles: Vec<_> = chunk
-                .iter()
-                .map(|k| (k.symbol.clone(), std::slice::from_ref(k)))
-                .collect();
-            for ((obj, outcome), k) in self
-                .compile_all(work, header, &singles)?
-                .into_iter()
-                .zip(chunk.iter())
-            {
-                match outcome {
-                    Compiled::Ok => objects.push(obj),
-                    Compiled::Rejected(e) => {
-                        failed.insert(k.symbol.clone(), e);
-                    }
-                    Compiled::Unavailable(e) => {
-                        unavailable.insert(k.symbol.clone(), e);
-                    }
+        }
+        let units: Vec<(String, &[KernelSource])> = missing
+            .iter()
+            .map(|&(i, _)| (format!("kernel{i}"), std::slice::from_ref(&kernels[i])))
+            .collect();
+        for ((obj, outcome), (i, entry)) in self
+            .compile_all(work, header, &units)?
+            .into_iter()
+            .zip(missing)
+        {
+            let symbol = kernels[i].symbol.clone();
+            match outcome {
+                Compiled::Ok => {
+                    cache::store(&obj, &entry).map_err(|source| MeasureError::Io {
+                        path: entry.display().to_string(),
+                        source,
+                    })?;
+                    objects.push(entry);
+                }
+                Compiled::Rejected(e) => {
+                    failed.insert(symbol, e);
+                }
+                Compiled::Unavailable(e) => {
+                    unavailable.insert(symbol, e);
                 }
             }
         }
@@ -383,64 +388,94 @@ impl Builder {
         Ok((tmp, failed, unavailable))
     }
 
-    /// Compile each `(name, kernels)` unit to an object file, `jobs` at a time.
+    /// Where the object file of one kernel is cached: named by the hash of the
+    /// compiler, its flags, the shared prelude and the kernel's code.
+    fn object_entry(&self, header: &str, kernel: &KernelSource) -> PathBuf {
+        let mut h = Sha256::new();
+        h.update(format!("{}|{}|{header}|", self.cc, self.flags.join(" ")));
+        h.update(&kernel.code);
+        let hash: String = h
+            .finalize()
+            .iter()
+            .take(12)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.cache_dir.join(format!("obj{hash}.o"))
+    }
+
+    /// Compile each `(name, kernels)` unit to an object file, `jobs` compilers at a
+    /// time (each takes the next unit as soon as it is done).
     fn compile_all(
         &self,
         work: &Path,
         header: &str,
         units: &[(String, &[KernelSource])],
     ) -> Result<Vec<(PathBuf, Compiled)>> {
-        let mut out = Vec::new();
-        for group in units.chunks(self.jobs.max(1)) {
-            let mut running = Vec::new();
-            for (name, kernels) in group {
-                let src = work.join(format!("{name}.c"));
-                let obj = work.join(format!("{name}.o"));
-                let mut text = header.to_string();
-                for k in kernels.iter() {
-                    text.push('\n');
-                    text.push_str(&k.code);
-                }
-                std::fs::write(&src, text).map_err(|source| MeasureError::Io {
-                    path: src.display().to_string(),
-                    source,
-                })?;
-                let child = Command::new(&self.cc)
-                    .args(&self.flags)
-                    .arg("-c")
-                    .arg(&src)
-                    .arg("-o")
-                    .arg(&obj)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .map_err(|source| MeasureError::NoCompiler {
-                        cc: self.cc.clone(),
-                        source,
-                    })?;
-                running.push((obj, child));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: std::sync::Mutex<Vec<Option<Result<(PathBuf, Compiled)>>>> =
+            std::sync::Mutex::new((0..units.len()).map(|_| None).collect());
+        std::thread::scope(|scope| {
+            for _ in 0..self.jobs.clamp(1, units.len().max(1)) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((name, kernels)) = units.get(i) else {
+                        break;
+                    };
+                    let result = self.compile_unit(work, header, name, kernels);
+                    results.lock().expect("no compiler thread panics")[i] = Some(result);
+                });
             }
-            for (obj, child) in running {
-                let output =
-                    child
-                        .wait_with_output()
-                        .map_err(|source| MeasureError::NoCompiler {
-                            cc: self.cc.clone(),
-                            source,
-                        })?;
-                let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-                let outcome = match environment_failure(output.status, &stderr) {
-                    Some(why) => Compiled::Unavailable(why),
-                    None if output.status.success() => Compiled::Ok,
-                    None if stderr.trim().is_empty() => Compiled::Rejected(format!(
-                        "the compiler failed without a message ({})",
-                        crate::runner::describe_exit(output.status)
-                    )),
-                    None => Compiled::Rejected(stderr),
-                };
-                out.push((obj, outcome));
-            }
+        });
+        results
+            .into_inner()
+            .expect("no compiler thread panics")
+            .into_iter()
+            .map(|r| r.expect("every unit is compiled"))
+            .collect()
+    }
+
+    /// Compile one translation unit (the header, then `kernels`) to `work/<name>.o`.
+    fn compile_unit(
+        &self,
+        work: &Path,
+        header: &str,
+        name: &str,
+        kernels: &[KernelSource],
+    ) -> Result<(PathBuf, Compiled)> {
+        let src = work.join(format!("{name}.c"));
+        let obj = work.join(format!("{name}.o"));
+        let mut text = header.to_string();
+        for k in kernels {
+            text.push('\n');
+            text.push_str(&k.code);
         }
-        Ok(out)
+        std::fs::write(&src, text).map_err(|source| MeasureError::Io {
+            path: src.display().to_string(),
+            source,
+        })?;
+        let output = Command::new(&self.cc)
+            .args(&self.flags)
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|source| MeasureError::NoCompiler {
+                cc: self.cc.clone(),
+                source,
+            })?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let outcome = match environment_failure(output.status, &stderr) {
+            Some(why) => Compiled::Unavailable(why),
+            None if output.status.success() => Compiled::Ok,
+            None if stderr.trim().is_empty() => Compiled::Rejected(format!(
+                "the compiler failed without a message ({})",
+                crate::runner::describe_exit(output.status)
+            )),
+            None => Compiled::Rejected(stderr),
+        };
+        Ok((obj, outcome))
     }
 }
