@@ -22,7 +22,7 @@ use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::Measurer;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -299,7 +299,10 @@ impl<B: Backend> Tuner<B> {
     /// Build and measure the trials of a search round (or with `vote`, a vote round),
     /// append their records; returns how many failed, and how many the environment
     /// failed with the first reason. Each trial is recorded as soon as it is measured,
-    /// so a killed run loses none.
+    /// so a killed run loses none. A pair is checked against the reference once: a
+    /// micro-kernel whose output on an instance already matched (a record `checked`)
+    /// is only timed there (re-timings of close calls computed the whole reference of
+    /// every instance again, a pass each: the largest part of a vote round's time).
     pub(crate) fn measure(
         &mut self,
         trials: &[(B::MicroKernel, usize)],
@@ -308,12 +311,23 @@ impl<B: Backend> Tuner<B> {
         on_trial: &mut dyn FnMut(usize),
     ) -> Result<RoundFailures> {
         let t0 = Instant::now();
+        let checked: HashSet<(B::MicroKernel, &Bindings)> = self
+            .journal
+            .records
+            .iter()
+            .filter(|r| matches!(r.result, TrialResult::Measured { checked: true, .. }))
+            .map(|r| (r.micro_kernel, &r.bindings))
+            .collect();
         let list: Vec<Trial<B::MicroKernel>> = trials
             .iter()
-            .map(|&(mk, i)| Trial {
-                micro_kernel: mk,
-                bindings: self.instances[i].bindings.clone(),
-                check: self.instances[i].flops <= self.options.check_flops,
+            .map(|&(mk, i)| {
+                let bindings = &self.instances[i].bindings;
+                Trial {
+                    micro_kernel: mk,
+                    bindings: bindings.clone(),
+                    check: self.instances[i].flops <= self.options.check_flops
+                        && !checked.contains(&(mk, bindings)),
+                }
             })
             .collect();
         let mut failures = RoundFailures::default();
