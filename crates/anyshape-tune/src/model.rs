@@ -47,10 +47,19 @@ pub struct ModelOptions {
     pub precision: Precision,
 }
 
+/// Seconds of timed calls per candidate and instance in a model's compile (each call at
+/// least three times): a third of a single workload's tuning default. The votes time
+/// every candidate on every instance and then re-time the close calls, which makes up
+/// for a noisier first timing: compiling BERT-base for sequence 1..512 with `--trials 8`
+/// took 93 s against 141 s at 0.03 s, and both modules raced at 1.17-1.18x
+/// onnxruntime (Zen 4, one sitting).
+pub const MEASURE_SECONDS: f64 = 0.01;
+
 impl Default for ModelOptions {
     /// Untuned (0 trials: every task its sketch's default micro-kernel); when tuned,
     /// scheduled with families, each dim tuned on 24 values, candidates timed cold (a
-    /// model's weights leave the caches between their layer's calls).
+    /// model's weights leave the caches between their layer's calls) for
+    /// [`MEASURE_SECONDS`] each.
     fn default() -> Self {
         let tune = TuneOptions::default();
         ModelOptions {
@@ -63,6 +72,7 @@ impl Default for ModelOptions {
             tune: TuneOptions {
                 measure: anyshape_measure::MeasureOptions {
                     cold: true,
+                    min_seconds: MEASURE_SECONDS,
                     ..tune.measure.clone()
                 },
                 ..tune

@@ -63,6 +63,11 @@ pub struct CompileArgs {
     /// model's weights between their layer's calls.
     #[arg(long)]
     warm_cache: bool,
+    /// With --trials: seconds of timed calls per candidate and instance (each timed at
+    /// least 3 times; the minimum counts). More is steadier on a busy machine and
+    /// slower: the votes time every candidate on every tuned value.
+    #[arg(long, default_value_t = anyshape_tune::MEASURE_SECONDS, value_name = "SECONDS")]
+    seconds: f64,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -107,6 +112,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
                 .flatten(),
             measure: MeasureOptions {
                 cold: !args.warm_cache,
+                min_seconds: args.seconds,
                 ..defaults.tune.measure.clone()
             },
             ..defaults.tune
@@ -117,6 +123,11 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         },
         precision,
     };
+    options
+        .tune
+        .measure
+        .check()
+        .map_err(|e| anyhow::anyhow!("--seconds {}: {e}", args.seconds))?;
     let measurer = Measurer {
         builder: args.common.builder(),
         runner: runner(options.tune.measure.clone())?,

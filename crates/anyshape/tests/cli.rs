@@ -298,6 +298,25 @@ fn bad_input_is_a_clear_error() {
         ),
         (
             &[
+                "compile",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/bert_tiny.ts.onnx"),
+                "--dim",
+                "batch=1",
+                "--dim",
+                "sequence=1..4",
+                "--trials",
+                "1",
+                "--seconds",
+                "NaN",
+                "--records",
+                "r",
+                "--out",
+                "m",
+            ],
+            "--seconds NaN",
+        ),
+        (
+            &[
                 "tune",
                 "-w",
                 w,
