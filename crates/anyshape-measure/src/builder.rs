@@ -412,7 +412,8 @@ impl Builder {
         units: &[(String, &[KernelSource])],
     ) -> Result<Vec<(PathBuf, Compiled)>> {
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: std::sync::Mutex<Vec<Option<Result<(PathBuf, Compiled)>>>> =
+        type Slot = Option<Result<(PathBuf, Compiled)>>;
+        let results: std::sync::Mutex<Vec<Slot>> =
             std::sync::Mutex::new((0..units.len()).map(|_| None).collect());
         std::thread::scope(|scope| {
             for _ in 0..self.jobs.clamp(1, units.len().max(1)) {
