@@ -34,6 +34,7 @@ mod scores;
 mod search;
 mod space;
 mod task;
+mod vote_round;
 mod votes;
 
 pub use anyshape_codegen::Factors;
@@ -47,7 +48,7 @@ pub use family::{family_of, family_quality, DatabaseQuality, FamilyQuality, Offe
 pub use features::{extract, feature_names, Tunable};
 pub use instances::{instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;
-pub use model::{compile_model, CompiledModel, ModelOptions, MEASURE_SECONDS};
+pub use model::{compile_model, CompiledModel, ModelOptions, MEASURE_REPEATS, MEASURE_SECONDS};
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs};
 pub use pipeline::{tune_workload, Observer, Packaged, PipelineOptions, Stage, Tuned};

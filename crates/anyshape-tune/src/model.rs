@@ -47,19 +47,24 @@ pub struct ModelOptions {
     pub precision: Precision,
 }
 
-/// Seconds of timed calls per candidate and instance in a model's compile (each call at
-/// least three times): a third of a single workload's tuning default. The votes time
-/// every candidate on every instance and then re-time the close calls, which makes up
-/// for a noisier first timing: compiling BERT-base for sequence 1..512 with `--trials 8`
-/// took 93 s against 141 s at 0.03 s, and both modules raced at 1.17-1.18x
-/// onnxruntime (Zen 4, one sitting).
-pub const MEASURE_SECONDS: f64 = 0.01;
+/// Seconds of timed calls per candidate and instance in a model's compile, beyond its
+/// [`MEASURE_REPEATS`] calls: none. A cold call of a layer is steady (its data comes
+/// from memory each time), the votes time every candidate where it may win and re-time
+/// the close calls; a time floor per measurement made most of a short compile's votes:
+/// BERT-base for sequence 1..512 with `--trials 8` (Zen 5) compiled in 54 s against
+/// 74 s at 0.01 s and 81 s at 0.01 s with 5 calls, and the modules raced at 1.29x,
+/// 1.31x and 1.33x onnxruntime FP32 (the spread of separate races).
+pub const MEASURE_SECONDS: f64 = 0.0;
+
+/// Timed calls per candidate and instance in a model's compile (a single workload's
+/// tuning takes at least 5, for 0.2 s): the minimum of three cold calls.
+pub const MEASURE_REPEATS: usize = 3;
 
 impl Default for ModelOptions {
     /// Untuned (0 trials: every task its sketch's default micro-kernel); when tuned,
     /// scheduled with families, each dim tuned on 24 values, candidates timed cold (a
     /// model's weights leave the caches between their layer's calls) for
-    /// [`MEASURE_SECONDS`] each.
+    /// [`MEASURE_SECONDS`] each, at least [`MEASURE_REPEATS`] calls.
     fn default() -> Self {
         let tune = TuneOptions::default();
         ModelOptions {
@@ -73,6 +78,7 @@ impl Default for ModelOptions {
                 measure: anyshape_measure::MeasureOptions {
                     cold: true,
                     min_seconds: MEASURE_SECONDS,
+                    min_repeats: MEASURE_REPEATS,
                     ..tune.measure.clone()
                 },
                 ..tune

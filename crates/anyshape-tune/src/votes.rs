@@ -26,9 +26,13 @@ pub struct VoteOptions {
     pub tolerance: f64,
     /// At most this many micro-kernels in the module.
     pub max_kernels: usize,
-    /// Measure the candidate micro-kernels on every instance before the final vote
-    /// (else unmeasured pairs are the cost model's predictions).
+    /// Measure the candidate micro-kernels before the final vote (else every pair is
+    /// the cost model's prediction).
     pub measure: bool,
+    /// With `measure`: measure each candidate on every other instance first and on the
+    /// ones between only where it came within this fraction of the best at a
+    /// neighbour (see `vote_round.rs`); `None`: every candidate on every instance.
+    pub screen_within: Option<f64>,
     /// With `measure`: candidates measured within this fraction of an instance's best
     /// are close calls, timed again (see [`Tuner::retime`]).
     pub retime_within: f64,
@@ -42,6 +46,10 @@ impl Default for VoteOptions {
             tolerance: 0.02,
             max_kernels: 8,
             measure: true,
+            // BERT-base at --trials 8 (Zen 5): the seeds measured on every tuned value
+            // were most of the compile; a kernel 30 % off the best on both sides of a
+            // value is not its winner.
+            screen_within: Some(0.3),
             // batch_matmul_nn on Zen 4 (128 instances, 16 candidates): one measurement
             // per pair put some votes 21 % off the best (timed minutes later); the
             // minimum of two, 11 %. A margin of 10-25 % and a second re-timing changed
@@ -64,8 +72,9 @@ impl VoteOptions {
 }
 
 /// Take the votes of a tuning run: candidates by a cover of the measured-or-predicted
-/// table and the sketch's seeds, measured on every instance (with `measure`) and the
-/// close calls re-timed, then the final cover and votes over the measured table.
+/// table and the sketch's seeds, measured where they may win (with `measure`; see
+/// [`Tuner::measure_votes`]) and the close calls re-timed, then the final cover and
+/// votes over the measured table.
 /// `on_trial` hears the record count after each new trial.
 pub fn elect<B: Backend>(
     tuner: &mut Tuner<B>,
@@ -78,35 +87,34 @@ pub fn elect<B: Backend>(
         .iter()
         .map(|x| x.bindings.clone())
         .collect();
-    let table = match tuner.vote_round().filter(|_| options.measure) {
-        // The records end with a vote round (a resumed run): vote on it again, so that
-        // the same records give the same module.
-        Some((round, candidates)) => {
-            retime(tuner, &candidates, round, options, on_trial)?;
-            tuner.scores_in_round(&candidates, round)
-        }
+    let (round, candidates) = match tuner.vote_round().filter(|_| options.measure) {
+        // The records end with a vote round (a resumed run): vote on it again, measuring
+        // only what it lacks, so that the same records give the same module.
+        Some((round, candidates)) => (Some(round), candidates),
         None => {
             let table = tuner.scores(None);
             let picked = cover(&table, &weights, options.tolerance, options.max_kernels);
             let mut candidates: Vec<B::MicroKernel> =
                 picked.iter().map(|&k| table.kernels[k]).collect();
-            if options.measure {
-                // The seeds are measured everywhere too: the search measured each on a
-                // few instances and its model may not foresee where one wins (the narrow
-                // seed at sequence 8-16 of BERT-base's FFN, measured only on 1, 45, 77).
-                for s in tuner.seeds() {
-                    if !candidates.contains(&s) {
-                        candidates.push(s);
-                    }
-                }
-                let round = tuner.measure_everywhere(&candidates, on_trial)?;
-                retime(tuner, &candidates, round, options, on_trial)?;
-                tuner.scores_in_round(&candidates, round)
-            } else {
-                tuner.scores(Some(&candidates))
+            if !options.measure {
+                let table = tuner.scores(Some(&candidates));
+                let chosen = cover(&table, &weights, options.tolerance, options.max_kernels);
+                return vote(&table, &chosen, &bindings, options.tolerance);
             }
+            // The seeds are measured too: the search measured each on a few instances
+            // and its model may not foresee where one wins (the narrow seed at sequence
+            // 8-16 of BERT-base's FFN, measured only on 1, 45, 77).
+            for s in tuner.seeds() {
+                if !candidates.contains(&s) {
+                    candidates.push(s);
+                }
+            }
+            (None, candidates)
         }
     };
+    let round = tuner.measure_votes(&candidates, round, options.screen_within, on_trial)?;
+    retime(tuner, &candidates, round, options, on_trial)?;
+    let table = tuner.scores_in_round(&candidates, round);
     let chosen = cover(&table, &weights, options.tolerance, options.max_kernels);
     vote(&table, &chosen, &bindings, options.tolerance)
 }

@@ -321,6 +321,68 @@ fn one_instance_votes_for_the_best_candidate() {
     assert_eq!(again.micro_kernels, votes.micro_kernels);
 }
 
+/// The vote round screens: each candidate is measured on every other instance, and on
+/// the ones between only where it came close to the best at a neighbour. Over every
+/// micro-kernel the search measured, it measures far fewer pairs than every candidate
+/// everywhere and finds the same best of them on every instance (the synthetic device
+/// is exact); the votes over such a round go to measured pairs, and a run killed in it
+/// measures only what it lacks on resuming.
+#[test]
+fn the_votes_measure_a_candidate_only_where_it_may_win() {
+    let tune = TuneOptions {
+        trials: 96,
+        ..TuneOptions::default()
+    };
+    let f = Fixture::new("T=1..64", tune);
+    let n = f.domain.len();
+    let mut tuner = f.searched();
+    let candidates: Vec<GpuContractionKernel> = tuner
+        .scores(None)
+        .kernels
+        .into_iter()
+        .filter(|mk| !crashes(mk))
+        .collect();
+    let best_of = |t: &anyshape_tune::ScoreTable<GpuContractionKernel>, i: usize| {
+        (0..t.kernels.len())
+            .map(|k| t.latency[k][i])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let before = f.measured.get();
+    let full = tuner
+        .measure_votes(&candidates, None, None, &mut |_| {})
+        .unwrap();
+    let dear = f.measured.get() - before;
+    assert_eq!(dear, candidates.len() * n);
+    let round = tuner
+        .measure_votes(&candidates, None, Some(0.3), &mut |_| {})
+        .unwrap();
+    let cheap = f.measured.get() - before - dear;
+    assert!(
+        cheap < dear * 2 / 3,
+        "{cheap} measurements against {dear} ({} candidates)",
+        candidates.len()
+    );
+    let (a, b) = (
+        tuner.scores_in_round(&candidates, round),
+        tuner.scores_in_round(&candidates, full),
+    );
+    for (i, x) in f.domain.iter().enumerate() {
+        assert_eq!(best_of(&a, i), best_of(&b, i), "{:?}", x.bindings);
+    }
+    // The records end with the screened round: the votes take it, measure nothing
+    // more, and vote for measured pairs.
+    let votes = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
+    assert!(votes.votes.iter().all(|v| v.measured));
+    // Killed during the round's last measurement: resumed, only that one is measured.
+    drop(tuner);
+    drop_last_record(&f.records);
+    let before = f.measured.get();
+    let mut tuner = f.tuner(true);
+    let again = elect(&mut tuner, &VoteOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(f.measured.get(), before + 1);
+    assert_eq!(again.micro_kernels, votes.micro_kernels);
+}
+
 /// A slow spell during the vote round's measurement of the best candidate must not
 /// cost it the vote: close calls are timed again and the round's table keeps each
 /// pair's median. The votes of a resumed run re-time only what is missing.
@@ -352,7 +414,9 @@ fn close_call(lucky: bool) {
         true => (runner_up_mk, last.bindings.clone(), best / runner_up * 0.95),
     });
     let candidates = [best_mk, runner_up_mk];
-    let round = tuner.measure_everywhere(&candidates, &mut |_| {}).unwrap();
+    let round = tuner
+        .measure_votes(&candidates, None, None, &mut |_| {})
+        .unwrap();
     assert!(spike.borrow().is_empty(), "the spike hit the vote round");
     let fooled = tuner.scores_in_round(&candidates, round);
     assert!(fooled.latency[0][n] > fooled.latency[1][n]);
@@ -425,7 +489,9 @@ fn a_slow_spell_does_not_hand_the_vote_to_an_outsider() {
         at(c, 1.2 * best / c_true),
     ];
     let candidates = [a, b, c];
-    let round = tuner.measure_everywhere(&candidates, &mut |_| {}).unwrap();
+    let round = tuner
+        .measure_votes(&candidates, None, None, &mut |_| {})
+        .unwrap();
     let options = VoteOptions::default();
     let retime = |tuner: &mut Tuner<Synthetic>| {
         tuner

@@ -63,9 +63,9 @@ pub struct CompileArgs {
     /// model's weights between their layer's calls.
     #[arg(long)]
     warm_cache: bool,
-    /// With --trials: seconds of timed calls per candidate and instance (each timed at
-    /// least 3 times; the minimum counts). More is steadier on a busy machine and
-    /// slower: the votes time every candidate on every tuned value.
+    /// With --trials: seconds of timed calls per candidate and instance beyond its 3
+    /// cold calls (the minimum counts). More is steadier on a busy machine and slower:
+    /// the votes time every candidate where it may win.
     #[arg(long, default_value_t = anyshape_tune::MEASURE_SECONDS, value_name = "SECONDS")]
     seconds: f64,
     /// No progress bars.

@@ -299,7 +299,10 @@ fn bad_input_is_a_clear_error() {
         (
             &[
                 "compile",
-                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/bert_tiny.ts.onnx"),
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../models/bert_tiny.ts.onnx"
+                ),
                 "--dim",
                 "batch=1",
                 "--dim",
