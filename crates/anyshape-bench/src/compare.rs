@@ -157,6 +157,7 @@ pub fn compare(
         let measurer = Measurer {
             builder: builder.clone(),
             runner: h.runner(TuneOptions::default().measure),
+            queue: None,
         };
         progress.note(&format!(
             "tuning the baselines: per-shape ({} trials on each of {} samples), Nimble-style{} ...",

@@ -45,6 +45,7 @@ fn module(dir: &Path) -> PathBuf {
             },
             options: Default::default(),
         },
+        queue: None,
     };
     let dims = ["batch=1..2", "sequence=1..64"].map(|d| anyshape_ir::ShapeVar::parse(d).unwrap());
     anyshape_tune::compile_model(

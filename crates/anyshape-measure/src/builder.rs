@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// One kernel to build: its exported symbol and its C function.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KernelSource {
     /// The exported symbol.
     pub symbol: String,
@@ -113,6 +113,29 @@ enum Compiled {
     Unavailable(String),
 }
 
+/// The sources of `programs` for `target`, each symbol once, and the programs their
+/// sketch could not lower (symbol → why).
+pub fn render_programs<K: Sketch>(
+    target: &K::Target,
+    programs: &[Program<K>],
+) -> (Vec<KernelSource>, BTreeMap<String, String>) {
+    let mut sources = Vec::new();
+    let mut unlowered = BTreeMap::new();
+    for p in programs {
+        let symbol = p.symbol(target);
+        if sources.iter().any(|s: &KernelSource| s.symbol == symbol) {
+            continue;
+        }
+        match p.source(target) {
+            Ok(code) => sources.push(KernelSource { symbol, code }),
+            Err(e) => {
+                unlowered.insert(symbol, e.to_string());
+            }
+        }
+    }
+    (sources, unlowered)
+}
+
 /// Compiles kernels with the system C compiler.
 #[derive(Clone, Debug)]
 pub struct Builder {
@@ -198,20 +221,7 @@ impl Builder {
         target: &K::Target,
         programs: &[Program<K>],
     ) -> Result<BuiltLibrary> {
-        let mut sources = Vec::new();
-        let mut unlowered = BTreeMap::new();
-        for p in programs {
-            let symbol = p.symbol(target);
-            if sources.iter().any(|s: &KernelSource| s.symbol == symbol) {
-                continue;
-            }
-            match p.source(target) {
-                Ok(code) => sources.push(KernelSource { symbol, code }),
-                Err(e) => {
-                    unlowered.insert(symbol, e.to_string());
-                }
-            }
-        }
+        let (sources, unlowered) = render_programs(target, programs);
         let mut lib = self.build(target, &sources)?;
         lib.failed.extend(unlowered);
         Ok(lib)

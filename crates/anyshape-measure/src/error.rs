@@ -46,6 +46,13 @@ pub enum MeasureError {
         /// Why.
         source: std::io::Error,
     },
+    /// A work queue's address that is not one (user input).
+    #[error("bad --queue URL {0}")]
+    QueueUrl(String),
+    /// The work queue failed: its server unreachable, or no worker of the target to
+    /// measure (environment).
+    #[error("{0}")]
+    Queue(String),
     /// No GPU to run on here (missing driver, NVRTC or device): GPU work is skipped.
     #[error("no GPU: {0}")]
     NoGpu(String),

@@ -15,11 +15,12 @@ mod error;
 mod gpu;
 mod nvrtc;
 mod progress;
+pub mod queue;
 mod reference;
 mod runner;
 pub mod worker;
 
-pub use builder::{Builder, BuiltLibrary, KernelSource};
+pub use builder::{render_programs, Builder, BuiltLibrary, KernelSource};
 pub use error::{MeasureError, Result};
 pub use gpu::{GpuBuffers, GpuBuiltin, GpuCall, GpuDevice};
 pub use progress::{Progress, Silent};
@@ -32,11 +33,15 @@ pub use runner::{
 };
 pub use worker::{Builtin, Builtins, PreparedKernel};
 
-/// The measurer: a builder that compiles programs and a runner that times them.
+/// The measurer: a builder that compiles programs and a runner that times them — or
+/// a work queue whose workers, on other machines, do both.
 #[derive(Clone, Debug)]
 pub struct Measurer {
     /// Compiles kernels.
     pub builder: Builder,
     /// Times them in isolated workers.
     pub runner: Runner,
+    /// Where set, tuning rounds are built and measured by the queue's workers instead
+    /// (with the runner's timing options).
+    pub queue: Option<queue::Queue>,
 }

@@ -363,6 +363,7 @@ fn compile(
             },
             options: options.tune.measure.clone(),
         },
+        queue: None,
     };
     let target = anyshape_codegen::CpuTarget::detect();
     let compiled = py.detach(|| {

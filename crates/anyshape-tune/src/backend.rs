@@ -10,7 +10,8 @@ use anyshape_codegen::{
     Adaptation, ContractionKernel, Factors, GpuContractionKernel, PaddingStrategy, Program, Sketch,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
-use anyshape_measure::{BuiltLibrary, Candidate, Measurer};
+use anyshape_measure::queue::{Queue, QueueJob, QueueOutcome};
+use anyshape_measure::{render_programs, BuiltLibrary, Candidate, Measurer};
 use rand::Rng;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -37,6 +38,9 @@ pub struct TrialBatch<'t, K> {
     pub specialize: Option<&'t Bindings>,
     /// The trials.
     pub trials: &'t [Trial<K>],
+    /// A vote round's: its micro-kernels are compared with each other on each instance,
+    /// so those on one instance are timed side by side, on one machine.
+    pub vote: bool,
 }
 
 impl<K: Sketch> TrialBatch<'_, K> {
@@ -209,6 +213,9 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
                 .entry(t.micro_kernel)
                 .or_insert_with(|| batch.program(t.micro_kernel));
         }
+        if let Some(queue) = &self.measurer.queue {
+            return measure_on_queue(queue, self, &programs, batch, on_result);
+        }
         let list: Vec<Program<K>> = programs.values().cloned().collect();
         let lib = self.measurer.builder.build_programs(&self.target, &list)?;
         let build_seconds = t0.elapsed().as_secs_f64();
@@ -221,6 +228,87 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
         )?;
         Ok(build_seconds)
     }
+}
+
+/// Measure a batch's trials on the work queue's workers: one job per micro-kernel (its
+/// source, its trials' instances) — in a vote round one per instance instead (its
+/// candidates' sources), so that the candidates it compares there are timed side by
+/// side on one machine, its inputs and reference made once — each trial's result as
+/// its job's comes back (a kernel the worker's compiler rejected fails its trials; one
+/// the worker's machine could not build or measure is transient). Returns the
+/// workers' build seconds.
+fn measure_on_queue<K: Tunable>(
+    queue: &Queue,
+    backend: &SketchBackend<K>,
+    programs: &BTreeMap<K, Program<K>>,
+    batch: &TrialBatch<K>,
+    on_result: &mut dyn FnMut(usize, TrialResult),
+) -> Result<f64> {
+    let target = &backend.target;
+    let list: Vec<Program<K>> = programs.values().cloned().collect();
+    let (sources, unlowered) = render_programs(target, &list);
+    let mut jobs: Vec<QueueJob> = Vec::new();
+    // Per job, the trial behind each of its candidates.
+    let mut trials_of: Vec<Vec<usize>> = Vec::new();
+    let mut job_of: BTreeMap<(Option<&Bindings>, Option<K>), usize> = BTreeMap::new();
+    for (n, t) in batch.trials.iter().enumerate() {
+        let (symbol, gpu) = (
+            programs[&t.micro_kernel].symbol(target),
+            t.micro_kernel.launch(),
+        );
+        if let Some(e) = unlowered.get(&symbol) {
+            let error = format!("did not compile: {e}");
+            on_result(n, TrialResult::Failed { error });
+            continue;
+        }
+        let group = match batch.vote {
+            true => (Some(&t.bindings), None),
+            false => (None, Some(t.micro_kernel)),
+        };
+        let j = *job_of.entry(group).or_insert_with(|| {
+            jobs.push(QueueJob {
+                kernels: Vec::new(),
+                candidates: Vec::new(),
+            });
+            trials_of.push(Vec::new());
+            jobs.len() - 1
+        });
+        if !jobs[j].kernels.iter().any(|k| k.symbol == symbol) {
+            let source = sources.iter().find(|s| s.symbol == symbol);
+            jobs[j].kernels.extend(source.cloned());
+        }
+        jobs[j].candidates.push(Candidate {
+            symbol,
+            workload: batch.workload.clone(),
+            bindings: t.bindings.clone(),
+            check: t.check,
+            gpu,
+        });
+        trials_of[j].push(n);
+    }
+    let built = queue.stats().build_seconds;
+    queue.measure(
+        target,
+        &jobs,
+        &backend.measurer.runner.options,
+        &mut |j, c, outcome| {
+            let n = trials_of[j][c];
+            let result = match outcome {
+                QueueOutcome::Measured(o) => TrialResult::of(&o, jobs[j].candidates[c].check),
+                QueueOutcome::Rejected(e) => TrialResult::Failed {
+                    error: format!(
+                        "did not compile: {}",
+                        e.lines().find(|l| !l.trim().is_empty()).unwrap_or(&e)
+                    ),
+                },
+                QueueOutcome::Unavailable(e) => TrialResult::Transient {
+                    error: format!("not built: {e}"),
+                },
+            };
+            on_result(n, result);
+        },
+    )?;
+    Ok(queue.stats().build_seconds - built)
 }
 
 /// Measure a batch's trials in a built library: trials whose program did not build fail

@@ -71,7 +71,7 @@ impl<B: Backend> Tuner<B> {
     /// The tuned program of a micro-kernel: symbolic, so one build serves every
     /// instance; specialized for the instance when tuning per shape.
     pub fn program(&self, mk: B::MicroKernel) -> Program<B::MicroKernel> {
-        trial_batch(&self.workload, &self.options, &self.instances, &[]).program(mk)
+        trial_batch(&self.workload, &self.options, &self.instances, &[], false).program(mk)
     }
 
     /// Prepare a run on `backend` (see [`Tuner::new`]).
@@ -332,7 +332,7 @@ impl<B: Backend> Tuner<B> {
             .collect();
         let mut failures = RoundFailures::default();
         let mut append_error = None;
-        let batch = trial_batch(&self.workload, &self.options, &self.instances, &list);
+        let batch = trial_batch(&self.workload, &self.options, &self.instances, &list, vote);
         let target = self.backend.target();
         let journal = &mut self.journal;
         let mut on_result = |n: usize, result: TrialResult| {
@@ -514,19 +514,21 @@ impl<B: Backend> Tuner<B> {
     }
 }
 
-/// A round's batch of `trials`: the programs' shared settings come from the options
-/// (per-shape tuning specializes for its one instance). A free function so the tuner
-/// can lend its fields while it appends records.
+/// A round's batch of `trials` (a vote round's with `vote`): the programs' shared
+/// settings come from the options (per-shape tuning specializes for its one instance).
+/// A free function so the tuner can lend its fields while it appends records.
 fn trial_batch<'t, K>(
     workload: &'t Workload,
     options: &TuneOptions,
     instances: &'t [Instance],
     trials: &'t [Trial<K>],
+    vote: bool,
 ) -> TrialBatch<'t, K> {
     TrialBatch {
         workload,
         strategy: options.strategy,
         specialize: options.per_shape.then(|| &instances[0].bindings),
         trials,
+        vote,
     }
 }

@@ -149,6 +149,7 @@ impl Fixture {
                     },
                     options: MeasureOptions::default(),
                 },
+                queue: None,
             },
             target: GpuTarget::h100_sxm(),
             w,

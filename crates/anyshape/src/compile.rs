@@ -3,7 +3,7 @@
 //! `run_model.rs`.
 use crate::progress::Reporter;
 use crate::tune::interrupt_flag;
-use crate::{runner, Common, DbArgs};
+use crate::{queue_summary, runner, Common, DbArgs, QueueArgs};
 use anyhow::Result;
 use anyshape_ir::{Precision, ShapeVar};
 use anyshape_measure::{MeasureOptions, Measurer};
@@ -74,6 +74,8 @@ pub struct CompileArgs {
     #[command(flatten)]
     db: DbArgs,
     #[command(flatten)]
+    queue: QueueArgs,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -131,6 +133,11 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     let measurer = Measurer {
         builder: args.common.builder(),
         runner: runner(options.tune.measure.clone())?,
+        queue: if options.trials > 0 {
+            args.queue.queue()?
+        } else {
+            None
+        },
     };
     let start = Instant::now();
     let mut reporter = Reporter::new(args.quiet);
@@ -169,6 +176,9 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             t.final_latency().map_or("-".into(), |l| format!("{:.3}", l * 1e3)),
             args.out.join(anyshape_tune::TUNING_FILE).display()
         );
+    }
+    if let Some(line) = queue_summary(measurer.queue.as_ref()) {
+        println!("{line}");
     }
     Ok(())
 }

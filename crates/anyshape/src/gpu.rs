@@ -51,6 +51,7 @@ pub fn gpu(mut args: GpuArgs) -> Result<()> {
     let measurer = Measurer {
         builder: args.tune.common.builder(),
         runner: runner(measure)?,
+        queue: None,
     };
     let comparison = GpuComparison {
         workload: &workload,

@@ -8,6 +8,7 @@ mod progress;
 mod run;
 mod run_model;
 mod tune;
+mod worker;
 
 use anyhow::{bail, Context, Result};
 use anyshape_bench::Harness;
@@ -66,9 +67,12 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Measure for a work queue: take the jobs of this machine's CPU that
+    /// `tune`/`compile --queue URL` put on it, build and measure them, post the results.
+    Worker(worker::WorkerArgs),
     /// The measuring worker (started by anyshape itself).
     #[command(name = "__worker", hide = true)]
-    Worker,
+    Measure,
 }
 
 /// Options shared by commands that build and run kernels.
@@ -144,6 +148,52 @@ impl DbArgs {
                 .join(anyshape_tune::DATABASE_FILE)
         }))
     }
+}
+
+/// Where tuning measures its candidates.
+#[derive(Args, Clone)]
+struct QueueArgs {
+    /// Measure on the workers of a work queue instead of this machine: a Redis server
+    /// (6.2 or later), `redis://HOST:PORT`. Each round's kernels go there as jobs (one
+    /// per micro-kernel, with the instances to measure it on); run `anyshape worker
+    /// --queue URL` on each measuring machine (of the target's CPU). The records and
+    /// the tuning database stay here.
+    #[arg(long, value_name = "URL")]
+    queue: Option<String>,
+    /// With --queue: seconds to wait for a worker of the target (also when every worker
+    /// went silent with jobs unanswered) before giving up.
+    #[arg(long, default_value_t = 60.0, value_parser = time_limit, value_name = "SECONDS")]
+    queue_wait: f64,
+}
+
+impl QueueArgs {
+    /// The queue, connected; none without --queue.
+    fn queue(&self) -> Result<Option<anyshape_measure::queue::Queue>> {
+        let Some(url) = &self.queue else {
+            return Ok(None);
+        };
+        let mut queue = anyshape_measure::queue::Queue::connect(url)?;
+        queue.wait_seconds = self.queue_wait;
+        Ok(Some(queue))
+    }
+}
+
+/// One line on what the work queue did for a run (none without one).
+fn queue_summary(queue: Option<&anyshape_measure::queue::Queue>) -> Option<String> {
+    let s = queue?.stats();
+    Some(format!(
+        "work queue {}: {} jobs ({} measurements) answered by {} worker(s) in {:.1} s of waiting; the workers built for {:.1} s and measured for {:.1} s{}",
+        queue?.url(),
+        s.jobs,
+        s.candidates,
+        s.workers.len(),
+        s.wall_seconds,
+        s.build_seconds,
+        s.measure_seconds,
+        s.overhead_per_job()
+            .map(|o| format!("; overhead {:.1} ms a job", o * 1e3))
+            .unwrap_or_default()
+    ))
 }
 
 /// A duration option: seconds, at least 0, at most a week.
@@ -303,7 +353,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Peak { seconds, common } => peak(&common, seconds),
-        Command::Worker => std::process::exit(anyshape_measure::worker::serve_with(
+        Command::Worker(args) => worker::run_worker(args),
+        Command::Measure => std::process::exit(anyshape_measure::worker::serve_with(
             anyshape_bench::WORKER_BUILTINS,
         )),
     }

@@ -1,7 +1,7 @@
 //! `anyshape tune`: joint tuning of a workload for every instance of its domain, on the
 //! CPU (the sketch of the workload's class) or a CUDA GPU, through the compile pipeline.
 use crate::progress::Reporter;
-use crate::{runner, Common, DbArgs};
+use crate::{queue_summary, runner, Common, DbArgs, QueueArgs};
 use anyhow::{bail, Context, Result};
 use anyshape_codegen::{
     cpu_sketch, DeviceKind, GpuContractionKernel, GpuTarget, Sketch, Target as _,
@@ -90,6 +90,8 @@ pub struct TuneArgs {
     pub(crate) quiet: bool,
     #[command(flatten)]
     pub(crate) db: DbArgs,
+    #[command(flatten)]
+    pub(crate) queue: QueueArgs,
     #[command(flatten)]
     pub(crate) common: Common,
 }
@@ -237,6 +239,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             cpu_sketch!(class, tune_done(job, &target))
         }
         DeviceKind::Cuda => {
+            if args.queue.queue.is_some() {
+                bail!("--queue: the work queue measures CPU kernels only; tune for CUDA on the GPU's machine");
+            }
             if args.out.is_some() {
                 bail!("--out: modules of GPU kernels are not built yet (the runtime loads CPU modules); tune without --out, or compare with cuBLAS through `anyshape gpu`");
             }
@@ -338,6 +343,7 @@ pub fn tune_on<K: Packaged>(
     let measurer = Measurer {
         builder: args.common.builder(),
         runner: runner(job.options.measure.clone())?,
+        queue: args.queue.queue()?,
     };
     let records = job.records;
     let reads = job.reads;
@@ -422,6 +428,9 @@ pub fn tune_on<K: Packaged>(
             tuned.report.trials,
             records.display()
         );
+    }
+    if let Some(line) = queue_summary(measurer.queue.as_ref()) {
+        println!("{line}");
     }
     let (tuning_seconds, _) = tuner.tuning_seconds();
     Ok((tuned, tuner.instances().to_vec(), tuning_seconds))

@@ -157,6 +157,7 @@ fn run_case(case: &Path, cache: &Path) -> Outcome {
             },
             options: Default::default(),
         },
+        queue: None,
     };
     if let Err(e) = anyshape_tune::compile_model(
         &case.join("model.onnx"),

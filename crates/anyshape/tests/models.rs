@@ -35,6 +35,7 @@ fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
             },
             options: MeasureOptions::default(),
         },
+        queue: None,
     };
     let options = ModelOptions::default();
     let dims: Vec<ShapeVar> = dims.iter().map(|d| ShapeVar::parse(d).unwrap()).collect();

@@ -37,6 +37,7 @@ fn tunes_resumes_and_every_best_kernel_is_correct() {
     let measurer = Measurer {
         builder: Builder::new(dir.path().join("cache")),
         runner: runner(),
+        queue: None,
     };
     let records = dir.path().join("records.jsonl");
     let options = |trials| TuneOptions {
@@ -121,6 +122,7 @@ fn a_new_run_starts_from_the_database() {
     let measurer = Measurer {
         builder: Builder::new(dir.path().join("cache")),
         runner: runner(),
+        queue: None,
     };
     let run = |w: &Workload, name: &str, trials: usize| {
         let (log, previous) = RecordLog::open(&dir.path().join(name), false).unwrap();
