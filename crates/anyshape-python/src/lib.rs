@@ -6,7 +6,8 @@
 //! Errors are Python exceptions by whose fault they are; the Python layer
 //! (`python/src/anyshape/__init__.py`) gives the friendly API around this one.
 use anyshape_ir::ShapeVar;
-use anyshape_measure::{Builder, Measurer, Runner, WorkerCommand};
+use anyshape_measure::queue::Queue;
+use anyshape_measure::{Builder, MeasureError, Measurer, Runner, WorkerCommand};
 use anyshape_runtime::RuntimeError;
 use anyshape_tensor::{DType, Data, Tensor, TensorRef};
 use anyshape_tune::{compile_model, ModelOptions, Observer, RoundSummary, Slice, Stage};
@@ -314,10 +315,11 @@ impl Observer for Quiet {
 /// dense layers in `precision` (`f32` or `bf16`); tuning records its trials in the
 /// tuning database `db` too (and starts from its earlier runs), where `use_db`: `db`,
 /// else `tuning.sqlite` in the kernel cache. The worker that measures candidates is
-/// `python` (the running interpreter) with `-m anyshape._worker`. Returns the
+/// `python` (the running interpreter) with `-m anyshape._worker`, or with `queue` (a
+/// Redis URL) the work queue's workers (`anyshape worker --queue URL`). Returns the
 /// manifest's JSON.
 #[pyfunction]
-#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db))]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db, queue))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -333,6 +335,7 @@ fn compile(
     precision: String,
     db: Option<PathBuf>,
     use_db: bool,
+    queue: Option<String>,
 ) -> PyResult<String> {
     let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
     let dims: Vec<ShapeVar> = dims
@@ -363,7 +366,13 @@ fn compile(
             },
             options: options.tune.measure.clone(),
         },
-        queue: None,
+        queue: match queue.filter(|_| trials > 0) {
+            None => None,
+            Some(url) => Some(py.detach(|| Queue::connect(&url)).map_err(|e| match e {
+                MeasureError::QueueUrl(_) => InvalidArgument::new_err(e.to_string()),
+                e => CompileError::new_err(e.to_string()),
+            })?),
+        },
     };
     let target = anyshape_codegen::CpuTarget::detect();
     let compiled = py.detach(|| {

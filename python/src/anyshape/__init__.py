@@ -79,6 +79,7 @@ def compile(
     progress: bool = True,
     precision: str = "f32",
     db: Union[str, os.PathLike, bool] = True,
+    queue: Optional[str] = None,
 ) -> "Model":
     """Compile the ONNX model at `model` into the model module `out` and load it.
 
@@ -95,6 +96,8 @@ def compile(
     database's best earlier run of its workload (this model's or another's with the same
     layers): `db=True` is `tuning.sqlite` in the kernel cache, a path names another,
     `db=False` uses none.
+    `queue="redis://HOST:PORT"` measures the candidates on the workers of a work queue
+    (`anyshape worker --queue URL` on each measuring machine of this CPU) instead of here.
     `out` is replaced only if it is absent, empty or a module holding only its own files.
     """
     domains = [_domain(k, v) for k, v in (dims or {}).items()]
@@ -111,6 +114,7 @@ def compile(
         str(precision),
         None if isinstance(db, bool) else os.fspath(db),
         db is not False,
+        None if queue is None else str(queue),
     )
     return load(out)
 

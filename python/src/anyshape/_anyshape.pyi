@@ -39,5 +39,8 @@ def compile(
     python: str,
     progress: bool,
     precision: str,
+    db: Optional[str],
+    use_db: bool,
+    queue: Optional[str],
 ) -> str: ...
 def serve_worker() -> int: ...
