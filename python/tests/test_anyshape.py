@@ -105,6 +105,8 @@ def test_modules_and_options_are_checked(tmp_path):
         anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": "many"}, out=tmp_path / "m", progress=False)
     with pytest.raises(anyshape.InvalidArgument, match="unknown precision `f16`"):
         anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1, "sequence": 8}, out=tmp_path / "m", progress=False, precision="f16")
+    with pytest.raises(anyshape.InvalidArgument, match="unknown search"):
+        anyshape.compile(MODELS / "bert_tiny.ts.onnx", dims={"batch": 1, "sequence": 8}, out=tmp_path / "m", progress=False, search="annealing")
     # A work queue that is not a Redis URL is the caller's mistake; one that does not
     # answer is the environment's.
     with pytest.raises(anyshape.InvalidArgument, match="--queue"):

@@ -316,10 +316,10 @@ impl Observer for Quiet {
 /// tuning database `db` too (and starts from its earlier runs), where `use_db`: `db`,
 /// else `tuning.sqlite` in the kernel cache. The worker that measures candidates is
 /// `python` (the running interpreter) with `-m anyshape._worker`, or with `queue` (a
-/// Redis URL) the work queue's workers (`anyshape worker --queue URL`). Returns the
-/// manifest's JSON.
+/// Redis URL) the work queue's workers (`anyshape worker --queue URL`); `search` is
+/// `evolutionary` or `trust-region`. Returns the manifest's JSON.
 #[pyfunction]
-#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db, queue))]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db, queue, search))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -336,7 +336,10 @@ fn compile(
     db: Option<PathBuf>,
     use_db: bool,
     queue: Option<String>,
+    search: String,
 ) -> PyResult<String> {
+    let search: anyshape_tune::SearchStrategy =
+        search.parse().map_err(InvalidArgument::new_err)?;
     let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
     let dims: Vec<ShapeVar> = dims
         .iter()
@@ -351,6 +354,7 @@ fn compile(
         resume,
         precision,
         tune: anyshape_tune::TuneOptions {
+            search,
             database: (use_db && trials > 0)
                 .then(|| db.unwrap_or_else(|| cache.join(anyshape_tune::DATABASE_FILE))),
             ..defaults.tune

@@ -80,29 +80,11 @@ impl<B: Backend> Tuner<B> {
             self.options.epsilon
         };
         let n_random = ((n_kernels as f64 * epsilon).round() as usize).min(n_kernels);
-        // The seeds (the sketch's defaults, hardware-aligned) that no trial measured yet
-        // come first, whatever the model says: they are what an untuned module runs and
-        // what the votes measure everywhere, and the search evolves from them. (Taken
-        // only while the model knew nothing, a task whose first slice was two trials
-        // measured one seed: at `--trials 8` BERT-base's residual projections then
-        // searched far from the seeds and the votes found them 4-16x faster than any
-        // kernel the search had measured.)
-        let measured: BTreeSet<B::MicroKernel> = done.iter().map(|(mk, _)| *mk).collect();
-        let seeds: Vec<B::MicroKernel> = self
-            .backend
-            .seeds(&self.workload)
-            .into_iter()
-            .filter(|mk| !measured.contains(mk))
-            .collect();
-        let mut trials: Vec<(B::MicroKernel, usize)> = Vec::new();
-        for &mk in &seeds {
-            for _ in 0..self.options.instances_per_kernel {
-                trials.push((mk, weighted_pick(&w, rng)));
-            }
-        }
-        let n_random = n_random.saturating_sub(seeds.len());
+        let mut trials = self.unmeasured_seeds(&w, rng);
+        let seeds = trials.len() / self.options.instances_per_kernel;
+        let n_random = n_random.saturating_sub(seeds);
         let mut picked: Vec<usize> = Vec::new();
-        while picked.len() < n_kernels.saturating_sub(n_random + seeds.len()) {
+        while picked.len() < n_kernels.saturating_sub(n_random + seeds) {
             let score = |c: usize| (0..w.len()).map(|i| gain(c, i, &cur)).sum::<f64>();
             let Some(c) = (0..candidates.len())
                 .filter(|c| !picked.contains(c))
@@ -136,6 +118,34 @@ impl<B: Backend> Tuner<B> {
         });
         trials.truncate(budget);
         self.time.search += t0.elapsed().as_secs_f64();
+        trials
+    }
+}
+
+impl<B: Backend> Tuner<B> {
+    /// The seeds (the sketch's defaults, hardware-aligned) that no trial measured yet,
+    /// each on instances drawn by weight `w`: they come first in every strategy,
+    /// whatever the model says — they are what an untuned module runs and what the
+    /// votes measure everywhere, and the search starts from them. (Taken only while the
+    /// model knew nothing, a task whose first slice was two trials measured one seed:
+    /// at `--trials 8` BERT-base's residual projections then searched far from the
+    /// seeds and the votes found them 4-16x faster than any kernel the search had
+    /// measured.)
+    pub(crate) fn unmeasured_seeds(
+        &self,
+        w: &[f64],
+        rng: &mut ChaCha8Rng,
+    ) -> Vec<(B::MicroKernel, usize)> {
+        let measured: BTreeSet<B::MicroKernel> =
+            self.journal.tried().iter().map(|(mk, _)| *mk).collect();
+        let mut trials = Vec::new();
+        for mk in self.backend.seeds(&self.workload) {
+            if !measured.contains(&mk) {
+                for _ in 0..self.options.instances_per_kernel {
+                    trials.push((mk, weighted_pick(w, rng)));
+                }
+            }
+        }
         trials
     }
 }

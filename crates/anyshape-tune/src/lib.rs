@@ -34,6 +34,7 @@ mod scores;
 mod search;
 mod space;
 mod task;
+mod trust_region;
 mod vote_round;
 mod votes;
 
@@ -53,7 +54,9 @@ pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs};
 pub use pipeline::{tune_workload, Observer, Packaged, PipelineOptions, Stage, Tuned};
 pub use records::{Record, RecordLog, TrialResult};
-pub use report::{InstanceBest, RoundSummary, StopReason, TimeBreakdown, TuneOptions, TuneReport};
+pub use report::{
+    InstanceBest, RoundSummary, SearchStrategy, StopReason, TimeBreakdown, TuneOptions, TuneReport,
+};
 pub use schedule::{Allotment, Scheduler, Slice};
 pub use scores::ScoreTable;
 pub use search::Tuner;

@@ -7,6 +7,42 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+/// How the search chooses the micro-kernels it measures after the seeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SearchStrategy {
+    /// DietCode's joint evolutionary search: mutation, crossover and fresh samples of
+    /// the best known micro-kernels, the batch chosen by predicted gain (`explore.rs`).
+    #[default]
+    Evolutionary,
+    /// TSCompiler's trust regions around the hardware-aligned seeds, grown on success
+    /// and shrunk after failures, a bandit choosing where to sample (`trust_region.rs`).
+    TrustRegion,
+}
+
+impl std::fmt::Display for SearchStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SearchStrategy::Evolutionary => "evolutionary",
+            SearchStrategy::TrustRegion => "trust-region",
+        })
+    }
+}
+
+impl std::str::FromStr for SearchStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "evolutionary" => Ok(SearchStrategy::Evolutionary),
+            "trust-region" => Ok(SearchStrategy::TrustRegion),
+            _ => Err(format!(
+                "unknown search `{s}`: evolutionary or trust-region"
+            )),
+        }
+    }
+}
+
 /// Tuning options.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
@@ -30,6 +66,8 @@ pub struct TuneOptions {
     /// Per-shape tuning (the Ansor-style baseline): a single instance, tiles that divide
     /// its extents only, kernels specialized for it.
     pub per_shape: bool,
+    /// How the search chooses what to measure.
+    pub search: SearchStrategy,
     /// Share of `trials` kept for the last, exploitation round: the untried
     /// neighbours of the micro-kernels measured best somewhere (see `exploit.rs`).
     pub exploit: f64,
@@ -62,6 +100,7 @@ impl Default for TuneOptions {
             },
             check_flops: 4e8,
             per_shape: false,
+            search: SearchStrategy::Evolutionary,
             interrupt: None,
             database: None,
         }

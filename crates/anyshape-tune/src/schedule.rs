@@ -300,14 +300,18 @@ pub(crate) fn schedule(
     let database = runs.iter().any(|r| r.reused() + r.database_samples() > 0);
     Ok(TuningLog {
         mode: format!(
-            "{}{}{}",
+            "{}{}{}{}",
             if options.equal_shares {
                 "equal shares"
             } else {
                 "scheduler"
             },
             if options.families { " + families" } else { "" },
-            if database { " + tuning database" } else { "" }
+            if database { " + tuning database" } else { "" },
+            match options.tune.search {
+                crate::SearchStrategy::Evolutionary => "",
+                crate::SearchStrategy::TrustRegion => " + trust-region search",
+            }
         ),
         trials_per_task: options.trials,
         tasks: tasks.len(),

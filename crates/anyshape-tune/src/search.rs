@@ -12,10 +12,11 @@
 //! or when interrupted ([`StopReason`]).
 use crate::family::Shared;
 use crate::journal::{BackendRecord, DbRun, Journal, ResumeSummary, RoundFailures};
+use crate::trust_region::Region;
 use crate::{
     spearman, Backend, CostModel, CpuBackend, Instance, InstanceBest, Record, RecordLog, Result,
-    RoundSummary, Sample, StopReason, TimeBreakdown, Trial, TrialBatch, TrialResult, TuneError,
-    TuneOptions, TuneReport,
+    RoundSummary, Sample, SearchStrategy, StopReason, TimeBreakdown, Trial, TrialBatch,
+    TrialResult, TuneError, TuneOptions, TuneReport,
 };
 use anyshape_codegen::{CpuTarget, Program, Sketch};
 use anyshape_ir::{Bindings, Workload};
@@ -47,6 +48,9 @@ pub struct Tuner<B: Backend> {
     /// Samples of the family's other workloads in the tuning database, for a workload
     /// it has no run of (`family.rs`).
     pub(crate) database: Vec<Sample>,
+    /// The trust regions of [`SearchStrategy::TrustRegion`] (`trust_region.rs`; none
+    /// until its first round).
+    pub(crate) regions: Vec<Region<B::MicroKernel>>,
 }
 
 impl<'a> Tuner<CpuBackend<'a>> {
@@ -163,6 +167,7 @@ impl<B: Backend> Tuner<B> {
             time: TimeBreakdown::default(),
             shared: Shared::default(),
             database: Vec::new(),
+            regions: Vec::new(),
         };
         tuner.database = tuner.database_samples(&family);
         Ok(tuner)
@@ -423,9 +428,13 @@ impl<B: Backend> Tuner<B> {
                 Vec::new()
             };
             let exploiting = !trials.is_empty();
+            let before = self.measured_best();
             if !exploiting {
                 let usual = if its_turn { budget } else { budget - share };
-                trials = self.choose(&model, &mut rng, usual);
+                trials = match self.options.search {
+                    SearchStrategy::Evolutionary => self.choose(&model, &mut rng, usual),
+                    SearchStrategy::TrustRegion => self.choose_in_regions(&model, &mut rng, usual),
+                };
             }
             if trials.is_empty() {
                 stalled += 1;
@@ -439,6 +448,9 @@ impl<B: Backend> Tuner<B> {
                     "every trial of round {round} failed for a reason outside the candidates ({}); the records are kept: free the machine and run again with --resume",
                     failures.first_transient.unwrap_or_default()
                 )));
+            }
+            if !exploiting && self.options.search == SearchStrategy::TrustRegion {
+                self.update_regions(&before, round, &mut rng);
             }
             let failed = failures.failed;
             let records = self.journal.records.clone();

@@ -8,7 +8,7 @@ use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_tune::{
     elect, instances, train_tree, Backend, Factors, GpuBackend, Instance, RecordLog, Result,
-    TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
+    SearchStrategy, TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
 };
 use rand::Rng;
 use std::cell::{Cell, RefCell};
@@ -201,43 +201,14 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         ..TuneOptions::default()
     };
     let f = Fixture::new("T=1..64", options.clone());
-    let (target, w, domain, measured) = (&f.target, &f.w, &f.domain, &f.measured);
+    let (w, measured) = (&f.w, &f.measured);
     let mut tuner = f.tuner(false);
     let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(report.trials, 240);
     assert_eq!(measured.get(), 240);
 
-    // The optimum of every instance over the whole space, by enumeration.
-    let truth = f.backend();
-    let mut space = Vec::new();
-    for bm in [8, 16, 32, 64, 128, 256] {
-        for bn in [8, 16, 32, 64, 128, 256] {
-            for bk in [2, 4, 8, 16, 32] {
-                for tm in [1, 2, 4, 8, 16] {
-                    for tn in [1, 2, 4, 8, 16] {
-                        let mk = GpuContractionKernel { bm, bn, bk, tm, tn };
-                        if mk.validate(target).is_ok() && !crashes(&mk) {
-                            space.push(mk);
-                        }
-                    }
-                }
-            }
-        }
-    }
     let quality_of = |best: &[anyshape_tune::InstanceBest<GpuContractionKernel>]| {
-        let mut ratios = Vec::new();
-        for (x, best) in domain.iter().zip(best) {
-            let opt = space
-                .iter()
-                .map(|mk| truth.latency(w, mk, &x.bound))
-                .fold(f64::INFINITY, f64::min);
-            let got = truth.latency(w, &best.micro_kernel, &x.bound);
-            assert!(!crashes(&best.micro_kernel));
-            ratios.push(got / opt);
-        }
-        let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
-        let worst = ratios.iter().copied().fold(0.0, f64::max);
-        (geo, worst)
+        found_against_optimum(&f, best)
     };
     // The search is random: its quality is judged on the median of three seeds.
     let mut geos = vec![quality_of(&report.best).0];
@@ -257,7 +228,7 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         "{} trials ({} failed) over {} valid micro-kernels × 64 instances: best found / optimum geomean {geo:.3}, worst {worst:.3}; geomeans of seeds 0, 1, 2: {geos:.3?}",
         report.trials,
         report.failed_trials,
-        space.len()
+        valid_space(&f.target).len()
     );
     geos.sort_by(f64::total_cmp);
     assert!(geos[1] < 1.15, "median geomean {}", geos[1]);
@@ -288,6 +259,83 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         before,
         "a resumed run measures nothing twice"
     );
+}
+
+/// Every valid micro-kernel of the synthetic device that does not crash, by enumeration.
+fn valid_space(target: &GpuTarget) -> Vec<GpuContractionKernel> {
+    let mut space = Vec::new();
+    for bm in [8, 16, 32, 64, 128, 256] {
+        for bn in [8, 16, 32, 64, 128, 256] {
+            for bk in [2, 4, 8, 16, 32] {
+                for tm in [1, 2, 4, 8, 16] {
+                    for tn in [1, 2, 4, 8, 16] {
+                        let mk = GpuContractionKernel { bm, bn, bk, tm, tn };
+                        if mk.validate(target).is_ok() && !crashes(&mk) {
+                            space.push(mk);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    space
+}
+
+/// Best found against the optimum of every instance (by enumeration): the geomean and
+/// the worst ratio of their latencies.
+fn found_against_optimum(
+    f: &Fixture,
+    best: &[anyshape_tune::InstanceBest<GpuContractionKernel>],
+) -> (f64, f64) {
+    let truth = f.backend();
+    let space = valid_space(&f.target);
+    let mut ratios = Vec::new();
+    for (x, best) in f.domain.iter().zip(best) {
+        let opt = space
+            .iter()
+            .map(|mk| truth.latency(&f.w, mk, &x.bound))
+            .fold(f64::INFINITY, f64::min);
+        let got = truth.latency(&f.w, &best.micro_kernel, &x.bound);
+        assert!(!crashes(&best.micro_kernel));
+        ratios.push(got / opt);
+    }
+    let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    (geo, worst)
+}
+
+/// The trust-region search (TSCompiler's) on the same device and budget: it spends the
+/// budget, measures no pair twice, and finds better kernels than random picks of the
+/// same budget (the median of three seeds, in geomean of best found over optimum).
+#[test]
+fn the_trust_region_search_beats_random_picks() {
+    let median = |search: SearchStrategy, epsilon: f64| {
+        let mut geos = Vec::new();
+        for seed in [0, 1, 2] {
+            let f = Fixture::new(
+                "T=1..64",
+                TuneOptions {
+                    trials: 240,
+                    seed,
+                    search,
+                    epsilon,
+                    exploit: 0.0,
+                    ..TuneOptions::default()
+                },
+            );
+            let mut tuner = f.tuner(false);
+            let report = tuner.run(&mut |_| {}, &mut |_| {}).unwrap();
+            assert_eq!(report.trials, 240);
+            assert_eq!(f.measured.get(), 240, "no pair measured twice");
+            geos.push(found_against_optimum(&f, &report.best).0);
+        }
+        geos.sort_by(f64::total_cmp);
+        geos
+    };
+    let regions = median(SearchStrategy::TrustRegion, 0.0);
+    let random = median(SearchStrategy::Evolutionary, 1.0);
+    eprintln!("geomean best found / optimum, seeds 0, 1, 2: trust regions {regions:.3?}, random {random:.3?}");
+    assert!(regions[1] < random[1], "{regions:?} against {random:?}");
 }
 
 /// With one instance every search round measures its candidates everywhere, as a vote

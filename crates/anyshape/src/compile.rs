@@ -7,7 +7,7 @@ use crate::{queue_summary, runner, Common, DbArgs, QueueArgs};
 use anyhow::Result;
 use anyshape_ir::{Precision, ShapeVar};
 use anyshape_measure::{MeasureOptions, Measurer};
-use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, TuneOptions};
+use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, SearchStrategy, TuneOptions};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,6 +68,15 @@ pub struct CompileArgs {
     /// the votes time every candidate where it may win.
     #[arg(long, default_value_t = anyshape_tune::MEASURE_SECONDS, value_name = "SECONDS")]
     seconds: f64,
+    /// How each task's search chooses what to measure after the seeds: DietCode's
+    /// evolutionary search, or TSCompiler's trust regions around the seeds with a
+    /// bandit choosing among them.
+    #[arg(
+        long,
+        default_value = "evolutionary",
+        value_name = "evolutionary|trust-region"
+    )]
+    search: SearchStrategy,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -112,6 +121,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             database: (args.trials > 0)
                 .then(|| args.db.path(&args.common))
                 .flatten(),
+            search: args.search,
             measure: MeasureOptions {
                 cold: !args.warm_cache,
                 min_seconds: args.seconds,

@@ -10,8 +10,8 @@ use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::{GpuDevice, Measurer};
 use anyshape_tune::{
     check_outputs, instances, tune_workload, Instance, Packaged, PipelineOptions, RecordLog,
-    ResumeSummary, SketchBackend, Specialize, StopReason, TuneOptions, TuneReport, Tuned, Tuner,
-    VoteOptions, MAX_INSTANCES,
+    ResumeSummary, SearchStrategy, SketchBackend, Specialize, StopReason, TuneOptions, TuneReport,
+    Tuned, Tuner, VoteOptions, MAX_INSTANCES,
 };
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,15 @@ pub struct TuneArgs {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// How the search chooses what to measure after the seeds: DietCode's evolutionary
+    /// search, or TSCompiler's trust regions around the seeds with a bandit choosing
+    /// among them.
+    #[arg(
+        long,
+        default_value = "evolutionary",
+        value_name = "evolutionary|trust-region"
+    )]
+    pub(crate) search: SearchStrategy,
     /// The device to tune for: `cpu` (this machine, or --target) or `cuda` (the first
     /// NVIDIA GPU; no module yet, see `anyshape gpu`).
     #[arg(long, default_value = "cpu", value_parser = device)]
@@ -316,6 +325,7 @@ impl Job<'_> {
             trials: args.trials as usize,
             batch: args.batch as usize,
             seed: args.seed,
+            search: args.search,
             strategy: args.strategy.parse().map_err(anyhow::Error::msg)?,
             interrupt: Some(interrupt_flag()),
             database,

@@ -80,6 +80,7 @@ def compile(
     precision: str = "f32",
     db: Union[str, os.PathLike, bool] = True,
     queue: Optional[str] = None,
+    search: str = "evolutionary",
 ) -> "Model":
     """Compile the ONNX model at `model` into the model module `out` and load it.
 
@@ -98,6 +99,8 @@ def compile(
     `db=False` uses none.
     `queue="redis://HOST:PORT"` measures the candidates on the workers of a work queue
     (`anyshape worker --queue URL` on each measuring machine of this CPU) instead of here.
+    `search="trust-region"` tunes with TSCompiler's trust regions around the seeds
+    instead of the evolutionary search.
     `out` is replaced only if it is absent, empty or a module holding only its own files.
     """
     domains = [_domain(k, v) for k, v in (dims or {}).items()]
@@ -115,6 +118,7 @@ def compile(
         None if isinstance(db, bool) else os.fspath(db),
         db is not False,
         None if queue is None else str(queue),
+        str(search),
     )
     return load(out)
 

@@ -42,5 +42,6 @@ def compile(
     db: Optional[str],
     use_db: bool,
     queue: Optional[str],
+    search: str,
 ) -> str: ...
 def serve_worker() -> int: ...
