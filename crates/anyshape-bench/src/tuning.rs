@@ -36,13 +36,15 @@ impl Milestone {
     }
 }
 
-/// Two tuning logs compared.
+/// Two tuning logs compared (and more beside them).
 #[derive(Clone, Debug)]
 pub struct TuningComparison {
     /// The compile under test.
     pub log: TuningLog,
     /// The baseline compile.
     pub baseline: TuningLog,
+    /// Other compiles of the model, in the plot and the tables (no milestones).
+    pub others: Vec<TuningLog>,
     /// The milestones of [`MILESTONES`].
     pub milestones: Vec<Milestone>,
 }
@@ -61,8 +63,12 @@ pub fn read_tuning(module: &Path) -> Result<TuningLog> {
 
 impl TuningComparison {
     /// Compare `log` with `baseline`: when each reached the milestones of the
-    /// baseline's final expected latency.
-    pub fn new(mut log: TuningLog, mut baseline: TuningLog) -> Result<TuningComparison> {
+    /// baseline's final expected latency; `others` are shown beside them.
+    pub fn new(
+        mut log: TuningLog,
+        mut baseline: TuningLog,
+        others: Vec<TuningLog>,
+    ) -> Result<TuningComparison> {
         if log.mode == baseline.mode {
             // Compiles of one mode (with and without a warm tuning database, say):
             // the report tells them apart.
@@ -87,8 +93,14 @@ impl TuningComparison {
         Ok(TuningComparison {
             log,
             baseline,
+            others,
             milestones,
         })
+    }
+
+    /// Every compile: under test, baseline, others.
+    fn all(&self) -> impl Iterator<Item = &TuningLog> {
+        [&self.log, &self.baseline].into_iter().chain(&self.others)
     }
 
     /// The report in Markdown.
@@ -123,7 +135,7 @@ impl TuningComparison {
         md.push_str(
             "\n| compile | trials per task | final expected ms | tuning wall s | new trials | trials per hour | build share | measure share | cost model share | search share |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
-        for l in [a, b] {
+        for l in self.all() {
             let share = |x: f64| format!("{:.0} %", 100.0 * x / l.wall_seconds.max(1e-9));
             let _ = writeln!(
                 md,
@@ -140,7 +152,7 @@ impl TuningComparison {
                 share(l.time.search)
             );
         }
-        for l in [a, b].into_iter().filter(|l| !l.families.is_empty()) {
+        for l in self.all().filter(|l| !l.families.is_empty()) {
             let _ = writeln!(
                 md,
                 "\nFamilies of {} (held-out Spearman of predicted and measured throughput on every fifth trial of each member; the family's model trained on the rest of the family's trials, each task's own on its own):\n\n| family | tasks | trials | family model | each task's own model |\n|---|---|---:|---:|---:|",
@@ -166,7 +178,7 @@ impl TuningComparison {
     /// Both curves as CSV: `mode,seconds,trials,expected_ms`.
     pub fn csv(&self) -> String {
         let mut csv = String::from("mode,seconds,trials,expected_ms\n");
-        for l in [&self.log, &self.baseline] {
+        for l in self.all() {
             for p in &l.curve {
                 let _ = writeln!(
                     csv,
@@ -190,8 +202,8 @@ impl TuningComparison {
         for (name, text) in [("tuning.md", md.clone()), ("tuning.csv", self.csv())] {
             written.push(out.write(name, text.as_bytes())?.display().to_string());
         }
-        let series: Vec<Series> = [&self.log, &self.baseline]
-            .iter()
+        let series: Vec<Series> = self
+            .all()
             .map(|l| Series {
                 name: l.mode.clone(),
                 points: l
@@ -257,7 +269,7 @@ mod tests {
             "equal shares",
             &[(10.0, 130.0), (20.0, 120.0), (40.0, 100.0)],
         );
-        let c = TuningComparison::new(fam, ind).unwrap();
+        let c = TuningComparison::new(fam, ind, vec![]).unwrap();
         // 80 %: 125 ms; 90 %: 111.1 ms; 100 %: 100 ms.
         assert_eq!(c.milestones[0].seconds, Some(10.0));
         assert_eq!(c.milestones[0].baseline_seconds, Some(20.0));
@@ -272,8 +284,13 @@ mod tests {
         );
         // A compile that never gets there.
         let slow = log("slow", &[(50.0, 200.0)]);
-        let c = TuningComparison::new(slow, log("b", &[(1.0, 100.0)])).unwrap();
+        let others = vec![log("c", &[(2.0, 90.0)])];
+        let c = TuningComparison::new(slow, log("b", &[(1.0, 100.0)]), others).unwrap();
         assert_eq!(c.milestones[2].speedup(), None);
         assert!(c.markdown("t").contains("not reached"));
+        // Another compile joins the tables and the curves.
+        let md = c.markdown("t");
+        assert!(md.contains("| c | 8 | 90.000 |"), "{md}");
+        assert!(c.csv().contains("c,2.000,0,90.0000"), "{}", c.csv());
     }
 }

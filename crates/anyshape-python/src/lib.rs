@@ -338,8 +338,7 @@ fn compile(
     queue: Option<String>,
     search: String,
 ) -> PyResult<String> {
-    let search: anyshape_tune::SearchStrategy =
-        search.parse().map_err(InvalidArgument::new_err)?;
+    let search: anyshape_tune::SearchStrategy = search.parse().map_err(InvalidArgument::new_err)?;
     let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
     let dims: Vec<ShapeVar> = dims
         .iter()

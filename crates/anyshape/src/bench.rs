@@ -12,8 +12,9 @@ use anyshape_bench::{
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
+use anyshape_tune::TuningLog;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Options of `anyshape bench`.
 #[derive(Args)]
@@ -51,9 +52,10 @@ pub struct BenchArgs {
     /// `anyshape compile --equal-shares --no-families`): when each reached 80, 90 and
     /// 100 % of that compile's final expected latency, trials per hour, build share,
     /// the families' model quality; writes `tuning.md`, `tuning.csv` and
-    /// `tuning-curve.svg` to --out-dir.
+    /// `tuning-curve.svg` to --out-dir. Repeated: the first is the baseline, the others'
+    /// curves join the plot and the tables.
     #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
-    tuning_against: Option<PathBuf>,
+    tuning_against: Vec<PathBuf>,
     /// With --model: the ONNX model the peers run, the one the module was compiled
     /// from (checked by its SHA-256) [default: where it was when compiled].
     #[arg(long, value_name = "FILE", requires = "model")]
@@ -141,7 +143,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         && !args.overhead
         && !args.compare
         && !args.generate
-        && args.tuning_against.is_none()
+        && args.tuning_against.is_empty()
     {
         bail!("nothing to measure: pass --compare, --generate, --dispatch-loss, --overhead and/or --tuning-against");
     }
@@ -273,11 +275,25 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         print!("{summary}");
         println!("written: {}", written.join(", "));
     }
-    if let Some(baseline) = &args.tuning_against {
-        let c = TuningComparison::new(read_tuning(model)?, read_tuning(baseline)?)?;
+    if let Some((baseline, others)) = args.tuning_against.split_first() {
+        // Each compile labelled by its module's name beside its mode.
+        let labelled = |m: &Path| -> Result<TuningLog> {
+            let mut log = read_tuning(m)?;
+            let name = m.file_name().unwrap_or(m.as_os_str()).to_string_lossy();
+            log.mode = format!("{name}: {}", log.mode);
+            Ok(log)
+        };
+        let c = TuningComparison::new(
+            labelled(model)?,
+            labelled(baseline)?,
+            others.iter().map(|m| labelled(m)).collect::<Result<_>>()?,
+        )?;
         let title = format!("Tuning {} against {}", model.display(), baseline.display());
         let mut reads = args.common.reads();
-        reads.dir(model).dir(baseline);
+        reads.dir(model);
+        for m in &args.tuning_against {
+            reads.dir(m);
+        }
         let (summary, written) = c.write(&title, &OutDir::new(&args.out_dir, reads)?)?;
         print!("{summary}");
         println!("written: {}", written.join(", "));

@@ -361,6 +361,16 @@ fn tuning_logs_of_two_compiles_compared() {
             .unwrap();
         assert!((16..=32).contains(&last), "{log}");
     }
+    // The trust-region search, within the same budget; its curve joins the comparison.
+    let (said, regions, regions_dir) = compile("regions", &["--search", "trust-region", "--no-db"]);
+    assert_eq!(
+        regions["mode"], "scheduler + families + trust-region search",
+        "{said}"
+    );
+    let last = regions["curve"].as_array().unwrap().last().unwrap()["trials"]
+        .as_u64()
+        .unwrap();
+    assert!((16..=32).contains(&last), "{regions}");
     let report = dir.path().join("report");
     let o = anyshape_cached(
         &[
@@ -369,6 +379,8 @@ fn tuning_logs_of_two_compiles_compared() {
             fam_dir.to_str().unwrap(),
             "--tuning-against",
             ind_dir.to_str().unwrap(),
+            "--tuning-against",
+            regions_dir.to_str().unwrap(),
             "--out-dir",
             report.to_str().unwrap(),
         ],
@@ -376,7 +388,13 @@ fn tuning_logs_of_two_compiles_compared() {
     );
     let out = text(&o);
     assert!(o.status.success(), "{out}");
-    for row in ["| 80 % |", "| 90 % |", "| 100 % |", "trials per hour"] {
+    for row in [
+        "| 80 % |",
+        "| 90 % |",
+        "| 100 % |",
+        "trials per hour",
+        "| regions: scheduler + families + trust-region search |",
+    ] {
         assert!(out.contains(row), "{out}");
     }
     assert!(report.join("tuning.csv").exists() && report.join("tuning.md").exists());
