@@ -99,6 +99,15 @@ fn environment_failure(status: std::process::ExitStatus, stderr: &str) -> Option
         .map(|_| first_line(stderr).to_string())
 }
 
+/// A cache entry's name: the first 12 bytes of a digest, in hex.
+fn short_hash(h: Sha256) -> String {
+    h.finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The first line of a compiler's messages (all of them if there is none).
 fn first_line(text: &str) -> &str {
     text.lines().find(|l| !l.trim().is_empty()).unwrap_or(text)
@@ -242,12 +251,7 @@ impl Builder {
         for k in kernels {
             h.update(&k.code);
         }
-        let hash: String = h
-            .finalize()
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash = short_hash(h);
         let path = self.cache_dir.join(format!("lib{hash}.so"));
         if let Some(failed) = cache::cached_build(&path) {
             return Ok(BuiltLibrary {
@@ -404,13 +408,7 @@ impl Builder {
         let mut h = Sha256::new();
         h.update(format!("{}|{}|{header}|", self.cc, self.flags.join(" ")));
         h.update(&kernel.code);
-        let hash: String = h
-            .finalize()
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        self.cache_dir.join(format!("obj{hash}.o"))
+        self.cache_dir.join(format!("obj{}.o", short_hash(h)))
     }
 
     /// Compile each `(name, kernels)` unit to an object file, `jobs` compilers at a

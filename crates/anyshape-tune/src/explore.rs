@@ -112,17 +112,29 @@ impl<B: Backend> Tuner<B> {
                 trials.push((mk, weighted_pick(&w, rng)));
             }
         }
-        let mut seen = BTreeSet::new();
-        trials.retain(|(mk, i)| {
-            !done.contains(&(*mk, self.instances[*i].bindings.clone())) && seen.insert((*mk, *i))
-        });
-        trials.truncate(budget);
+        let trials = self.fresh(trials, &done, budget);
         self.time.search += t0.elapsed().as_secs_f64();
         trials
     }
 }
 
 impl<B: Backend> Tuner<B> {
+    /// A round's `trials` without the pairs tried before (`done`) or twice, at most
+    /// `budget`.
+    pub(crate) fn fresh(
+        &self,
+        mut trials: Vec<(B::MicroKernel, usize)>,
+        done: &BTreeSet<(B::MicroKernel, anyshape_ir::Bindings)>,
+        budget: usize,
+    ) -> Vec<(B::MicroKernel, usize)> {
+        let mut seen = BTreeSet::new();
+        trials.retain(|(mk, i)| {
+            !done.contains(&(*mk, self.instances[*i].bindings.clone())) && seen.insert((*mk, *i))
+        });
+        trials.truncate(budget);
+        trials
+    }
+
     /// The seeds (the sketch's defaults, hardware-aligned) that no trial measured yet,
     /// each on instances drawn by weight `w`: they come first in every strategy,
     /// whatever the model says — they are what an untuned module runs and what the

@@ -224,11 +224,7 @@ impl<B: Backend> Tuner<B> {
             }
         }
         let t0 = Instant::now();
-        let mut seen = BTreeSet::new();
-        trials.retain(|(mk, i)| {
-            !done.contains(&(*mk, self.instances[*i].bindings.clone())) && seen.insert((*mk, *i))
-        });
-        trials.truncate(budget);
+        let trials = self.fresh(trials, &done, budget);
         self.time.search += t0.elapsed().as_secs_f64();
         trials
     }
