@@ -81,9 +81,10 @@ args=()
 for c in "${curves[@]}"; do args+=(--tuning-against "$c"); done
 "$bin" bench --model "$run/bert-t$largest" --tuning-against "$baseline" "${args[@]}" \
   --out-dir "$run/curves" > /dev/null
-for f in tuning.md tuning.csv tuning-curve.svg; do
+for f in tuning.md tuning.csv; do
   sed "s#$run/#<run dir>/#g" "$run/curves/$f" > "$out/$f"
 done
+sed "s#$run/##g" "$run/curves/tuning-curve.svg" > "$out/tuning-curve.svg" # no markup in SVG text
 {
   echo "# Compile time against speed: BERT-base, sequence 1..512"
   echo

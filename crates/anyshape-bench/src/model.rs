@@ -506,7 +506,7 @@ impl ModelReport<'_> {
         };
         lines_svg(
             &format!("{}: latency", self.dir.display()),
-            (x_label, "latency (ms, log)"),
+            (x_label, "latency (ms)"),
             true,
             &series,
         )

@@ -69,7 +69,9 @@ fn draw_err(title: &str) -> impl Fn(String) -> PlotError + '_ {
     }
 }
 
-/// A line plot of `series` against x, as SVG; with `log_y` a logarithmic y axis.
+/// A line plot of `series` against x, as SVG; with `log_y` a logarithmic y axis where
+/// the values span a decade or more (plotters labels only powers of ten on a log
+/// axis), else a linear one around them; the y description says which.
 pub fn lines_svg(
     title: &str,
     (x_label, y_label): (&str, &str),
@@ -85,6 +87,9 @@ pub fn lines_svg(
     if x0 > x1 {
         return Err(PlotError::Empty(title.into()));
     }
+    let zoom = log_y && y1 < 10.0 * y0;
+    let log_y = log_y && !zoom;
+    let y_label = &format!("{y_label}{}", if log_y { " (log scale)" } else { "" });
     let err = draw_err(title);
     let mut svg = String::new();
     let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
@@ -143,8 +148,9 @@ pub fn lines_svg(
             .map_err(|e| err(e.to_string()))?;
         draw!(c);
     } else {
+        let bottom = if zoom { y0 * 0.95 } else { 0.0 };
         let c = builder
-            .build_cartesian_2d(x_range, 0.0..y1 * 1.1)
+            .build_cartesian_2d(x_range, bottom..y1 * 1.1)
             .map_err(|e| err(e.to_string()))?;
         draw!(c);
     }
@@ -248,6 +254,21 @@ mod tests {
             lines_svg("t", ("T", "ms"), true, &[]),
             Err(PlotError::Empty(_))
         ));
+        // A log axis only where the values span a decade (plotters labels only powers
+        // of ten on one): a narrower span gets a linear axis with its values labelled.
+        let within = |lo: f64, hi: f64| {
+            let s = Series {
+                name: "s".into(),
+                points: vec![(1.0, lo), (2.0, hi)],
+            };
+            lines_svg("t", ("T", "ms"), true, &[s]).unwrap()
+        };
+        let narrow = within(40.0, 50.0);
+        assert!(
+            !narrow.contains("log scale") && narrow.contains("\n46.0\n"),
+            "{narrow}"
+        );
+        assert!(within(1.0, 100.0).contains("ms (log scale)"));
         assert!(matches!(bars_svg("t", "s", &[]), Err(PlotError::Empty(_))));
     }
 }

@@ -260,7 +260,7 @@ impl Report<'_> {
             "latency.svg",
             lines_svg(
                 &format!("{}: latency (min) per system", self.workload),
-                (&var, "latency, ms (log)"),
+                (&var, "latency, ms"),
                 true,
                 &series(&|_, c| c.min * 1e3),
             ),

@@ -215,7 +215,7 @@ impl TuningComparison {
             .collect();
         match lines_svg(
             title,
-            ("tuning time (s)", "expected model latency (ms, log)"),
+            ("tuning time (s)", "expected model latency (ms)"),
             true,
             &series,
         ) {
