@@ -23,35 +23,56 @@ struct Server {
 }
 
 impl Server {
+    /// A server of its own on a free port: two tests starting servers at once may be
+    /// handed the same free port, so the one that answers must be this one (its `dir`).
     fn start(dir: &Path) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect(
-                "redis-server runs (scripts/setup.sh installs it: apt-get install redis-server)",
-            );
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..20 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir)
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("redis-server runs (scripts/setup.sh installs it: apt-get install redis-server)");
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) {
+                if child.try_wait().unwrap().is_some() {
+                    break; // the port was taken meanwhile: another one
+                }
+                if serves(port, dir) {
+                    return Server {
+                        child,
+                        url: format!("redis://127.0.0.1:{port}"),
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        Server {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        }
+        panic!("redis-server did not start");
     }
+}
+
+/// Whether the Redis server on `port` is the one working in `dir`.
+fn serves(port: u16, dir: &Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut reply = [0u8; 4096];
+    s.write_all(b"CONFIG GET dir\r\n").is_ok()
+        && s.read(&mut reply).is_ok_and(|n| {
+            let canonical = dir.canonicalize().unwrap_or(dir.to_path_buf());
+            String::from_utf8_lossy(&reply[..n]).contains(&*canonical.to_string_lossy())
+        })
 }
 
 impl Drop for Server {
@@ -70,11 +91,13 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(url: &str, name: &str, cache: &Path) -> Worker {
+    /// Start one and wait until it is registered on the queue.
+    fn start(url: &str, name: &str, cache: &Path, extra: &[&str]) -> Worker {
         let mut child = Command::new(BIN)
             .args(["worker", "--queue", url, "--name", name, "--lease", "6"])
             .arg("--cache-dir")
             .arg(cache)
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -92,8 +115,9 @@ impl Worker {
             lines,
             seen: Default::default(),
         };
-        let ready = w.next(|l| l.contains("measuring for"));
-        assert!(ready.is_some(), "the worker {name} did not start");
+        if w.next(|l| l.contains("measuring for")).is_none() {
+            panic!("the worker {name} did not start: {:?}", w.seen.borrow());
+        }
         w
     }
 
@@ -160,8 +184,8 @@ fn tune(url: &str, dir: &Path, wait: &str) -> Command {
 fn a_worker_killed_mid_job_loses_nothing_and_measures_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let mut a = Worker::start(&server.url, "a", &dir.path().join("cache-a"));
-    let b = Worker::start(&server.url, "b", &dir.path().join("cache-b"));
+    let mut a = Worker::start(&server.url, "a", &dir.path().join("cache-a"), &[]);
+    let b = Worker::start(&server.url, "b", &dir.path().join("cache-b"), &[]);
     let client = tune(&server.url, dir.path(), "60")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -265,25 +289,12 @@ fn no_worker_of_the_target_is_a_clear_error() {
     other.cores += 1;
     let target = dir.path().join("other.json");
     std::fs::write(&target, serde_json::to_string(&other).unwrap()).unwrap();
-    let _w = Command::new(BIN)
-        .args([
-            "worker",
-            "--queue",
-            &server.url,
-            "--name",
-            "other",
-            "--target",
-        ])
-        .arg(&target)
-        .stderr(Stdio::null())
-        .spawn()
-        .map(|child| Worker {
-            child,
-            lines: mpsc::channel().1,
-            seen: Default::default(),
-        })
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    let _w = Worker::start(
+        &server.url,
+        "other",
+        &dir.path().join("cache-other"),
+        &["--target", target.to_str().unwrap()],
+    );
     let start = Instant::now();
     let out = tune(&server.url, dir.path(), "3").output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
