@@ -109,6 +109,10 @@ pub fn elect<B: Backend>(
                     candidates.push(s);
                 }
             }
+            // In the order a resumed run finds them in the round (the micro-kernels'
+            // own), so that its table, cover and votes are this run's even where
+            // candidates tie.
+            candidates.sort();
             (None, candidates)
         }
     };
