@@ -188,8 +188,9 @@ fn cumsum_matches_its_definition_at_every_n() {
 }
 
 /// A pool as the ops define it, in f64: `x` is `[n, c, h, w]`; the window's kernel,
-/// strides, pads (top, left, bottom, right) and dilations; max or average (counting
-/// the padding or not). Returns the output and its spatial extents.
+/// strides, pads (top, left, bottom, right) and dilations; `op` `MaxPool`,
+/// `AveragePool` (with `param` 1: counting the padding) or `LpPool` (the `param`-norm).
+/// Returns the output and its spatial extents.
 #[allow(clippy::too_many_arguments)]
 fn pool(
     x: &[f32],
@@ -198,16 +199,18 @@ fn pool(
     s: [usize; 2],
     p: [usize; 4],
     d: [usize; 2],
-    max: bool,
-    include_pad: bool,
+    op: &str,
+    param: i64,
 ) -> (Vec<f32>, [usize; 2]) {
+    let (max, include_pad) = (op == "MaxPool", op == "AveragePool" && param == 1);
+    let lp = (op == "LpPool").then_some(param as f64);
     let oh = (h + p[0] + p[2] - d[0] * (k[0] - 1) - 1) / s[0] + 1;
     let ow = (w + p[1] + p[3] - d[1] * (k[1] - 1) - 1) / s[1] + 1;
     let mut out = vec![];
     for img in 0..n * c {
         for y in 0..oh {
             for xo in 0..ow {
-                let (mut best, mut sum, mut count) = (f64::NEG_INFINITY, 0.0, 0.0);
+                let (mut best, mut sum, mut count, mut norm) = (f64::NEG_INFINITY, 0.0, 0.0, 0.0);
                 for u in 0..k[0] {
                     for q in 0..k[1] {
                         let r = (y * s[0] + u * d[0]) as i64 - p[0] as i64;
@@ -217,20 +220,25 @@ fn pool(
                             best = best.max(e);
                             sum += e;
                             count += 1.0;
+                            norm += e.abs().powf(lp.unwrap_or(1.0));
                         } else if include_pad {
                             count += 1.0;
                         }
                     }
                 }
-                out.push(if max { best } else { sum / count } as f32);
+                out.push(match lp {
+                    Some(p) => norm.powf(1.0 / p),
+                    None if max => best,
+                    None => sum / count,
+                } as f32);
             }
         }
     }
     (out, [oh, ow])
 }
 
-/// `MaxPool` and `AveragePool` (strided, padded, dilated; the average with and without
-/// the padding counted) and the global pools, over a symbolic batch.
+/// `MaxPool`, `AveragePool` and `LpPool` (strided, padded, dilated; the average with and
+/// without the padding counted; the 3-norm) and the global pools, over a symbolic batch.
 #[test]
 fn pools_match_their_definition_at_every_n() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,7 +253,7 @@ fn pools_match_their_definition_at_every_n() {
         [i64; 2],
         i64,
     );
-    // (output, op, kernel, strides, pads, dilations, count_include_pad)
+    // (output, op, kernel, strides, pads, dilations, count_include_pad or p)
     let cases: &[Case] = &[
         (
             "y_max_s2_p1",
@@ -283,6 +291,15 @@ fn pools_match_their_definition_at_every_n() {
             [1, 1],
             1,
         ),
+        (
+            "y_lp3_dilated",
+            "LpPool",
+            [2, 3],
+            [2, 1],
+            [1, 1, 0, 1],
+            [2, 1],
+            3,
+        ),
     ];
     let us = |v: &[i64]| -> Vec<usize> { v.iter().map(|&x| x as usize).collect() };
     let extents = |case: &Case| {
@@ -308,10 +325,10 @@ fn pools_match_their_definition_at_every_n() {
             ("pads", &p),
             ("dilations", &dl),
         ];
-        let ints: &[(&str, i64)] = if op == "AveragePool" {
-            &[("count_include_pad", include)]
-        } else {
-            &[]
+        let ints: &[(&str, i64)] = match op {
+            "AveragePool" => &[("count_include_pad", include)],
+            "LpPool" => &[("p", include)],
+            _ => &[],
         };
         onnx = onnx.node_lists(op, &["x"], &[out], ints, &lists).output(
             out,
@@ -353,16 +370,16 @@ fn pools_match_their_definition_at_every_n() {
                 [s[0], s[1]],
                 [p[0], p[1], p[2], p[3]],
                 [dl[0], dl[1]],
-                op == "MaxPool",
-                include == 1,
+                op,
+                include,
             );
             members.push((
                 out.to_string(),
                 npy("<f4", false, &[n, c, oh, ow], &f32_bytes(&want)),
             ));
         }
-        for (out, max) in [("y_global_avg", false), ("y_global_max", true)] {
-            let (want, _) = pool(&x, shape, [h, w], [1, 1], [0; 4], [1, 1], max, false);
+        for (out, op) in [("y_global_avg", "AveragePool"), ("y_global_max", "MaxPool")] {
+            let (want, _) = pool(&x, shape, [h, w], [1, 1], [0; 4], [1, 1], op, 0);
             members.push((
                 out.to_string(),
                 npy("<f4", false, &[n, c, 1, 1], &f32_bytes(&want)),

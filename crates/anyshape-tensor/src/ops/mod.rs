@@ -18,13 +18,15 @@
 //! - `conv.rs`: `Conv`, and the internal `anyshape.Im2Col` before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
-//!   `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool`;
+//!   `AveragePool`, `LpPool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,
 //!   `GroupNormalization`, `BatchNormalization`;
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
-//! - `resize.rs`: `Resize`.
+//! - `resize.rs`: `Resize`;
+//! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
+//! - `rotary.rs`: `RotaryEmbedding` (opset 23).
 mod activation;
 mod attention;
 mod conv;
@@ -37,7 +39,9 @@ mod pad;
 mod pool;
 mod reduce;
 mod resize;
+mod rotary;
 mod shape;
+mod space;
 mod unary;
 
 use crate::node::Node;
@@ -88,7 +92,9 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(pool::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
+        .chain(rotary::OPS)
         .chain(shape::OPS)
+        .chain(space::OPS)
         .chain(unary::OPS)
 }
 

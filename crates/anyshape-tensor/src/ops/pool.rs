@@ -1,7 +1,7 @@
 //! Sliding windows over NCHW images: the window that `Conv` and the pools share
 //! (strides, pads, dilations and the output extent they give, symbolic or concrete),
-//! and the pools — `MaxPool`, `AveragePool`, `GlobalAveragePool`, `GlobalMaxPool` —
-//! as reference loops (host steps; averages summed in `f64`).
+//! and the pools — `MaxPool`, `AveragePool`, `LpPool`, `GlobalAveragePool`,
+//! `GlobalMaxPool` — as reference loops (host steps; averages and norms summed in `f64`).
 use super::{fail, req, sized, OpSpec, MAX_ELEMENTS};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
@@ -17,6 +17,12 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "AveragePool",
         since: 7,
+        infer: infer_pool,
+        eval: eval_pool,
+    },
+    OpSpec {
+        name: "LpPool",
+        since: 11,
         infer: infer_pool,
         eval: eval_pool,
     },
@@ -152,6 +158,13 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     }
     let (k, w) = (kernel(node)?, Window::of(node)?);
     let max = node.op == "MaxPool";
+    let p = match node.op.as_str() {
+        "LpPool" => match node.int("p", 2)? {
+            p if p >= 1 => Some(p as f64),
+            p => return fail(node, format!("p {p}: need 1 or more")),
+        },
+        _ => None,
+    };
     let include_pad = node.int("count_include_pad", 0)? != 0;
     let (images, h, wd) = (x.shape[0] * x.shape[1], x.shape[2], x.shape[3]);
     let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
@@ -192,6 +205,12 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                             best
                         }
                     })
+                } else if let Some(p) = p {
+                    // The p-norm of the taps inside (the padding adds zeros).
+                    let sum: f64 = taps
+                        .map(|(r, q)| (img[r * wd + first(xo, q, 1)] as f64).abs().powf(p))
+                        .sum();
+                    sum.powf(1.0 / p) as f32
                 } else {
                     let sum: f64 = taps
                         .map(|(r, q)| img[r * wd + first(xo, q, 1)] as f64)
