@@ -1,5 +1,6 @@
 //! Where kernels find their buffers: a global allocator that starts every allocation
-//! of a page or more on a cache line.
+//! of a page or more on a cache line, and counts the allocations it makes
+//! ([`allocations`]: how a decoder's step is checked to allocate nothing).
 //!
 //! A kernel's vector loads and stores cost more where they straddle two cache lines,
 //! and how many do depends on where its buffers start: the system allocator starts
@@ -13,6 +14,17 @@
 //! buffer it hands a kernel starts on a line — as a framework's tensors do (PyTorch's
 //! and onnxruntime's CPU allocators align to 64 bytes).
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Allocations (and reallocations) made through [`CacheLineAllocator`] so far.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many allocations and reallocations the process has made through
+/// [`CacheLineAllocator`] (0 where it is not the global allocator): the difference
+/// between two reads is what the code between them allocated, on any thread.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
 
 /// The alignment given to large allocations: a cache line, also one AVX-512 vector.
 pub const BUFFER_ALIGN: usize = 64;
@@ -41,10 +53,12 @@ fn widened(layout: Layout) -> Layout {
 // least the caller's.
 unsafe impl GlobalAlloc for CacheLineAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         System.alloc(widened(layout))
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         System.alloc_zeroed(widened(layout))
     }
 
@@ -53,6 +67,7 @@ unsafe impl GlobalAlloc for CacheLineAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         let old = widened(layout);
         let Ok(new) = Layout::from_size_align(new_size, layout.align()).map(widened) else {
             return std::ptr::null_mut();

@@ -19,7 +19,7 @@ mod memory;
 mod model;
 mod read;
 
-pub use alloc::{CacheLineAllocator, ALIGN_FROM_BYTES, BUFFER_ALIGN};
+pub use alloc::{allocations, CacheLineAllocator, ALIGN_FROM_BYTES, BUFFER_ALIGN};
 pub use cpu::host_cpu_features;
 pub use dispatch::DispatchTree;
 pub use error::ModuleError;

@@ -228,6 +228,28 @@ impl Bindings {
         self.0.insert(name.into(), value);
     }
 
+    /// Bind `name` to `value`, in place where it is bound already (no allocation: a
+    /// run's dims change every decoder step).
+    pub fn update(&mut self, name: &str, value: i64) {
+        match self.0.get_mut(name) {
+            Some(v) => *v = value,
+            None => {
+                self.0.insert(name.to_string(), value);
+            }
+        }
+    }
+
+    /// Make these bindings `other`'s: in place where both bind the same names.
+    pub fn assign(&mut self, other: &Bindings) {
+        if self.0.len() == other.0.len() && self.0.keys().eq(other.0.keys()) {
+            for (v, (_, &w)) in self.0.values_mut().zip(&other.0) {
+                *v = w;
+            }
+        } else {
+            self.0.clone_from(&other.0);
+        }
+    }
+
     /// Iterate over `(name, value)` in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
         self.0.iter().map(|(k, v)| (k.as_str(), *v))

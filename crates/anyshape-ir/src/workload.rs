@@ -216,7 +216,7 @@ pub struct Workload {
 }
 
 /// A workload with every shape var bound: concrete extents, shapes and strides.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BoundWorkload {
     /// Extent of each axis.
     pub extents: Vec<i64>,
@@ -440,6 +440,15 @@ impl Workload {
     /// Bind every shape var: evaluate extents, shapes and strides and check that every
     /// access stays inside its tensor.
     pub fn bind(&self, bindings: &Bindings) -> Result<BoundWorkload> {
+        let mut bound = BoundWorkload::default();
+        self.bind_into(bindings, &mut bound)?;
+        Ok(bound)
+    }
+
+    /// [`Workload::bind`] into `bound`, whose vectors are reused: binding the same
+    /// workload again allocates nothing (a decoder's step binds its attention at a new
+    /// past length every run). On an error `bound` holds a partial binding.
+    pub fn bind_into(&self, bindings: &Bindings, bound: &mut BoundWorkload) -> Result<()> {
         // Unbound vars are reported by `eval`; nothing here allocates on success, since
         // binding sits on every module call.
         if let Some((name, value)) = bindings.iter().find(|(_, v)| *v < 0) {
@@ -459,21 +468,34 @@ impl Workload {
             }
             Ok(v)
         };
-        let extents = self
-            .axes
-            .iter()
-            .map(|a| nonneg(&|| format!("extent of axis {}", a.name), &a.extent))
-            .collect::<Result<Vec<_>>>()?;
+        let BoundWorkload {
+            extents,
+            shapes,
+            axis_strides,
+            offsets,
+            lens,
+            panels,
+        } = bound;
+        extents.clear();
+        for a in &self.axes {
+            extents.push(nonneg(&|| format!("extent of axis {}", a.name), &a.extent)?);
+        }
         let empty = extents.contains(&0);
-        let (mut shapes, mut axis_strides, mut offsets, mut lens, mut panels) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for t in self.tensors() {
-            let shape = t
-                .shape
-                .iter()
-                .enumerate()
-                .map(|(d, e)| nonneg(&|| format!("{}.shape[{d}]", t.name), e))
-                .collect::<Result<Vec<_>>>()?;
+        let n = self.inputs.len() + 1;
+        shapes.resize_with(n, Vec::new);
+        axis_strides.resize_with(n, Vec::new);
+        offsets.clear();
+        lens.clear();
+        panels.clear();
+        for ((t, shape), strides_of) in self
+            .tensors()
+            .zip(shapes.iter_mut())
+            .zip(axis_strides.iter_mut())
+        {
+            shape.clear();
+            for (d, e) in t.shape.iter().enumerate() {
+                shape.push(nonneg(&|| format!("{}.shape[{d}]", t.name), e)?);
+            }
             let bound_panels = match t.panels {
                 Some(width) => Some(BoundPanels {
                     axis: t.index[0].plain_axis().unwrap_or(0),
@@ -494,7 +516,7 @@ impl Workload {
                     };
                     product(&t.name, &[tiles, p.stride])?
                 }
-                None => product(&t.name, &shape)?,
+                None => product(&t.name, shape)?,
             };
             for (d, ix) in t.index.iter().enumerate() {
                 let (mut lo, mut hi) = (ix.offset, ix.offset);
@@ -518,41 +540,38 @@ impl Workload {
                 }
             }
             // Numerically from the bound shape (the same values `axis_stride` and
-            // `base_offset` give symbolically, without building expressions).
-            let mut strides = vec![1i64; shape.len()];
+            // `base_offset` give symbolically, without building expressions); the
+            // tensor's strides are kept in `strides_of` until they are dotted.
+            let rank = shape.len();
+            strides_of.clear();
+            strides_of.resize(rank, 1);
             match bound_panels {
-                Some(p) => strides[1] = p.width,
+                Some(p) => strides_of[1] = p.width,
                 None => {
-                    for d in (0..shape.len().saturating_sub(1)).rev() {
-                        strides[d] = strides[d + 1] * shape[d + 1];
+                    for d in (0..rank.saturating_sub(1)).rev() {
+                        strides_of[d] = strides_of[d + 1] * shape[d + 1];
                     }
                 }
             }
-            let dot = |f: &dyn Fn(&AffineIndex) -> i64| -> Result<i64> {
+            let dot = |strides: &[i64], f: &dyn Fn(&AffineIndex) -> i64| -> Result<i64> {
                 strides.iter().zip(&t.index).try_fold(0i64, |acc, (s, ix)| {
                     s.checked_mul(f(ix))
                         .and_then(|x| acc.checked_add(x))
                         .ok_or_else(|| IrError::TooLarge(t.name.clone()))
                 })
             };
-            axis_strides.push(
-                (0..self.axes.len())
-                    .map(|a| dot(&|ix| ix.coeff(a)))
-                    .collect::<Result<Vec<_>>>()?,
-            );
-            offsets.push(dot(&|ix| ix.offset)?);
-            shapes.push(shape);
+            offsets.push(dot(strides_of, &|ix| ix.offset)?);
+            // The axes' strides follow the tensor's in the same vector, then replace
+            // them (no second vector per tensor).
+            for a in 0..self.axes.len() {
+                let v = dot(&strides_of[..rank], &|ix| ix.coeff(a))?;
+                strides_of.push(v);
+            }
+            strides_of.drain(..rank);
             lens.push(len);
             panels.push(bound_panels);
         }
-        Ok(BoundWorkload {
-            extents,
-            shapes,
-            axis_strides,
-            offsets,
-            lens,
-            panels,
-        })
+        Ok(())
     }
 
     /// Useful floating-point operations of an instance: a multiply and an add per point

@@ -18,7 +18,7 @@ pub struct MemoryPlan {
 }
 
 /// The arena at one instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ArenaLayout {
     /// Each slot's offset in bytes (a multiple of 64).
     pub offsets: Vec<usize>,
@@ -71,27 +71,44 @@ impl MemoryPlan {
 
     /// The arena's layout at `bindings`.
     pub fn layout(&self, bindings: &Bindings) -> Result<ArenaLayout> {
-        let mut offsets = Vec::with_capacity(self.slots.len());
-        let mut sizes = Vec::with_capacity(self.slots.len());
+        let mut layout = ArenaLayout::default();
+        self.layout_into(bindings, &mut layout)?;
+        Ok(layout)
+    }
+
+    /// [`MemoryPlan::layout`] into `layout` (its vectors reused: nothing allocated
+    /// where they have room).
+    pub fn layout_into(&self, bindings: &Bindings, layout: &mut ArenaLayout) -> Result<()> {
+        layout.offsets.clear();
+        layout.sizes.clear();
+        layout.bytes = self.walk(bindings, |at, n| {
+            layout.offsets.push(at);
+            layout.sizes.push(n);
+        })?;
+        Ok(())
+    }
+
+    /// The arena's bytes at `bindings` (what [`MemoryPlan::layout`] gives as
+    /// `bytes`), computed without allocating.
+    pub fn bytes(&self, bindings: &Bindings) -> Result<usize> {
+        self.walk(bindings, |_, _| {})
+    }
+
+    /// Each slot's offset and elements in order, to `slot`; the arena's bytes.
+    fn walk(&self, bindings: &Bindings, mut slot: impl FnMut(usize, usize)) -> Result<usize> {
         let mut at = 0usize;
         for s in &self.slots {
-            offsets.push(at);
             let n = usize::try_from(s.eval(bindings)?).unwrap_or(0);
-            sizes.push(n);
-            let bytes = n
+            slot(at, n);
+            at = n
                 .checked_mul(4)
                 .and_then(|b| b.checked_next_multiple_of(ALIGN))
                 .and_then(|b| at.checked_add(b))
                 .ok_or_else(|| {
                     crate::PlanError::Invalid(format!("the arena overflows at {bindings}"))
                 })?;
-            at = bytes;
         }
-        Ok(ArenaLayout {
-            offsets,
-            sizes,
-            bytes: at,
-        })
+        Ok(at)
     }
 
     /// The arena's bytes over the shape vars (each slot's 4-byte elements; every slot

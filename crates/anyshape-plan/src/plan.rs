@@ -236,19 +236,30 @@ impl Plan {
 
     /// The shape of value `v` at `bindings`.
     pub fn shape_at(&self, v: ValueId, bindings: &Bindings) -> crate::Result<Vec<usize>> {
-        self.values[v]
-            .shape
-            .iter()
-            .map(|e| {
-                let x = e.eval(bindings)?;
-                usize::try_from(x).map_err(|_| {
-                    crate::PlanError::Invalid(format!(
-                        "`{}` has the dim {e} = {x} at {bindings}",
-                        self.values[v].name
-                    ))
-                })
-            })
-            .collect()
+        let mut shape = Vec::new();
+        self.shape_into(v, bindings, &mut shape)?;
+        Ok(shape)
+    }
+
+    /// [`Plan::shape_at`] into `shape` (its vector reused: nothing allocated where it
+    /// has room).
+    pub fn shape_into(
+        &self,
+        v: ValueId,
+        bindings: &Bindings,
+        shape: &mut Vec<usize>,
+    ) -> crate::Result<()> {
+        shape.clear();
+        for e in &self.values[v].shape {
+            let x = e.eval(bindings)?;
+            shape.push(usize::try_from(x).map_err(|_| {
+                crate::PlanError::Invalid(format!(
+                    "`{}` has the dim {e} = {x} at {bindings}",
+                    self.values[v].name
+                ))
+            })?);
+        }
+        Ok(())
     }
 
     /// The bytes of the constants' data the plan refers to.

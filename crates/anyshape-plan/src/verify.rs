@@ -328,12 +328,15 @@ pub fn check_cache(plan: &Plan, c: &crate::Cache) -> Result<()> {
 /// Check the sizes of `plan` at one instance: `shapes` are its values' shapes and
 /// `slots` its arena slots' sizes in elements at the instance's `bindings`. Every view
 /// has its source's elements, every kernel's buffers the lengths its bound workload
-/// takes, every arena value fits its slot.
+/// takes, every arena value fits its slot. `bound` holds each task's workload bound at
+/// the instance after (its vectors reused: checking the next instance of a run
+/// allocates nothing).
 pub fn check_instance(
     plan: &Plan,
     shapes: &[Vec<usize>],
     slots: &[usize],
     bindings: &anyshape_ir::Bindings,
+    bound: &mut Vec<anyshape_ir::BoundWorkload>,
 ) -> Result<()> {
     let count = |v: usize| shapes[v].iter().product::<usize>();
     let at = |what: String| invalid(format!("at {bindings}: {what}"));
@@ -359,6 +362,10 @@ pub fn check_instance(
             _ => {}
         }
     }
+    bound.resize_with(plan.tasks.len(), Default::default);
+    for (t, b) in plan.tasks.iter().zip(bound.iter_mut()) {
+        t.workload.bind_into(bindings, b)?;
+    }
     for (k, step) in plan.steps.iter().enumerate() {
         if let Step::Kernel {
             task,
@@ -367,7 +374,7 @@ pub fn check_instance(
         } = step
         {
             let w = &plan.tasks[*task].workload;
-            let bound = w.bind(bindings)?;
+            let bound = &bound[*task];
             for (i, &v) in inputs.iter().chain([output]).enumerate() {
                 let len = match plan.values[plan.root(v)].storage {
                     Storage::Constant(c) => plan.constants[c].shape.iter().product(),

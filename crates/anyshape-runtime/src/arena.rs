@@ -1,9 +1,12 @@
 //! The arena a plan's kernels write into, reused from run to run: one block of memory
-//! starting on a cache line, grown when a run needs more; and what a run at given dims
+//! starting on a cache line, grown when a run needs more; what a run at given dims
 //! needs besides — each value's shape, the slots' offsets, each task's shape-var values
-//! — computed once per binding of the dims, not on every run.
-use anyshape_ir::Bindings;
+//! — computed once per binding of the dims, not on every run, into vectors that are
+//! reused; and the host steps' tensors kept for the next run (so that a decoder's step,
+//! whose dims change every token, allocates nothing).
+use anyshape_ir::{Bindings, BoundWorkload};
 use anyshape_plan::ArenaLayout;
+use anyshape_tensor::Tensor;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
@@ -40,7 +43,10 @@ impl Drop for Block {
 }
 
 /// What a run at one binding of the dims needs.
+#[derive(Default)]
 pub(crate) struct Prepared {
+    /// Whether the rest is whole (a preparation that failed half-way is not).
+    pub valid: bool,
     /// The dims.
     pub bindings: Bindings,
     /// Each value's shape.
@@ -49,21 +55,35 @@ pub(crate) struct Prepared {
     pub layout: ArenaLayout,
     /// Each task's shape-var values, in its workload's order.
     pub vars: Vec<Vec<i64>>,
+    /// Each task's workload bound at the dims (the sizes checked).
+    pub bound: Vec<BoundWorkload>,
 }
 
-/// An arena and the run it was last prepared for.
+/// An arena, the run it was last prepared for, and what a run binds and keeps.
 #[derive(Default)]
 pub(crate) struct Arena {
     block: Option<Block>,
-    pub prepared: Option<Prepared>,
+    pub prepared: Prepared,
+    /// The dims the run being started binds.
+    pub bindings: Bindings,
+    /// For each input the binder declares, its index among the given tensors.
+    pub at: Vec<usize>,
+    /// For each of the plan's inputs, its index among the given tensors (`None`: a
+    /// kept cache's past).
+    pub given: Vec<Option<usize>>,
+    /// Host steps' tensors and evaluated shape plumbing, by value; those of ops that
+    /// evaluate into given outputs stay here from run to run.
+    pub owned: Vec<Option<Tensor>>,
+    /// The most bytes a run's tensors were checked to fit the machine's memory.
+    pub checked: u128,
+    /// The positions of the caches it was last made room for.
+    pub room: usize,
 }
 
 impl Arena {
     /// Whether it is prepared for `bindings`.
     pub fn is_for(&self, bindings: &Bindings) -> bool {
-        self.prepared
-            .as_ref()
-            .is_some_and(|p| &p.bindings == bindings)
+        self.prepared.valid && &self.prepared.bindings == bindings
     }
 
     /// Make the block hold at least `bytes`; false if the allocator refuses.

@@ -106,7 +106,7 @@ impl CacheState {
         let Expr::Var(past) = &plan.inputs[c.past].0.shape[c.axis] else {
             return Err(internal("a cache's past length is no dim"));
         };
-        b.set(past.clone(), self.len as i64);
+        b.update(past, self.len as i64);
         let present = plan.outputs[c.present].1;
         let total = plan.values[present].shape[c.axis].eval(b)?;
         let total = usize::try_from(total).map_err(|_| internal("a negative cache length"))?;
@@ -116,12 +116,17 @@ impl CacheState {
                 self.len, self.capacity
             )));
         }
-        b.set(anyshape_ir::CACHE_RESERVE, (self.capacity - total) as i64);
+        b.update(anyshape_ir::CACHE_RESERVE, (self.capacity - total) as i64);
         for (k, (s, _)) in plan.caches.iter().zip(&self.buffers) {
-            let shape = plan.shape_at(plan.outputs[k.present].1, b)?;
-            let fits =
-                s.len() == shape.len() && (0..s.len()).all(|d| d == k.axis || s[d] == shape[d]);
+            let shape = &plan.values[plan.outputs[k.present].1].shape;
+            let mut fits = s.len() == shape.len();
+            for (d, e) in shape.iter().enumerate() {
+                if fits && d != k.axis {
+                    fits = e.eval(b)? == s[d] as i64;
+                }
+            }
             if !fits {
+                let shape = plan.shape_at(plan.outputs[k.present].1, b)?;
                 return Err(RuntimeError::Options(format!(
                     "the caches were made {s:?} (axis {} the room); this run's are {shape:?}: make them for its dims",
                     k.axis
@@ -167,6 +172,15 @@ impl CacheState {
                 .copy_from_slice(&new[o * rows * inner..(o + 1) * rows * inner]);
         }
         Ok(())
+    }
+
+    /// The past length's dim (the caches' growing axis).
+    pub(crate) fn past_dim(plan: &Plan) -> Option<&str> {
+        let c = plan.caches.first()?;
+        match &plan.inputs[c.past].0.shape[c.axis] {
+            Expr::Var(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// The run that appended `rows` positions finished.

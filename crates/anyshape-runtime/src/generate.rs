@@ -12,6 +12,7 @@ use anyshape_ir::{Bindings, DType, Expr};
 use anyshape_tensor::{Tensor, TensorRef, TensorSpec};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use smallvec::SmallVec;
 use std::time::Instant;
 
 /// What to generate.
@@ -36,6 +37,10 @@ pub struct Generation {
     /// Seconds of each run of the model with the choice of its tokens: the prompt's
     /// first (the time to the first token), then one per further token.
     pub step_seconds: Vec<f64>,
+    /// The heap allocations each step made, counted as `step_seconds` are timed (on
+    /// every thread; 0 where the process's global allocator is not
+    /// [`anyshape_abi::CacheLineAllocator`], which counts them).
+    pub step_allocations: Vec<u64>,
     /// With [`GenerateOptions::keep_logits`]: each step's logits `[batch, vocab]` at
     /// the last position (what its tokens were chosen from); otherwise empty.
     pub logits: Vec<Tensor>,
@@ -318,46 +323,52 @@ impl Decoder {
             .collect::<Result<_>>()?;
         let mut ids = prompt.clone();
         let mut past_len = 0usize;
+        let steps = options.max_new_tokens;
         let mut out = Generation {
-            tokens: vec![Vec::new(); rows],
-            step_seconds: Vec::new(),
+            tokens: vec![Vec::with_capacity(steps); rows],
+            step_seconds: Vec::with_capacity(steps),
+            step_allocations: Vec::with_capacity(steps),
             logits: Vec::new(),
         };
         let mut stopped = vec![false; rows];
-        for _ in 0..options.max_new_tokens {
+        // What every step fills in place: the mask and positions (room for the whole
+        // generation), the outputs (written into by a run that keeps its caches), the
+        // tokens chosen: a decode step allocates nothing.
+        let total = prompt.shape[1] + steps;
+        let mut mask = Tensor::i64(vec![rows, 0], Vec::with_capacity(rows * total))?;
+        let mut positions = Tensor::i64(vec![rows, 0], Vec::with_capacity(rows * total))?;
+        let mut outs: Vec<Option<Tensor>> = vec![None; model.outputs().len()];
+        let mut next: Vec<i64> = Vec::with_capacity(rows);
+        for _ in 0..steps {
             let start = Instant::now();
+            let allocated = anyshape_abi::allocations();
             let len = ids.shape[1];
-            let mask = self
-                .mask
-                .as_ref()
-                .map(|_| Tensor::i64(vec![rows, past_len + len], vec![1; rows * (past_len + len)]))
-                .transpose()?;
-            let positions = self
-                .positions
-                .as_ref()
-                .map(|_| {
-                    let row = (past_len as i64..(past_len + len) as i64).collect::<Vec<_>>();
-                    Tensor::i64(vec![rows, len], row.repeat(rows))
-                })
-                .transpose()?;
-            let mut inputs: Vec<(&str, TensorRef)> = vec![("input_ids", ids.view())];
-            if let (Some(n), Some(t)) = (&self.mask, &mask) {
-                inputs.push((n, t.view()));
+            mask.fit(DType::I64, &[rows, past_len + len])?;
+            mask.i64_mut()?.fill(1);
+            positions.fit(DType::I64, &[rows, len])?;
+            for (i, p) in positions.i64_mut()?.iter_mut().enumerate() {
+                *p = (past_len + i % len) as i64;
             }
-            if let (Some(n), Some(t)) = (&self.positions, &positions) {
-                inputs.push((n, t.view()));
+            let mut inputs: SmallVec<[(&str, TensorRef); 4]> = SmallVec::new();
+            inputs.push(("input_ids", ids.view()));
+            if let Some(n) = &self.mask {
+                inputs.push((n, mask.view()));
             }
-            let mut outs = match state.as_mut() {
-                Some(state) => model.run_cached(&inputs, state)?,
+            if let Some(n) = &self.positions {
+                inputs.push((n, positions.view()));
+            }
+            match state.as_mut() {
+                Some(state) => model.run_cached_into(&inputs, state, &mut outs)?,
                 None => {
                     for (c, t) in self.caches.iter().zip(&past) {
                         inputs.push((&c.past.name, t.view()));
                     }
-                    model.run(&inputs)?.into_iter().map(Some).collect()
+                    outs = model.run(&inputs)?.into_iter().map(Some).collect();
                 }
-            };
+            }
+            drop(inputs);
             let logits = outs[self.logits]
-                .take()
+                .as_ref()
                 .ok_or_else(|| RuntimeError::Decoder("its run gave no logits".into()))?;
             let vocab = logits.shape[2];
             if logits.shape[..2] != [rows, len] || vocab == 0 {
@@ -367,11 +378,10 @@ impl Decoder {
                 )));
             }
             let values = logits.as_f32()?;
-            let mut last = Vec::with_capacity(rows * vocab);
-            let mut next = Vec::with_capacity(rows);
-            for r in 0..rows {
-                let row = &values[(r * len + len - 1) * vocab..(r * len + len) * vocab];
-                last.extend_from_slice(row);
+            let last_row = |r: usize| &values[(r * len + len - 1) * vocab..(r * len + len) * vocab];
+            next.clear();
+            for (r, (stopped, tokens)) in stopped.iter_mut().zip(&mut out.tokens).enumerate() {
+                let row = last_row(r);
                 let token = match (&options.sampling, rng.as_mut()) {
                     (
                         Sampling::Sample {
@@ -381,12 +391,21 @@ impl Decoder {
                     ) => sample(row, *temperature, top_k.unwrap_or(vocab), rng),
                     _ => argmax(row),
                 } as i64;
-                if !stopped[r] {
-                    out.tokens[r].push(token);
-                    stopped[r] = options.stop_token == Some(token);
+                if !*stopped {
+                    tokens.push(token);
+                    *stopped = options.stop_token == Some(token);
                 }
                 next.push(token);
             }
+            let kept_logits = options
+                .keep_logits
+                .then(|| {
+                    Tensor::f32(
+                        vec![rows, vocab],
+                        (0..rows).flat_map(last_row).copied().collect(),
+                    )
+                })
+                .transpose()?;
             for (c, k) in self.caches.iter().enumerate().filter(|_| state.is_none()) {
                 let t = outs[k.present].take().ok_or_else(|| {
                     RuntimeError::Decoder(format!("its run gave no `{}`", k.past.name))
@@ -403,11 +422,12 @@ impl Decoder {
                 past[c] = t;
             }
             past_len += len;
-            ids = Tensor::i64(vec![rows, 1], next)?;
+            ids.fit(DType::I64, &[rows, 1])?;
+            ids.i64_mut()?.copy_from_slice(&next);
             out.step_seconds.push(start.elapsed().as_secs_f64());
-            if options.keep_logits {
-                out.logits.push(Tensor::f32(vec![rows, vocab], last)?);
-            }
+            out.step_allocations
+                .push(anyshape_abi::allocations() - allocated);
+            out.logits.extend(kept_logits);
             if stopped.iter().all(|&s| s) {
                 break;
             }

@@ -187,7 +187,23 @@ impl Model {
         inputs: &[(&str, TensorRef)],
         state: &mut CacheState,
     ) -> Result<Vec<Option<Tensor>>> {
-        self.executor.run_cached(&self.modules, inputs, state, None)
+        let mut outputs = vec![None; self.plan().outputs.len()];
+        self.run_cached_into(inputs, state, &mut outputs)?;
+        Ok(outputs)
+    }
+
+    /// [`Model::run_cached`] writing the outputs into `outputs` (one per model output):
+    /// a tensor there is reused where it has room, so that a decoder's loop that
+    /// passes the last step's outputs back allocates nothing in a step (a
+    /// [`crate::Decoder`]'s does so).
+    pub fn run_cached_into(
+        &self,
+        inputs: &[(&str, TensorRef)],
+        state: &mut CacheState,
+        outputs: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        self.executor
+            .run_cached(&self.modules, inputs, state, outputs, None)
     }
 
     /// Where a run on `inputs` spends its time: per kind of step (a task's workload,

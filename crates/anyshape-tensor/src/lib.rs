@@ -26,7 +26,7 @@ pub mod npz;
 pub mod ops;
 mod tensor;
 
-pub use bind::{bind, TensorSpec};
+pub use bind::{bind, Binder, TensorSpec};
 pub use compare::{compare, Comparison, Element};
 pub use error::{Result, TensorError};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};

@@ -61,6 +61,75 @@ impl Tensor {
         Ok(Tensor { shape, data })
     }
 
+    /// A tensor of `dtype` and `shape`, every element zero (false).
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
+        let n = numel(&shape)?;
+        let data = match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        };
+        Ok(Tensor { shape, data })
+    }
+
+    /// Make this tensor one of `dtype` and `shape` (its elements unspecified), in
+    /// place: nothing is allocated where its vectors have room (a run's host steps
+    /// keep their outputs so from run to run).
+    pub fn fit(&mut self, dtype: DType, shape: &[usize]) -> Result<()> {
+        let n = numel(shape)?;
+        self.shape.clear();
+        self.shape.extend_from_slice(shape);
+        match (&mut self.data, dtype) {
+            (Data::F32(v), DType::F32) => v.resize(n, 0.0),
+            (Data::I64(v), DType::I64) => v.resize(n, 0),
+            (Data::Bool(v), DType::Bool) => v.resize(n, false),
+            _ => *self = Tensor::zeros(dtype, shape.to_vec())?,
+        }
+        Ok(())
+    }
+
+    /// Room for `n` elements of its type without allocating again.
+    pub fn reserve(&mut self, n: usize) {
+        match &mut self.data {
+            Data::F32(v) => v.reserve(n.saturating_sub(v.len())),
+            Data::I64(v) => v.reserve(n.saturating_sub(v.len())),
+            Data::Bool(v) => v.reserve(n.saturating_sub(v.len())),
+        }
+    }
+
+    /// The `f32` elements to write, or an error naming what they are.
+    pub fn f32_mut(&mut self) -> Result<&mut [f32]> {
+        match &mut self.data {
+            Data::F32(v) => Ok(v),
+            d => Err(TensorError::Type(format!(
+                "expected float, got {}",
+                d.dtype()
+            ))),
+        }
+    }
+
+    /// The `i64` elements to write, or an error naming what they are.
+    pub fn i64_mut(&mut self) -> Result<&mut [i64]> {
+        match &mut self.data {
+            Data::I64(v) => Ok(v),
+            d => Err(TensorError::Type(format!(
+                "expected int64, got {}",
+                d.dtype()
+            ))),
+        }
+    }
+
+    /// The `bool` elements to write, or an error naming what they are.
+    pub fn bool_mut(&mut self) -> Result<&mut [bool]> {
+        match &mut self.data {
+            Data::Bool(v) => Ok(v),
+            d => Err(TensorError::Type(format!(
+                "expected bool, got {}",
+                d.dtype()
+            ))),
+        }
+    }
+
     /// A scalar `i64`.
     pub fn scalar_i64(x: i64) -> Tensor {
         Tensor {

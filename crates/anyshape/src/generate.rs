@@ -167,6 +167,13 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             None => "no decode steps".into(),
         }
     );
+    if let (Some(first), Some(rest)) = (g.step_allocations.first(), g.step_allocations.get(1..)) {
+        println!(
+            "allocations  the prompt's run {first}; the decode steps {} in all, at most {} in one",
+            rest.iter().sum::<u64>(),
+            rest.iter().max().unwrap_or(&0)
+        );
+    }
     if let Some(path) = &a.output {
         let width = g.tokens.iter().map(Vec::len).max().unwrap_or(0);
         if g.tokens.iter().any(|r| r.len() != width) {

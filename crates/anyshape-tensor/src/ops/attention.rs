@@ -18,6 +18,7 @@ pub(super) static OPS: &[OpSpec] = &[OpSpec {
     since: 23,
     infer: infer_attention,
     eval: eval_attention,
+    eval_into: None,
 }];
 
 /// The heads a merged (rank-3) input holds: attribute `name`, which it needs.

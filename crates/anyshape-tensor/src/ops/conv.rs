@@ -15,12 +15,14 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_conv,
         eval: eval_conv,
+        eval_into: None,
     },
     OpSpec {
         name: IM2COL,
         since: 1,
         infer: infer_im2col,
         eval: eval_im2col,
+        eval_into: None,
     },
 ];
 

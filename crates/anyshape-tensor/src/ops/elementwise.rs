@@ -3,7 +3,7 @@
 //! shape plumbing's integer vectors also as expressions), comparisons and logic (to
 //! `bool`) and `Where`. Ops of one input are `unary.rs`'s.
 use super::{
-    broadcast_out, broadcast_shape, broadcast_strides, fail, for_each_row, req, sized, OpSpec,
+    broadcast_out, broadcast_strides, broadcasts_to, eval_via, fail, for_each_row, req, OpSpec,
 };
 use crate::fact::{broadcast, equal};
 use crate::node::Node;
@@ -16,114 +16,133 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 7,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Sub",
         since: 7,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Mul",
         since: 7,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Div",
         since: 7,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Pow",
         since: 7,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Mod",
         since: 10,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Sum",
         since: 8,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Mean",
         since: 8,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Max",
         since: 8,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Min",
         since: 8,
         infer: infer_arith,
         eval: eval_arith,
+        eval_into: Some(eval_arith_into),
     },
     OpSpec {
         name: "Equal",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "Greater",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "GreaterOrEqual",
         since: 12,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "Less",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "LessOrEqual",
         since: 12,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "And",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "Or",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "Xor",
         since: 7,
         infer: infer_compare,
         eval: eval_compare,
+        eval_into: Some(eval_compare_into),
     },
     OpSpec {
         name: "Where",
         since: 9,
         infer: infer_where,
         eval: eval_where,
+        eval_into: Some(eval_where_into),
     },
 ];
 
@@ -182,55 +201,76 @@ fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     Ok(vec![Fact::new(first.dtype, shape)])
 }
 
-/// `f` over the broadcast of `a` and `b`, row by row along the innermost axis.
-fn zip<A: Copy, B: Copy, C>(
+/// `f` over the broadcast of `a` and `b` into `v` (of shape `out`), row by row along
+/// the innermost axis.
+fn zip_into<A: Copy, B: Copy, C>(
     a: &[A],
     sa: &[usize],
     b: &[B],
     sb: &[usize],
     out: &[usize],
-    f: impl Fn(A, B) -> C,
-) -> Vec<C> {
+    v: &mut [C],
+    mut f: impl FnMut(A, B) -> C,
+) {
     if sa == out && sb == out {
-        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+        for ((o, &x), &y) in v.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+        return;
     }
     let r = out.len();
     if r == 0 {
-        return vec![f(a[0], b[0])];
+        v[0] = f(a[0], b[0]);
+        return;
     }
     let (ta, tb) = (broadcast_strides(sa, r), broadcast_strides(sb, r));
     let (inner, ia, ib) = (out[r - 1], ta[r - 1], tb[r - 1]);
-    let mut v = Vec::with_capacity(out.iter().product());
+    let mut at = 0;
     // Rows read whole or as one broadcast element take slice loops (they vectorize).
-    for_each_row(out, [&ta, &tb], |[oa, ob]| match (ia, ib) {
-        (1, 1) => v.extend(
-            a[oa..oa + inner]
-                .iter()
-                .zip(&b[ob..ob + inner])
-                .map(|(&x, &y)| f(x, y)),
-        ),
-        (1, 0) => {
-            let y = b[ob];
-            v.extend(a[oa..oa + inner].iter().map(|&x| f(x, y)))
+    for_each_row(out, [&ta, &tb], |[oa, ob]| {
+        let row = &mut v[at..at + inner];
+        at += inner;
+        match (ia, ib) {
+            (1, 1) => {
+                for ((o, &x), &y) in row
+                    .iter_mut()
+                    .zip(&a[oa..oa + inner])
+                    .zip(&b[ob..ob + inner])
+                {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in row.iter_mut().zip(&a[oa..oa + inner]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in row.iter_mut().zip(&b[ob..ob + inner]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (j, o) in row.iter_mut().enumerate() {
+                    *o = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
         }
-        (0, 1) => {
-            let x = a[oa];
-            v.extend(b[ob..ob + inner].iter().map(|&y| f(x, y)))
-        }
-        _ => v.extend((0..inner).map(|j| f(a[oa + j * ia], b[ob + j * ib]))),
     });
-    v
 }
 
-fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
-    let out = broadcast_out(node, a.shape, b.shape)?;
+/// `a` op `b` into `o` (shaped as their broadcast, checked by the caller).
+fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Result<()> {
     let op = node.op.as_str();
-    let data = match (&a.data, &b.data) {
-        (DataRef::F32(x), DataRef::F32(y)) => {
+    let out = std::mem::take(&mut o.shape);
+    let done = match (&a.data, &b.data, &mut o.data) {
+        (DataRef::F32(x), DataRef::F32(y), Data::F32(v)) => {
             // One monomorphized loop per op (a function pointer would not vectorize).
             macro_rules! op {
                 ($f:expr) => {
-                    Data::F32(zip(x, &a.shape, y, &b.shape, &out, $f))
+                    zip_into(x, a.shape, y, b.shape, &out, v, $f)
                 };
             }
             match op {
@@ -264,18 +304,21 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
                 }),
                 _ => return fail(node, "unsupported for float"),
             }
+            Ok(())
         }
-        (DataRef::F32(x), DataRef::I64(y)) if op == "Pow" => {
-            Data::F32(zip(x, a.shape, y, b.shape, &out, |p, q| p.powi(q as i32)))
+        (DataRef::F32(x), DataRef::I64(y), Data::F32(v)) if op == "Pow" => {
+            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| p.powi(q as i32));
+            Ok(())
         }
         // An integer base keeps its type (computed in f64 and truncated, as
         // onnxruntime does).
-        (DataRef::I64(x), DataRef::F32(y)) if op == "Pow" => {
-            Data::I64(zip(x, a.shape, y, b.shape, &out, |p, q| {
+        (DataRef::I64(x), DataRef::F32(y), Data::I64(v)) if op == "Pow" => {
+            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| {
                 (p as f64).powf(q as f64) as i64
-            }))
+            });
+            Ok(())
         }
-        (DataRef::I64(x), DataRef::I64(y)) => {
+        (DataRef::I64(x), DataRef::I64(y), Data::I64(v)) => {
             let f: fn(i64, i64) -> Option<i64> = match op {
                 "Add" | "Sum" => i64::checked_add,
                 "Sub" => i64::checked_sub,
@@ -296,37 +339,88 @@ fn binary(node: &Node, a: TensorRef, b: TensorRef) -> Result<Tensor> {
                 "Min" => |p, q| Some(p.min(q)),
                 _ => return fail(node, "unsupported for int64"),
             };
-            let v: Option<Vec<i64>> = zip(x, a.shape, y, b.shape, &out, f).into_iter().collect();
-            Data::I64(v.ok_or_else(|| node.error("integer overflow or division by zero"))?)
+            // Overflow or a zero divisor marks the element with a sentinel pair.
+            let mut bad = false;
+            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| {
+                f(p, q).unwrap_or_else(|| {
+                    bad = true;
+                    0
+                })
+            });
+            match bad {
+                true => Err(node.error("integer overflow or division by zero")),
+                false => Ok(()),
+            }
         }
-        (x, y) => {
-            return fail(
-                node,
-                format!("element types {} and {} do not match", x.dtype(), y.dtype()),
-            )
-        }
+        (x, y, _) => fail(
+            node,
+            format!("element types {} and {} do not match", x.dtype(), y.dtype()),
+        ),
     };
-    Tensor::new(out, data)
+    o.shape = out;
+    done
 }
 
 fn eval_arith(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_arith_into)
+}
+
+/// The inputs' shapes, for the broadcast check of an elementwise op's output.
+fn in_shapes<'a>(ins: &'a [Option<TensorRef>]) -> smallvec::SmallVec<[&'a [usize]; 4]> {
+    ins.iter().flatten().map(|t| t.shape).collect()
+}
+
+/// An error unless output 0 is the broadcast of the inputs.
+fn broadcast_output(node: &Node, ins: &[Option<TensorRef>], outs: &[Tensor]) -> Result<()> {
+    let shapes = in_shapes(ins);
+    match outs.first() {
+        Some(o) if broadcasts_to(&o.shape, &shapes) => Ok(()),
+        Some(o) => fail(
+            node,
+            format!(
+                "the output is given the shape {:?}, which is not the broadcast of its inputs' {shapes:?}",
+                o.shape
+            ),
+        ),
+        None => fail(node, "no output given"),
+    }
+}
+
+fn eval_arith_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    broadcast_output(node, ins, outs)?;
     let first = req(node, ins, 0)?;
-    let mut rest = ins[1..].iter().flatten();
-    let Some(second) = rest.next() else {
-        return Ok(vec![first.to_tensor()]);
-    };
-    let mut acc = binary(node, first, *second)?;
-    let mut n = 2;
-    for t in rest {
-        acc = binary(node, acc.view(), *t)?;
-        n += 1;
+    let rest: smallvec::SmallVec<[TensorRef; 4]> = ins[1..].iter().flatten().copied().collect();
+    let o = &mut outs[0];
+    match rest.as_slice() {
+        [] => {
+            if first.dtype() != o.dtype() {
+                return fail(node, "the output's type is not the input's");
+            }
+            o.data = first.data.to_data();
+        }
+        [second] => binary_into(node, first, *second, o)?,
+        // Three or more (`Sum`, `Mean`, `Max`, `Min`): through temporaries.
+        [second, more @ ..] => {
+            let step = |acc: TensorRef, t: TensorRef| -> Result<Tensor> {
+                let mut next =
+                    Tensor::zeros(acc.dtype(), broadcast_out(node, acc.shape, t.shape)?)?;
+                binary_into(node, acc, t, &mut next)?;
+                Ok(next)
+            };
+            let mut acc = step(first, *second)?;
+            for t in more {
+                acc = step(acc.view(), *t)?;
+            }
+            o.data = acc.data;
+        }
     }
     if node.op == "Mean" {
-        let v = acc.as_f32().map_err(|e| node.error(e))?;
-        let mean = v.iter().map(|&s| s / n as f32).collect();
-        acc = Tensor::f32(acc.shape.clone(), mean)?;
+        let n = 1 + rest.len();
+        for s in o.f32_mut().map_err(|e| node.error(e))? {
+            *s /= n as f32;
+        }
     }
-    Ok(vec![acc])
+    Ok(())
 }
 
 fn infer_compare(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -351,8 +445,15 @@ fn infer_compare(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_compare(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_compare_into)
+}
+
+fn eval_compare_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    broadcast_output(node, ins, outs)?;
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let out = broadcast_out(node, a.shape, b.shape)?;
+    let o = &mut outs[0];
+    let out = std::mem::take(&mut o.shape);
+    let v = o.bool_mut().map_err(|e| node.error(e))?;
     let op = node.op.as_str();
     fn cmp<T: PartialOrd + Copy>(op: &str) -> Option<fn(T, T) -> bool> {
         Some(match op {
@@ -364,33 +465,44 @@ fn eval_compare(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             _ => return None,
         })
     }
-    let data = match (&a.data, &b.data) {
+    let done = match (&a.data, &b.data) {
         (DataRef::F32(x), DataRef::F32(y)) => match cmp::<f32>(op) {
-            Some(f) => zip(x, a.shape, y, b.shape, &out, f),
-            None => return fail(node, "unsupported for float"),
+            Some(f) => {
+                zip_into(x, a.shape, y, b.shape, &out, v, f);
+                Ok(())
+            }
+            None => fail(node, "unsupported for float"),
         },
         (DataRef::I64(x), DataRef::I64(y)) => match cmp::<i64>(op) {
-            Some(f) => zip(x, a.shape, y, b.shape, &out, f),
-            None => return fail(node, "unsupported for int64"),
+            Some(f) => {
+                zip_into(x, a.shape, y, b.shape, &out, v, f);
+                Ok(())
+            }
+            None => fail(node, "unsupported for int64"),
         },
         (DataRef::Bool(x), DataRef::Bool(y)) => {
-            let f: fn(bool, bool) -> bool = match op {
-                "And" => |p, q| p && q,
-                "Or" => |p, q| p || q,
-                "Xor" => |p, q| p != q,
-                "Equal" => |p, q| p == q,
-                _ => return fail(node, "unsupported for bool"),
+            let f: Option<fn(bool, bool) -> bool> = match op {
+                "And" => Some(|p, q| p && q),
+                "Or" => Some(|p, q| p || q),
+                "Xor" => Some(|p, q| p != q),
+                "Equal" => Some(|p, q| p == q),
+                _ => None,
             };
-            zip(x, a.shape, y, b.shape, &out, f)
+            match f {
+                Some(f) => {
+                    zip_into(x, a.shape, y, b.shape, &out, v, f);
+                    Ok(())
+                }
+                None => fail(node, "unsupported for bool"),
+            }
         }
-        (x, y) => {
-            return fail(
-                node,
-                format!("element types {} and {} do not match", x.dtype(), y.dtype()),
-            )
-        }
+        (x, y) => fail(
+            node,
+            format!("element types {} and {} do not match", x.dtype(), y.dtype()),
+        ),
     };
-    Ok(vec![Tensor::bool(out, data)?])
+    o.shape = out;
+    done
 }
 
 fn infer_where(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -427,72 +539,96 @@ fn infer_where(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_where(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_where_into)
+}
+
+fn eval_where_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    broadcast_output(node, ins, outs)?;
     let (c, x, y) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
-    let out = broadcast_shape(c.shape, x.shape)
-        .and_then(|s| broadcast_shape(&s, y.shape))
-        .ok_or_else(|| node.error("the shapes do not broadcast"))?;
-    sized(node, &out)?;
     let cond = c.as_bool().map_err(|e| node.error(e))?;
+    let o = &mut outs[0];
+    let out = std::mem::take(&mut o.shape);
     let r = out.len();
     let strides = [&c.shape, &x.shape, &y.shape].map(|s| broadcast_strides(s, r));
     let s3 = [&strides[0][..], &strides[1][..], &strides[2][..]];
-    fn pick<T: Copy>(out: &[usize], cond: &[bool], a: &[T], b: &[T], s: [&[usize]; 3]) -> Vec<T> {
+    fn pick<T: Copy>(
+        out: &[usize],
+        cond: &[bool],
+        a: &[T],
+        b: &[T],
+        s: [&[usize]; 3],
+        v: &mut [T],
+    ) {
         let Some(&inner) = out.last() else {
-            return vec![if cond[0] { a[0] } else { b[0] }];
+            v[0] = if cond[0] { a[0] } else { b[0] };
+            return;
         };
         let step = s.map(|st| st[st.len() - 1]);
-        let mut v = Vec::with_capacity(out.iter().product());
+        let mut at = 0;
         // The common rows (a whole condition row, branches whole or broadcast) as
         // slice loops.
         for_each_row(out, s, |[oc, oa, ob]| {
-            let c = || cond[oc..oc + inner].iter();
+            let row = &mut v[at..at + inner];
+            at += inner;
+            let c = &cond[oc..];
             match step {
-                [1, 1, 1] => v.extend(
-                    c().zip(&a[oa..oa + inner])
-                        .zip(&b[ob..ob + inner])
-                        .map(|((&k, &x), &y)| if k { x } else { y }),
-                ),
+                [1, 1, 1] => {
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if c[j] { a[oa + j] } else { b[ob + j] };
+                    }
+                }
                 [1, 0, 1] => {
                     let x = a[oa];
-                    v.extend(
-                        c().zip(&b[ob..ob + inner])
-                            .map(|(&k, &y)| if k { x } else { y }),
-                    )
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if c[j] { x } else { b[ob + j] };
+                    }
                 }
                 [1, 1, 0] => {
                     let y = b[ob];
-                    v.extend(
-                        c().zip(&a[oa..oa + inner])
-                            .map(|(&k, &x)| if k { x } else { y }),
-                    )
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if c[j] { a[oa + j] } else { y };
+                    }
                 }
                 [1, 0, 0] => {
                     let (x, y) = (a[oa], b[ob]);
-                    v.extend(c().map(|&k| if k { x } else { y }))
-                }
-                _ => v.extend((0..inner).map(|j| {
-                    if cond[oc + j * step[0]] {
-                        a[oa + j * step[1]]
-                    } else {
-                        b[ob + j * step[2]]
+                    for (o, &k) in row.iter_mut().zip(&c[..inner]) {
+                        *o = if k { x } else { y };
                     }
-                })),
+                }
+                _ => {
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if cond[oc + j * step[0]] {
+                            a[oa + j * step[1]]
+                        } else {
+                            b[ob + j * step[2]]
+                        };
+                    }
+                }
             }
         });
-        v
     }
-    let data = match (&x.data, &y.data) {
-        (DataRef::F32(a), DataRef::F32(b)) => Data::F32(pick(&out, cond, a, b, s3)),
-        (DataRef::I64(a), DataRef::I64(b)) => Data::I64(pick(&out, cond, a, b, s3)),
-        (DataRef::Bool(a), DataRef::Bool(b)) => Data::Bool(pick(&out, cond, a, b, s3)),
-        _ => return fail(node, "the two branches have different element types"),
+    let done = match (&x.data, &y.data, &mut o.data) {
+        (DataRef::F32(a), DataRef::F32(b), Data::F32(v)) => {
+            pick(&out, cond, a, b, s3, v);
+            Ok(())
+        }
+        (DataRef::I64(a), DataRef::I64(b), Data::I64(v)) => {
+            pick(&out, cond, a, b, s3, v);
+            Ok(())
+        }
+        (DataRef::Bool(a), DataRef::Bool(b), Data::Bool(v)) => {
+            pick(&out, cond, a, b, s3, v);
+            Ok(())
+        }
+        _ => fail(node, "the two branches have different element types"),
     };
-    Ok(vec![Tensor::new(out, data)?])
+    o.shape = out;
+    done
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::broadcast_indices;
+    use super::super::{broadcast_indices, broadcast_shape};
     use super::*;
 
     /// The row walk of `zip` reads what the index vectors of plain broadcasting read,
@@ -521,7 +657,8 @@ mod tests {
                 let b: Vec<i64> = (0..sb.iter().product::<usize>() as i64)
                     .map(|x| x * 1000)
                     .collect();
-                let got = zip(&a, sa, &b, sb, &out, |x, y| x + y);
+                let mut got = vec![0; out.iter().product()];
+                zip_into(&a, sa, &b, sb, &out, &mut got, |x, y| x + y);
                 let (ia, ib) = (broadcast_indices(sa, &out), broadcast_indices(sb, &out));
                 let want: Vec<i64> = ia.iter().zip(&ib).map(|(&i, &j)| a[i] + b[j]).collect();
                 assert_eq!(got, want, "{sa:?} with {sb:?}");

@@ -13,18 +13,21 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_gather_elements,
         eval: eval_gather_elements,
+        eval_into: None,
     },
     OpSpec {
         name: "ScatterElements",
         since: 11,
         infer: infer_same,
         eval: eval_scatter_elements,
+        eval_into: None,
     },
     OpSpec {
         name: "ScatterND",
         since: 11,
         infer: infer_same,
         eval: eval_scatter_nd,
+        eval_into: None,
     },
 ];
 

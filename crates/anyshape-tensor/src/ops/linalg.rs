@@ -12,12 +12,14 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_matmul,
         eval: eval_matmul,
+        eval_into: None,
     },
     OpSpec {
         name: "Gemm",
         since: 7,
         infer: infer_gemm,
         eval: eval_gemm,
+        eval_into: None,
     },
 ];
 

@@ -57,6 +57,13 @@ pub type InferFn = fn(&Node, &[Option<&Fact>]) -> Result<Vec<Fact>>;
 /// file).
 pub type EvalFn = fn(&Node, &[Option<TensorRef>]) -> Result<Vec<Tensor>>;
 
+/// What a node computes on concrete inputs into `outs`: tensors of the node's outputs'
+/// element types and shapes, allocated by the caller (a run's host steps keep them from
+/// run to run, so that a decoder's step allocates nothing). The op checks the shapes
+/// against its inputs (a plan's shape rule that disagreed would be an error, not a
+/// wrong answer) and writes every element; it allocates nothing.
+pub type EvalIntoFn = fn(&Node, &[Option<TensorRef>], &mut [Tensor]) -> Result<()>;
+
 /// The newest ONNX opset whose operator definitions anyshape was checked against:
 /// every version of a registered op from its [`OpSpec::since`] up to this opset means
 /// what its `infer` and `eval` compute (the later versions add element types).
@@ -75,6 +82,9 @@ pub struct OpSpec {
     pub infer: InferFn,
     /// Evaluation.
     pub eval: EvalFn,
+    /// Evaluation into given outputs, for the ops that have it (those on a decoder's
+    /// step); their `eval` is this on outputs shaped by `infer` ([`eval_via`]).
+    pub eval_into: Option<EvalIntoFn>,
 }
 
 /// The registry.
@@ -148,6 +158,57 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
     Ok(())
 }
 
+/// `into` on outputs of the types and shapes `infer` gives for these inputs: the
+/// `eval` of an op evaluated into given outputs.
+pub(crate) fn eval_via(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    into: EvalIntoFn,
+) -> Result<Vec<Tensor>> {
+    let spec = op(&node.op).ok_or_else(|| node.error("not a registered op"))?;
+    let facts: Vec<Option<Fact>> = ins
+        .iter()
+        .map(|t| t.map(|t| Fact::known(t.to_tensor())))
+        .collect();
+    let refs: Vec<Option<&Fact>> = facts.iter().map(Option::as_ref).collect();
+    let mut outs = (spec.infer)(node, &refs)?
+        .into_iter()
+        .map(|f| {
+            let shape = f
+                .const_shape()
+                .ok_or_else(|| node.error("an output's shape is not known from its inputs"))?;
+            Tensor::zeros(f.dtype, shape)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    into(node, ins, &mut outs)?;
+    Ok(outs)
+}
+
+/// Whether `out` is exactly the numpy broadcast of `ins` (what an elementwise op over
+/// them makes), checked without allocating.
+pub(crate) fn broadcasts_to(out: &[usize], ins: &[&[usize]]) -> bool {
+    let r = out.len();
+    if ins.iter().any(|s| s.len() > r) {
+        return false;
+    }
+    (0..r).all(|d| {
+        let dims = ins
+            .iter()
+            .filter(|s| d + s.len() >= r)
+            .map(|s| s[d + s.len() - r]);
+        let mut want = 1;
+        for x in dims.clone() {
+            if x != 1 {
+                if want != 1 && want != x {
+                    return false;
+                }
+                want = x;
+            }
+        }
+        out[d] == want
+    })
+}
+
 /// The output of an op that keeps its first input's type and shape.
 pub(crate) fn infer_same(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
@@ -188,6 +249,10 @@ pub(crate) fn req<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T
         .flatten()
         .ok_or_else(|| node.error(format!("input {i} is missing")))
 }
+
+/// Dims, strides or counters of one tensor: on the stack up to rank 8 (so that the
+/// walks of a run's host steps allocate nothing).
+pub(crate) type Dims = smallvec::SmallVec<[usize; 8]>;
 
 /// The most elements one op may produce (8 GiB of `f32`): a model whose data asks for
 /// more (a mutated `ConstantOfShape`, a broadcast of two long vectors) is an error, not
@@ -244,7 +309,7 @@ pub(crate) fn for_each_row<const N: usize>(
         return;
     }
     let rows: usize = out[..r - 1].iter().product();
-    let mut counter = vec![0usize; r - 1];
+    let mut counter: Dims = smallvec::smallvec![0usize; r - 1];
     let mut at = [0usize; N];
     for _ in 0..rows {
         row(at);
@@ -305,9 +370,9 @@ pub(crate) fn strided_walk(out: &[usize], strides: &[usize]) -> Vec<usize> {
 
 /// The strides with which a row-major tensor of shape `inp` is read when broadcast
 /// to rank `r`: 0 along the axes it is broadcast over.
-pub(crate) fn broadcast_strides(inp: &[usize], r: usize) -> Vec<usize> {
+pub(crate) fn broadcast_strides(inp: &[usize], r: usize) -> Dims {
     let lead = r - inp.len();
-    let mut strides = vec![0usize; r];
+    let mut strides: Dims = smallvec::smallvec![0usize; r];
     let mut s = 1;
     for i in (0..inp.len()).rev() {
         strides[lead + i] = if inp[i] == 1 { 0 } else { s };

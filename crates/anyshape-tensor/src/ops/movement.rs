@@ -13,36 +13,42 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 4,
         infer: infer_concat,
         eval: eval_concat,
+        eval_into: None,
     },
     OpSpec {
         name: "Slice",
         since: 10,
         infer: infer_slice,
         eval: eval_slice,
+        eval_into: None,
     },
     OpSpec {
         name: "Gather",
         since: 1,
         infer: infer_gather,
         eval: eval_gather,
+        eval_into: None,
     },
     OpSpec {
         name: "GatherND",
         since: 11,
         infer: infer_gather_nd,
         eval: eval_gather_nd,
+        eval_into: None,
     },
     OpSpec {
         name: "Transpose",
         since: 1,
         infer: infer_transpose,
         eval: eval_transpose,
+        eval_into: None,
     },
     OpSpec {
         name: "Split",
         since: 2,
         infer: infer_split,
         eval: eval_split,
+        eval_into: None,
     },
 ];
 

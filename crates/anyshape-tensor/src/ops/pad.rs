@@ -12,12 +12,14 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_pad,
         eval: eval_pad,
+        eval_into: None,
     },
     OpSpec {
         name: "Tile",
         since: 6,
         infer: infer_tile,
         eval: eval_tile,
+        eval_into: None,
     },
 ];
 

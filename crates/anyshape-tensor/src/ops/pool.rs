@@ -13,30 +13,35 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 8,
         infer: infer_pool,
         eval: eval_pool,
+        eval_into: None,
     },
     OpSpec {
         name: "AveragePool",
         since: 7,
         infer: infer_pool,
         eval: eval_pool,
+        eval_into: None,
     },
     OpSpec {
         name: "LpPool",
         since: 11,
         infer: infer_pool,
         eval: eval_pool,
+        eval_into: None,
     },
     OpSpec {
         name: "GlobalAveragePool",
         since: 1,
         infer: infer_global,
         eval: eval_global,
+        eval_into: None,
     },
     OpSpec {
         name: "GlobalMaxPool",
         since: 1,
         infer: infer_global,
         eval: eval_global,
+        eval_into: None,
     },
 ];
 

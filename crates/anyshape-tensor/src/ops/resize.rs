@@ -10,6 +10,7 @@ pub(super) static OPS: &[OpSpec] = &[OpSpec {
     since: 11,
     infer: infer_resize,
     eval: eval_resize,
+    eval_into: None,
 }];
 
 /// The attributes of a `Resize` anyshape computes; any other value of one is refused

@@ -13,6 +13,7 @@ pub(super) static OPS: &[OpSpec] = &[OpSpec {
     since: 23,
     infer,
     eval,
+    eval_into: None,
 }];
 
 fn infer(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {

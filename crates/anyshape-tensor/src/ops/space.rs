@@ -14,12 +14,14 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 13,
         infer,
         eval,
+        eval_into: None,
     },
     OpSpec {
         name: "SpaceToDepth",
         since: 13,
         infer,
         eval,
+        eval_into: None,
     },
 ];
 
