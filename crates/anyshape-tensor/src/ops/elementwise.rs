@@ -339,7 +339,7 @@ fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Resul
                 "Min" => |p, q| Some(p.min(q)),
                 _ => return fail(node, "unsupported for int64"),
             };
-            // Overflow or a zero divisor marks the element with a sentinel pair.
+            // Overflow or a zero divisor sets `bad` (the element is written 0) and fails.
             let mut bad = false;
             zip_into(x, a.shape, y, b.shape, &out, v, |p, q| {
                 f(p, q).unwrap_or_else(|| {
