@@ -232,8 +232,9 @@ impl Executor {
 
     /// Before a run that appends `rows` positions to `state`: where the arena was not
     /// made for caches this large, reserve it and the host steps' kept tensors for the
-    /// longest run `state` has room for (the same new rows at the last past), so that
-    /// the runs up to it allocate nothing as the past grows.
+    /// longest run `state` has room for (the same new rows at the last past; a dim of
+    /// the past and the new rows together at the capacity), so that the runs up to it
+    /// allocate nothing as the past grows.
     fn make_room(&self, arena: &mut Arena, state: &CacheState, rows: usize) -> Result<()> {
         let plan = self.plan();
         let Some(past) = CacheState::past_dim(plan) else {
@@ -243,38 +244,54 @@ impl Executor {
             return Ok(());
         }
         let b = &mut arena.bindings;
-        let now = (state.len() as i64, b.get(CACHE_RESERVE).unwrap_or(0));
+        let now = b.clone();
+        // A dim bound to the past and the new rows together that the caches' shapes
+        // are not made of (a mask's own length, where the export names no sums) grows
+        // with the past.
+        let total = (state.len() + rows) as i64;
+        let own: Vec<String> = plan
+            .caches
+            .iter()
+            .flat_map(|c| &plan.values[plan.outputs[c.present].1].shape)
+            .flat_map(|e| e.vars())
+            .collect();
+        let grown: Vec<String> = now
+            .iter()
+            .filter(|&(n, v)| v == total && n != CACHE_RESERVE && !own.iter().any(|o| o == n))
+            .map(|(n, _)| n.to_string())
+            .collect();
+        for n in &grown {
+            b.update(n, state.capacity() as i64);
+        }
         b.update(past, state.capacity().saturating_sub(rows) as i64);
         b.update(CACHE_RESERVE, 0);
-        let sizes = (|| -> Result<(usize, Vec<(ValueId, usize)>)> {
-            let bytes = plan.memory.bytes(b)?;
-            let mut kept = Vec::new();
-            for (k, step) in plan.steps.iter().enumerate() {
-                let Step::Host(node) = step else { continue };
-                if plan.caches.iter().any(|c| c.step == k) || host_into(node).is_none() {
-                    continue;
-                }
-                for &v in &node.outputs {
-                    let n = plan.values[v].shape.iter().try_fold(1usize, |n, e| {
-                        Ok::<_, RuntimeError>(n.saturating_mul(e.eval(b)?.max(0) as usize))
-                    })?;
-                    kept.push((v, n));
-                }
-            }
-            Ok((bytes, kept))
+        // The arena's bytes and every value's shape there.
+        let sizes = (|| -> Result<(usize, Vec<Vec<usize>>)> {
+            let shapes = (0..plan.values.len())
+                .map(|v| plan.shape_at(v, b))
+                .collect::<anyshape_plan::Result<_>>()?;
+            Ok((plan.memory.bytes(b)?, shapes))
         })();
-        b.update(past, now.0);
-        b.update(CACHE_RESERVE, now.1);
-        let (bytes, kept) = sizes?;
-        let owned: u128 = kept
-            .iter()
-            .map(|&(v, n)| n as u128 * width(plan.values[v].dtype))
-            .sum();
-        anyshape_abi::check_fits(
-            bytes as u128 + owned,
-            "the run's tensors at the caches' length",
-        )
-        .map_err(|e| RuntimeError::Memory(format!("{e}: generate fewer tokens")))?;
+        b.assign(&now);
+        let (bytes, shapes) = sizes?;
+        // Checked as `prepare` checks a run, so that the runs up to it check nothing.
+        let total = bytes as u128 + owned_peak(plan, &shapes, &self.frees, &self.keeps);
+        anyshape_abi::check_fits(total, "the run's tensors at the caches' length")
+            .map_err(|e| RuntimeError::Memory(format!("{e}: generate fewer tokens")))?;
+        arena.checked = arena.checked.max(total);
+        // The tensors the host steps keep, at their largest.
+        let mut kept = Vec::new();
+        for (k, step) in plan.steps.iter().enumerate() {
+            let Step::Host(node) = step else { continue };
+            if plan.caches.iter().any(|c| c.step == k) || host_into(node).is_none() {
+                continue;
+            }
+            kept.extend(
+                node.outputs
+                    .iter()
+                    .map(|&v| (v, shapes[v].iter().product::<usize>())),
+            );
+        }
         if !arena.reserve(bytes) {
             return Err(RuntimeError::Memory(format!(
                 "the run's arena needs {:.2} GiB, which the allocator refuses",

@@ -378,10 +378,10 @@ impl Decoder {
                 )));
             }
             let values = logits.as_f32()?;
-            let last_row = |r: usize| &values[(r * len + len - 1) * vocab..(r * len + len) * vocab];
+            let row_of = |r: usize| last_row(values, r, len, vocab);
             next.clear();
             for (r, (stopped, tokens)) in stopped.iter_mut().zip(&mut out.tokens).enumerate() {
-                let row = last_row(r);
+                let row = row_of(r);
                 let token = match (&options.sampling, rng.as_mut()) {
                     (
                         Sampling::Sample {
@@ -397,15 +397,6 @@ impl Decoder {
                 }
                 next.push(token);
             }
-            let kept_logits = options
-                .keep_logits
-                .then(|| {
-                    Tensor::f32(
-                        vec![rows, vocab],
-                        (0..rows).flat_map(last_row).copied().collect(),
-                    )
-                })
-                .transpose()?;
             for (c, k) in self.caches.iter().enumerate().filter(|_| state.is_none()) {
                 let t = outs[k.present].take().ok_or_else(|| {
                     RuntimeError::Decoder(format!("its run gave no `{}`", k.past.name))
@@ -427,7 +418,18 @@ impl Decoder {
             out.step_seconds.push(start.elapsed().as_secs_f64());
             out.step_allocations
                 .push(anyshape_abi::allocations() - allocated);
-            out.logits.extend(kept_logits);
+            // The logits kept for the caller (a check), outside the step's count.
+            if options.keep_logits {
+                let values = outs[self.logits]
+                    .as_ref()
+                    .ok_or_else(|| RuntimeError::Decoder("its run gave no logits".into()))?
+                    .as_f32()?;
+                let row_of = |r: usize| last_row(values, r, len, vocab);
+                out.logits.push(Tensor::f32(
+                    vec![rows, vocab],
+                    (0..rows).flat_map(row_of).copied().collect(),
+                )?);
+            }
             if stopped.iter().all(|&s| s) {
                 break;
             }
@@ -439,6 +441,11 @@ impl Decoder {
     pub fn past_dim(&self) -> &str {
         &self.past
     }
+}
+
+/// The logits of row `r`'s last token, of `values` `[rows, len, vocab]`.
+fn last_row(values: &[f32], r: usize, len: usize, vocab: usize) -> &[f32] {
+    &values[(r * len + len - 1) * vocab..(r * len + len) * vocab]
 }
 
 fn shape_text(shape: &[Expr]) -> String {

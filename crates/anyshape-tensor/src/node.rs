@@ -88,10 +88,16 @@ impl Node {
 
     /// An integer-list attribute, if present.
     pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        Ok(self.int_list(name)?.map(<[i64]>::to_vec))
+    }
+
+    /// An integer-list attribute, if present, borrowed (a run's host step reads it
+    /// without allocating).
+    pub fn int_list(&self, name: &str) -> Result<Option<&[i64]>> {
         match self.attrs.get(name) {
             None => Ok(None),
-            Some(Attr::Ints(v)) => Ok(Some(v.clone())),
-            Some(Attr::Int(v)) => Ok(Some(vec![*v])),
+            Some(Attr::Ints(v)) => Ok(Some(v)),
+            Some(Attr::Int(v)) => Ok(Some(std::slice::from_ref(v))),
             Some(other) => {
                 Err(self.error(format!("attribute `{name}` is {other:?}, not integers")))
             }

@@ -332,26 +332,127 @@ pub(crate) fn for_each_row<const N: usize>(
 /// The elements of `data` read with `strides` over the shape `out` (row-major order):
 /// a transpose or a broadcast, copied row by row without an index vector.
 pub(crate) fn strided(data: DataRef, out: &[usize], strides: &[usize]) -> Data {
-    fn walk<T: Copy>(v: &[T], out: &[usize], strides: &[usize]) -> Vec<T> {
-        let Some(&inner) = out.last() else {
-            return v[..1].to_vec();
-        };
-        let step = strides[out.len() - 1];
-        let mut r = Vec::with_capacity(out.iter().product());
-        for_each_row(out, [strides], |[at]| {
-            if step == 1 {
-                r.extend_from_slice(&v[at..at + inner]);
-            } else {
-                r.extend((0..inner).map(|j| v[at + j * step]));
+    let mut d = Data::zeros(data.dtype(), out.iter().product::<usize>());
+    if let Some(d) = d.as_mut_of(data) {
+        d.walk(out, strides);
+    }
+    d
+}
+
+/// `v` read with `strides` over the shape `out` (row-major order) into `dst` (of
+/// `out`'s elements; one element at rank 0), row by row.
+pub(crate) fn walk_into<T: Copy>(v: &[T], out: &[usize], strides: &[usize], dst: &mut [T]) {
+    let Some(&inner) = out.last() else {
+        dst[0] = v[0];
+        return;
+    };
+    let step = strides[out.len() - 1];
+    let mut to = 0;
+    for_each_row(out, [strides], |[at]| {
+        let row = &mut dst[to..to + inner];
+        to += inner;
+        if step == 1 {
+            row.copy_from_slice(&v[at..at + inner]);
+        } else {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = v[at + j * step];
             }
-        });
-        r
+        }
+    });
+}
+
+/// A source's elements and a destination of the same element type, for the copies of
+/// the data-movement ops (`Transpose`, `Slice`, `Expand`, …) into given outputs.
+pub(crate) enum Pair<'a, 'b> {
+    F32(&'a [f32], &'b mut [f32]),
+    I64(&'a [i64], &'b mut [i64]),
+    Bool(&'a [bool], &'b mut [bool]),
+}
+
+impl Pair<'_, '_> {
+    /// The source read with `strides` over the shape `out` into the destination.
+    pub(crate) fn walk(self, out: &[usize], strides: &[usize]) {
+        match self {
+            Pair::F32(v, d) => walk_into(v, out, strides, d),
+            Pair::I64(v, d) => walk_into(v, out, strides, d),
+            Pair::Bool(v, d) => walk_into(v, out, strides, d),
+        }
     }
-    match data {
-        DataRef::F32(v) => Data::F32(walk(v, out, strides)),
-        DataRef::I64(v) => Data::I64(walk(v, out, strides)),
-        DataRef::Bool(v) => Data::Bool(walk(v, out, strides)),
+
+    /// `n` elements of the source from `from` to the destination at `to`.
+    pub(crate) fn copy(&mut self, from: usize, to: usize, n: usize) {
+        match self {
+            Pair::F32(v, d) => d[to..to + n].copy_from_slice(&v[from..from + n]),
+            Pair::I64(v, d) => d[to..to + n].copy_from_slice(&v[from..from + n]),
+            Pair::Bool(v, d) => d[to..to + n].copy_from_slice(&v[from..from + n]),
+        }
     }
+}
+
+impl Data {
+    /// `n` elements of `dtype`, all zero.
+    pub(crate) fn zeros(dtype: crate::DType, n: usize) -> Data {
+        match dtype {
+            crate::DType::F32 => Data::F32(vec![0.0; n]),
+            crate::DType::I64 => Data::I64(vec![0; n]),
+            crate::DType::Bool => Data::Bool(vec![false; n]),
+        }
+    }
+
+    /// These elements as the destination of a copy from `src`, where the types match.
+    pub(crate) fn as_mut_of<'a, 'b>(&'b mut self, src: DataRef<'a>) -> Option<Pair<'a, 'b>> {
+        match (src, self) {
+            (DataRef::F32(v), Data::F32(d)) => Some(Pair::F32(v, d)),
+            (DataRef::I64(v), Data::I64(d)) => Some(Pair::I64(v, d)),
+            (DataRef::Bool(v), Data::Bool(d)) => Some(Pair::Bool(v, d)),
+            _ => None,
+        }
+    }
+}
+
+/// Output `i` of `outs` as the destination of a copy from `src`: an error unless it
+/// has `shape` and `src`'s element type.
+pub(crate) fn out_of<'a, 'b>(
+    node: &Node,
+    outs: &'b mut [Tensor],
+    i: usize,
+    shape: &[usize],
+    src: DataRef<'a>,
+) -> Result<Pair<'a, 'b>> {
+    let o = shaped(node, outs, i, shape)?;
+    o.data
+        .as_mut_of(src)
+        .ok_or_else(|| node.error("the output's element type is not the input's"))
+}
+
+/// Output `i` of `outs`, an error unless it has `shape` (a plan's shape rule that
+/// disagrees with the op's evaluation).
+pub(crate) fn shaped<'b>(
+    node: &Node,
+    outs: &'b mut [Tensor],
+    i: usize,
+    shape: &[usize],
+) -> Result<&'b mut Tensor> {
+    match outs.get_mut(i) {
+        Some(o) if o.shape == shape && o.len() == shape.iter().product::<usize>() => Ok(o),
+        Some(o) => fail(
+            node,
+            format!(
+                "output {i} is given the shape {:?} where its inputs make {shape:?}",
+                o.shape
+            ),
+        ),
+        None => fail(node, format!("output {i} is not given")),
+    }
+}
+
+/// Row-major strides of `shape`, on the stack.
+pub(crate) fn row_strides(shape: &[usize]) -> Dims {
+    let mut s: Dims = smallvec::smallvec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
 }
 
 /// For each element of a tensor of shape `out` (row-major order), the flat index
@@ -426,24 +527,21 @@ pub(crate) fn sym_input(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<
     })
 }
 
-/// The concrete integers of input `i`.
-pub(crate) fn ints(node: &Node, ins: &[Option<TensorRef>], i: usize) -> Result<Vec<i64>> {
-    Ok(req(node, ins, i)?
-        .as_i64()
-        .map_err(|e| node.error(e))?
-        .to_vec())
+/// The concrete integers of input `i`, borrowed.
+pub(crate) fn ints<'a>(node: &Node, ins: &[Option<TensorRef<'a>>], i: usize) -> Result<&'a [i64]> {
+    req(node, ins, i)?.as_i64().map_err(|e| node.error(e))
 }
 
-/// The concrete integers of optional input `i` (axes, pads), if given.
-pub(crate) fn optional_ints(
+/// The concrete integers of optional input `i` (axes, pads), if given, borrowed.
+pub(crate) fn optional_ints<'a>(
     node: &Node,
-    ins: &[Option<TensorRef>],
+    ins: &[Option<TensorRef<'a>>],
     i: usize,
-) -> Result<Option<Vec<i64>>> {
+) -> Result<Option<&'a [i64]>> {
     ins.get(i)
         .copied()
         .flatten()
-        .map(|t| t.as_i64().map(|v| v.to_vec()))
+        .map(|t| t.as_i64())
         .transpose()
         .map_err(|e| node.error(e))
 }

@@ -1,10 +1,12 @@
 //! Data movement: `Concat`, `Slice`, `Gather`, `GatherND`, `Transpose`, `Split`. Their
 //! output shapes are expressions over the shape vars like every other op's.
-use super::{axis, const_ints, fail, ints, req, sized, sym_input, OpSpec};
+use super::{
+    axis, const_ints, eval_via, fail, optional_ints, out_of, req, row_strides, shaped, sym_input,
+    Dims, OpSpec, Pair,
+};
 use crate::fact::exact_quotient;
 use crate::node::Node;
-use crate::tensor::strides;
-use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
+use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -13,42 +15,42 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 4,
         infer: infer_concat,
         eval: eval_concat,
-        eval_into: None,
+        eval_into: Some(eval_concat_into),
     },
     OpSpec {
         name: "Slice",
         since: 10,
         infer: infer_slice,
         eval: eval_slice,
-        eval_into: None,
+        eval_into: Some(eval_slice_into),
     },
     OpSpec {
         name: "Gather",
         since: 1,
         infer: infer_gather,
         eval: eval_gather,
-        eval_into: None,
+        eval_into: Some(eval_gather_into),
     },
     OpSpec {
         name: "GatherND",
         since: 11,
         infer: infer_gather_nd,
         eval: eval_gather_nd,
-        eval_into: None,
+        eval_into: Some(eval_gather_nd_into),
     },
     OpSpec {
         name: "Transpose",
         since: 1,
         infer: infer_transpose,
         eval: eval_transpose,
-        eval_into: None,
+        eval_into: Some(eval_transpose_into),
     },
     OpSpec {
         name: "Split",
         since: 2,
         infer: infer_split,
         eval: eval_split,
-        eval_into: None,
+        eval_into: Some(eval_split_into),
     },
 ];
 
@@ -74,52 +76,45 @@ fn infer_concat(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let parts: Vec<TensorRef> = ins.iter().flatten().copied().collect();
-    let first = parts.first().ok_or_else(|| node.error("no inputs"))?;
+    eval_via(node, ins, eval_concat_into)
+}
+
+/// The inputs concatenated along the axis: for each index of the axes before it, each
+/// input's block in turn, copied whole.
+fn eval_concat_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    let first = *ins
+        .iter()
+        .flatten()
+        .next()
+        .ok_or_else(|| node.error("no inputs"))?;
     let r = first.shape.len();
     let a = axis(node, node.int("axis", 0)?, r)?;
-    let mut shape = first.shape.to_vec();
+    let mut shape: Dims = first.shape.iter().copied().collect();
     shape[a] = 0;
-    for t in &parts {
+    for t in ins.iter().flatten() {
         if t.shape.len() != r
             || t.shape[..a] != first.shape[..a]
             || t.shape[a + 1..] != first.shape[a + 1..]
         {
             return fail(node, "inputs whose shapes differ off the axis");
         }
-        if t.dtype() != first.dtype() {
-            return fail(node, "inputs of different element types");
-        }
         shape[a] += t.shape[a];
     }
-    sized(node, &shape)?;
-    let data = match first.data {
-        DataRef::F32(_) => Data::F32(interleave(&parts, a, |t| t.as_f32())?),
-        DataRef::I64(_) => Data::I64(interleave(&parts, a, |t| t.as_i64())?),
-        DataRef::Bool(_) => Data::Bool(interleave(&parts, a, |t| t.as_bool())?),
-    };
-    Ok(vec![Tensor::new(shape, data)?])
-}
-
-/// The elements of `parts` concatenated along axis `a`: for each index of the axes
-/// before it, each part's block in turn, copied whole.
-fn interleave<'a, T: Copy + 'a>(
-    parts: &[TensorRef<'a>],
-    a: usize,
-    get: impl Fn(&TensorRef<'a>) -> Result<&'a [T]>,
-) -> Result<Vec<T>> {
-    let outer: usize = parts[0].shape[..a].iter().product();
-    let blocks = parts
-        .iter()
-        .map(|t| Ok((get(t)?, t.shape[a..].iter().product::<usize>())))
-        .collect::<Result<Vec<(&[T], usize)>>>()?;
-    let mut out = Vec::with_capacity(blocks.iter().map(|b| b.0.len()).sum());
-    for o in 0..outer {
-        for &(data, inner) in &blocks {
-            out.extend_from_slice(&data[o * inner..(o + 1) * inner]);
+    let outer: usize = first.shape[..a].iter().product();
+    let o = shaped(node, outs, 0, &shape)?;
+    let mut to = 0;
+    for o_ in 0..outer {
+        for t in ins.iter().flatten() {
+            let inner: usize = t.shape[a..].iter().product();
+            let mut pair = o
+                .data
+                .as_mut_of(t.data)
+                .ok_or_else(|| node.error("inputs of different element types"))?;
+            pair.copy(o_ * inner, to, inner);
+            to += inner;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Bounds at least this large mean "to the end".
@@ -248,63 +243,91 @@ fn infer_slice(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_slice(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_slice_into)
+}
+
+fn eval_slice_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
-    let axes = super::optional_ints(node, ins, 3)?;
-    let steps = super::optional_ints(node, ins, 4)?;
-    let params = slice_params(
-        node,
-        x.shape.len(),
-        ints(node, ins, 1)?,
-        ints(node, ins, 2)?,
-        axes,
-        steps,
-    )?;
     let r = x.shape.len();
-    let mut start = vec![0i64; r];
-    let mut step = vec![1i64; r];
-    let mut shape = x.shape.to_vec();
-    for (a, s, e, st) in params {
+    let (Some(starts), Some(ends)) = (optional_ints(node, ins, 1)?, optional_ints(node, ins, 2)?)
+    else {
+        return fail(node, "starts and ends are required");
+    };
+    let (axes, steps) = (optional_ints(node, ins, 3)?, optional_ints(node, ins, 4)?);
+    let n = starts.len();
+    if ends.len() != n || axes.is_some_and(|a| a.len() != n) || steps.is_some_and(|s| s.len() != n)
+    {
+        return fail(node, "starts, ends, axes and steps differ in length");
+    }
+    let mut start: Dims = smallvec::smallvec![0; r];
+    let mut step: smallvec::SmallVec<[i64; 8]> = smallvec::smallvec![1; r];
+    let mut shape: Dims = x.shape.iter().copied().collect();
+    for i in 0..n {
+        let a = axis(node, axes.map_or(i as i64, |v| v[i]), r)?;
+        let st = steps.map_or(1, |v| v[i]);
+        if st == 0 {
+            return fail(node, "a step of 0");
+        }
         let d = x.shape[a] as i64;
-        let (s, e) = slice_bounds(d, s, e, st);
+        let (s, e) = slice_bounds(d, starts[i], ends[i], st);
         let len = if st > 0 {
             (e - s + st - 1).max(0) / st
         } else {
             (s - e - st - 1).max(0) / -st
         };
-        start[a] = s;
+        // A start of -1 (a backward slice that is empty) reads nothing.
+        start[a] = s.max(0) as usize;
         step[a] = st;
         shape[a] = len as usize;
     }
-    let st = strides(x.shape);
-    let n: usize = shape.iter().product();
-    if n > 0 && step.iter().all(|&s| s > 0) {
-        // Forward steps: a strided read from the first element, row by row.
-        let base: usize = (0..r).map(|d| start[d] as usize * st[d]).sum();
-        let walk: Vec<usize> = (0..r).map(|d| step[d] as usize * st[d]).collect();
-        let from = match x.data {
-            DataRef::F32(v) => DataRef::F32(&v[base..]),
-            DataRef::I64(v) => DataRef::I64(&v[base..]),
-            DataRef::Bool(v) => DataRef::Bool(&v[base..]),
-        };
-        let data = super::strided(from, &shape, &walk);
-        return Ok(vec![Tensor::new(shape, data)?]);
+    let st = row_strides(x.shape);
+    let count: usize = shape.iter().product();
+    let o = out_of(node, outs, 0, &shape, x.data)?;
+    if count == 0 {
+        return Ok(());
     }
-    let mut idx = Vec::with_capacity(n);
-    let mut counter = vec![0usize; r];
-    for _ in 0..n {
-        let flat: i64 = (0..r)
-            .map(|d| (start[d] + counter[d] as i64 * step[d]) * st[d] as i64)
-            .sum();
-        idx.push(flat as usize);
-        for d in (0..r).rev() {
+    // A strided read from the first element picked (backward steps walk back).
+    let base: isize = (0..r).map(|d| (start[d] * st[d]) as isize).sum();
+    let walk: smallvec::SmallVec<[isize; 8]> =
+        (0..r).map(|d| step[d] as isize * st[d] as isize).collect();
+    match o {
+        Pair::F32(v, d) => walk_signed(v, base, &shape, &walk, d),
+        Pair::I64(v, d) => walk_signed(v, base, &shape, &walk, d),
+        Pair::Bool(v, d) => walk_signed(v, base, &shape, &walk, d),
+    }
+    Ok(())
+}
+
+/// `v` read from `base` with `strides` (negative for backward steps) over the shape
+/// `out` (of at least one element) into `dst`, row by row.
+fn walk_signed<T: Copy>(v: &[T], base: isize, out: &[usize], strides: &[isize], dst: &mut [T]) {
+    let r = out.len();
+    if r == 0 {
+        dst[0] = v[base as usize];
+        return;
+    }
+    let (inner, step) = (out[r - 1], strides[r - 1]);
+    let mut counter: Dims = smallvec::smallvec![0; r - 1];
+    let mut at = base;
+    for row in dst.chunks_exact_mut(inner) {
+        if step == 1 {
+            let a = at as usize;
+            row.copy_from_slice(&v[a..a + inner]);
+        } else {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = v[(at + j as isize * step) as usize];
+            }
+        }
+        for d in (0..r - 1).rev() {
             counter[d] += 1;
-            if counter[d] < shape[d] {
+            at += strides[d];
+            if counter[d] < out[d] {
                 break;
             }
+            at -= strides[d] * out[d] as isize;
             counter[d] = 0;
         }
     }
-    Ok(vec![Tensor::new(shape, x.data.pick(&idx))?])
 }
 
 fn infer_gather(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -330,15 +353,24 @@ fn infer_gather(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_gather(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_gather_into)
+}
+
+/// For each index of the axes before `axis` and each index given, the data's block
+/// after the axis at that index, copied whole (an embedding's rows).
+fn eval_gather_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
     let outer: usize = x.shape[..a].iter().product();
     let inner: usize = x.shape[a + 1..].iter().product();
     let d = x.shape[a] as i64;
-    sized(node, &[outer, idx.len(), inner])?;
-    let mut order = Vec::with_capacity(outer * idx.len() * inner);
-    for o in 0..outer {
+    let mut shape: Dims = x.shape[..a].iter().copied().collect();
+    shape.extend(i.shape.iter().copied());
+    shape.extend(x.shape[a + 1..].iter().copied());
+    let mut o = out_of(node, outs, 0, &shape, x.data)?;
+    let mut to = 0;
+    for o_ in 0..outer {
         for &given in idx {
             let k = if given < 0 { given + d } else { given };
             if !(0..d).contains(&k) {
@@ -350,14 +382,11 @@ fn eval_gather(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                     ),
                 );
             }
-            let base = (o * d as usize + k as usize) * inner;
-            order.extend(base..base + inner);
+            o.copy((o_ * d as usize + k as usize) * inner, to, inner);
+            to += inner;
         }
     }
-    let mut shape = x.shape[..a].to_vec();
-    shape.extend(i.shape.iter());
-    shape.extend(&x.shape[a + 1..]);
-    Ok(vec![Tensor::new(shape, x.data.pick(&order))?])
+    Ok(())
 }
 
 fn infer_gather_nd(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -378,8 +407,14 @@ fn infer_gather_nd(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_gather_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_gather_nd_into)
+}
+
+/// For each index tuple (per batch of the first `batch_dims` axes), the data's block
+/// after the indexed axes, copied whole.
+fn eval_gather_nd_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let b = node.int("batch_dims", 0)? as usize;
+    let b = node.int("batch_dims", 0)?.max(0) as usize;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
     let k = *i.shape.last().ok_or_else(|| node.error("scalar indices"))?;
     if b + k > x.shape.len() || b >= i.shape.len() {
@@ -388,8 +423,11 @@ fn eval_gather_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>>
     let batch: usize = x.shape[..b].iter().product();
     let per_batch: usize = i.shape[b..i.shape.len() - 1].iter().product();
     let inner: usize = x.shape[b + k..].iter().product();
-    let xs = strides(x.shape);
-    let mut order = Vec::new();
+    let xs = row_strides(x.shape);
+    let mut shape: Dims = i.shape[..i.shape.len() - 1].iter().copied().collect();
+    shape.extend(x.shape[b + k..].iter().copied());
+    let mut o = out_of(node, outs, 0, &shape, x.data)?;
+    let mut to = 0;
     for bi in 0..batch {
         let base = bi * x.shape[b..].iter().product::<usize>();
         for p in 0..per_batch {
@@ -410,26 +448,29 @@ fn eval_gather_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>>
                 }
                 off += v as usize * xs[b + j];
             }
-            order.extend(off..off + inner);
+            o.copy(off, to, inner);
+            to += inner;
         }
     }
-    let mut shape = i.shape[..i.shape.len() - 1].to_vec();
-    shape.extend(&x.shape[b + k..]);
-    Ok(vec![Tensor::new(shape, x.data.pick(&order))?])
+    Ok(())
 }
 
 /// The permutation of a `Transpose` (reversed axes by default).
-fn perm(node: &Node, rank: usize) -> Result<Vec<usize>> {
-    let p: Vec<usize> = match node.ints("perm")? {
+fn perm(node: &Node, rank: usize) -> Result<Dims> {
+    let p: Dims = match node.int_list("perm")? {
         Some(p) => p
             .iter()
             .map(|&a| axis(node, a, rank))
             .collect::<Result<_>>()?,
         None => (0..rank).rev().collect(),
     };
-    let mut sorted = p.clone();
-    sorted.sort();
-    if sorted != (0..rank).collect::<Vec<_>>() {
+    let mut seen: smallvec::SmallVec<[bool; 8]> = smallvec::smallvec![false; rank];
+    for &a in &p {
+        if std::mem::replace(&mut seen[a], true) {
+            return fail(node, format!("{p:?} is not a permutation of {rank} axes"));
+        }
+    }
+    if p.len() != rank {
         return fail(node, format!("{p:?} is not a permutation of {rank} axes"));
     }
     Ok(p)
@@ -445,13 +486,17 @@ fn infer_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_transpose_into)
+}
+
+fn eval_transpose_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
     let p = perm(node, x.shape.len())?;
-    let st = strides(x.shape);
-    let out: Vec<usize> = p.iter().map(|&a| x.shape[a]).collect();
-    let permuted: Vec<usize> = p.iter().map(|&a| st[a]).collect();
-    let data = super::strided(x.data, &out, &permuted);
-    Ok(vec![Tensor::new(out, data)?])
+    let st = row_strides(x.shape);
+    let out: Dims = p.iter().map(|&a| x.shape[a]).collect();
+    let permuted: Dims = p.iter().map(|&a| st[a]).collect();
+    out_of(node, outs, 0, &out, x.data)?.walk(&out, &permuted);
+    Ok(())
 }
 
 /// The sizes of a `Split` along its axis of `dim`, as `T`s.
@@ -495,35 +540,44 @@ fn infer_split(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_split(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_split_into)
+}
+
+/// Each output's part of the axis: for each index of the axes before it, its block
+/// copied whole.
+fn eval_split_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
-    let given = match (ins.get(1).copied().flatten(), node.ints("split")?) {
-        (Some(_), _) => Some(ints(node, ins, 1)?),
-        (None, Some(s)) => Some(s),
+    let given = match (optional_ints(node, ins, 1)?, node.int_list("split")?) {
+        (Some(s), _) | (None, Some(s)) => Some(s),
         _ => None,
     };
     let n = node.outputs.len();
-    let sizes = split_sizes(node, x.shape[a] as i64, given, n, |d, k| {
-        (d % k as i64 == 0).then(|| d / k as i64)
-    })?;
+    let dim = x.shape[a];
+    if given.is_some_and(|g| g.len() != n) {
+        return fail(
+            node,
+            format!("{} sizes for {n} outputs", given.map_or(0, <[i64]>::len)),
+        );
+    }
+    if given.is_none() && (n == 0 || dim % n != 0) {
+        return fail(node, "the axis does not split evenly");
+    }
     let outer: usize = x.shape[..a].iter().product();
     let inner: usize = x.shape[a + 1..].iter().product();
-    let mut out = Vec::new();
     let mut at = 0usize;
-    for s in sizes {
-        let s = s.max(0) as usize;
-        if at + s > x.shape[a] {
+    for k in 0..n {
+        let s = given.map_or(dim / n.max(1), |g| g[k].max(0) as usize);
+        if at + s > dim {
             return fail(node, "the sizes exceed the axis");
         }
-        let mut order = Vec::with_capacity(outer * s * inner);
-        for o in 0..outer {
-            let base = (o * x.shape[a] + at) * inner;
-            order.extend(base..base + s * inner);
-        }
-        let mut shape = x.shape.to_vec();
+        let mut shape: Dims = x.shape.iter().copied().collect();
         shape[a] = s;
-        out.push(Tensor::new(shape, x.data.pick(&order))?);
+        let mut o = out_of(node, outs, k, &shape, x.data)?;
+        for o_ in 0..outer {
+            o.copy((o_ * dim + at) * inner, o_ * s * inner, s * inner);
+        }
         at += s;
     }
-    Ok(out)
+    Ok(())
 }

@@ -4,7 +4,8 @@
 //! `BatchNormalization` at inference). The reference keeps its sums in `f64` or in
 //! lanes of `f32`.
 use super::{
-    axis, broadcast_indices, fail, infer_same, lane_sum, per_channel, req, split_at, OpSpec,
+    axis, broadcast_indices, eval_via, fail, infer_same, lane_sum, per_channel, req, shaped,
+    split_at, Dims, OpSpec,
 };
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
@@ -44,7 +45,7 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 17,
         infer: infer_layer_norm,
         eval: eval_layer_norm,
-        eval_into: None,
+        eval_into: Some(eval_layer_norm_into),
     },
     OpSpec {
         name: "RMSNormalization",
@@ -143,6 +144,10 @@ fn infer_layer_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_layer_norm_into)
+}
+
+fn eval_layer_norm_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
     let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
     let bias = ins
@@ -154,7 +159,6 @@ fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         .map_err(|e| node.error(e))?;
     let eps = node.float("epsilon", 1e-5)?;
     let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
-    let rows: usize = x.shape[..a].iter().product();
     let n: usize = x.shape[a..].iter().product();
     if scale.len() != n || bias.is_some_and(|b| b.len() != n) {
         return fail(
@@ -163,9 +167,17 @@ fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         );
     }
     let v = x.as_f32().map_err(|e| node.error(e))?;
-    let mut out = vec![0f32; v.len()];
-    let (mut means, mut invs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    for (row, out) in v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+    // The statistics' outputs (a mean and an inverse deviation per row), where asked.
+    let mut stat: Dims = x.shape[..a].iter().copied().collect();
+    stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
+    let (out, stats) = outs.split_at_mut(1.min(outs.len()));
+    let out = shaped(node, out, 0, x.shape)?.f32_mut()?;
+    for k in 0..stats.len().min(node.outputs.len().saturating_sub(1)) {
+        // Rows of no elements: no mean, no deviation.
+        shaped(node, stats, k, &stat)?.f32_mut()?.fill(f32::NAN);
+    }
+    let rows = v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1)));
+    for (r, (row, out)) in rows.enumerate() {
         let mean = lane_sum(row, |x| x) / n as f32;
         let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n as f32;
         let inv = 1.0 / (var + eps).sqrt();
@@ -181,22 +193,11 @@ fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
                 }
             }
         }
-        means.push(mean);
-        invs.push(inv);
+        for (k, s) in stats.iter_mut().enumerate() {
+            s.f32_mut()?[r] = if k == 0 { mean } else { inv };
+        }
     }
-    // Rows of no elements: no mean, no deviation.
-    means.resize(rows, f32::NAN);
-    invs.resize(rows, f32::NAN);
-    let mut stat: Vec<usize> = x.shape[..a].to_vec();
-    stat.extend(std::iter::repeat_n(1, x.shape.len() - a));
-    let mut outs = vec![Tensor::f32(x.shape.to_vec(), out)?];
-    if node.outputs.len() > 1 {
-        outs.push(Tensor::f32(stat.clone(), means)?);
-    }
-    if node.outputs.len() > 2 {
-        outs.push(Tensor::f32(stat, invs)?);
-    }
-    Ok(outs)
+    Ok(())
 }
 
 /// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`

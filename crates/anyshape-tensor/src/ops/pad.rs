@@ -135,8 +135,8 @@ fn gather_by_axis(
 /// `Pad(data, pads, constant_value, axes)`.
 fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let axes = super::optional_ints(node, ins, 3)?;
-    let pads = axis_pads(node, &super::ints(node, ins, 1)?, axes, x.shape.len())?;
+    let axes = super::optional_ints(node, ins, 3)?.map(<[i64]>::to_vec);
+    let pads = axis_pads(node, super::ints(node, ins, 1)?, axes, x.shape.len())?;
     let mode = node.string("mode", "constant")?;
     if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
         return fail(node, format!("mode `{mode}` is not one ONNX defines"));
@@ -200,7 +200,7 @@ fn eval_tile(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let out: Vec<usize> = x
         .shape
         .iter()
-        .zip(&reps)
+        .zip(reps)
         .map(|(&d, &r)| d.saturating_mul(r as usize))
         .collect();
     sized(node, &out)?;

@@ -12,70 +12,70 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceMean",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceMax",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceMin",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceProd",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceL1",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceL2",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceSumSquare",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceLogSum",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ReduceLogSumExp",
         since: 1,
         infer: infer_reduce,
         eval: eval_reduce,
-        eval_into: None,
+        eval_into: Some(eval_reduce_into),
     },
     OpSpec {
         name: "ArgMax",
@@ -219,7 +219,7 @@ fn fold<T: Copy, A: Copy>(
 /// the log-sums, `inf` for min, 1 for the product, 0 otherwise), as ONNX defines.
 fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let input = super::optional_ints(node, ins, 1)?;
+    let input = super::optional_ints(node, ins, 1)?.map(<[i64]>::to_vec);
     let r = x.shape.len();
     let axes = reduce_axes(node, input, r)?;
     let (groups, out_full) = Groups::of(x.shape, &axes);
@@ -293,6 +293,59 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             .collect()
     };
     Ok(vec![Tensor::new(shape, data)?])
+}
+
+/// A reduction into a given output: the sums' family over trailing axes of floats
+/// (an RMS norm's mean of squares on a decoder's step) in place, as [`eval_reduce`]
+/// computes them; other forms evaluated and copied.
+fn eval_reduce_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    let x = req(node, ins, 0)?;
+    let r = x.shape.len();
+    let given = match node.int_list("axes")? {
+        Some(a) => Some(a),
+        None => super::optional_ints(node, ins, 1)?,
+    };
+    let g: Option<fn(f64) -> f64> = match node.op.as_str() {
+        "ReduceSum" | "ReduceMean" | "ReduceL2" | "ReduceSumSquare" if r < 64 => {
+            Some(match node.op.as_str() {
+                "ReduceL2" | "ReduceSumSquare" => |e| e * e,
+                _ => |e| e,
+            })
+        }
+        _ => None,
+    };
+    if let (DataRef::F32(v), Some(axes), Some(g)) = (x.data, given.filter(|a| !a.is_empty()), g) {
+        let (mut mask, mut lo) = (0u64, r);
+        for &a in axes {
+            let a = axis(node, a, r)?;
+            mask |= 1 << a;
+            lo = lo.min(a);
+        }
+        let n: usize = x.shape[lo..].iter().product();
+        if mask == ((1u64 << r) - 1) & !((1u64 << lo) - 1) && n > 0 {
+            let mut shape: super::Dims = x.shape[..lo].iter().copied().collect();
+            if node.int("keepdims", 1)? != 0 {
+                shape.extend(std::iter::repeat_n(1, r - lo));
+            }
+            let o = super::shaped(node, outs, 0, &shape)?.f32_mut()?;
+            for (o, run) in o.iter_mut().zip(v.chunks_exact(n)) {
+                let sum = super::lane_sum(run, |x| g(x as f64));
+                *o = match node.op.as_str() {
+                    "ReduceMean" => sum / n as f64,
+                    "ReduceL2" => sum.sqrt(),
+                    _ => sum,
+                } as f32;
+            }
+            return Ok(());
+        }
+    }
+    let t = eval_reduce(node, ins)?.remove(0);
+    let o = super::shaped(node, outs, 0, &t.shape)?;
+    match o.data.as_mut_of(t.data.view()) {
+        Some(mut p) => p.copy(0, 0, t.len()),
+        None => return fail(node, "the output's type is not the input's"),
+    }
+    Ok(())
 }
 
 /// Running sums of `v` seen as `(outer, n, inner)` along its middle axis into `out`:
@@ -427,7 +480,7 @@ fn infer_top_k(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 fn eval_top_k(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", -1)?, x.shape.len())?;
-    let k = match super::ints(node, ins, 1)?.as_slice() {
+    let k = match super::ints(node, ins, 1)? {
         [k] if *k >= 0 && *k as usize <= x.shape[a] => *k as usize,
         _ => {
             return fail(

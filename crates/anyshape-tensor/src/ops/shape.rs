@@ -3,11 +3,12 @@
 //! expressions over the shape vars (folded at compile time), so the runtime only
 //! evaluates expressions.
 use super::{
-    axis, broadcast_shape, broadcast_strides, const_ints, fail, ints, req, sized, sym_input, OpSpec,
+    axis, broadcast_strides, const_ints, eval_via, fail, ints, out_of, req, shaped, sized,
+    sym_input, Dims, OpSpec,
 };
 use crate::fact::{broadcast, exact_quotient};
 use crate::node::{Attr, Node};
-use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
+use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -58,14 +59,14 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 8,
         infer: infer_expand,
         eval: eval_expand,
-        eval_into: None,
+        eval_into: Some(eval_expand_into),
     },
     OpSpec {
         name: "Range",
         since: 11,
         infer: infer_range,
         eval: eval_range,
-        eval_into: None,
+        eval_into: Some(eval_range_into),
     },
     OpSpec {
         name: "ConstantOfShape",
@@ -265,13 +266,13 @@ fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 fn eval_reshape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let target = if node.op == "Reshape" {
-        Some(ints(node, ins, 1)?)
+        Some(ints(node, ins, 1)?.to_vec())
     } else {
         None
     };
     let axes = match node.op.as_str() {
         "Unsqueeze" | "Squeeze" if ins.get(1).copied().flatten().is_some() => {
-            squeeze_axes(node, Some(ints(node, ins, 1)?))?
+            squeeze_axes(node, Some(ints(node, ins, 1)?.to_vec()))?
         }
         "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
         _ => None,
@@ -317,16 +318,30 @@ fn infer_expand(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 fn eval_expand(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_expand_into)
+}
+
+fn eval_expand_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
-    let target: Vec<usize> = ints(node, ins, 1)?
-        .iter()
-        .map(|&d| d.max(0) as usize)
-        .collect();
-    let out = broadcast_shape(x.shape, &target)
-        .ok_or_else(|| node.error(format!("{:?} does not expand to {target:?}", x.shape)))?;
-    sized(node, &out)?;
-    let data = super::strided(x.data, &out, &broadcast_strides(x.shape, out.len()));
-    Ok(vec![Tensor::new(out, data)?])
+    let target = req(node, ins, 1)?.as_i64().map_err(|e| node.error(e))?;
+    // The broadcast of the input's shape and the target's.
+    let r = x.shape.len().max(target.len());
+    let mut out: Dims = smallvec::smallvec![1; r];
+    for (k, o) in out.iter_mut().enumerate() {
+        let a = (k + x.shape.len()).checked_sub(r).map_or(1, |i| x.shape[i]);
+        let t = (k + target.len())
+            .checked_sub(r)
+            .map_or(1, |i| target[i].max(0) as usize);
+        *o = match (a, t) {
+            _ if a == t => a,
+            (1, _) => t,
+            (_, 1) => a,
+            _ => return fail(node, format!("{:?} does not expand to {target:?}", x.shape)),
+        };
+    }
+    let strides = broadcast_strides(x.shape, r);
+    out_of(node, outs, 0, &out, x.data)?.walk(&out, &strides);
+    Ok(())
 }
 
 fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -348,31 +363,58 @@ fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     )])
 }
 
-fn eval_range(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let (s, l, d) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
-    match (&s.data, &l.data, &d.data) {
-        (DataRef::I64(s), DataRef::I64(l), DataRef::I64(d)) => {
-            let (s, l, d) = (s[0], l[0], d[0]);
-            if d == 0 {
-                return fail(node, "a step of 0");
-            }
-            let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as usize;
-            sized(node, &[n])?;
-            let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
-            Ok(vec![Tensor::i64(vec![n], v)?])
-        }
-        (DataRef::F32(s), DataRef::F32(l), DataRef::F32(d)) => {
-            let (s, l, d) = (s[0], l[0], d[0]);
-            if d == 0.0 || !(l - s).is_finite() {
-                return fail(node, "a step of 0 or an infinite range");
-            }
-            let n = ((l - s) / d).ceil().max(0.0) as usize;
-            sized(node, &[n])?;
-            let v: Vec<f32> = (0..n).map(|i| s + i as f32 * d).collect();
-            Ok(vec![Tensor::f32(vec![n], v)?])
-        }
-        _ => fail(node, "mixed element types"),
+/// The number of elements of `Range(start, limit, delta)`.
+fn range_len(node: &Node, start: f64, limit: f64, delta: f64) -> Result<usize> {
+    if delta == 0.0 || !(limit - start).is_finite() {
+        return fail(node, "a step of 0 or an infinite range");
     }
+    let n = ((limit - start) / delta).ceil().max(0.0) as usize;
+    sized(node, &[n])
+}
+
+/// The scalars of a `Range` as `f64`s, and its element type.
+fn range_params(node: &Node, ins: &[Option<TensorRef>]) -> Result<([f64; 3], DType)> {
+    let mut p = [0f64; 3];
+    let dtype = req(node, ins, 0)?.dtype();
+    for (i, p) in p.iter_mut().enumerate() {
+        let t = req(node, ins, i)?;
+        *p = match t.data {
+            DataRef::I64([v]) if dtype == DType::I64 => *v as f64,
+            DataRef::F32([v]) if dtype == DType::F32 => *v as f64,
+            _ => return fail(node, "start, limit and delta must be scalars of one type"),
+        };
+    }
+    Ok((p, dtype))
+}
+
+fn eval_range(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let ([s, l, d], dtype) = range_params(node, ins)?;
+    let mut outs = [Tensor::zeros(dtype, vec![range_len(node, s, l, d)?])?];
+    eval_range_into(node, ins, &mut outs)?;
+    Ok(outs.into())
+}
+
+fn eval_range_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+    let ([s, l, d], _) = range_params(node, ins)?;
+    let n = range_len(node, s, l, d)?;
+    match &mut shaped(node, outs, 0, &[n])?.data {
+        Data::I64(v) => {
+            // Exact integers (not through `f64`).
+            let int = |i| Ok::<_, crate::TensorError>(ints(node, ins, i)?[0]);
+            let (s, d) = (int(0)?, int(2)?);
+            for (i, o) in v.iter_mut().enumerate() {
+                *o = s + i as i64 * d;
+            }
+        }
+        Data::F32(v) => {
+            let (s, d) = (s as f32, d as f32);
+            for (i, o) in v.iter_mut().enumerate() {
+                *o = s + i as f32 * d;
+            }
+        }
+        Data::Bool(_) => return fail(node, "a range of booleans"),
+    }
+    Ok(())
 }
 
 /// The fill value of `ConstantOfShape` (a float 0 by default).

@@ -5,7 +5,7 @@
 //! `Dropout` (at inference: the input, and a mask of all true), `Cast` and `CastLike`;
 //! and `Trilu` (a triangle of the last two axes kept: causal masks), which takes one
 //! tensor and a constant.
-use super::{fail, req, OpSpec};
+use super::{eval_via, fail, req, shaped, OpSpec};
 use crate::node::Node;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -16,217 +16,217 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Sqrt",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Exp",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Log",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Erf",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Tanh",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Relu",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Sigmoid",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Gelu",
         since: 20,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Neg",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Abs",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Reciprocal",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Sin",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Cos",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Tan",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Asin",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Acos",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Atan",
         since: 7,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Sinh",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Cosh",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Asinh",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Acosh",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Atanh",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Softplus",
         since: 1,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Softsign",
         since: 1,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "HardSigmoid",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "HardSwish",
         since: 14,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Sign",
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Floor",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Ceil",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Round",
         since: 11,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Trilu",
@@ -240,42 +240,42 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 9,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "IsInf",
         since: 10,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Identity",
         since: 1,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Cast",
         since: 6,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "CastLike",
         since: 15,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
     OpSpec {
         name: "Dropout",
         since: 12,
         infer: infer_unary,
         eval: eval_unary,
-        eval_into: None,
+        eval_into: Some(eval_unary_into),
     },
 ];
 
@@ -348,61 +348,68 @@ fn unary_fact(node: &Node, x: &Fact, like: Option<DType>) -> Result<Fact> {
 }
 
 fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    eval_via(node, ins, eval_unary_into)
+}
+
+/// `f` of each element of `v` into `o`.
+fn map_into<A: Copy, B>(v: &[A], o: &mut [B], f: impl Fn(A) -> B) {
+    for (o, &x) in o.iter_mut().zip(v) {
+        *o = f(x);
+    }
+}
+
+fn eval_unary_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
     let x = req(node, ins, 0)?;
-    let shape = x.shape.to_vec();
     let op = node.op.as_str();
-    let data = match (op, &x.data) {
-        ("Identity", d) => d.to_data(),
-        ("Dropout", d) => {
-            let mode = ins.get(2).copied().flatten();
-            training(node, mode.is_some(), mode.and_then(|t| t.as_bool().ok()))?;
-            let mut outs = vec![Tensor::new(shape.clone(), d.to_data())?];
-            if node.outputs.len() > 1 {
-                outs.push(Tensor::bool(shape.clone(), vec![true; x.len()])?);
-            }
-            return Ok(outs);
+    if op == "Dropout" {
+        let mode = ins.get(2).copied().flatten();
+        training(node, mode.is_some(), mode.and_then(|t| t.as_bool().ok()))?;
+        if node.outputs.len() > 1 {
+            shaped(node, outs, 1, x.shape)?.bool_mut()?.fill(true);
         }
-        ("Cast" | "CastLike", d) => {
+    }
+    let o = shaped(node, outs, 0, x.shape)?;
+    match (op, &x.data, &mut o.data) {
+        ("Identity" | "Dropout", d, _) => match o.data.as_mut_of(*d) {
+            Some(mut p) => p.copy(0, 0, x.len()),
+            None => return fail(node, "the output's type is not the input's"),
+        },
+        ("Cast" | "CastLike", d, out) => {
             let to = cast_to(node, ins.get(1).copied().flatten().map(|t| t.dtype()))?;
-            match (d, to) {
-                (DataRef::F32(v), DType::F32) => Data::F32(v.to_vec()),
-                (DataRef::F32(v), DType::I64) => Data::I64(v.iter().map(|&f| f as i64).collect()),
-                (DataRef::F32(v), DType::Bool) => Data::Bool(v.iter().map(|&f| f != 0.0).collect()),
-                (DataRef::I64(v), DType::F32) => Data::F32(v.iter().map(|&i| i as f32).collect()),
-                (DataRef::I64(v), DType::I64) => Data::I64(v.to_vec()),
-                (DataRef::I64(v), DType::Bool) => Data::Bool(v.iter().map(|&i| i != 0).collect()),
-                (DataRef::Bool(v), DType::F32) => {
-                    Data::F32(v.iter().map(|&b| b as i32 as f32).collect())
-                }
-                (DataRef::Bool(v), DType::I64) => Data::I64(v.iter().map(|&b| b as i64).collect()),
-                (DataRef::Bool(v), DType::Bool) => Data::Bool(v.to_vec()),
+            if to != out.dtype() {
+                return fail(node, "the output's type is not the cast's");
+            }
+            match (d, out) {
+                (DataRef::F32(v), Data::F32(o)) => o.copy_from_slice(v),
+                (DataRef::F32(v), Data::I64(o)) => map_into(v, o, |f| f as i64),
+                (DataRef::F32(v), Data::Bool(o)) => map_into(v, o, |f| f != 0.0),
+                (DataRef::I64(v), Data::F32(o)) => map_into(v, o, |i| i as f32),
+                (DataRef::I64(v), Data::I64(o)) => o.copy_from_slice(v),
+                (DataRef::I64(v), Data::Bool(o)) => map_into(v, o, |i| i != 0),
+                (DataRef::Bool(v), Data::F32(o)) => map_into(v, o, |b| b as i32 as f32),
+                (DataRef::Bool(v), Data::I64(o)) => map_into(v, o, |b| b as i64),
+                (DataRef::Bool(v), Data::Bool(o)) => o.copy_from_slice(v),
             }
         }
-        ("Not", DataRef::Bool(v)) => Data::Bool(v.iter().map(|b| !b).collect()),
-        ("IsNaN", DataRef::F32(v)) => Data::Bool(v.iter().map(|f| f.is_nan()).collect()),
-        ("IsInf", DataRef::F32(v)) => {
+        ("Not", DataRef::Bool(v), Data::Bool(o)) => map_into(v, o, |b| !b),
+        ("IsNaN", DataRef::F32(v), Data::Bool(o)) => map_into(v, o, f32::is_nan),
+        ("IsInf", DataRef::F32(v), Data::Bool(o)) => {
             let (neg, pos) = (
                 node.int("detect_negative", 1)? != 0,
                 node.int("detect_positive", 1)? != 0,
             );
-            Data::Bool(
-                v.iter()
-                    .map(|&f| (pos && f == f32::INFINITY) || (neg && f == f32::NEG_INFINITY))
-                    .collect(),
-            )
+            map_into(v, o, |f| {
+                (pos && f == f32::INFINITY) || (neg && f == f32::NEG_INFINITY)
+            });
         }
-        ("Neg", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_neg()).collect()),
-        ("Abs", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.wrapping_abs()).collect()),
-        ("Sign", DataRef::I64(v)) => Data::I64(v.iter().map(|i| i.signum()).collect()),
-        ("HardSigmoid", DataRef::F32(v)) => {
+        ("Neg", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_neg),
+        ("Abs", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_abs),
+        ("Sign", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::signum),
+        ("HardSigmoid", DataRef::F32(v), Data::F32(o)) => {
             let (alpha, beta) = (node.float("alpha", 0.2)?, node.float("beta", 0.5)?);
-            Data::F32(
-                v.iter()
-                    .map(|&x| (alpha * x + beta).clamp(0.0, 1.0))
-                    .collect(),
-            )
+            map_into(v, o, |x| (alpha * x + beta).clamp(0.0, 1.0));
         }
-        (_, DataRef::F32(v)) => {
+        (_, DataRef::F32(v), Data::F32(o)) => {
             let f: fn(f32) -> f32 = match op {
                 "Sqrt" => f32::sqrt,
                 "Exp" => f32::exp,
@@ -449,11 +456,16 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                 }
                 _ => return fail(node, "unsupported for float"),
             };
-            Data::F32(v.iter().map(|&x| f(x)).collect())
+            map_into(v, o, f);
         }
-        (_, d) => return fail(node, format!("unsupported for {}", d.dtype())),
-    };
-    Ok(vec![Tensor::new(shape, data)?])
+        (_, d, o) => {
+            return fail(
+                node,
+                format!("unsupported for {} (into {})", d.dtype(), o.dtype()),
+            )
+        }
+    }
+    Ok(())
 }
 
 /// `Trilu(x, k)`: the elements of each matrix of the last two axes on or above (`upper`,
