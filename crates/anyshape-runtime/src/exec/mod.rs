@@ -8,18 +8,24 @@
 //! and the outputs copied out. A decoder's run may keep its caches in a [`CacheState`]
 //! instead ([`Executor::run_cached`]): its new rows appended there, its kernels
 //! reading them in place; given the last step's outputs to write into, such a step
-//! allocates nothing.
+//! allocates nothing. Preparing a run is `prepare.rs`'s; where its values are and a
+//! host step on them, `values.rs`'s.
+mod prepare;
+mod values;
+
 use crate::arena::Arena;
 use crate::error::internal;
-use crate::{CacheState, Result, RuntimeError};
+use crate::{CacheState, Result};
 use anyshape_ir::{Bindings, CACHE_RESERVE};
 use anyshape_plan::{Plan, PlanFile, Step, Storage};
+use anyshape_tensor::ops::OpSpec;
 use anyshape_tensor::{
     Binder, DType, DataRef, Tensor, TensorError, TensorRef, TensorSpec, ValueId,
 };
 use smallvec::SmallVec;
 use std::sync::Mutex;
 use std::time::Instant;
+use values::Values;
 
 /// What runs a plan's kernel steps: a model's task modules, or (in tests) the
 /// workloads' reference.
@@ -60,6 +66,8 @@ pub struct Executor {
     /// Per value, whether its tensor stays from run to run (an op that evaluates into
     /// given outputs makes it).
     keeps: Vec<bool>,
+    /// Per step, a host step's op (looked up once, not per run).
+    ops: Vec<Option<&'static OpSpec>>,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -99,18 +107,31 @@ impl Executor {
                 dead
             })
             .collect();
+        let ops: Vec<Option<&'static OpSpec>> = p
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Host(node) => anyshape_tensor::ops::op(&node.op),
+                Step::Kernel { .. } => None,
+            })
+            .collect();
         let mut keeps = vec![false; p.values.len()];
-        for step in &p.steps {
-            if let Step::Host(node) = step {
-                if host_into(node).is_some() {
-                    for &v in &node.outputs {
-                        keeps[v] = true;
-                    }
+        for (step, op) in p.steps.iter().zip(&ops) {
+            if let (
+                Step::Host(node),
+                Some(OpSpec {
+                    eval_into: Some(_), ..
+                }),
+            ) = (step, op)
+            {
+                for &v in &node.outputs {
+                    keeps[v] = true;
                 }
             }
         }
         Executor {
             keeps,
+            ops,
             task_vars: p.tasks.iter().map(|t| t.workload.shape_vars()).collect(),
             binder: Binder::new(&inputs),
             cached: Binder::new(&cached_specs),
@@ -230,141 +251,6 @@ impl Executor {
         result
     }
 
-    /// Before a run that appends `rows` positions to `state`: where the arena was not
-    /// made for caches this large, reserve it and the host steps' kept tensors for the
-    /// longest run `state` has room for (the same new rows at the last past; a dim of
-    /// the past and the new rows together at the capacity), so that the runs up to it
-    /// allocate nothing as the past grows.
-    fn make_room(&self, arena: &mut Arena, state: &CacheState, rows: usize) -> Result<()> {
-        let plan = self.plan();
-        let Some(past) = CacheState::past_dim(plan) else {
-            return Ok(());
-        };
-        if arena.room >= state.capacity() {
-            return Ok(());
-        }
-        let b = &mut arena.bindings;
-        let now = b.clone();
-        // A dim bound to the past and the new rows together that the caches' shapes
-        // are not made of (a mask's own length, where the export names no sums) grows
-        // with the past.
-        let total = (state.len() + rows) as i64;
-        let own: Vec<String> = plan
-            .caches
-            .iter()
-            .flat_map(|c| &plan.values[plan.outputs[c.present].1].shape)
-            .flat_map(|e| e.vars())
-            .collect();
-        let grown: Vec<String> = now
-            .iter()
-            .filter(|&(n, v)| v == total && n != CACHE_RESERVE && !own.iter().any(|o| o == n))
-            .map(|(n, _)| n.to_string())
-            .collect();
-        for n in &grown {
-            b.update(n, state.capacity() as i64);
-        }
-        b.update(past, state.capacity().saturating_sub(rows) as i64);
-        b.update(CACHE_RESERVE, 0);
-        // The arena's bytes and every value's shape there.
-        let sizes = (|| -> Result<(usize, Vec<Vec<usize>>)> {
-            let shapes = (0..plan.values.len())
-                .map(|v| plan.shape_at(v, b))
-                .collect::<anyshape_plan::Result<_>>()?;
-            Ok((plan.memory.bytes(b)?, shapes))
-        })();
-        b.assign(&now);
-        let (bytes, shapes) = sizes?;
-        // Checked as `prepare` checks a run, so that the runs up to it check nothing.
-        let total = bytes as u128 + owned_peak(plan, &shapes, &self.frees, &self.keeps);
-        anyshape_abi::check_fits(total, "the run's tensors at the caches' length")
-            .map_err(|e| RuntimeError::Memory(format!("{e}: generate fewer tokens")))?;
-        arena.checked = arena.checked.max(total);
-        // The tensors the host steps keep, at their largest.
-        let mut kept = Vec::new();
-        for (k, step) in plan.steps.iter().enumerate() {
-            let Step::Host(node) = step else { continue };
-            if plan.caches.iter().any(|c| c.step == k) || host_into(node).is_none() {
-                continue;
-            }
-            kept.extend(
-                node.outputs
-                    .iter()
-                    .map(|&v| (v, shapes[v].iter().product::<usize>())),
-            );
-        }
-        if !arena.reserve(bytes) {
-            return Err(RuntimeError::Memory(format!(
-                "the run's arena needs {:.2} GiB, which the allocator refuses",
-                anyshape_abi::gib(bytes as u128)
-            )));
-        }
-        arena.owned.resize_with(plan.values.len(), || None);
-        for (v, n) in kept {
-            arena.owned[v]
-                .get_or_insert_with(|| Tensor {
-                    shape: Vec::with_capacity(plan.values[v].shape.len()),
-                    data: empty(plan.values[v].dtype),
-                })
-                .reserve(n);
-        }
-        arena.room = state.capacity();
-        Ok(())
-    }
-
-    /// Prepare `arena` for a run at its bindings: shapes (a kept cache's present: its
-    /// buffer's, with the rows to spare), slots and the tasks' shape-var values; the
-    /// sizes checked at this instance, the arena and the host steps' tensors checked
-    /// against the machine's memory, and the arena grown to size. Into the vectors of
-    /// the last preparation: nothing is allocated where they have room.
-    fn prepare(&self, arena: &mut Arena, state: Option<&CacheState>) -> Result<()> {
-        if arena.is_for(&arena.bindings) {
-            return Ok(());
-        }
-        let plan = self.plan();
-        let b = &arena.bindings;
-        let p = &mut arena.prepared;
-        p.valid = false;
-        p.bindings.assign(b);
-        p.shapes.resize_with(plan.values.len(), Vec::new);
-        for (v, shape) in p.shapes.iter_mut().enumerate() {
-            plan.shape_into(v, b, shape)?;
-        }
-        if let Some(state) = state {
-            for (i, c) in plan.caches.iter().enumerate() {
-                let shape = &mut p.shapes[plan.outputs[c.present].1];
-                shape.clear();
-                shape.extend_from_slice(state.shape(i));
-            }
-        }
-        plan.memory.layout_into(b, &mut p.layout)?;
-        anyshape_plan::check_instance(plan, &p.shapes, &p.layout.sizes, b, &mut p.bound)?;
-        let owned = owned_peak(plan, &p.shapes, &self.frees, &self.keeps);
-        let memory = |e: String| {
-            RuntimeError::Memory(format!(
-                "{e}: run the model at smaller dims (the inputs' shapes set them)"
-            ))
-        };
-        let total = p.layout.bytes as u128 + owned;
-        if total > arena.checked {
-            anyshape_abi::check_fits(total, "the run's tensors").map_err(memory)?;
-            arena.checked = total;
-        }
-        let bytes = p.layout.bytes;
-        p.vars.resize_with(self.task_vars.len(), Vec::new);
-        for (vars, names) in p.vars.iter_mut().zip(&self.task_vars) {
-            vars.clear();
-            vars.extend(names.iter().map(|n| b.get(n).unwrap_or(0)));
-        }
-        if !arena.reserve(bytes) {
-            return Err(memory(format!(
-                "the run's arena needs {:.2} GiB, which the allocator refuses",
-                anyshape_abi::gib(bytes as u128)
-            )));
-        }
-        arena.prepared.valid = true;
-        Ok(())
-    }
-
     /// The steps of a run prepared in `arena`, on `inputs` (`arena.given` says which
     /// is the plan's each input), the outputs written into `outputs`.
     fn steps(
@@ -457,7 +343,12 @@ impl Executor {
                         kernels.call(*task, &prepared.vars[*task], &ins, out)?;
                     }
                 }
-                Step::Host(node) => values.host(node)?,
+                Step::Host(node) => {
+                    let op = self.ops[k].ok_or_else(|| {
+                        internal("a host step whose op is not registered (the plan was verified)")
+                    })?;
+                    values.host(node, op)?
+                }
             }
             if let (Some(t), Some(s)) = (started, seconds.as_deref_mut()) {
                 s[k] += t.elapsed().as_secs_f64();
@@ -504,159 +395,6 @@ impl Executor {
                 }
                 None => values.view(v)?.to_tensor(),
             });
-        }
-        Ok(())
-    }
-}
-
-/// The op's evaluation into given outputs, where it has one.
-fn host_into(node: &anyshape_tensor::Node) -> Option<anyshape_tensor::ops::EvalIntoFn> {
-    anyshape_tensor::ops::op(&node.op).and_then(|o| o.eval_into)
-}
-
-/// No elements of `dtype`.
-fn empty(dtype: DType) -> anyshape_tensor::Data {
-    match dtype {
-        DType::F32 => anyshape_tensor::Data::F32(Vec::new()),
-        DType::I64 => anyshape_tensor::Data::I64(Vec::new()),
-        DType::Bool => anyshape_tensor::Data::Bool(Vec::new()),
-    }
-}
-
-/// Bytes of one element of `dtype`.
-fn width(dtype: DType) -> u128 {
-    match dtype {
-        DType::F32 => 4,
-        DType::I64 => 8,
-        DType::Bool => 1,
-    }
-}
-
-/// The most bytes the host steps' own tensors take at once at these shapes: each
-/// step's outputs from the step that makes them to the last that reads them (`frees`:
-/// per step, those that die after it; kept for the whole run where the op evaluates
-/// into kept tensors), and while a step runs twice its outputs besides (the index
-/// walks of broadcasts and gathers).
-fn owned_peak(plan: &Plan, shapes: &[Vec<usize>], frees: &[Vec<ValueId>], keeps: &[bool]) -> u128 {
-    let size = |v: usize| -> u128 {
-        shapes[v]
-            .iter()
-            .fold(1u128, |n, &d| n.saturating_mul(d as u128))
-            .saturating_mul(width(plan.values[v].dtype))
-    };
-    let (mut live, mut peak) = (0u128, 0u128);
-    for (k, step) in plan.steps.iter().enumerate() {
-        if let Step::Host(node) = step {
-            let made: u128 = node.outputs.iter().map(|&v| size(v)).sum();
-            live = live.saturating_add(made);
-            peak = peak.max(live.saturating_add(made.saturating_mul(2)));
-        }
-        for &v in &frees[k] {
-            if !keeps[v] {
-                live = live.saturating_sub(size(v));
-            }
-        }
-    }
-    peak
-}
-
-/// Where a run's values are.
-struct Values<'a> {
-    plan: &'a Plan,
-    file: &'a PlanFile,
-    /// The tensors the caller gave.
-    inputs: &'a [(&'a str, TensorRef<'a>)],
-    /// For each of the plan's inputs, its index among `inputs`.
-    given: &'a [Option<usize>],
-    prepared: &'a crate::arena::Prepared,
-    base: *mut u8,
-    /// Host steps' tensors and evaluated shape plumbing, by value.
-    owned: &'a mut Vec<Option<Tensor>>,
-}
-
-impl Values<'_> {
-    /// Value `v` as a tensor in place (its root's elements under its own shape).
-    fn view(&self, v: usize) -> Result<TensorRef<'_>> {
-        let r = self.plan.root(v);
-        let shape = &self.prepared.shapes[v];
-        let data = match &self.plan.values[r].storage {
-            Storage::Input(i) => {
-                let g = self.given[*i]
-                    .ok_or_else(|| internal("a kept cache's past read on the host"))?;
-                self.inputs[g].1.data
-            }
-            Storage::Constant(c) => self.file.constant(*c).data,
-            Storage::Arena(s) => {
-                let n: usize = shape.iter().product();
-                let at = self.prepared.layout.offsets[*s];
-                // SAFETY: the slot holds `n` floats at this run's shapes (checked at
-                // the instance; the arena was reserved to the layout), written by the
-                // step that made the value (verified: values are written before they
-                // are read), and no kernel writes it while this view lives.
-                DataRef::F32(unsafe {
-                    std::slice::from_raw_parts(self.base.add(at).cast::<f32>(), n)
-                })
-            }
-            Storage::Owned | Storage::Plumbing(_) => self.owned[r]
-                .as_ref()
-                .ok_or_else(|| {
-                    RuntimeError::Plan(anyshape_plan::PlanError::Invalid(format!(
-                        "`{}` is read after it was freed",
-                        self.plan.values[r].name
-                    )))
-                })?
-                .data
-                .view(),
-            Storage::View(_) => unreachable!("a root is no view"),
-        };
-        Ok(TensorRef::new(shape, data)?)
-    }
-
-    /// Evaluate host step `node`: into the tensors its outputs kept from the last run
-    /// where its op can (fitted to this run's shapes), else into new ones checked
-    /// against the plan's shapes.
-    fn host(&mut self, node: &anyshape_tensor::Node) -> Result<()> {
-        let op = anyshape_tensor::ops::op(&node.op).expect("verified: every host op is registered");
-        if let Some(into) = op.eval_into {
-            let mut outs: SmallVec<[Tensor; 4]> = SmallVec::new();
-            for &v in &node.outputs {
-                let mut t = self.owned[v].take().unwrap_or_else(|| Tensor {
-                    shape: Vec::new(),
-                    data: empty(self.plan.values[v].dtype),
-                });
-                t.fit(self.plan.values[v].dtype, &self.prepared.shapes[v])?;
-                outs.push(t);
-            }
-            let done = {
-                let ins = node
-                    .inputs
-                    .iter()
-                    .map(|i| i.map(|v| self.view(v)).transpose())
-                    .collect::<Result<SmallVec<[_; 8]>>>()?;
-                into(node, &ins, &mut outs)
-            };
-            for (&v, t) in node.outputs.iter().zip(outs) {
-                self.owned[v] = Some(t);
-            }
-            return Ok(done?);
-        }
-        let outs = {
-            let ins = node
-                .inputs
-                .iter()
-                .map(|i| i.map(|v| self.view(v)).transpose())
-                .collect::<Result<Vec<_>>>()?;
-            (op.eval)(node, &ins)?
-        };
-        for (&v, t) in node.outputs.iter().zip(outs) {
-            if t.shape != self.prepared.shapes[v] {
-                return Err(TensorError::Shape(format!(
-                    "node `{}` ({}) made `{}` of shape {:?} where the plan has {:?} (a shape rule differs from the op's evaluation)",
-                    node.name, node.op, self.plan.values[v].name, t.shape, self.prepared.shapes[v]
-                ))
-                .into());
-            }
-            self.owned[v] = Some(t);
         }
         Ok(())
     }

@@ -1,0 +1,119 @@
+//! Where a run's values are ([`Values`]: the caller's inputs, the plan's mapped
+//! constants, the arena's slots, the host steps' own tensors), as borrowed views, and
+//! a host step evaluated on them.
+use crate::error::internal;
+use crate::{Result, RuntimeError};
+use anyshape_plan::{Plan, PlanFile, Storage};
+use anyshape_tensor::ops::OpSpec;
+use anyshape_tensor::{DType, DataRef, Node, Tensor, TensorError, TensorRef};
+use smallvec::SmallVec;
+
+/// No elements of `dtype`.
+pub(super) fn empty(dtype: DType) -> anyshape_tensor::Data {
+    match dtype {
+        DType::F32 => anyshape_tensor::Data::F32(Vec::new()),
+        DType::I64 => anyshape_tensor::Data::I64(Vec::new()),
+        DType::Bool => anyshape_tensor::Data::Bool(Vec::new()),
+    }
+}
+
+/// Where a run's values are.
+pub(super) struct Values<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) file: &'a PlanFile,
+    /// The tensors the caller gave.
+    pub(super) inputs: &'a [(&'a str, TensorRef<'a>)],
+    /// For each of the plan's inputs, its index among `inputs`.
+    pub(super) given: &'a [Option<usize>],
+    pub(super) prepared: &'a crate::arena::Prepared,
+    pub(super) base: *mut u8,
+    /// Host steps' tensors and evaluated shape plumbing, by value.
+    pub(super) owned: &'a mut Vec<Option<Tensor>>,
+}
+
+impl Values<'_> {
+    /// Value `v` as a tensor in place (its root's elements under its own shape).
+    pub(super) fn view(&self, v: usize) -> Result<TensorRef<'_>> {
+        let r = self.plan.root(v);
+        let shape = &self.prepared.shapes[v];
+        let data = match &self.plan.values[r].storage {
+            Storage::Input(i) => {
+                let g = self.given[*i]
+                    .ok_or_else(|| internal("a kept cache's past read on the host"))?;
+                self.inputs[g].1.data
+            }
+            Storage::Constant(c) => self.file.constant(*c).data,
+            Storage::Arena(s) => {
+                let n: usize = shape.iter().product();
+                let at = self.prepared.layout.offsets[*s];
+                // SAFETY: the slot holds `n` floats at this run's shapes (checked at
+                // the instance; the arena was reserved to the layout), written by the
+                // step that made the value (verified: values are written before they
+                // are read), and no kernel writes it while this view lives.
+                DataRef::F32(unsafe {
+                    std::slice::from_raw_parts(self.base.add(at).cast::<f32>(), n)
+                })
+            }
+            Storage::Owned | Storage::Plumbing(_) => self.owned[r]
+                .as_ref()
+                .ok_or_else(|| {
+                    RuntimeError::Plan(anyshape_plan::PlanError::Invalid(format!(
+                        "`{}` is read after it was freed",
+                        self.plan.values[r].name
+                    )))
+                })?
+                .data
+                .view(),
+            Storage::View(_) => unreachable!("a root is no view"),
+        };
+        Ok(TensorRef::new(shape, data)?)
+    }
+
+    /// Evaluate host step `node`: into the tensors its outputs kept from the last run
+    /// where its op can (fitted to this run's shapes), else into new ones checked
+    /// against the plan's shapes.
+    pub(super) fn host(&mut self, node: &Node, op: &OpSpec) -> Result<()> {
+        if let Some(into) = op.eval_into {
+            let mut outs: SmallVec<[Tensor; 4]> = SmallVec::new();
+            for &v in &node.outputs {
+                let mut t = self.owned[v].take().unwrap_or_else(|| Tensor {
+                    shape: Vec::new(),
+                    data: empty(self.plan.values[v].dtype),
+                });
+                t.fit(self.plan.values[v].dtype, &self.prepared.shapes[v])?;
+                outs.push(t);
+            }
+            let done = {
+                let ins = node
+                    .inputs
+                    .iter()
+                    .map(|i| i.map(|v| self.view(v)).transpose())
+                    .collect::<Result<SmallVec<[_; 8]>>>()?;
+                into(node, &ins, &mut outs)
+            };
+            for (&v, t) in node.outputs.iter().zip(outs) {
+                self.owned[v] = Some(t);
+            }
+            return Ok(done?);
+        }
+        let outs = {
+            let ins = node
+                .inputs
+                .iter()
+                .map(|i| i.map(|v| self.view(v)).transpose())
+                .collect::<Result<Vec<_>>>()?;
+            (op.eval)(node, &ins)?
+        };
+        for (&v, t) in node.outputs.iter().zip(outs) {
+            if t.shape != self.prepared.shapes[v] {
+                return Err(TensorError::Shape(format!(
+                    "node `{}` ({}) made `{}` of shape {:?} where the plan has {:?} (a shape rule differs from the op's evaluation)",
+                    node.name, node.op, self.plan.values[v].name, t.shape, self.prepared.shapes[v]
+                ))
+                .into());
+            }
+            self.owned[v] = Some(t);
+        }
+        Ok(())
+    }
+}
