@@ -1,5 +1,6 @@
 //! `anyshape bench --model M --generate`: a decoder model module generating text raced
-//! against onnxruntime (IO binding) and OpenVINO (the model made stateful), each with
+//! against onnxruntime (IO binding), OpenVINO (the model made stateful) and PyTorch
+//! eager (transformers' own cache), each with
 //! its own decoder loop on the same prompts, greedy, in interleaved rounds: the time to
 //! the first token, the decode steps after it, whether every system chose anyshape's
 //! tokens, and anyshape's decode against the machine's measured read bandwidth for the
@@ -108,6 +109,7 @@ pub fn compare_generate(
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let start = PeerStart {
         python: o.peers.python,
+        torch_python: o.peers.torch_python,
         model: &source,
         threads: o.peers.threads,
         outputs: &outputs,
@@ -117,6 +119,7 @@ pub fn compare_generate(
         PeerKind::Onnxruntime,
         PeerKind::OpenvinoF32,
         PeerKind::Openvino,
+        PeerKind::Pytorch,
     ]);
     let mut peers: Vec<PythonPeer> = Vec::new();
     let mut unavailable = Vec::new();
@@ -261,7 +264,7 @@ impl Report<'_> {
         let _ = writeln!(s, "Command: `{command}`\n");
         let _ = writeln!(
             s,
-            "Greedy generation of {} tokens after each prompt (batch 1), every system with its own decoder loop on the same prompt: anyshape's `Decoder`, onnxruntime with IO binding (the present caches bound as the next step's past), OpenVINO with the model made stateful. {} interleaved rounds (the order rotates); first token = the minimum over rounds of the prompt's step; decode = the minimum over rounds of the median step after it. Speedup > 1: anyshape is faster. Tokens: how many of the system's tokens equal anyshape's (a prefix).\n",
+            "Greedy generation of {} tokens after each prompt (batch 1), every system with its own decoder loop on the same prompt: anyshape's `Decoder`, onnxruntime with IO binding (the present caches bound as the next step's past), OpenVINO with the model made stateful, PyTorch eager with transformers' own cache (the model rebuilt by `models/export.py`). {} interleaved rounds (the order rotates); first token = the minimum over rounds of the prompt's step; decode = the minimum over rounds of the median step after it. Speedup > 1: anyshape is faster. Tokens: how many of the system's tokens equal anyshape's (a prefix).\n",
             self.o.new_tokens, self.o.rounds
         );
         let _ = writeln!(

@@ -210,6 +210,7 @@ pub fn compare_model(
         }
         let start = PeerStart {
             python: o.peers.python,
+            torch_python: o.peers.torch_python,
             model: &source,
             threads: o.peers.threads,
             outputs: &outputs,

@@ -77,8 +77,13 @@ pub struct BenchArgs {
     /// packages [default: python3].
     #[arg(long)]
     python: Option<String>,
+    /// With --model: the Python interpreter that has torch and transformers, for the
+    /// pytorch peer (the model rebuilt by the repository's models/export.py, e.g.
+    /// `.venv-export/bin/python` of scripts/export-models.sh) [default: --python's].
+    #[arg(long, value_name = "PYTHON")]
+    torch_python: Option<String>,
     /// With --model: the peers to race, of onnxruntime, openvino-f32, openvino (its
-    /// default precision: BF16 where the CPU has it) and tract; a peer named here that
+    /// default precision: BF16 where the CPU has it), pytorch and tract; a peer named here that
     /// cannot start is an error [default: every one at hand, the others noted].
     #[arg(long, value_name = "PEER,...", value_delimiter = ',', value_parser = peer_kind)]
     peers: Option<Vec<PeerKind>>,
@@ -155,6 +160,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let model_only = [
         (args.threads.is_some(), "--threads"),
         (args.python.is_some(), "--python"),
+        (args.torch_python.is_some(), "--torch-python"),
         (args.peers.is_some(), "--peers"),
     ];
     let wrong = crate::given(&model_only);
@@ -217,11 +223,13 @@ fn peer_kind(s: &str) -> Result<PeerKind, String> {
         .map_err(|e: anyshape_bench::BenchError| e.to_string())
 }
 
-/// How a model's peers run: `--threads`, `--python`, `--peers`, `--onnx`.
+/// How a model's peers run: `--threads`, `--python`, `--torch-python`, `--peers`,
+/// `--onnx`.
 fn peer_options(args: &BenchArgs) -> PeerOptions<'_> {
     PeerOptions {
         threads: args.threads.unwrap_or(2) as usize,
         python: args.python.as_deref().unwrap_or("python3"),
+        torch_python: args.torch_python.as_deref(),
         peers: args.peers.as_deref(),
         onnx: args.onnx.as_deref(),
     }
@@ -251,6 +259,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         (args.onnx.is_some(), "--onnx"),
         (args.peers.is_some(), "--peers"),
         (args.python.is_some(), "--python"),
+        (args.torch_python.is_some(), "--torch-python"),
         (args.threads.is_some(), "--threads"),
     ];
     let wrong = crate::given(&compare_only);

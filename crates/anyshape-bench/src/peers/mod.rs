@@ -1,8 +1,10 @@
 //! The systems a model module races against in `anyshape bench --model`, behind one
 //! interface: anyshape's own runtime, onnxruntime and OpenVINO (their Python packages,
 //! each in a long-lived child process, 2 threads by default; OpenVINO at FP32 and at
-//! its default precision) and tract (`tract-onnx`, in process, when built with the
-//! `tract` feature). Each runs the same `.onnx` on the same inputs.
+//! its default precision), PyTorch eager (the model the `.onnx` was exported from,
+//! rebuilt by the repository's export script, in a Python that has torch) and tract
+//! (`tract-onnx`, in process, when built with the `tract` feature). Each runs the same
+//! model on the same inputs.
 use crate::error::{io, BenchError, Result};
 use anyshape_tensor::{Tensor, TensorRef};
 use std::io::{BufRead, BufReader, Write};
@@ -25,16 +27,20 @@ pub enum PeerKind {
     /// OpenVINO at its default precision (BF16 where the CPU has it); raced only where
     /// that is not FP32 when `OpenvinoF32` is raced too.
     Openvino,
+    /// PyTorch eager (FP32): the model the ONNX was exported from, rebuilt by the
+    /// repository's `models/export.py` with its seeded weights.
+    Pytorch,
     /// tract, in process (a `--features tract` build).
     Tract,
 }
 
 impl PeerKind {
     /// Every peer, in the order they are raced.
-    pub const ALL: [PeerKind; 4] = [
+    pub const ALL: [PeerKind; 5] = [
         PeerKind::Onnxruntime,
         PeerKind::OpenvinoF32,
         PeerKind::Openvino,
+        PeerKind::Pytorch,
         PeerKind::Tract,
     ];
 
@@ -44,6 +50,7 @@ impl PeerKind {
             PeerKind::Onnxruntime => "onnxruntime",
             PeerKind::OpenvinoF32 => "openvino-f32",
             PeerKind::Openvino => "openvino",
+            PeerKind::Pytorch => "pytorch",
             PeerKind::Tract => "tract",
         }
     }
@@ -71,6 +78,9 @@ pub struct PeerOptions<'a> {
     pub threads: usize,
     /// The Python that has onnxruntime and OpenVINO.
     pub python: &'a str,
+    /// The Python that has torch and transformers (PyTorch's peer); by default
+    /// `python`.
+    pub torch_python: Option<&'a str>,
     /// The peers to race; `None`: every one at hand (those missing are noted, not
     /// errors). A peer named here that cannot start is an error.
     pub peers: Option<&'a [PeerKind]>,
@@ -79,10 +89,11 @@ pub struct PeerOptions<'a> {
     pub onnx: Option<&'a Path>,
 }
 
-/// Where and how Python peers start: the interpreter, the source model, their threads,
+/// Where and how Python peers start: the interpreters, the source model, their threads,
 /// the graph's output names, a directory for their outputs.
 pub(crate) struct PeerStart<'a> {
     pub python: &'a str,
+    pub torch_python: Option<&'a str>,
     pub model: &'a Path,
     pub threads: usize,
     pub outputs: &'a [String],
@@ -113,12 +124,17 @@ impl PeerStart<'_> {
             PeerKind::Onnxruntime => Engine::Onnxruntime,
             PeerKind::OpenvinoF32 => Engine::Openvino { f32: true },
             PeerKind::Openvino => Engine::Openvino { f32: false },
+            PeerKind::Pytorch => Engine::Pytorch,
             // In process, not in Python: its caller starts it.
             PeerKind::Tract => return Ok(Started::Skipped),
         };
+        let python = match engine {
+            Engine::Pytorch => self.torch_python.unwrap_or(self.python),
+            _ => self.python,
+        };
         match PythonPeer::start(
             engine,
-            self.python,
+            python,
             self.model,
             self.threads,
             self.outputs.to_vec(),
@@ -135,8 +151,12 @@ impl PeerStart<'_> {
             Ok(p) => Ok(Started::Peer(p)),
             Err(e) if named => Err(e),
             Err(e) => Ok(Started::Unavailable(format!(
-                "{e} (pip install {}, or --python a Python that has it)",
-                engine.package()
+                "{e} (pip install {}, or {} a Python that has it)",
+                engine.package(),
+                match engine {
+                    Engine::Pytorch => "--torch-python",
+                    _ => "--python",
+                }
             ))),
         }
     }
@@ -220,6 +240,8 @@ pub(crate) enum Engine {
     /// OpenVINO on the CPU: `f32` forces FP32 (`INFERENCE_PRECISION_HINT`); without it,
     /// its default (BF16 where the CPU has it).
     Openvino { f32: bool },
+    /// PyTorch eager (FP32) with transformers.
+    Pytorch,
 }
 
 impl Engine {
@@ -228,6 +250,15 @@ impl Engine {
         match self {
             Engine::Onnxruntime => "onnxruntime",
             Engine::Openvino { .. } => "openvino",
+            Engine::Pytorch => "torch transformers",
+        }
+    }
+
+    /// Its name to the peer script.
+    fn script_name(self) -> &'static str {
+        match self {
+            Engine::Pytorch => "pytorch",
+            e => e.package(),
         }
     }
 }
@@ -261,13 +292,13 @@ impl PythonPeer {
         outputs: Vec<String>,
         scratch: &Path,
     ) -> Result<PythonPeer> {
-        let what = engine.package();
+        let what = engine.script_name();
         let env = |e: String| BenchError::Environment(format!("{what}: {e}"));
         let mut command = Command::new(python);
         command
             .arg("-c")
             .arg(PYTHON_PEER)
-            .arg(what)
+            .arg(engine.script_name())
             .arg(model)
             .arg(threads.to_string());
         if engine == (Engine::Openvino { f32: true }) {
@@ -299,7 +330,7 @@ impl PythonPeer {
     }
 
     fn env(&self, e: impl std::fmt::Display) -> BenchError {
-        BenchError::Environment(format!("{}: {e}", self.engine.package()))
+        BenchError::Environment(format!("{}: {e}", self.engine.script_name()))
     }
 
     fn reply(&mut self) -> Result<serde_json::Value> {
@@ -328,6 +359,7 @@ impl Peer for PythonPeer {
             Engine::Onnxruntime => ("onnxruntime", ""),
             Engine::Openvino { f32: true } => ("OpenVINO", "forced; "),
             Engine::Openvino { f32: false } => ("OpenVINO", "default precision; "),
+            Engine::Pytorch => ("PyTorch", "eager; "),
         };
         // No commas: the name is a field of the CSV report.
         format!(
@@ -383,7 +415,8 @@ impl Peer for PythonPeer {
 impl PythonPeer {
     /// Generate `new_tokens` greedily from the `prompt_ids` in `prompt` (a `.npz`) with
     /// the engine's own decoder loop (onnxruntime: IO binding; OpenVINO: the model
-    /// made stateful): each row's tokens and the seconds of each step.
+    /// made stateful; PyTorch: transformers' cache): each row's tokens and the seconds
+    /// of each step.
     pub fn generate(
         &mut self,
         prompt: &Path,

@@ -1,11 +1,14 @@
-"""A Python runtime as a peer of `anyshape bench --model`: onnxruntime or OpenVINO in a
-long-lived process that loads one ONNX model once (with its dynamic dims) and answers
-timing requests, one JSON object per line.
+"""A Python runtime as a peer of `anyshape bench --model`: onnxruntime, OpenVINO or
+PyTorch in a long-lived process that loads one model once (with its dynamic dims) and
+answers timing requests, one JSON object per line.
 
   argv: ENGINE MODEL.onnx THREADS [PRECISION]
-        ENGINE: onnxruntime (CPU execution provider, THREADS intra-op threads) or
+        ENGINE: onnxruntime (CPU execution provider, THREADS intra-op threads),
         openvino (CPU, THREADS inference threads, latency hint; PRECISION "f32" forces
-        FP32, absent: its default, BF16 where the CPU has AVX512_BF16 or AMX)
+        FP32, absent: its default, BF16 where the CPU has AVX512_BF16 or AMX) or
+        pytorch (eager, FP32, THREADS intra-op threads: the model the ONNX was exported
+        from, rebuilt by the repository's `models/export.py` — beside the ONNX or a
+        directory up — by the ONNX's name, with the same seeded weights)
   first line out: {"ok": true, "version": ..., "precision": "f32" | "bf16" | ...}
                   or {"error": ...}
   in:  {"inputs": "case.npz", "seconds": S, "outputs": "out.npz" | null}
@@ -20,7 +23,8 @@ names). A generate request runs a decoder with a key/value cache (inputs `input_
 the `.npz`'s `prompt_ids` [batch, length] for N tokens, as each engine serves it best:
 onnxruntime with IO binding (each step's present caches bound as the next step's past
 without a copy to NumPy), OpenVINO with the model made stateful (the caches held and
-appended inside the request). A step's time includes choosing its tokens.
+appended inside the request), PyTorch with transformers' own cache (`DynamicCache`,
+appended in place). A step's time includes choosing its tokens.
 """
 import json
 import sys
@@ -136,6 +140,54 @@ def openvino(model, threads, precision):
     return version.split("-")[0], actual, inputs, run, generate
 
 
+def pytorch(model, threads, _precision):
+    import importlib.util
+    import os
+
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    here = os.path.dirname(os.path.abspath(model))
+    script = next((p for p in (os.path.join(here, "export.py"), os.path.join(os.path.dirname(here), "export.py"))
+                   if os.path.exists(p)), None)
+    if script is None:
+        raise RuntimeError("it rebuilds the model with the repository's models/export.py, which is not beside the ONNX")
+    name = os.path.basename(model).split(".")[0]
+    spec = importlib.util.spec_from_file_location("anyshape_export", script)
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    built = export.build(name)
+    wrap = built["wrap"].eval()
+    inputs, names = built["inputs"], built["outputs"]
+
+    def run(feed):
+        with torch.inference_mode():
+            outs = wrap(*[torch.from_numpy(np.ascontiguousarray(feed[n])) for n in inputs])
+        return {n: o.numpy() for n, o in zip(names, outs)}
+
+    def generate(prompt, n):
+        hf = wrap.model
+        rows = prompt.shape[0]
+        ids, length, tokens, times = torch.from_numpy(prompt), 0, [], []
+        cache = transformers.DynamicCache()
+        with torch.inference_mode():
+            for _ in range(n):
+                t = time.perf_counter()
+                length += ids.shape[1]
+                out = hf(input_ids=ids, attention_mask=torch.ones(rows, length, dtype=torch.int64),
+                         past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                ids = out.logits[:, -1, :].argmax(-1, keepdim=True)
+                times.append(time.perf_counter() - t)
+                tokens.append(ids[:, 0].numpy())
+        return np.stack(tokens, axis=1).tolist(), times
+
+    return torch.__version__.split("+")[0], "f32", inputs, run, generate
+
+
 def stateful_request(ov, model, config):
     """The decoder made stateful, as OpenVINO serves text generation: each `past…`
     input and its `present…` output become one state variable the request keeps (its
@@ -163,7 +215,7 @@ def main():
     try:
         import numpy as np
 
-        engine = {"onnxruntime": onnxruntime, "openvino": openvino}[sys.argv[1]]
+        engine = {"onnxruntime": onnxruntime, "openvino": openvino, "pytorch": pytorch}[sys.argv[1]]
         precision = sys.argv[4] if len(sys.argv) > 4 else None
         version, actual, inputs, run, generate = engine(sys.argv[2], int(sys.argv[3]), precision)
     except Exception as e:  # not installed, or it refuses the model
