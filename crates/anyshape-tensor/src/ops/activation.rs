@@ -1,12 +1,20 @@
 //! Activations with parameters: `LeakyRelu`, `Elu`, `Selu`, `Celu`, `ThresholdedRelu`,
-//! `Shrink`, `Mish`, `Clip` (its bounds optional scalar inputs, also on integers), and
-//! `PRelu` (its slope a tensor broadcast to the input). Each on
+//! `Shrink`, `Mish`, `Clip` (its bounds optional scalar inputs, also on integers),
+//! `PRelu` (its slope a tensor broadcast to the input) and `SwiGLU` (a gate's Swish
+//! times a value of the same shape: a gated MLP). Each on
 //! `f32`; the parameters are the attributes ONNX defines, with its defaults.
 use super::{broadcast_indices, broadcast_out, fail, infer_same, req, OpSpec};
 use crate::node::Node;
 use crate::{Data, DataRef, Result, Tensor, TensorRef};
 
 pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "SwiGLU",
+        since: 28,
+        infer: infer_swiglu,
+        eval: eval_swiglu,
+        eval_into: None,
+    },
     OpSpec {
         name: "LeakyRelu",
         since: 6,
@@ -202,4 +210,48 @@ fn eval_clip(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         DataRef::Bool(_) => return fail(node, "unsupported for bool"),
     };
     Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}
+
+fn infer_swiglu(node: &Node, ins: &[Option<&crate::Fact>]) -> Result<Vec<crate::Fact>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if a.rank() != b.rank() || a.dtype != b.dtype {
+        return fail(node, "a gate and a value of different ranks or types");
+    }
+    if let Some((x, y)) = a
+        .shape
+        .iter()
+        .zip(&b.shape)
+        .find(|(x, y)| matches!((x.as_const(), y.as_const()), (Some(p), Some(q)) if p != q))
+    {
+        return fail(
+            node,
+            format!("a gate dim {x} where the value's is {y} (no broadcasting)"),
+        );
+    }
+    Ok(vec![crate::Fact::new(a.dtype, a.shape.to_vec())])
+}
+
+/// `SwiGLU(A, B) = A · sigmoid(alpha · A) · B` (same shapes, no broadcasting).
+fn eval_swiglu(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    if a.shape != b.shape {
+        return fail(
+            node,
+            format!(
+                "a gate {:?} and a value {:?} (no broadcasting)",
+                a.shape, b.shape
+            ),
+        );
+    }
+    let alpha = node.float("alpha", 1.0)?;
+    let (x, y) = (
+        a.as_f32().map_err(|e| node.error(e))?,
+        b.as_f32().map_err(|e| node.error(e))?,
+    );
+    let out = x
+        .iter()
+        .zip(y)
+        .map(|(&g, &v)| g / (1.0 + (-alpha * g).exp()) * v)
+        .collect();
+    Ok(vec![Tensor::f32(a.shape.to_vec(), out)?])
 }

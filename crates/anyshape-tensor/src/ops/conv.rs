@@ -1,9 +1,10 @@
-//! 2-D convolutions (NCHW): `Conv` as a reference (patches × filters through the
-//! `gemm` crate: a host step where no kernel runs it) and `anyshape.Im2Col`, the
+//! Convolutions: `Conv` (2-D over NCHW, 1-D over NCL as images of height 1, grouped
+//! and depthwise) as a reference (patches × filters through the `gemm` crate, group by
+//! group: a host step where no kernel runs it) and `anyshape.Im2Col`, the
 //! patches of each image as the columns of a matrix — the host step before a
 //! `conv_columns` kernel, which fusion makes of a `Conv` over constant filters. The
 //! internal op is no ONNX op: a model that names it is refused at import.
-use super::pool::Window;
+use super::pool::{spatial_axes, Window};
 use super::{fail, req, sized, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
@@ -31,47 +32,72 @@ pub(super) static OPS: &[OpSpec] = &[
 /// output `[n, ci·kh·kw, oh·ow]`.
 pub const IM2COL: &str = "anyshape.Im2Col";
 
-/// A convolution's window ([`Window`]); groups are refused.
-fn conv_window(node: &Node) -> Result<Window> {
-    if node.int("group", 1)? != 1 {
-        return fail(node, "grouped convolutions are not supported yet");
+/// A convolution's window ([`Window`]) over `spatial` axes, and its groups.
+fn conv_window(node: &Node, spatial: usize) -> Result<(Window, usize)> {
+    let group = node.int("group", 1)?;
+    if group < 1 {
+        return fail(node, format!("group {group}: need 1 or more"));
     }
-    Window::of(node)
+    Ok((Window::of_rank(node, spatial)?, group as usize))
 }
 
 fn infer_conv(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    if x.rank() != 4 || w.rank() != 4 {
-        return fail(node, "2-D convolutions (NCHW) only");
+    let spatial = spatial_axes(node, x.rank())?;
+    if w.rank() != x.rank() {
+        return fail(node, "filters of another rank than the input");
     }
-    let c = conv_window(node)?;
-    let kh = w.shape[2]
-        .as_const()
-        .ok_or_else(|| node.error("a symbolic kernel size"))?;
-    let kw = w.shape[3]
-        .as_const()
-        .ok_or_else(|| node.error("a symbolic kernel size"))?;
-    Ok(vec![Fact::new(
-        x.dtype,
-        vec![
-            x.shape[0].clone(),
-            w.shape[0].clone(),
-            c.out_expr(&x.shape[2], kh, 0),
-            c.out_expr(&x.shape[3], kw, 1),
-        ],
-    )])
+    let (c, group) = conv_window(node, spatial)?;
+    if let (Some(cx), Some(cw)) = (x.shape[1].as_const(), w.shape[1].as_const()) {
+        if cx != cw * group as i64 {
+            return fail(
+                node,
+                format!(
+                    "{cx} input channels where {group} groups of {cw} filters' channels read them"
+                ),
+            );
+        }
+    }
+    let mut shape = vec![x.shape[0].clone(), w.shape[0].clone()];
+    for a in 2..x.rank() {
+        let k = w.shape[a]
+            .as_const()
+            .ok_or_else(|| node.error("a symbolic kernel size"))?;
+        // A 1-D window is the width's of a 2-D one.
+        shape.push(c.out_expr(&x.shape[a], k, a + 2 - x.rank()));
+    }
+    Ok(vec![Fact::new(x.dtype, shape)])
 }
 
 fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    if x.shape.len() != 4 || w.shape.len() != 4 || x.shape[1] != w.shape[1] {
-        return fail(node, "2-D convolutions (NCHW) with matching channels only");
+    let spatial = spatial_axes(node, x.shape.len())?;
+    let (c, group) = conv_window(node, spatial)?;
+    if w.shape.len() != x.shape.len() || x.shape[1] != w.shape[1] * group {
+        return fail(
+            node,
+            format!(
+                "filters {:?} in {group} groups do not read an input {:?}",
+                w.shape, x.shape
+            ),
+        );
     }
-    let c = conv_window(node)?;
-    let (n, ci, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let (co, kh, kw) = (w.shape[0], w.shape[2], w.shape[3]);
+    // A 1-D convolution as a 2-D one over images of height 1.
+    let (n, ci) = (x.shape[0], x.shape[1]);
+    let [h, wd] = match spatial {
+        1 => [1, x.shape[2]],
+        _ => [x.shape[2], x.shape[3]],
+    };
+    let co = w.shape[0];
+    let [kh, kw] = match spatial {
+        1 => [1, w.shape[2]],
+        _ => [w.shape[2], w.shape[3]],
+    };
     if kh == 0 || kw == 0 {
         return fail(node, "an empty kernel");
+    }
+    if co % group != 0 {
+        return fail(node, format!("{co} filters in {group} groups"));
     }
     let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
     let xv = x.as_f32().map_err(|e| node.error(e))?;
@@ -83,56 +109,67 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         .map(|b| b.as_f32().map(|v| v.to_vec()))
         .transpose()
         .map_err(|e| node.error(e))?;
-    sized(node, &[n, co, oh, ow])?;
+    let mut shape = vec![n, co];
+    if spatial == 2 {
+        shape.push(oh);
+    }
+    shape.push(ow);
+    sized(node, &shape)?;
     if bias.as_ref().is_some_and(|v| v.len() != co) {
         return fail(
             node,
             format!("a bias of another length than the {co} output channels"),
         );
     }
-    // Per image: the patches as the columns of a (ci·kh·kw) × (oh·ow) matrix (zero
-    // where a patch reaches into the padding), then weights × patches with the `gemm`
-    // crate: the output is NCHW as it comes out.
-    let (k, p) = (ci * kh * kw, oh * ow);
+    // Per image and group: the group's patches as the columns of a (cg·kh·kw) × (oh·ow)
+    // matrix (zero where a patch reaches into the padding), then the group's weights ×
+    // patches with the `gemm` crate: the output is NCHW as it comes out.
+    let (cg, og) = (ci / group, co / group);
+    let (k, p) = (cg * kh * kw, oh * ow);
     sized(node, &[k, p])?;
     let mut cols = vec![0f32; k * p];
     let mut out = vec![0f32; n * co * p];
     for b in 0..n {
-        columns(xv, [ci, h, wd], [kh, kw], &c, [oh, ow], b, &mut cols);
-        let dst = &mut out[b * co * p..][..co * p];
-        if let Some(bias) = &bias {
-            for (o, row) in dst.chunks_mut(p.max(1)).enumerate() {
-                row.fill(bias[o]);
+        for g in 0..group {
+            let image = &xv[(b * ci + g * cg) * h * wd..][..cg * h * wd];
+            columns(image, [cg, h, wd], [kh, kw], &c, [oh, ow], 0, &mut cols);
+            let dst = &mut out[(b * co + g * og) * p..][..og * p];
+            if let Some(bias) = &bias {
+                for (o, row) in dst.chunks_mut(p.max(1)).enumerate() {
+                    row.fill(bias[g * og + o]);
+                }
             }
-        }
-        if co > 0 && p > 0 && k > 0 {
-            // SAFETY: dst is co × p, wv co × k and cols k × p, all row-major, as passed.
-            unsafe {
-                gemm::gemm(
-                    co,
-                    p,
-                    k,
-                    dst.as_mut_ptr(),
-                    1,
-                    p as isize,
-                    true,
-                    wv.as_ptr(),
-                    1,
-                    k as isize,
-                    cols.as_ptr(),
-                    1,
-                    p as isize,
-                    1.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                )
+            if og > 0 && p > 0 && k > 0 {
+                let filters = &wv[g * og * k..][..og * k];
+                // SAFETY: dst is og × p, filters og × k and cols k × p, all row-major,
+                // as passed.
+                unsafe {
+                    gemm::gemm(
+                        og,
+                        p,
+                        k,
+                        dst.as_mut_ptr(),
+                        1,
+                        p as isize,
+                        true,
+                        filters.as_ptr(),
+                        1,
+                        k as isize,
+                        cols.as_ptr(),
+                        1,
+                        p as isize,
+                        1.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
             }
         }
     }
-    Ok(vec![Tensor::f32(vec![n, co, oh, ow], out)?])
+    Ok(vec![Tensor::f32(shape, out)?])
 }
 
 /// The patches of image `b` of `x` (`[n, ci, h, w]`) as the columns of a
@@ -209,7 +246,7 @@ fn infer_im2col(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     if x.rank() != 4 {
         return fail(node, "an NCHW input");
     }
-    let c = conv_window(node)?;
+    let c = Window::of(node)?;
     let [kh, kw] = kernel_shape(node)?;
     let k = x.shape[1].clone() * Expr::Const((kh * kw) as i64);
     let p = c.out_expr(&x.shape[2], kh as i64, 0) * c.out_expr(&x.shape[3], kw as i64, 1);
@@ -224,7 +261,7 @@ fn eval_im2col(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let &[n, ci, h, wd] = x.shape else {
         return fail(node, "an NCHW input");
     };
-    let c = conv_window(node)?;
+    let c = Window::of(node)?;
     let [kh, kw] = kernel_shape(node)?;
     let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
     let (k, p) = (ci * kh * kw, oh * ow);
@@ -241,24 +278,28 @@ mod tests {
     use super::*;
     use crate::node::Attr;
 
-    /// The convolution as a plain loop nest, for the test.
+    /// The convolution as a plain loop nest (in `group`s: output channel `o` reads the
+    /// input channels of its group), for the test.
     #[allow(clippy::too_many_arguments)]
     fn naive(
         x: &[f32],
         [n, ci, h, wd]: [usize; 4],
         w: &[f32],
         [co, kh, kw]: [usize; 3],
+        group: usize,
         bias: Option<&[f32]>,
         c: &Window,
         [oh, ow]: [usize; 2],
     ) -> Vec<f32> {
+        let (cg, og) = (ci / group, co / group);
         let mut out = vec![0f32; n * co * oh * ow];
         for b in 0..n {
             for o in 0..co {
                 for y in 0..oh {
                     for xo in 0..ow {
                         let mut acc = bias.map_or(0.0, |v| v[o]);
-                        for i in 0..ci {
+                        for i in 0..cg {
+                            let ch = o / og * cg + i;
                             for p in 0..kh {
                                 for q in 0..kw {
                                     let iy = (y * c.strides[0] + p * c.dilations[0]) as isize
@@ -269,8 +310,8 @@ mod tests {
                                         && (0..wd as isize).contains(&ix)
                                     {
                                         acc += x
-                                            [((b * ci + i) * h + iy as usize) * wd + ix as usize]
-                                            * w[((o * ci + i) * kh + p) * kw + q];
+                                            [((b * ci + ch) * h + iy as usize) * wd + ix as usize]
+                                            * w[((o * cg + i) * kh + p) * kw + q];
                                     }
                                 }
                             }
@@ -284,55 +325,134 @@ mod tests {
     }
 
     /// Patches × weights equals the loop nest: patchify (ViT), padding, strides,
-    /// dilations, bias or none, batch 2, a kernel as large as the image.
+    /// dilations, bias or none, batch 2, a kernel as large as the image, groups
+    /// (depthwise too), and 1-D convolutions (NCL: `h` 0 marks one, run on the
+    /// rank-3 input and compared with the 2-D loop over a height of 1).
     #[test]
     fn conv_matches_the_loop_nest() {
-        /// Input NCHW, (out channels, kh, kw), strides, pads, dilations, with a bias.
+        /// Input NCHW, (out channels, kh, kw), strides, pads, dilations, group, with a
+        /// bias.
         type Case = (
             [usize; 4],
             [usize; 3],
             [usize; 2],
             [usize; 4],
             [usize; 2],
+            usize,
             bool,
         );
         let cases: &[Case] = &[
-            ([1, 3, 32, 48], [8, 16, 16], [16, 16], [0; 4], [1, 1], true),
-            ([2, 2, 7, 9], [3, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], false),
+            (
+                [1, 3, 32, 48],
+                [8, 16, 16],
+                [16, 16],
+                [0; 4],
+                [1, 1],
+                1,
+                true,
+            ),
+            (
+                [2, 2, 7, 9],
+                [3, 3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                1,
+                false,
+            ),
             (
                 [2, 3, 11, 10],
                 [4, 3, 2],
                 [2, 3],
                 [2, 0, 1, 3],
                 [2, 1],
+                1,
                 true,
             ),
-            ([1, 1, 5, 5], [2, 5, 5], [1, 1], [0; 4], [1, 1], true),
+            ([1, 1, 5, 5], [2, 5, 5], [1, 1], [0; 4], [1, 1], 1, true),
+            // Two groups of 2 channels into 3 filters each; depthwise with a multiplier.
+            (
+                [2, 4, 6, 7],
+                [6, 3, 2],
+                [1, 2],
+                [1, 0, 1, 1],
+                [1, 1],
+                2,
+                true,
+            ),
+            (
+                [1, 5, 9, 9],
+                [10, 3, 3],
+                [2, 2],
+                [1, 1, 1, 1],
+                [1, 1],
+                5,
+                false,
+            ),
+            // 1-D: [n, c, 1, l] with its window along the width; depthwise and causal.
+            (
+                [2, 3, 0, 13],
+                [6, 1, 4],
+                [1, 2],
+                [0, 3, 0, 0],
+                [1, 1],
+                3,
+                true,
+            ),
+            (
+                [1, 4, 0, 11],
+                [2, 1, 3],
+                [1, 1],
+                [0, 2, 0, 1],
+                [1, 2],
+                1,
+                false,
+            ),
         ];
-        for &(xs, [co, kh, kw], strides, pads, dilations, with_bias) in cases {
-            let ci = xs[1];
-            let x: Vec<f32> = (0..xs.iter().product::<usize>())
+        for &(xs, [co, kh, kw], strides, pads, dilations, group, with_bias) in cases {
+            let one_d = xs[2] == 0;
+            let x4 = [xs[0], xs[1], xs[2].max(1), xs[3]];
+            let cg = xs[1] / group;
+            let x: Vec<f32> = (0..x4.iter().product::<usize>())
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
                 .collect();
-            let w: Vec<f32> = (0..co * ci * kh * kw)
+            let w: Vec<f32> = (0..co * cg * kh * kw)
                 .map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0)
                 .collect();
             let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.5 - 1.0).collect();
             let ints = |v: &[usize]| Attr::Ints(v.iter().map(|&x| x as i64).collect());
+            let (attrs, xshape, wshape) = if one_d {
+                (
+                    [
+                        ("strides".to_string(), ints(&strides[1..])),
+                        ("pads".to_string(), ints(&[pads[1], pads[3]])),
+                        ("dilations".to_string(), ints(&dilations[1..])),
+                        ("group".to_string(), Attr::Int(group as i64)),
+                    ],
+                    vec![xs[0], xs[1], xs[3]],
+                    vec![co, cg, kw],
+                )
+            } else {
+                (
+                    [
+                        ("strides".to_string(), ints(&strides)),
+                        ("pads".to_string(), ints(&pads)),
+                        ("dilations".to_string(), ints(&dilations)),
+                        ("group".to_string(), Attr::Int(group as i64)),
+                    ],
+                    x4.to_vec(),
+                    vec![co, cg, kh, kw],
+                )
+            };
             let node = Node {
                 name: "conv".into(),
                 op: "Conv".into(),
                 inputs: vec![],
                 outputs: vec![],
-                attrs: [
-                    ("strides".to_string(), ints(&strides)),
-                    ("pads".to_string(), ints(&pads)),
-                    ("dilations".to_string(), ints(&dilations)),
-                ]
-                .into(),
+                attrs: attrs.into(),
             };
-            let xt = Tensor::f32(xs.to_vec(), x.clone()).unwrap();
-            let wt = Tensor::f32(vec![co, ci, kh, kw], w.clone()).unwrap();
+            let xt = Tensor::f32(xshape.clone(), x.clone()).unwrap();
+            let wt = Tensor::f32(wshape, w.clone()).unwrap();
             let bt = Tensor::f32(vec![co], bias.clone()).unwrap();
             let ins = [
                 Some(xt.view()),
@@ -340,13 +460,18 @@ mod tests {
                 with_bias.then(|| bt.view()),
             ];
             let got = eval_conv(&node, &ins).unwrap().remove(0);
-            let c = conv_window(&node).unwrap();
-            let [oh, ow] = [got.shape[2], got.shape[3]];
+            assert_eq!(got.shape.len(), xshape.len(), "{xs:?}");
+            let (c, _) = conv_window(&node, xshape.len() - 2).unwrap();
+            let [oh, ow] = match one_d {
+                true => [1, got.shape[2]],
+                false => [got.shape[2], got.shape[3]],
+            };
             let want = naive(
                 &x,
-                xs,
+                x4,
                 &w,
                 [co, kh, kw],
+                group,
                 with_bias.then_some(&bias[..]),
                 &c,
                 [oh, ow],

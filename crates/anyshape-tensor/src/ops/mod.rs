@@ -4,7 +4,7 @@
 //! concrete tensors (`eval`: the reference executor, also used to fold constants).
 //!
 //! - `activation.rs`: activations with parameters (`LeakyRelu`, `Elu`, `Selu`,
-//!   `PRelu`, `Clip`, …);
+//!   `PRelu`, `Clip`, `SwiGLU`, …);
 //! - `attention.rs`: `Attention` (opset 23 on: heads, a past, grouped-query heads,
 //!   masks, causal and windowed);
 //! - `elementwise.rs`: arithmetic (`Mod` too, the variadic `Sum`, `Mean`, `Max`,
@@ -15,13 +15,14 @@
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`;
-//! - `conv.rs`: `Conv`, and the internal `anyshape.Im2Col` before a convolution kernel;
+//! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
+//!   before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
 //!   `AveragePool`, `LpPool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,
-//!   `GroupNormalization`, `BatchNormalization`;
+//!   `GroupNormalization`, `BatchNormalization`, `MeanVarianceNormalization`, `LRN`;
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`;

@@ -1,7 +1,8 @@
 //! Normalizations: functions of each row along an axis (`Softmax`, `LogSoftmax`,
 //! `Hardmax`, `LpNormalization`) and of groups of axes (`LayerNormalization`,
 //! `RMSNormalization`, `InstanceNormalization`, `GroupNormalization`,
-//! `BatchNormalization` at inference). The reference keeps its sums in `f64` or in
+//! `BatchNormalization` at inference, `MeanVarianceNormalization`), and `LRN` (across
+//! channels). The reference keeps its sums in `f64` or in
 //! lanes of `f32`.
 use super::{
     axis, broadcast_indices, eval_via, fail, infer_same, lane_sum, per_channel, req, shaped,
@@ -12,6 +13,20 @@ use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "MeanVarianceNormalization",
+        since: 13,
+        infer: infer_same,
+        eval: eval_mvn,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "LRN",
+        since: 13,
+        infer: infer_same,
+        eval: eval_lrn,
+        eval_into: None,
+    },
     OpSpec {
         name: "Softmax",
         since: 13,
@@ -307,6 +322,86 @@ fn eval_group_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
         for (j, (y, &e)) in out.iter_mut().zip(row).enumerate() {
             let ch = (gi % groups) * (c / groups) + j / spatial.max(1);
             *y = ((e as f64 - mean) * inv * scale[ch] as f64 + bias[ch] as f64) as f32;
+        }
+    }
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+/// `MeanVarianceNormalization(X)`: `(X - E[X]) / (sqrt(E[X²] - E[X]²) + 1e-9)` over
+/// `axes` (default batch and the spatial axes `[0, 2, 3]`), as ONNX's function body
+/// computes it (sums in `f64`).
+fn eval_mvn(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let r = x.shape.len();
+    let axes: Vec<usize> = match node.ints("axes")? {
+        Some(a) => a.iter().map(|&a| axis(node, a, r)).collect::<Result<_>>()?,
+        None => vec![0, 2, 3],
+    };
+    if axes.iter().any(|&a| a >= r) {
+        return fail(node, format!("axes {axes:?} for an input of rank {r}"));
+    }
+    // Each element's group: its index with the normalized axes dropped.
+    let strides = crate::tensor::strides(x.shape);
+    let kept: Vec<usize> = (0..r).filter(|a| !axes.contains(a)).collect();
+    let groups: usize = kept.iter().map(|&a| x.shape[a]).product();
+    let group = |i: usize| {
+        kept.iter()
+            .fold(0, |g, &a| g * x.shape[a] + i / strides[a] % x.shape[a])
+    };
+    let (mut sum, mut sq, mut count) =
+        (vec![0f64; groups], vec![0f64; groups], vec![0usize; groups]);
+    for (i, &e) in v.iter().enumerate() {
+        let g = group(i);
+        sum[g] += e as f64;
+        sq[g] += e as f64 * e as f64;
+        count[g] += 1;
+    }
+    let out = v
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| {
+            let g = group(i);
+            let n = count[g].max(1) as f64;
+            let mean = sum[g] / n;
+            let std = (sq[g] / n - mean * mean).max(0.0).sqrt();
+            ((e as f64 - mean) / (std + 1e-9)) as f32
+        })
+        .collect();
+    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+}
+
+/// `LRN(X)`: each element over `bias + alpha/size · Σ x²` (the channels within
+/// `size` around its own) to the power `beta`.
+fn eval_lrn(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    if x.shape.len() < 2 {
+        return fail(node, "an input of rank 2 or more (N, C, …)");
+    }
+    let size = node.int("size", 0)?;
+    if size < 1 {
+        return fail(node, "size must be given, 1 or more");
+    }
+    let (alpha, beta, bias) = (
+        node.float("alpha", 1e-4)? as f64,
+        node.float("beta", 0.75)? as f64,
+        node.float("bias", 1.0)? as f64,
+    );
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let inner: usize = x.shape[2..].iter().product();
+    let (before, after) = ((size as usize - 1) / 2, (size as usize - 1).div_ceil(2));
+    let mut out = vec![0f32; v.len()];
+    for b in 0..n {
+        for ch in 0..c {
+            let lo = ch.saturating_sub(before);
+            let hi = (ch + after).min(c - 1);
+            for i in 0..inner {
+                let at = |k: usize| (b * c + k) * inner + i;
+                let sq: f64 = (lo..=hi).map(|k| (v[at(k)] as f64).powi(2)).sum();
+                out[at(ch)] =
+                    (v[at(ch)] as f64 / (bias + alpha / size as f64 * sq).powf(beta)) as f32;
+            }
         }
     }
     Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])

@@ -1,4 +1,5 @@
-//! Sliding windows over NCHW images: the window that `Conv` and the pools share
+//! Sliding windows over NCHW images (and NCL sequences, as images of height 1): the
+//! window that `Conv` and the pools share
 //! (strides, pads, dilations and the output extent they give, symbolic or concrete),
 //! and the pools — `MaxPool`, `AveragePool`, `LpPool`, `GlobalAveragePool`,
 //! `GlobalMaxPool` — as reference loops (host steps; averages and norms summed in `f64`).
@@ -56,36 +57,49 @@ pub struct Window {
 }
 
 impl Window {
-    /// The window attributes of `node` (absent: strides and dilations 1, no pads);
-    /// `auto_pad` other than `NOTSET`/`VALID` and anything but two spatial axes are
-    /// refused.
+    /// The window attributes of `node` over two spatial axes (absent: strides and
+    /// dilations 1, no pads); `auto_pad` other than `NOTSET`/`VALID` is refused.
     pub fn of(node: &Node) -> Result<Window> {
+        Window::of_rank(node, 2)
+    }
+
+    /// The same over `spatial` axes, 1 or 2: a 1-D window is a 2-D one over a height
+    /// of 1 (its attributes those of the width).
+    pub fn of_rank(node: &Node, spatial: usize) -> Result<Window> {
         if !matches!(
             node.string("auto_pad", "NOTSET")?.as_str(),
             "NOTSET" | "VALID"
         ) {
             return fail(node, "auto_pad SAME_* is not supported yet");
         }
-        let two = |name: &str| -> Result<[usize; 2]> {
+        if !matches!(spatial, 1 | 2) {
+            return fail(
+                node,
+                format!("{spatial} spatial axes: 1-D and 2-D windows only"),
+            );
+        }
+        let axes = |name: &str| -> Result<[usize; 2]> {
             match node.ints(name)? {
                 None => Ok([1, 1]),
-                Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => {
-                    Ok([v[0] as usize, v[1] as usize])
-                }
-                Some(v) => fail(node, format!("{name} {v:?}: two spatial axes (NCHW) only")),
+                Some(v) if v.len() == spatial && v.iter().all(|&x| x > 0) => Ok([
+                    v[..spatial - 1].first().map_or(1, |&h| h as usize),
+                    v[spatial - 1] as usize,
+                ]),
+                Some(v) => fail(node, format!("{name} {v:?}: {spatial} spatial axes")),
             }
         };
         let pads = match node.ints("pads")? {
             None => [0; 4],
-            Some(v) if v.len() == 4 && v.iter().all(|&x| x >= 0) => {
-                [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize]
-            }
-            Some(v) => return fail(node, format!("pads {v:?}: two spatial axes (NCHW) only")),
+            Some(v) if v.len() == 2 * spatial && v.iter().all(|&x| x >= 0) => match spatial {
+                1 => [0, v[0] as usize, 0, v[1] as usize],
+                _ => [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize],
+            },
+            Some(v) => return fail(node, format!("pads {v:?}: {spatial} spatial axes")),
         };
         Ok(Window {
-            strides: two("strides")?,
+            strides: axes("strides")?,
             pads,
-            dilations: two("dilations")?,
+            dilations: axes("dilations")?,
         })
     }
 
@@ -120,9 +134,9 @@ impl Window {
     }
 }
 
-/// A pool's kernel extent (`kernel_shape`, two spatial axes), refusing what is not
-/// implemented: `ceil_mode`, the indices output of `MaxPool`.
-fn kernel(node: &Node) -> Result<[usize; 2]> {
+/// A pool's kernel extent (`kernel_shape`, over `spatial` axes: a 1-D one of height
+/// 1), refusing what is not implemented: `ceil_mode`, the indices output of `MaxPool`.
+fn kernel(node: &Node, spatial: usize) -> Result<[usize; 2]> {
     if node.int("ceil_mode", 0)? != 0 {
         return fail(node, "ceil_mode 1 is not supported yet");
     }
@@ -130,38 +144,42 @@ fn kernel(node: &Node) -> Result<[usize; 2]> {
         return fail(node, "the indices output is not supported");
     }
     match node.ints("kernel_shape")? {
-        Some(v) if v.len() == 2 && v.iter().all(|&x| x > 0) => Ok([v[0] as usize, v[1] as usize]),
-        Some(v) => fail(
-            node,
-            format!("kernel_shape {v:?}: two spatial axes (NCHW) only"),
-        ),
+        Some(v) if v.len() == spatial && v.iter().all(|&x| x > 0) => match spatial {
+            1 => Ok([1, v[0] as usize]),
+            _ => Ok([v[0] as usize, v[1] as usize]),
+        },
+        Some(v) => fail(node, format!("kernel_shape {v:?}: {spatial} spatial axes")),
         None => fail(node, "kernel_shape is required"),
+    }
+}
+
+/// The spatial axes of a pooled or convolved input of `rank`: 1 (NCL) or 2 (NCHW).
+pub(super) fn spatial_axes(node: &Node, rank: usize) -> Result<usize> {
+    match rank {
+        3 | 4 => Ok(rank - 2),
+        r => fail(
+            node,
+            format!("an input of rank {r}: 1-D (NCL) and 2-D (NCHW) windows only"),
+        ),
     }
 }
 
 fn infer_pool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    if x.rank() != 4 {
-        return fail(node, "2-D pooling (NCHW) only");
+    let spatial = spatial_axes(node, x.rank())?;
+    let (k, w) = (kernel(node, spatial)?, Window::of_rank(node, spatial)?);
+    let mut shape = x.shape[..2].to_vec();
+    if spatial == 2 {
+        shape.push(w.out_expr(&x.shape[2], k[0] as i64, 0));
     }
-    let (k, w) = (kernel(node)?, Window::of(node)?);
-    Ok(vec![Fact::new(
-        x.dtype,
-        vec![
-            x.shape[0].clone(),
-            x.shape[1].clone(),
-            w.out_expr(&x.shape[2], k[0] as i64, 0),
-            w.out_expr(&x.shape[3], k[1] as i64, 1),
-        ],
-    )])
+    shape.push(w.out_expr(&x.shape[x.rank() - 1], k[1] as i64, 1));
+    Ok(vec![Fact::new(x.dtype, shape)])
 }
 
 fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    if x.shape.len() != 4 {
-        return fail(node, "2-D pooling (NCHW) only");
-    }
-    let (k, w) = (kernel(node)?, Window::of(node)?);
+    let spatial = spatial_axes(node, x.shape.len())?;
+    let (k, w) = (kernel(node, spatial)?, Window::of_rank(node, spatial)?);
     let max = node.op == "MaxPool";
     let p = match node.op.as_str() {
         "LpPool" => match node.int("p", 2)? {
@@ -171,9 +189,19 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         _ => None,
     };
     let include_pad = node.int("count_include_pad", 0)? != 0;
-    let (images, h, wd) = (x.shape[0] * x.shape[1], x.shape[2], x.shape[3]);
+    // A 1-D input as images of height 1.
+    let (h, wd) = match spatial {
+        1 => (1, x.shape[2]),
+        _ => (x.shape[2], x.shape[3]),
+    };
+    let images = x.shape[0] * x.shape[1];
     let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
-    sized(node, &[x.shape[0], x.shape[1], oh, ow])?;
+    let mut shape = x.shape[..2].to_vec();
+    if spatial == 2 {
+        shape.push(oh);
+    }
+    shape.push(ow);
+    sized(node, &shape)?;
     // The work, not only the output, is bounded: a huge window over huge pads would
     // otherwise loop for ages on a small output.
     if crate::tensor::numel(&[images, oh, ow, k[0], k[1]]).map_or(true, |w| w > MAX_ELEMENTS) {
@@ -190,7 +218,7 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let rows: Vec<std::ops::Range<usize>> = (0..oh).map(|y| w.inside(y, k[0], 0, h)).collect();
     let cols: Vec<std::ops::Range<usize>> = (0..ow).map(|xo| w.inside(xo, k[1], 1, wd)).collect();
     let mut out = Vec::with_capacity(images * oh * ow);
-    for img in v.chunks(h * wd).take(images) {
+    for img in v.chunks((h * wd).max(1)).take(images) {
         for (y, ry) in rows.iter().enumerate() {
             for (xo, rx) in cols.iter().enumerate() {
                 let first = |o: usize, u: usize, i: usize| {
@@ -230,10 +258,7 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             }
         }
     }
-    Ok(vec![Tensor::f32(
-        vec![x.shape[0], x.shape[1], oh, ow],
-        out,
-    )?])
+    Ok(vec![Tensor::f32(shape, out)?])
 }
 
 fn infer_global(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {

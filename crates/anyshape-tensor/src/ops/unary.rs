@@ -1,5 +1,5 @@
 //! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`,
-//! `Softplus`, `HardSwish`, …), trigonometric and hyperbolic functions (rotary position
+//! `Softplus`, `HardSwish`, `Swish`, …), trigonometric and hyperbolic functions (rotary position
 //! embeddings), rounding, `Neg`/`Abs`/`Sign` (also on the shape plumbing's integer
 //! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity`,
 //! `Dropout` (at inference: the input, and a mask of all true), `Cast` and `CastLike`;
@@ -189,6 +189,13 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "HardSigmoid",
         since: 6,
+        infer: infer_unary,
+        eval: eval_unary,
+        eval_into: Some(eval_unary_into),
+    },
+    OpSpec {
+        name: "Swish",
+        since: 24,
         infer: infer_unary,
         eval: eval_unary,
         eval_into: Some(eval_unary_into),
@@ -405,6 +412,10 @@ fn eval_unary_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) 
         ("Neg", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_neg),
         ("Abs", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_abs),
         ("Sign", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::signum),
+        ("Swish", DataRef::F32(v), Data::F32(o)) => {
+            let alpha = node.float("alpha", 1.0)?;
+            map_into(v, o, |x| x / (1.0 + (-alpha * x).exp()));
+        }
         ("HardSigmoid", DataRef::F32(v), Data::F32(o)) => {
             let (alpha, beta) = (node.float("alpha", 0.2)?, node.float("beta", 0.5)?);
             map_into(v, o, |x| (alpha * x + beta).clamp(0.0, 1.0));
