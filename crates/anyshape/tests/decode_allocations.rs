@@ -62,7 +62,10 @@ fn a_decode_step_allocates_nothing() {
             );
             let steps = &g.step_allocations;
             assert_eq!(steps.len(), 64);
-            assert!(steps[0] > 0, "{model}: the prompt's run counted no allocation");
+            assert!(
+                steps[0] > 0,
+                "{model}: the prompt's run counted no allocation"
+            );
             assert!(
                 steps[1..].iter().all(|&n| n == 0),
                 "{model} prompt {prompt}: decode steps allocated {:?}",
