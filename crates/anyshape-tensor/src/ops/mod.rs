@@ -15,10 +15,11 @@
 //! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
 //! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`;
-//! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
+//! - `conv.rs`: `Conv` and `ConvTranspose` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
 //!   before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
-//! - `pool.rs`: the sliding window `Conv` and the pools share, `MaxPool`,
+//! - `pool.rs`: the sliding window `Conv` and the pools share (pads given or
+//!   `SAME_*`, `ceil_mode`), `MaxPool`,
 //!   `AveragePool`, `LpPool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,

@@ -46,7 +46,18 @@ pub(super) static OPS: &[OpSpec] = &[
     },
 ];
 
+/// How `auto_pad` `SAME_*` places a window's pads: their sum follows from the input's
+/// extent, the odd one after (`Upper`) or before (`Lower`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Same {
+    /// `SAME_UPPER`.
+    Upper,
+    /// `SAME_LOWER`.
+    Lower,
+}
+
 /// A 2-D window's placement: strides, pads (top, left, bottom, right), dilations.
+#[derive(Clone, Debug)]
 pub struct Window {
     /// Steps between windows along height and width.
     pub strides: [usize; 2],
@@ -54,11 +65,17 @@ pub struct Window {
     pub pads: [usize; 4],
     /// Steps between a window's taps along height and width.
     pub dilations: [usize; 2],
+    /// `auto_pad` `SAME_*`: the output extent is the input's over the stride, rounded
+    /// up, and the pads follow from the input's extent ([`Window::at`]).
+    pub same: Option<Same>,
+    /// `ceil_mode` (pools): the output extent rounds up, a last window kept where it
+    /// starts inside the input or its leading pad.
+    pub ceil: bool,
 }
 
 impl Window {
     /// The window attributes of `node` over two spatial axes (absent: strides and
-    /// dilations 1, no pads); `auto_pad` other than `NOTSET`/`VALID` is refused.
+    /// dilations 1, no pads).
     pub fn of(node: &Node) -> Result<Window> {
         Window::of_rank(node, 2)
     }
@@ -66,12 +83,12 @@ impl Window {
     /// The same over `spatial` axes, 1 or 2: a 1-D window is a 2-D one over a height
     /// of 1 (its attributes those of the width).
     pub fn of_rank(node: &Node, spatial: usize) -> Result<Window> {
-        if !matches!(
-            node.string("auto_pad", "NOTSET")?.as_str(),
-            "NOTSET" | "VALID"
-        ) {
-            return fail(node, "auto_pad SAME_* is not supported yet");
-        }
+        let same = match node.string("auto_pad", "NOTSET")?.as_str() {
+            "NOTSET" | "VALID" => None,
+            "SAME_UPPER" => Some(Same::Upper),
+            "SAME_LOWER" => Some(Same::Lower),
+            other => return fail(node, format!("auto_pad {other} is not one ONNX defines")),
+        };
         if !matches!(spatial, 1 | 2) {
             return fail(
                 node,
@@ -88,7 +105,9 @@ impl Window {
                 Some(v) => fail(node, format!("{name} {v:?}: {spatial} spatial axes")),
             }
         };
+        // VALID and SAME_* ignore the pads given.
         let pads = match node.ints("pads")? {
+            _ if same.is_some() || node.string("auto_pad", "NOTSET")? == "VALID" => [0; 4],
             None => [0; 4],
             Some(v) if v.len() == 2 * spatial && v.iter().all(|&x| x >= 0) => match spatial {
                 1 => [0, v[0] as usize, 0, v[1] as usize],
@@ -100,22 +119,75 @@ impl Window {
             strides: axes("strides")?,
             pads,
             dilations: axes("dilations")?,
+            same,
+            ceil: node.int("ceil_mode", 0)? != 0,
         })
+    }
+
+    /// This window over an input of extents `sizes` under a kernel of extents `k`, its
+    /// pads concrete (those `SAME_*` gives at these extents).
+    pub fn at(&self, sizes: [usize; 2], k: [usize; 2]) -> Window {
+        let mut w = self.clone();
+        if let Some(same) = self.same {
+            for i in 0..2 {
+                let out = sizes[i].div_ceil(self.strides[i]);
+                let span = self.dilations[i] * (k[i].max(1) - 1) + 1;
+                let total = ((out.max(1) - 1) * self.strides[i] + span).saturating_sub(sizes[i]);
+                let (before, after) = match same {
+                    Same::Upper => (total / 2, total - total / 2),
+                    Same::Lower => (total - total / 2, total / 2),
+                };
+                w.pads[i] = before;
+                w.pads[i + 2] = after;
+            }
+            w.same = None;
+        }
+        w
     }
 
     /// The output extent of spatial axis `i` (0: height, 1: width) of input extent `d`
     /// under a kernel of extent `k`, as an expression.
     pub fn out_expr(&self, d: &Expr, k: i64, i: usize) -> Expr {
+        let s = Expr::Const(self.strides[i] as i64);
+        if self.same.is_some() {
+            return Expr::ceil_div(d.clone(), s).simplify();
+        }
         let span = (self.dilations[i] as i64) * (k - 1) + 1;
         let padded = d.clone() + (self.pads[i] + self.pads[i + 2]) as i64 - span;
-        (Expr::floor_div(padded, Expr::Const(self.strides[i] as i64)) + 1).simplify()
+        if self.ceil {
+            // The last window starts before the input's end and its leading pad's.
+            let last = Expr::floor_div(d.clone() + self.pads[i] as i64 - 1, s.clone());
+            return (Expr::min(Expr::ceil_div(padded, s), last) + 1).simplify();
+        }
+        (Expr::floor_div(padded, s) + 1).simplify()
     }
 
     /// The same for concrete extents (0 where the window does not fit).
     pub fn out(&self, d: usize, k: usize, i: usize) -> usize {
-        (d + self.pads[i] + self.pads[i + 2])
-            .checked_sub(self.dilations[i] * (k.max(1) - 1) + 1)
-            .map_or(0, |v| v / self.strides[i] + 1)
+        let s = self.strides[i];
+        if self.same.is_some() {
+            return d.div_ceil(s);
+        }
+        let span = self.dilations[i] * (k.max(1) - 1) + 1;
+        let room = (d + self.pads[i] + self.pads[i + 2]) as isize - span as isize;
+        let s = s as isize;
+        let out = if self.ceil {
+            // A last window may reach past the padded input (ceil), but starts inside it.
+            let last = (d as isize + self.pads[i] as isize - 1).div_euclid(s);
+            (-(-room).div_euclid(s)).min(last) + 1
+        } else {
+            room.div_euclid(s) + 1
+        };
+        out.max(0) as usize
+    }
+
+    /// How many of the `k` taps of output position `o` of axis `i` fall inside the
+    /// input of `extent` with its pads.
+    pub fn padded_taps(&self, o: usize, k: usize, i: usize, extent: usize) -> usize {
+        let end = extent + self.pads[i] + self.pads[i + 2];
+        (0..k)
+            .filter(|&u| o * self.strides[i] + u * self.dilations[i] < end)
+            .count()
     }
 
     /// The kernel offsets at which output position `o` of axis `i` (0: rows, 1:
@@ -135,11 +207,8 @@ impl Window {
 }
 
 /// A pool's kernel extent (`kernel_shape`, over `spatial` axes: a 1-D one of height
-/// 1), refusing what is not implemented: `ceil_mode`, the indices output of `MaxPool`.
+/// 1), refusing what is not implemented: the indices output of `MaxPool`.
 fn kernel(node: &Node, spatial: usize) -> Result<[usize; 2]> {
-    if node.int("ceil_mode", 0)? != 0 {
-        return fail(node, "ceil_mode 1 is not supported yet");
-    }
     if node.outputs.len() > 1 {
         return fail(node, "the indices output is not supported");
     }
@@ -195,6 +264,7 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         _ => (x.shape[2], x.shape[3]),
     };
     let images = x.shape[0] * x.shape[1];
+    let w = w.at([h, wd], k);
     let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
     let mut shape = x.shape[..2].to_vec();
     if spatial == 2 {
@@ -248,8 +318,10 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                     let sum: f64 = taps
                         .map(|(r, q)| img[r * wd + first(xo, q, 1)] as f64)
                         .sum();
+                    // With the pads: the taps inside the padded input (a ceil-mode
+                    // window may reach past it).
                     let count = if include_pad {
-                        k[0] * k[1]
+                        w.padded_taps(y, k[0], 0, h) * w.padded_taps(xo, k[1], 1, wd)
                     } else {
                         ry.len() * rx.len()
                     };
@@ -298,4 +370,69 @@ fn eval_global(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let mut shape = x.shape.to_vec();
     shape[2..].fill(1);
     Ok(vec![Tensor::f32(shape, out)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::Attr;
+    use anyshape_ir::Bindings;
+
+    /// A window's output extent as an expression over a symbolic input extent is the
+    /// concrete one at every extent (1 to 40) where the window fits, for pads given, `SAME_*` and
+    /// `ceil_mode`, over strides, dilations and kernels; and `SAME_*`'s pads make the
+    /// output the input over the stride, the odd pad after (upper) or before (lower).
+    #[test]
+    fn symbolic_and_concrete_extents_agree() {
+        for auto_pad in ["NOTSET", "SAME_UPPER", "SAME_LOWER"] {
+            for ceil in [0, 1] {
+                for (k, s, dil, pads) in [
+                    (3, 2, 1, [1, 0]),
+                    (2, 3, 2, [0, 2]),
+                    (1, 1, 1, [0, 0]),
+                    (4, 1, 3, [2, 1]),
+                ] {
+                    let node = Node {
+                        name: "pool".into(),
+                        op: "MaxPool".into(),
+                        inputs: vec![],
+                        outputs: vec![],
+                        attrs: [
+                            ("auto_pad".to_string(), Attr::Str(auto_pad.into())),
+                            ("ceil_mode".to_string(), Attr::Int(ceil)),
+                            ("strides".to_string(), Attr::Ints(vec![s])),
+                            ("dilations".to_string(), Attr::Ints(vec![dil])),
+                            ("pads".to_string(), Attr::Ints(pads.to_vec())),
+                        ]
+                        .into(),
+                    };
+                    let w = Window::of_rank(&node, 1).unwrap();
+                    let e = w.out_expr(&Expr::var("d"), k, 1);
+                    for d in 1..=40usize {
+                        let b = Bindings::from_pairs([("d", d as i64)]);
+                        let out = w.out(d, k as usize, 1);
+                        let case = format!("{auto_pad} ceil {ceil} k {k} s {s} dil {dil} d {d}");
+                        // Where the window does not fit, the expression is not positive
+                        // (the instance is refused).
+                        match out {
+                            0 => assert!(e.eval(&b).unwrap() <= 0, "{case}"),
+                            _ => assert_eq!(e.eval(&b).unwrap(), out as i64, "{case}"),
+                        }
+                        let at = w.at([1, d], [1, k as usize]);
+                        assert_eq!(at.out(d, k as usize, 1), out, "{case}");
+                        if auto_pad != "NOTSET" {
+                            assert_eq!(out, d.div_ceil(s as usize), "{case}");
+                            let (before, after) = (at.pads[1], at.pads[3]);
+                            assert!(before.abs_diff(after) <= 1, "{case}");
+                            assert_eq!(
+                                before > after,
+                                auto_pad == "SAME_LOWER" && before != after,
+                                "{case}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
