@@ -27,12 +27,14 @@
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`;
+//! - `grid.rs`: `GridSample`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
 //! - `rotary.rs`: `RotaryEmbedding` (opset 23).
 mod activation;
 mod attention;
 mod conv;
 mod elementwise;
+mod grid;
 mod index;
 mod linalg;
 mod movement;
@@ -96,6 +98,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(activation::OPS)
         .chain(attention::OPS)
         .chain(movement::OPS)
+        .chain(grid::OPS)
         .chain(index::OPS)
         .chain(linalg::OPS)
         .chain(conv::OPS)
