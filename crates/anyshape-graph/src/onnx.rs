@@ -245,6 +245,12 @@ impl Reader<'_> {
             A::String => {
                 Attr::Str(String::from_utf8_lossy(a.s.as_deref().unwrap_or_default()).into_owned())
             }
+            A::Strings => Attr::Strs(
+                a.strings
+                    .iter()
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect(),
+            ),
             A::Tensor => Attr::Tensor(self.tensor(a.t.as_ref().ok_or_else(|| {
                 GraphError::Format("a tensor attribute without its tensor".into())
             })?)?),

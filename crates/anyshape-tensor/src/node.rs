@@ -20,6 +20,8 @@ pub enum Attr {
     Floats(Vec<f32>),
     /// A string.
     Str(String),
+    /// Strings (a recurrent layer's activations).
+    Strs(Vec<String>),
     /// A tensor.
     Tensor(Tensor),
     /// A kind anyshape's operators never read (graphs, sparse tensors, type protos).

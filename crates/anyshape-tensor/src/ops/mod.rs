@@ -24,6 +24,7 @@
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,
 //!   `GroupNormalization`, `BatchNormalization`, `MeanVarianceNormalization`, `LRN`;
+//! - `recurrent.rs`: `RNN`, `GRU`, `LSTM`;
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`;
@@ -41,6 +42,7 @@ mod movement;
 mod normalize;
 mod pad;
 mod pool;
+mod recurrent;
 mod reduce;
 mod resize;
 mod rotary;
@@ -105,6 +107,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(normalize::OPS)
         .chain(pad::OPS)
         .chain(pool::OPS)
+        .chain(recurrent::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
         .chain(rotary::OPS)
