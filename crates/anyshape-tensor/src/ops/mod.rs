@@ -29,6 +29,7 @@
 //!   `ArgMin`, `CumSum`;
 //! - `resize.rs`: `Resize`;
 //! - `grid.rs`: `GridSample`;
+//! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
 //! - `rotary.rs`: `RotaryEmbedding` (opset 23).
 mod activation;
@@ -48,6 +49,7 @@ mod resize;
 mod rotary;
 mod shape;
 mod space;
+mod spectral;
 mod unary;
 
 use crate::node::Node;
@@ -113,6 +115,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(rotary::OPS)
         .chain(shape::OPS)
         .chain(space::OPS)
+        .chain(spectral::OPS)
         .chain(unary::OPS)
 }
 
