@@ -5,7 +5,7 @@
 //! patches of each image as the columns of a matrix — the host step before a
 //! `conv_columns` kernel, which fusion makes of a `Conv` over constant filters. The
 //! internal op is no ONNX op: a model that names it is refused at import.
-use super::pool::{spatial_axes, Window};
+use super::pool::{planar_shape, plane, spatial_axes, Window};
 use super::{fail, req, sized, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
@@ -92,15 +92,8 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     }
     // A 1-D convolution as a 2-D one over images of height 1.
     let (n, ci) = (x.shape[0], x.shape[1]);
-    let [h, wd] = match spatial {
-        1 => [1, x.shape[2]],
-        _ => [x.shape[2], x.shape[3]],
-    };
+    let ([h, wd], [kh, kw]) = (plane(x.shape), plane(w.shape));
     let co = w.shape[0];
-    let [kh, kw] = match spatial {
-        1 => [1, w.shape[2]],
-        _ => [w.shape[2], w.shape[3]],
-    };
     if kh == 0 || kw == 0 {
         return fail(node, "an empty kernel");
     }
@@ -118,12 +111,7 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         .map(|b| b.as_f32().map(|v| v.to_vec()))
         .transpose()
         .map_err(|e| node.error(e))?;
-    let mut shape = vec![n, co];
-    if spatial == 2 {
-        shape.push(oh);
-    }
-    shape.push(ow);
-    sized(node, &shape)?;
+    let shape = planar_shape(node, [n, co], [oh, ow], spatial)?;
     if bias.as_ref().is_some_and(|v| v.len() != co) {
         return fail(
             node,
@@ -306,14 +294,7 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
         );
     }
     let (n, ci) = (x.shape[0], x.shape[1]);
-    let [h, wd] = match spatial {
-        1 => [1, x.shape[2]],
-        _ => [x.shape[2], x.shape[3]],
-    };
-    let [kh, kw] = match spatial {
-        1 => [1, w.shape[2]],
-        _ => [w.shape[2], w.shape[3]],
-    };
+    let ([h, wd], [kh, kw]) = (plane(x.shape), plane(w.shape));
     let (cg, og) = (ci / g, w.shape[1]);
     let co = og * g;
     let err = |e: String| node.error(e);
@@ -323,12 +304,7 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
     );
     let (top, _) = t.pads(h, kh, 0);
     let (left, _) = t.pads(wd, kw, 1);
-    let mut shape = vec![n, co];
-    if spatial == 2 {
-        shape.push(oh);
-    }
-    shape.push(ow);
-    sized(node, &shape)?;
+    let shape = planar_shape(node, [n, co], [oh, ow], spatial)?;
     let xv = x.as_f32().map_err(|e| node.error(e))?;
     let wv = w.as_f32().map_err(|e| node.error(e))?;
     let bias = ins

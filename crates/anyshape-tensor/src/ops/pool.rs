@@ -222,6 +222,33 @@ fn kernel(node: &Node, spatial: usize) -> Result<[usize; 2]> {
     }
 }
 
+/// The extents `[h, w]` of the trailing spatial axes of `shape` (an NCL tensor's or a
+/// 1-D kernel's as a height of 1).
+pub(super) fn plane(shape: &[usize]) -> [usize; 2] {
+    match shape {
+        [.., h, w] if shape.len() == 4 => [*h, *w],
+        [.., w] => [1, *w],
+        [] => [1, 1],
+    }
+}
+
+/// `[n, c]` and the output extents `[oh, ow]` as the shape of an output over `spatial`
+/// axes (a 1-D one without its height), checked against [`MAX_ELEMENTS`].
+pub(super) fn planar_shape(
+    node: &Node,
+    nc: [usize; 2],
+    [oh, ow]: [usize; 2],
+    spatial: usize,
+) -> Result<Vec<usize>> {
+    let mut shape = nc.to_vec();
+    if spatial == 2 {
+        shape.push(oh);
+    }
+    shape.push(ow);
+    sized(node, &shape)?;
+    Ok(shape)
+}
+
 /// The spatial axes of a pooled or convolved input of `rank`: 1 (NCL) or 2 (NCHW).
 pub(super) fn spatial_axes(node: &Node, rank: usize) -> Result<usize> {
     match rank {
@@ -259,19 +286,11 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     };
     let include_pad = node.int("count_include_pad", 0)? != 0;
     // A 1-D input as images of height 1.
-    let (h, wd) = match spatial {
-        1 => (1, x.shape[2]),
-        _ => (x.shape[2], x.shape[3]),
-    };
+    let [h, wd] = plane(x.shape);
     let images = x.shape[0] * x.shape[1];
     let w = w.at([h, wd], k);
     let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
-    let mut shape = x.shape[..2].to_vec();
-    if spatial == 2 {
-        shape.push(oh);
-    }
-    shape.push(ow);
-    sized(node, &shape)?;
+    let shape = planar_shape(node, [x.shape[0], x.shape[1]], [oh, ow], spatial)?;
     // The work, not only the output, is bounded: a huge window over huge pads would
     // otherwise loop for ages on a small output.
     if crate::tensor::numel(&[images, oh, ow, k[0], k[1]]).map_or(true, |w| w > MAX_ELEMENTS) {
