@@ -50,9 +50,9 @@ impl Fuser<'_> {
         let window = anyshape_tensor::ops::Window::of(node).ok()?;
         let pointwise = kh == 1
             && kw == 1
-            && window.strides == [1, 1]
-            && window.dilations == [1, 1]
-            && window.pads == [0; 4];
+            && window.strides[..] == [1, 1]
+            && window.dilations[..] == [1, 1]
+            && window.pads.iter().all(|&p| p == 0);
         let layout = if pointwise {
             Layout::AsIs
         } else {

@@ -100,7 +100,7 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     if co % group != 0 {
         return fail(node, format!("{co} filters in {group} groups"));
     }
-    let c = c.at([h, wd], [kh, kw]);
+    let c = c.at(&[h, wd], &[kh, kw]);
     let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
     let xv = x.as_f32().map_err(|e| node.error(e))?;
     let wv = w.as_f32().map_err(|e| node.error(e))?;
@@ -174,10 +174,10 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 /// none with `auto_pad`) and the output extents asked for (`output_shape`, or the
 /// input's times the stride with `SAME_*`), from which the pads follow ([`Transposed::pads`]).
 struct Transposed {
-    strides: [usize; 2],
-    dilations: [usize; 2],
+    strides: super::Dims,
+    dilations: super::Dims,
     extra: [usize; 2],
-    pads: [usize; 4],
+    pads: super::Dims,
     same: Option<super::pool::Same>,
     shape: Option<[usize; 2]>,
     group: usize,
@@ -443,7 +443,7 @@ fn eval_im2col(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         return fail(node, "an NCHW input");
     };
     let [kh, kw] = kernel_shape(node)?;
-    let c = Window::of(node)?.at([h, wd], [kh, kw]);
+    let c = Window::of(node)?.at(&[h, wd], &[kh, kw]);
     let (oh, ow) = (c.out(h, kh, 0), c.out(wd, kw, 1));
     let (k, p) = (ci * kh * kw, oh * ow);
     let mut cols = vec![0f32; sized(node, &[n, k, p])?];

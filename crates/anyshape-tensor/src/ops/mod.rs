@@ -19,7 +19,7 @@
 //!   before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share (pads given or
-//!   `SAME_*`, `ceil_mode`), `MaxPool`,
+//!   `SAME_*`, `ceil_mode`), `MaxPool` (1-D to 3-D, with indices),
 //!   `AveragePool`, `LpPool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,

@@ -1,11 +1,12 @@
-//! Sliding windows over NCHW images (and NCL sequences, as images of height 1): the
-//! window that `Conv` and the pools share
-//! (strides, pads, dilations and the output extent they give, symbolic or concrete),
-//! and the pools — `MaxPool`, `AveragePool`, `LpPool`, `GlobalAveragePool`,
-//! `GlobalMaxPool` — as reference loops (host steps; averages and norms summed in `f64`).
-use super::{fail, req, sized, OpSpec, MAX_ELEMENTS};
+//! Sliding windows over spatial axes: the window that `Conv` and the pools share
+//! (strides, pads — given or `SAME_*` —, dilations, `ceil_mode` and the output extent
+//! they give, symbolic or concrete; a convolution's 1-D window as a 2-D one over a
+//! height of 1), and the pools — `MaxPool` (and its indices), `AveragePool`, `LpPool`
+//! over 1 to 3 axes, `GlobalAveragePool`, `GlobalMaxPool` — as reference loops (host
+//! steps; averages and norms summed in `f64`).
+use super::{fail, req, sized, Dims, OpSpec, MAX_ELEMENTS};
 use crate::node::Node;
-use crate::{Fact, Result, Tensor, TensorRef};
+use crate::{DType, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -56,15 +57,16 @@ pub enum Same {
     Lower,
 }
 
-/// A 2-D window's placement: strides, pads (top, left, bottom, right), dilations.
+/// A window's placement over its spatial axes: strides, pads (each axis's before,
+/// then each axis's after), dilations.
 #[derive(Clone, Debug)]
 pub struct Window {
-    /// Steps between windows along height and width.
-    pub strides: [usize; 2],
-    /// Pads before and after: top, left, bottom, right.
-    pub pads: [usize; 4],
-    /// Steps between a window's taps along height and width.
-    pub dilations: [usize; 2],
+    /// Steps between windows along each axis.
+    pub strides: Dims,
+    /// Pads before each axis, then after each (`[top, left, bottom, right]` in 2-D).
+    pub pads: Dims,
+    /// Steps between a window's taps along each axis.
+    pub dilations: Dims,
     /// `auto_pad` `SAME_*`: the output extent is the input's over the stride, rounded
     /// up, and the pads follow from the input's extent ([`Window::at`]).
     pub same: Option<Same>,
@@ -80,40 +82,52 @@ impl Window {
         Window::of_rank(node, 2)
     }
 
-    /// The same over `spatial` axes, 1 or 2: a 1-D window is a 2-D one over a height
-    /// of 1 (its attributes those of the width).
+    /// The window of a convolution over `spatial` axes, 1 or 2, as a 2-D one: a 1-D
+    /// window is one over a height of 1 (its attributes those of the width).
     pub fn of_rank(node: &Node, spatial: usize) -> Result<Window> {
+        if !matches!(spatial, 1 | 2) {
+            return fail(
+                node,
+                format!("{spatial} spatial axes: 1-D and 2-D convolutions only"),
+            );
+        }
+        let mut w = Window::of_axes(node, spatial)?;
+        if spatial == 1 {
+            w.strides.insert(0, 1);
+            w.dilations.insert(0, 1);
+            w.pads.insert(1, 0);
+            w.pads.insert(0, 0);
+        }
+        Ok(w)
+    }
+
+    /// The window attributes of `node` over `n` spatial axes.
+    pub fn of_axes(node: &Node, n: usize) -> Result<Window> {
         let same = match node.string("auto_pad", "NOTSET")?.as_str() {
             "NOTSET" | "VALID" => None,
             "SAME_UPPER" => Some(Same::Upper),
             "SAME_LOWER" => Some(Same::Lower),
             other => return fail(node, format!("auto_pad {other} is not one ONNX defines")),
         };
-        if !matches!(spatial, 1 | 2) {
-            return fail(
-                node,
-                format!("{spatial} spatial axes: 1-D and 2-D windows only"),
-            );
-        }
-        let axes = |name: &str| -> Result<[usize; 2]> {
+        let axes = |name: &str| -> Result<Dims> {
             match node.ints(name)? {
-                None => Ok([1, 1]),
-                Some(v) if v.len() == spatial && v.iter().all(|&x| x > 0) => Ok([
-                    v[..spatial - 1].first().map_or(1, |&h| h as usize),
-                    v[spatial - 1] as usize,
-                ]),
-                Some(v) => fail(node, format!("{name} {v:?}: {spatial} spatial axes")),
+                None => Ok(smallvec::smallvec![1; n]),
+                Some(v) if v.len() == n && v.iter().all(|&x| x > 0) => {
+                    Ok(v.iter().map(|&x| x as usize).collect())
+                }
+                Some(v) => fail(node, format!("{name} {v:?}: {n} spatial axes")),
             }
         };
         // VALID and SAME_* ignore the pads given.
-        let pads = match node.ints("pads")? {
-            _ if same.is_some() || node.string("auto_pad", "NOTSET")? == "VALID" => [0; 4],
-            None => [0; 4],
-            Some(v) if v.len() == 2 * spatial && v.iter().all(|&x| x >= 0) => match spatial {
-                1 => [0, v[0] as usize, 0, v[1] as usize],
-                _ => [v[0] as usize, v[1] as usize, v[2] as usize, v[3] as usize],
-            },
-            Some(v) => return fail(node, format!("pads {v:?}: {spatial} spatial axes")),
+        let pads: Dims = match node.ints("pads")? {
+            _ if same.is_some() || node.string("auto_pad", "NOTSET")? == "VALID" => {
+                smallvec::smallvec![0; 2 * n]
+            }
+            None => smallvec::smallvec![0; 2 * n],
+            Some(v) if v.len() == 2 * n && v.iter().all(|&x| x >= 0) => {
+                v.iter().map(|&x| x as usize).collect()
+            }
+            Some(v) => return fail(node, format!("pads {v:?}: {n} spatial axes")),
         };
         Ok(Window {
             strides: axes("strides")?,
@@ -124,12 +138,18 @@ impl Window {
         })
     }
 
+    /// The pad after axis `i`.
+    fn after(&self, i: usize) -> usize {
+        self.pads[i + self.strides.len()]
+    }
+
     /// This window over an input of extents `sizes` under a kernel of extents `k`, its
     /// pads concrete (those `SAME_*` gives at these extents).
-    pub fn at(&self, sizes: [usize; 2], k: [usize; 2]) -> Window {
+    pub fn at(&self, sizes: &[usize], k: &[usize]) -> Window {
         let mut w = self.clone();
+        let n = self.strides.len();
         if let Some(same) = self.same {
-            for i in 0..2 {
+            for i in 0..n {
                 let out = sizes[i].div_ceil(self.strides[i]);
                 let span = self.dilations[i] * (k[i].max(1) - 1) + 1;
                 let total = ((out.max(1) - 1) * self.strides[i] + span).saturating_sub(sizes[i]);
@@ -138,14 +158,14 @@ impl Window {
                     Same::Lower => (total - total / 2, total / 2),
                 };
                 w.pads[i] = before;
-                w.pads[i + 2] = after;
+                w.pads[i + n] = after;
             }
             w.same = None;
         }
         w
     }
 
-    /// The output extent of spatial axis `i` (0: height, 1: width) of input extent `d`
+    /// The output extent of spatial axis `i` of input extent `d`
     /// under a kernel of extent `k`, as an expression.
     pub fn out_expr(&self, d: &Expr, k: i64, i: usize) -> Expr {
         let s = Expr::Const(self.strides[i] as i64);
@@ -153,7 +173,7 @@ impl Window {
             return Expr::ceil_div(d.clone(), s).simplify();
         }
         let span = (self.dilations[i] as i64) * (k - 1) + 1;
-        let padded = d.clone() + (self.pads[i] + self.pads[i + 2]) as i64 - span;
+        let padded = d.clone() + (self.pads[i] + self.after(i)) as i64 - span;
         if self.ceil {
             // The last window starts before the input's end and its leading pad's.
             let last = Expr::floor_div(d.clone() + self.pads[i] as i64 - 1, s.clone());
@@ -169,7 +189,7 @@ impl Window {
             return d.div_ceil(s);
         }
         let span = self.dilations[i] * (k.max(1) - 1) + 1;
-        let room = (d + self.pads[i] + self.pads[i + 2]) as isize - span as isize;
+        let room = (d + self.pads[i] + self.after(i)) as isize - span as isize;
         let s = s as isize;
         let out = if self.ceil {
             // A last window may reach past the padded input (ceil), but starts inside it.
@@ -184,14 +204,13 @@ impl Window {
     /// How many of the `k` taps of output position `o` of axis `i` fall inside the
     /// input of `extent` with its pads.
     pub fn padded_taps(&self, o: usize, k: usize, i: usize, extent: usize) -> usize {
-        let end = extent + self.pads[i] + self.pads[i + 2];
+        let end = extent + self.pads[i] + self.after(i);
         (0..k)
             .filter(|&u| o * self.strides[i] + u * self.dilations[i] < end)
             .count()
     }
 
-    /// The kernel offsets at which output position `o` of axis `i` (0: rows, 1:
-    /// columns) reads inside an input of `extent` (a window of `k` taps): the others
+    /// The kernel offsets at which output position `o` of axis `i` reads inside an input of `extent` (a window of `k` taps): the others
     /// fall in the padding.
     pub fn inside(&self, o: usize, k: usize, i: usize, extent: usize) -> std::ops::Range<usize> {
         let start = o * self.strides[i];
@@ -206,19 +225,35 @@ impl Window {
     }
 }
 
-/// A pool's kernel extent (`kernel_shape`, over `spatial` axes: a 1-D one of height
-/// 1), refusing what is not implemented: the indices output of `MaxPool`.
-fn kernel(node: &Node, spatial: usize) -> Result<[usize; 2]> {
-    if node.outputs.len() > 1 {
-        return fail(node, "the indices output is not supported");
-    }
+/// A pool's kernel extents (`kernel_shape`, one per spatial axis).
+fn kernel(node: &Node, spatial: usize) -> Result<Dims> {
     match node.ints("kernel_shape")? {
-        Some(v) if v.len() == spatial && v.iter().all(|&x| x > 0) => match spatial {
-            1 => Ok([1, v[0] as usize]),
-            _ => Ok([v[0] as usize, v[1] as usize]),
-        },
+        Some(v) if v.len() == spatial && v.iter().all(|&x| x > 0) => {
+            Ok(v.iter().map(|&x| x as usize).collect())
+        }
         Some(v) => fail(node, format!("kernel_shape {v:?}: {spatial} spatial axes")),
         None => fail(node, "kernel_shape is required"),
+    }
+}
+
+/// `u` moved to the next point of the box `ranges` (the last axis fastest); false
+/// past its last.
+fn advance(u: &mut [usize], ranges: &[std::ops::Range<usize>]) -> bool {
+    for i in (0..u.len()).rev() {
+        u[i] += 1;
+        if u[i] < ranges[i].end {
+            return true;
+        }
+        u[i] = ranges[i].start;
+    }
+    false
+}
+
+/// The spatial axes of a pooled input of `rank`: 1 to 3 (NCL, NCHW, NCDHW).
+fn pooled_axes(node: &Node, rank: usize) -> Result<usize> {
+    match rank {
+        3..=5 => Ok(rank - 2),
+        r => fail(node, format!("an input of rank {r}: 1 to 3 spatial axes")),
     }
 }
 
@@ -262,20 +297,31 @@ pub(super) fn spatial_axes(node: &Node, rank: usize) -> Result<usize> {
 
 fn infer_pool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let spatial = spatial_axes(node, x.rank())?;
-    let (k, w) = (kernel(node, spatial)?, Window::of_rank(node, spatial)?);
+    let n = pooled_axes(node, x.rank())?;
+    let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
     let mut shape = x.shape[..2].to_vec();
-    if spatial == 2 {
-        shape.push(w.out_expr(&x.shape[2], k[0] as i64, 0));
+    for i in 0..n {
+        shape.push(w.out_expr(&x.shape[2 + i], k[i] as i64, i));
     }
-    shape.push(w.out_expr(&x.shape[x.rank() - 1], k[1] as i64, 1));
-    Ok(vec![Fact::new(x.dtype, shape)])
+    let mut outs = vec![Fact::new(x.dtype, shape.clone())];
+    if node.outputs.len() > 1 {
+        if node.op != "MaxPool" {
+            return fail(node, "one output");
+        }
+        outs.push(Fact::new(DType::I64, shape));
+    }
+    Ok(outs)
 }
 
+/// Each output position's window over 1 to 3 spatial axes: its taps inside the input
+/// (per axis, the offsets `Window::inside` gives), the max, the average (over the taps
+/// inside, or with `count_include_pad` over those inside the padded input) or the
+/// p-norm; `MaxPool`'s second output the flat index of each maximum (`storage_order`
+/// 0: row-major over the whole input, 1: the spatial axes column-major).
 fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let spatial = spatial_axes(node, x.shape.len())?;
-    let (k, w) = (kernel(node, spatial)?, Window::of_rank(node, spatial)?);
+    let n = pooled_axes(node, x.shape.len())?;
+    let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
     let max = node.op == "MaxPool";
     let p = match node.op.as_str() {
         "LpPool" => match node.int("p", 2)? {
@@ -284,72 +330,110 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         },
         _ => None,
     };
+    let with_indices = node.outputs.len() > 1;
+    if with_indices && !max {
+        return fail(node, "one output");
+    }
+    let column_major = node.int("storage_order", 0)? != 0;
     let include_pad = node.int("count_include_pad", 0)? != 0;
-    // A 1-D input as images of height 1.
-    let [h, wd] = plane(x.shape);
+    let dims = &x.shape[2..];
     let images = x.shape[0] * x.shape[1];
-    let w = w.at([h, wd], k);
-    let (oh, ow) = (w.out(h, k[0], 0), w.out(wd, k[1], 1));
-    let shape = planar_shape(node, [x.shape[0], x.shape[1]], [oh, ow], spatial)?;
+    let area: usize = dims.iter().product();
+    let w = w.at(dims, &k);
+    let out: Dims = (0..n).map(|i| w.out(dims[i], k[i], i)).collect();
+    let mut shape = x.shape[..2].to_vec();
+    shape.extend(&out);
+    sized(node, &shape)?;
+    let points: usize = out.iter().product();
+    let taps: usize = k.iter().product();
     // The work, not only the output, is bounded: a huge window over huge pads would
     // otherwise loop for ages on a small output.
-    if crate::tensor::numel(&[images, oh, ow, k[0], k[1]]).map_or(true, |w| w > MAX_ELEMENTS) {
+    if crate::tensor::numel(&[images, points, taps]).map_or(true, |w| w > MAX_ELEMENTS) {
         return fail(
             node,
-            format!(
-                "a {}x{} window over a {oh}x{ow} output is more work than one op may do",
-                k[0], k[1]
-            ),
+            format!("a window of {k:?} over an output of {out:?} is more work than one op may do"),
         );
     }
     let v = x.as_f32().map_err(|e| node.error(e))?;
-    // Each output position's window rows and columns inside the image.
-    let rows: Vec<std::ops::Range<usize>> = (0..oh).map(|y| w.inside(y, k[0], 0, h)).collect();
-    let cols: Vec<std::ops::Range<usize>> = (0..ow).map(|xo| w.inside(xo, k[1], 1, wd)).collect();
-    let mut out = Vec::with_capacity(images * oh * ow);
-    for img in v.chunks((h * wd).max(1)).take(images) {
-        for (y, ry) in rows.iter().enumerate() {
-            for (xo, rx) in cols.iter().enumerate() {
-                let first = |o: usize, u: usize, i: usize| {
-                    o * w.strides[i] + u * w.dilations[i] - w.pads[i]
-                };
-                let taps = ry.clone().flat_map(|u| {
-                    let r = first(y, u, 0);
-                    rx.clone().map(move |q| (r, q))
-                });
-                out.push(if max {
-                    // NaN wins a max, as in onnxruntime.
-                    taps.fold(f32::NEG_INFINITY, |best, (r, q)| {
-                        let e = img[r * wd + first(xo, q, 1)];
-                        if e > best || e.is_nan() {
-                            e
-                        } else {
-                            best
+    // Per axis and output index: the taps inside the input, and those inside with the pads.
+    let inside: Vec<Vec<std::ops::Range<usize>>> = (0..n)
+        .map(|i| (0..out[i]).map(|o| w.inside(o, k[i], i, dims[i])).collect())
+        .collect();
+    let padded: Vec<Vec<usize>> = (0..n)
+        .map(|i| {
+            (0..out[i])
+                .map(|o| w.padded_taps(o, k[i], i, dims[i]))
+                .collect()
+        })
+        .collect();
+    // The input's strides, and where an index output counts (column-major: reversed).
+    let strides = crate::tensor::strides(dims);
+    let index_strides: Vec<usize> = match column_major {
+        true => (0..n).map(|i| dims[..i].iter().product()).collect(),
+        false => strides.clone(),
+    };
+    let mut values = Vec::with_capacity(images * points);
+    let mut indices = Vec::with_capacity(if with_indices { images * points } else { 0 });
+    // The output positions, walked by `at`.
+    let positions: Vec<std::ops::Range<usize>> = out.iter().map(|&o| 0..o).collect();
+    let mut at: Dims = smallvec::smallvec![0; n];
+    for img in 0..images {
+        let image = &v[img * area..][..area];
+        at.iter_mut().for_each(|a| *a = 0);
+        for _ in 0..points {
+            let ranges: smallvec::SmallVec<[std::ops::Range<usize>; 3]> =
+                (0..n).map(|i| inside[i][at[i]].clone()).collect();
+            // Every tap inside: its input offset and its index-output offset.
+            let mut best = (f32::NEG_INFINITY, None::<usize>);
+            let (mut sum, mut count) = (0f64, 0usize);
+            if ranges.iter().all(|r| !r.is_empty()) {
+                let mut u: Dims = ranges.iter().map(|r| r.start).collect();
+                loop {
+                    let (mut off, mut idx) = (0, 0);
+                    for i in 0..n {
+                        let pos = at[i] * w.strides[i] + u[i] * w.dilations[i] - w.pads[i];
+                        off += pos * strides[i];
+                        idx += pos * index_strides[i];
+                    }
+                    let e = image[off];
+                    count += 1;
+                    if max {
+                        // NaN wins a max, as in onnxruntime.
+                        if e > best.0 || e.is_nan() || best.1.is_none() {
+                            best = (e, Some(idx));
                         }
-                    })
-                } else if let Some(p) = p {
-                    // The p-norm of the taps inside (the padding adds zeros).
-                    let sum: f64 = taps
-                        .map(|(r, q)| (img[r * wd + first(xo, q, 1)] as f64).abs().powf(p))
-                        .sum();
-                    sum.powf(1.0 / p) as f32
-                } else {
-                    let sum: f64 = taps
-                        .map(|(r, q)| img[r * wd + first(xo, q, 1)] as f64)
-                        .sum();
-                    // With the pads: the taps inside the padded input (a ceil-mode
-                    // window may reach past it).
-                    let count = if include_pad {
-                        w.padded_taps(y, k[0], 0, h) * w.padded_taps(xo, k[1], 1, wd)
+                    } else if let Some(p) = p {
+                        sum += (e as f64).abs().powf(p);
                     } else {
-                        ry.len() * rx.len()
-                    };
-                    (sum / count.max(1) as f64) as f32
-                });
+                        sum += e as f64;
+                    }
+                    if !advance(&mut u, &ranges) {
+                        break;
+                    }
+                }
             }
+            values.push(if max {
+                best.0
+            } else if let Some(p) = p {
+                sum.powf(1.0 / p) as f32
+            } else {
+                let count = match include_pad {
+                    true => (0..n).map(|i| padded[i][at[i]]).product::<usize>(),
+                    false => count,
+                };
+                (sum / count.max(1) as f64) as f32
+            });
+            if with_indices {
+                indices.push(best.1.map_or(-1, |i| (img * area + i) as i64));
+            }
+            advance(&mut at, &positions);
         }
     }
-    Ok(vec![Tensor::f32(shape, out)?])
+    let mut outs = vec![Tensor::f32(shape.clone(), values)?];
+    if with_indices {
+        outs.push(Tensor::i64(shape, indices)?);
+    }
+    Ok(outs)
 }
 
 fn infer_global(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
@@ -425,11 +509,11 @@ mod tests {
                         ]
                         .into(),
                     };
-                    let w = Window::of_rank(&node, 1).unwrap();
-                    let e = w.out_expr(&Expr::var("d"), k, 1);
+                    let w = Window::of_axes(&node, 1).unwrap();
+                    let e = w.out_expr(&Expr::var("d"), k, 0);
                     for d in 1..=40usize {
                         let b = Bindings::from_pairs([("d", d as i64)]);
-                        let out = w.out(d, k as usize, 1);
+                        let out = w.out(d, k as usize, 0);
                         let case = format!("{auto_pad} ceil {ceil} k {k} s {s} dil {dil} d {d}");
                         // Where the window does not fit, the expression is not positive
                         // (the instance is refused).
@@ -437,11 +521,11 @@ mod tests {
                             0 => assert!(e.eval(&b).unwrap() <= 0, "{case}"),
                             _ => assert_eq!(e.eval(&b).unwrap(), out as i64, "{case}"),
                         }
-                        let at = w.at([1, d], [1, k as usize]);
-                        assert_eq!(at.out(d, k as usize, 1), out, "{case}");
+                        let at = w.at(&[d], &[k as usize]);
+                        assert_eq!(at.out(d, k as usize, 0), out, "{case}");
                         if auto_pad != "NOTSET" {
                             assert_eq!(out, d.div_ceil(s as usize), "{case}");
-                            let (before, after) = (at.pads[1], at.pads[3]);
+                            let (before, after) = (at.pads[0], at.pads[1]);
                             assert!(before.abs_diff(after) <= 1, "{case}");
                             assert_eq!(
                                 before > after,
