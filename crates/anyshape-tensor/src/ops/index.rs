@@ -16,6 +16,14 @@ pub(super) static OPS: &[OpSpec] = &[
         eval_into: None,
     },
     OpSpec {
+        // Opsets 9 and 10 name ScatterElements (without its reduction) so.
+        name: "Scatter",
+        since: 9,
+        infer: infer_same,
+        eval: eval_scatter_elements,
+        eval_into: None,
+    },
+    OpSpec {
         name: "ScatterElements",
         since: 11,
         infer: infer_same,

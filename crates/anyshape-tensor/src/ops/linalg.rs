@@ -1,5 +1,6 @@
 //! Contractions: `MatMul` (numpy semantics: batched, broadcast, 1-D operands) and
-//! `Gemm`. The loops accumulate in `f32` in the order a plain loop nest would.
+//! `Gemm`; and `Det` (each square matrix's determinant, by LU with partial pivoting in
+//! `f64`). The loops accumulate in `f32` in the order a plain loop nest would.
 use super::{broadcast_indices, broadcast_shape, fail, req, sized, OpSpec};
 use crate::fact::broadcast;
 use crate::node::Node;
@@ -12,6 +13,13 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 1,
         infer: infer_matmul,
         eval: eval_matmul,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "Det",
+        since: 11,
+        infer: infer_det,
+        eval: eval_det,
         eval_into: None,
     },
     OpSpec {
@@ -193,4 +201,65 @@ fn eval_gemm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         }
     }
     Ok(vec![Tensor::f32(vec![m, n], out)?])
+}
+
+fn infer_det(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() < 2 {
+        return fail(node, "matrices [*, M, M]");
+    }
+    Ok(vec![Fact::new(x.dtype, x.shape[..x.rank() - 2].to_vec())])
+}
+
+fn eval_det(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let r = x.shape.len();
+    if r < 2 || x.shape[r - 1] != x.shape[r - 2] {
+        return fail(
+            node,
+            format!("square matrices [*, M, M], not {:?}", x.shape),
+        );
+    }
+    let m = x.shape[r - 1];
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let count: usize = x.shape[..r - 2].iter().product();
+    if m == 0 {
+        // The determinant of an empty matrix is 1.
+        return Ok(vec![Tensor::f32(
+            x.shape[..r - 2].to_vec(),
+            vec![1.0; count],
+        )?]);
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut a = vec![0f64; m * m];
+    for matrix in v.chunks_exact(m * m).take(count) {
+        for (d, &s) in a.iter_mut().zip(matrix) {
+            *d = s as f64;
+        }
+        let mut det = 1f64;
+        for c in 0..m {
+            let p = (c..m)
+                .max_by(|&i, &j| a[i * m + c].abs().total_cmp(&a[j * m + c].abs()))
+                .unwrap_or(c);
+            if a[p * m + c] == 0.0 {
+                det = 0.0;
+                break;
+            }
+            if p != c {
+                for k in 0..m {
+                    a.swap(p * m + k, c * m + k);
+                }
+                det = -det;
+            }
+            det *= a[c * m + c];
+            for i in c + 1..m {
+                let f = a[i * m + c] / a[c * m + c];
+                for k in c..m {
+                    a[i * m + k] -= f * a[c * m + k];
+                }
+            }
+        }
+        out.push(det as f32);
+    }
+    Ok(vec![Tensor::f32(x.shape[..r - 2].to_vec(), out)?])
 }

@@ -12,9 +12,9 @@
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
 //!   `Identity`, `Dropout`, `Cast`, `CastLike`, `Trilu`;
 //! - `shape.rs`: `Shape`, `Size`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
-//! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, …;
-//! - `index.rs`: `GatherElements`, `ScatterElements`, `ScatterND` (indices as data);
-//! - `linalg.rs`: `MatMul`, `Gemm`;
+//! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, `ReverseSequence`, …;
+//! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`), `ScatterND` (indices as data);
+//! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
 //! - `conv.rs`: `Conv` and `ConvTranspose` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
 //!   before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;

@@ -1,4 +1,5 @@
-//! Data movement: `Concat`, `Slice`, `Gather`, `GatherND`, `Transpose`, `Split`. Their
+//! Data movement: `Concat`, `Slice`, `Gather`, `GatherND`, `Transpose`, `Split`,
+//! `ReverseSequence`. Their
 //! output shapes are expressions over the shape vars like every other op's.
 use super::{
     axis, const_ints, eval_via, fail, optional_ints, out_of, req, row_strides, shaped, sym_input,
@@ -44,6 +45,13 @@ pub(super) static OPS: &[OpSpec] = &[
         infer: infer_transpose,
         eval: eval_transpose,
         eval_into: Some(eval_transpose_into),
+    },
+    OpSpec {
+        name: "ReverseSequence",
+        since: 10,
+        infer: super::infer_same,
+        eval: eval_reverse_sequence,
+        eval_into: None,
     },
     OpSpec {
         name: "Split",
@@ -526,7 +534,19 @@ fn infer_split(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         _ => None,
     };
     let n = node.outputs.len();
-    let sizes = split_sizes(node, x.shape[a].clone(), given, n, |d, k| {
+    // Opset 18's `num_outputs` over a known extent: the last part may be smaller.
+    let uneven = match (&given, x.shape[a].as_const()) {
+        (None, Some(d)) if node.attrs.contains_key("num_outputs") && n > 0 => {
+            let chunk = (d as usize).div_ceil(n);
+            Some(
+                (0..n)
+                    .map(|k| Expr::Const(chunk.min((d as usize).saturating_sub(k * chunk)) as i64))
+                    .collect(),
+            )
+        }
+        _ => None,
+    };
+    let sizes = split_sizes(node, x.shape[a].clone(), given.or(uneven), n, |d, k| {
         exact_quotient(&[d], &[Expr::Const(k as i64)])
     })?;
     Ok(sizes
@@ -560,14 +580,19 @@ fn eval_split_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) 
             format!("{} sizes for {n} outputs", given.map_or(0, <[i64]>::len)),
         );
     }
-    if given.is_none() && (n == 0 || dim % n != 0) {
+    // Opset 18's `num_outputs` lets the last part be smaller; the others must be even.
+    let uneven = node.attrs.contains_key("num_outputs");
+    if given.is_none() && (n == 0 || (dim % n != 0 && !uneven)) {
         return fail(node, "the axis does not split evenly");
     }
+    let chunk = dim.div_ceil(n.max(1));
     let outer: usize = x.shape[..a].iter().product();
     let inner: usize = x.shape[a + 1..].iter().product();
     let mut at = 0usize;
     for k in 0..n {
-        let s = given.map_or(dim / n.max(1), |g| g[k].max(0) as usize);
+        let s = given.map_or(chunk.min(dim.saturating_sub(k * chunk)), |g| {
+            g[k].max(0) as usize
+        });
         if at + s > dim {
             return fail(node, "the sizes exceed the axis");
         }
@@ -580,4 +605,44 @@ fn eval_split_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) 
         at += s;
     }
     Ok(())
+}
+
+/// `ReverseSequence`: along the time axis, each batch entry's first `sequence_lens[b]`
+/// elements reversed, the rest copied.
+fn eval_reverse_sequence(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, lens) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let r = x.shape.len();
+    let (t, b) = (
+        axis(node, node.int("time_axis", 0)?, r)?,
+        axis(node, node.int("batch_axis", 1)?, r)?,
+    );
+    if r < 2 || t == b || t > 1 || b > 1 {
+        return fail(
+            node,
+            "time and batch axes 0 and 1 of an input of rank 2 or more",
+        );
+    }
+    let lens = lens.as_i64().map_err(|e| node.error(e))?;
+    let (steps, batch) = (x.shape[t], x.shape[b]);
+    if lens.len() != batch || lens.iter().any(|&l| l < 0 || l as usize > steps) {
+        return fail(
+            node,
+            format!("sequence_lens {lens:?} for {batch} sequences of {steps}"),
+        );
+    }
+    let inner: usize = x.shape[2..].iter().product();
+    let st = row_strides(x.shape);
+    let mut out = x.to_tensor();
+    let mut pair = out
+        .data
+        .as_mut_of(x.data)
+        .ok_or_else(|| node.error("the output's element type is not the input's"))?;
+    for (j, &l) in lens.iter().enumerate() {
+        for i in 0..l as usize {
+            let from = i * st[t] + j * st[b];
+            let to = (l as usize - 1 - i) * st[t] + j * st[b];
+            pair.copy(from, to, inner);
+        }
+    }
+    Ok(vec![out])
 }

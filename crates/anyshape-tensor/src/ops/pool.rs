@@ -2,8 +2,8 @@
 //! (strides, pads — given or `SAME_*` —, dilations, `ceil_mode` and the output extent
 //! they give, symbolic or concrete; a convolution's 1-D window as a 2-D one over a
 //! height of 1), and the pools — `MaxPool` (and its indices), `AveragePool`, `LpPool`
-//! over 1 to 3 axes, `GlobalAveragePool`, `GlobalMaxPool` — as reference loops (host
-//! steps; averages and norms summed in `f64`).
+//! over 1 to 3 axes, `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool` — as reference
+//! loops (host steps; averages and norms summed in `f64`).
 use super::{fail, req, sized, Dims, OpSpec, MAX_ELEMENTS};
 use crate::node::Node;
 use crate::{DType, Fact, Result, Tensor, TensorRef};
@@ -29,6 +29,13 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_pool,
         eval: eval_pool,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "MaxUnpool",
+        since: 11,
+        infer: infer_unpool,
+        eval: eval_unpool,
         eval_into: None,
     },
     OpSpec {
@@ -434,6 +441,74 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         outs.push(Tensor::i64(shape, indices)?);
     }
     Ok(outs)
+}
+
+/// `MaxUnpool`'s output extent along axis `i`: `(d - 1)·stride + kernel - pads`.
+fn unpooled(w: &Window, d: &Expr, k: usize, i: usize) -> Expr {
+    ((d.clone() - 1) * w.strides[i] as i64 + k as i64 - (w.pads[i] + w.after(i)) as i64).simplify()
+}
+
+fn infer_unpool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let n = pooled_axes(node, x.rank())?;
+    if ins.get(2).copied().flatten().is_some() {
+        let s = super::sym_input(node, ins, 2)?;
+        if s.len() != x.rank() {
+            return fail(node, "an output_shape of another rank than the input");
+        }
+        return Ok(vec![Fact::new(x.dtype, s)]);
+    }
+    let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
+    let mut shape = x.shape[..2].to_vec();
+    for i in 0..n {
+        shape.push(unpooled(&w, &x.shape[2 + i], k[i], i));
+    }
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+/// `MaxUnpool`: zeros, each input value written at its index (a flat index into the
+/// output, as `MaxPool`'s indices are into its input).
+fn eval_unpool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (x, idx) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let n = pooled_axes(node, x.shape.len())?;
+    let shape: Vec<usize> = match ins.get(2).copied().flatten() {
+        Some(_) => super::ints(node, ins, 2)?
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .collect(),
+        None => {
+            let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
+            let mut shape = x.shape[..2].to_vec();
+            for i in 0..n {
+                let d = x.shape[2 + i];
+                let e = (d.max(1) - 1) * w.strides[i] + k[i];
+                shape.push(e.saturating_sub(w.pads[i] + w.after(i)));
+            }
+            shape
+        }
+    };
+    if shape.len() != x.shape.len() || idx.shape != x.shape {
+        return fail(
+            node,
+            "indices of the input's shape and an output of its rank",
+        );
+    }
+    let total = sized(node, &shape)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let ix = idx.as_i64().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; total];
+    for (&e, &i) in v.iter().zip(ix) {
+        match usize::try_from(i).ok().filter(|&i| i < total) {
+            Some(i) => out[i] = e,
+            None => {
+                return fail(
+                    node,
+                    format!("index {i} outside an output of {total} elements"),
+                )
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(shape, out)?])
 }
 
 fn infer_global(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {

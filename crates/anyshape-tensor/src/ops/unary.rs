@@ -279,7 +279,9 @@ pub(super) static OPS: &[OpSpec] = &[
     },
     OpSpec {
         name: "Dropout",
-        since: 12,
+        // Opsets 7 to 11 (a `ratio` attribute, no training mode) are the identity at
+        // inference too.
+        since: 7,
         infer: infer_unary,
         eval: eval_unary,
         eval_into: Some(eval_unary_into),
