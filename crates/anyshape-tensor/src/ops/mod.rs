@@ -12,11 +12,13 @@
 //! - `unary.rs`: activations, trigonometric and rounding math, `Neg`, `IsNaN`,
 //!   `Identity`, `Dropout`, `Cast`, `CastLike`, `Trilu`;
 //! - `shape.rs`: `Shape`, `Size`, `Reshape`, `Unsqueeze`, `Expand`, `Range`, `Constant`, …;
-//! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`, `ReverseSequence`, …;
-//! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`), `ScatterND` (indices as data);
+//! - `movement.rs`: `Transpose`, `Concat`, `Slice`, `Gather`, `Split`,
+//!   `ReverseSequence`, …;
+//! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`),
+//!   `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
-//! - `conv.rs`: `Conv` and `ConvTranspose` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
-//!   before a convolution kernel;
+//! - `conv.rs`: `Conv` and `ConvTranspose` (1-D and 2-D, grouped), and the internal
+//!   `anyshape.Im2Col` before a convolution kernel;
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: the sliding window `Conv` and the pools share (pads given or
 //!   `SAME_*`, `ceil_mode`), `MaxPool` (1-D to 3-D, with indices),
