@@ -205,11 +205,7 @@ impl Lowering<'_> {
 
     /// Add tensor `t` to the constants, row-major.
     fn constant(&mut self, name: &str, t: &Tensor) -> usize {
-        let width = match t.dtype() {
-            DType::F32 => 4,
-            DType::I64 => 8,
-            DType::Bool => 1,
-        };
+        let width = t.dtype().size_bytes();
         PlanFile::add_constant(
             &mut self.plan,
             &mut self.data,

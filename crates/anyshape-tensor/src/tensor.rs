@@ -63,12 +63,7 @@ impl Tensor {
 
     /// A tensor of `dtype` and `shape`, every element zero (false).
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
-        let n = numel(&shape)?;
-        let data = match dtype {
-            DType::F32 => Data::F32(vec![0.0; n]),
-            DType::I64 => Data::I64(vec![0; n]),
-            DType::Bool => Data::Bool(vec![false; n]),
-        };
+        let data = Data::zeros(dtype, numel(&shape)?);
         Ok(Tensor { shape, data })
     }
 
@@ -357,6 +352,15 @@ impl Tensor {
 }
 
 impl Data {
+    /// `n` elements of `dtype`, all zero (none: an empty vector to fill later).
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        }
+    }
+
     /// A borrowed view.
     pub fn view(&self) -> DataRef<'_> {
         match self {

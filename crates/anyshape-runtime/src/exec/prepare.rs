@@ -4,13 +4,12 @@
 //! (`prepare`, into the last preparation's vectors); and, before a decoder's first run
 //! with a cache of some capacity, the arena, the host steps' kept tensors and the
 //! memory check sized once for the longest run that capacity allows (`make_room`).
-use super::values::empty;
 use super::Executor;
 use crate::arena::Arena;
 use crate::{CacheState, Result, RuntimeError};
 use anyshape_ir::CACHE_RESERVE;
 use anyshape_plan::{Plan, Step};
-use anyshape_tensor::{DType, Tensor, ValueId};
+use anyshape_tensor::{Data, Tensor, ValueId};
 
 impl Executor {
     /// Before a run that appends `rows` positions to `state`: where the arena was not
@@ -93,7 +92,7 @@ impl Executor {
             arena.owned[v]
                 .get_or_insert_with(|| Tensor {
                     shape: Vec::with_capacity(plan.values[v].shape.len()),
-                    data: empty(plan.values[v].dtype),
+                    data: Data::zeros(plan.values[v].dtype, 0),
                 })
                 .reserve(n);
         }
@@ -156,15 +155,6 @@ impl Executor {
     }
 }
 
-/// Bytes of one element of `dtype`.
-fn width(dtype: DType) -> u128 {
-    match dtype {
-        DType::F32 => 4,
-        DType::I64 => 8,
-        DType::Bool => 1,
-    }
-}
-
 /// The most bytes the host steps' own tensors take at once at these shapes: each
 /// step's outputs from the step that makes them to the last that reads them (`frees`:
 /// per step, those that die after it; kept for the whole run where the op evaluates
@@ -175,7 +165,7 @@ fn owned_peak(plan: &Plan, shapes: &[Vec<usize>], frees: &[Vec<ValueId>], keeps:
         shapes[v]
             .iter()
             .fold(1u128, |n, &d| n.saturating_mul(d as u128))
-            .saturating_mul(width(plan.values[v].dtype))
+            .saturating_mul(plan.values[v].dtype.size_bytes() as u128)
     };
     let (mut live, mut peak) = (0u128, 0u128);
     for (k, step) in plan.steps.iter().enumerate() {

@@ -5,17 +5,8 @@ use crate::error::internal;
 use crate::{Result, RuntimeError};
 use anyshape_plan::{Plan, PlanFile, Storage};
 use anyshape_tensor::ops::OpSpec;
-use anyshape_tensor::{DType, DataRef, Node, Tensor, TensorError, TensorRef};
+use anyshape_tensor::{Data, DataRef, Node, Tensor, TensorError, TensorRef};
 use smallvec::SmallVec;
-
-/// No elements of `dtype`.
-pub(super) fn empty(dtype: DType) -> anyshape_tensor::Data {
-    match dtype {
-        DType::F32 => anyshape_tensor::Data::F32(Vec::new()),
-        DType::I64 => anyshape_tensor::Data::I64(Vec::new()),
-        DType::Bool => anyshape_tensor::Data::Bool(Vec::new()),
-    }
-}
 
 /// Where a run's values are.
 pub(super) struct Values<'a> {
@@ -78,7 +69,7 @@ impl Values<'_> {
             for &v in &node.outputs {
                 let mut t = self.owned[v].take().unwrap_or_else(|| Tensor {
                     shape: Vec::new(),
-                    data: empty(self.plan.values[v].dtype),
+                    data: Data::zeros(self.plan.values[v].dtype, 0),
                 });
                 t.fit(self.plan.values[v].dtype, &self.prepared.shapes[v])?;
                 outs.push(t);

@@ -1,11 +1,10 @@
 //! Convolutions: `Conv` (2-D over NCHW, 1-D over NCL as images of height 1, grouped
 //! and depthwise) as a reference (patches × filters through the `gemm` crate, group by
-//! group: a host step where no kernel runs it), `ConvTranspose` (the same shapes, each
-//! input element scattered through the filters: a host step) and `anyshape.Im2Col`, the
+//! group: a host step where no kernel runs it) and `anyshape.Im2Col`, the
 //! patches of each image as the columns of a matrix — the host step before a
 //! `conv_columns` kernel, which fusion makes of a `Conv` over constant filters. The
 //! internal op is no ONNX op: a model that names it is refused at import.
-use super::pool::{planar_shape, plane, spatial_axes, Window};
+use super::window::Window;
 use super::{fail, req, sized, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
@@ -17,13 +16,6 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_conv,
         eval: eval_conv,
-        eval_into: None,
-    },
-    OpSpec {
-        name: "ConvTranspose",
-        since: 11,
-        infer: infer_conv_transpose,
-        eval: eval_conv_transpose,
         eval_into: None,
     },
     OpSpec {
@@ -39,6 +31,44 @@ pub(super) static OPS: &[OpSpec] = &[
 /// `x` `[n, ci, h, w]`, the convolution's window attributes and its `kernel_shape`;
 /// output `[n, ci·kh·kw, oh·ow]`.
 pub const IM2COL: &str = "anyshape.Im2Col";
+
+/// The extents `[h, w]` of the trailing spatial axes of `shape` (an NCL tensor's or a
+/// 1-D kernel's as a height of 1).
+pub(super) fn plane(shape: &[usize]) -> [usize; 2] {
+    match shape {
+        [.., h, w] if shape.len() == 4 => [*h, *w],
+        [.., w] => [1, *w],
+        [] => [1, 1],
+    }
+}
+
+/// `[n, c]` and the output extents `[oh, ow]` as the shape of an output over `spatial`
+/// axes (a 1-D one without its height), checked against [`MAX_ELEMENTS`].
+pub(super) fn planar_shape(
+    node: &Node,
+    nc: [usize; 2],
+    [oh, ow]: [usize; 2],
+    spatial: usize,
+) -> Result<Vec<usize>> {
+    let mut shape = nc.to_vec();
+    if spatial == 2 {
+        shape.push(oh);
+    }
+    shape.push(ow);
+    sized(node, &shape)?;
+    Ok(shape)
+}
+
+/// The spatial axes of a pooled or convolved input of `rank`: 1 (NCL) or 2 (NCHW).
+pub(super) fn spatial_axes(node: &Node, rank: usize) -> Result<usize> {
+    match rank {
+        3 | 4 => Ok(rank - 2),
+        r => fail(
+            node,
+            format!("an input of rank {r}: 1-D (NCL) and 2-D (NCHW) windows only"),
+        ),
+    }
+}
 
 /// A convolution's window ([`Window`]) over `spatial` axes, and its groups.
 fn conv_window(node: &Node, spatial: usize) -> Result<(Window, usize)> {
@@ -164,190 +194,6 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                     )
                 }
             }
-        }
-    }
-    Ok(vec![Tensor::f32(shape, out)?])
-}
-
-/// A transposed convolution's placement over `spatial` axes (a 1-D one as the width
-/// of a 2-D one): strides, dilations, `output_padding`, the pads given (`pads`, or
-/// none with `auto_pad`) and the output extents asked for (`output_shape`, or the
-/// input's times the stride with `SAME_*`), from which the pads follow ([`Transposed::pads`]).
-struct Transposed {
-    strides: super::Dims,
-    dilations: super::Dims,
-    extra: [usize; 2],
-    pads: super::Dims,
-    same: Option<super::pool::Same>,
-    shape: Option<[usize; 2]>,
-    group: usize,
-}
-
-impl Transposed {
-    fn of(node: &Node, spatial: usize) -> Result<Transposed> {
-        let w = Window::of_rank(node, spatial)?;
-        let axes = |name: &str, default: usize| -> Result<Option<[usize; 2]>> {
-            match node.ints(name)? {
-                None => Ok(None),
-                Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 0) => {
-                    Ok(Some(match spatial {
-                        1 => [default, v[0] as usize],
-                        _ => [v[0] as usize, v[1] as usize],
-                    }))
-                }
-                Some(v) => fail(node, format!("{name} {v:?}: {spatial} spatial axes")),
-            }
-        };
-        let group = node.int("group", 1)?;
-        if group < 1 {
-            return fail(node, format!("group {group}: need 1 or more"));
-        }
-        Ok(Transposed {
-            strides: w.strides,
-            dilations: w.dilations,
-            extra: axes("output_padding", 0)?.unwrap_or([0, 0]),
-            pads: w.pads,
-            same: w.same,
-            shape: axes("output_shape", 1)?,
-            group: group as usize,
-        })
-    }
-
-    /// The pads (before, after) of axis `i` for an input extent `d` and a kernel of
-    /// extent `k`: given, or those that make the output extent asked for (negative
-    /// where it is more than the input makes: room after, as ONNX's reference places it).
-    fn pads(&self, d: usize, k: usize, i: usize) -> (isize, isize) {
-        let want = match (self.shape, self.same) {
-            (Some(s), _) => s[i],
-            (None, Some(_)) => d * self.strides[i],
-            (None, None) => return (self.pads[i] as isize, self.pads[i + 2] as isize),
-        };
-        let total = self.full(d, k, i) as isize - want as isize;
-        let half = total.div_euclid(2);
-        match self.same {
-            Some(super::pool::Same::Upper) => (half, total - half),
-            _ => (total - half, half),
-        }
-    }
-
-    /// The extent of axis `i` before pads.
-    fn full(&self, d: usize, k: usize, i: usize) -> usize {
-        self.strides[i] * d.saturating_sub(1)
-            + self.extra[i]
-            + self.dilations[i] * (k.max(1) - 1)
-            + 1
-    }
-
-    /// The output extent of axis `i`.
-    fn out(&self, d: usize, k: usize, i: usize) -> Result<usize, String> {
-        let (before, after) = self.pads(d, k, i);
-        usize::try_from(self.full(d, k, i) as isize - before - after)
-            .map_err(|_| "pads larger than the output".to_string())
-    }
-}
-
-fn infer_conv_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let spatial = spatial_axes(node, x.rank())?;
-    if w.rank() != x.rank() {
-        return fail(node, "filters of another rank than the input");
-    }
-    let t = Transposed::of(node, spatial)?;
-    let co = w.shape[1].clone() * Expr::Const(t.group as i64);
-    let mut shape = vec![x.shape[0].clone(), co.simplify()];
-    for a in 2..x.rank() {
-        let i = a + 2 - x.rank();
-        let k = w.shape[a]
-            .as_const()
-            .ok_or_else(|| node.error("a symbolic kernel size"))? as usize;
-        shape.push(match (t.shape, t.same, x.shape[a].as_const()) {
-            (Some(s), _, _) => Expr::Const(s[i] as i64),
-            (None, Some(_), _) => (x.shape[a].clone() * t.strides[i] as i64).simplify(),
-            (None, None, Some(d)) => {
-                Expr::Const(t.out(d as usize, k, i).map_err(|e| node.error(e))? as i64)
-            }
-            (None, None, None) => {
-                let span = t.dilations[i] * (k.max(1) - 1) + 1;
-                ((x.shape[a].clone() - 1) * t.strides[i] as i64 + (t.extra[i] + span) as i64
-                    - (t.pads[i] + t.pads[i + 2]) as i64)
-                    .simplify()
-            }
-        });
-    }
-    Ok(vec![Fact::new(x.dtype, shape)])
-}
-
-/// `ConvTranspose`: each input element scattered into the output through the
-/// filters (`[ci, co / group, kh, kw]`), group by group, then the bias.
-fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
-    let spatial = spatial_axes(node, x.shape.len())?;
-    let t = Transposed::of(node, spatial)?;
-    let g = t.group;
-    if w.shape.len() != x.shape.len() || x.shape[1] != w.shape[0] || x.shape[1] % g != 0 {
-        return fail(
-            node,
-            format!(
-                "filters {:?} in {g} groups do not read an input {:?}",
-                w.shape, x.shape
-            ),
-        );
-    }
-    let (n, ci) = (x.shape[0], x.shape[1]);
-    let ([h, wd], [kh, kw]) = (plane(x.shape), plane(w.shape));
-    let (cg, og) = (ci / g, w.shape[1]);
-    let co = og * g;
-    let err = |e: String| node.error(e);
-    let (oh, ow) = (
-        t.out(h, kh, 0).map_err(err)?,
-        t.out(wd, kw, 1).map_err(err)?,
-    );
-    let (top, _) = t.pads(h, kh, 0);
-    let (left, _) = t.pads(wd, kw, 1);
-    let shape = planar_shape(node, [n, co], [oh, ow], spatial)?;
-    let xv = x.as_f32().map_err(|e| node.error(e))?;
-    let wv = w.as_f32().map_err(|e| node.error(e))?;
-    let bias = ins
-        .get(2)
-        .copied()
-        .flatten()
-        .map(|_| super::per_channel(node, ins, 2, co))
-        .transpose()?;
-    // The work, not only the output, is bounded.
-    if crate::tensor::numel(&[n, ci, h, wd, og, kh, kw]).map_or(true, |w| w > super::MAX_ELEMENTS) {
-        return fail(node, "more work than one op may do");
-    }
-    let mut out = vec![0f32; n * co * oh * ow];
-    for b in 0..n {
-        for c in 0..ci {
-            let grp = c / cg;
-            for iy in 0..h {
-                for ix in 0..wd {
-                    let v = xv[((b * ci + c) * h + iy) * wd + ix];
-                    for o in 0..og {
-                        let oc = grp * og + o;
-                        for u in 0..kh {
-                            let y = (iy * t.strides[0] + u * t.dilations[0]) as isize - top;
-                            if !(0..oh as isize).contains(&y) {
-                                continue;
-                            }
-                            for q in 0..kw {
-                                let xo = (ix * t.strides[1] + q * t.dilations[1]) as isize - left;
-                                if (0..ow as isize).contains(&xo) {
-                                    out[((b * co + oc) * oh + y as usize) * ow + xo as usize] +=
-                                        v * wv[((c * og + o) * kh + u) * kw + q];
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if let Some(bias) = bias {
-        for (i, plane) in out.chunks_mut((oh * ow).max(1)).enumerate() {
-            let add = bias[i % co];
-            plane.iter_mut().for_each(|e| *e += add);
         }
     }
     Ok(vec![Tensor::f32(shape, out)?])

@@ -17,12 +17,13 @@
 //! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`),
 //!   `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
-//! - `conv.rs`: `Conv` and `ConvTranspose` (1-D and 2-D, grouped), and the internal
-//!   `anyshape.Im2Col` before a convolution kernel;
+//! - `window.rs`: the sliding window convolutions and pools share (pads given or
+//!   `SAME_*`, `ceil_mode`, any number of spatial axes);
+//! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
+//!   before a convolution kernel; `conv_transpose.rs`: `ConvTranspose`;
 //! - `pad.rs`: `Pad`, `Tile`;
-//! - `pool.rs`: the sliding window `Conv` and the pools share (pads given or
-//!   `SAME_*`, `ceil_mode`), `MaxPool` (1-D to 3-D, with indices),
-//!   `AveragePool`, `LpPool`, `GlobalAveragePool`, `GlobalMaxPool`;
+//! - `pool.rs`: `MaxPool` (1-D to 3-D, with indices), `AveragePool`, `LpPool`,
+//!   `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
 //!   `LayerNormalization`, `RMSNormalization`, `InstanceNormalization`,
 //!   `GroupNormalization`, `BatchNormalization`, `MeanVarianceNormalization`, `LRN`;
@@ -37,6 +38,7 @@
 mod activation;
 mod attention;
 mod conv;
+mod conv_transpose;
 mod elementwise;
 mod grid;
 mod index;
@@ -53,12 +55,13 @@ mod shape;
 mod space;
 mod spectral;
 mod unary;
+mod window;
 
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
-pub use pool::Window;
+pub use window::Window;
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -108,6 +111,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(index::OPS)
         .chain(linalg::OPS)
         .chain(conv::OPS)
+        .chain(conv_transpose::OPS)
         .chain(normalize::OPS)
         .chain(pad::OPS)
         .chain(pool::OPS)
@@ -403,15 +407,6 @@ impl Pair<'_, '_> {
 }
 
 impl Data {
-    /// `n` elements of `dtype`, all zero.
-    pub(crate) fn zeros(dtype: crate::DType, n: usize) -> Data {
-        match dtype {
-            crate::DType::F32 => Data::F32(vec![0.0; n]),
-            crate::DType::I64 => Data::I64(vec![0; n]),
-            crate::DType::Bool => Data::Bool(vec![false; n]),
-        }
-    }
-
     /// These elements as the destination of a copy from `src`, where the types match.
     pub(crate) fn as_mut_of<'a, 'b>(&'b mut self, src: DataRef<'a>) -> Option<Pair<'a, 'b>> {
         match (src, self) {
