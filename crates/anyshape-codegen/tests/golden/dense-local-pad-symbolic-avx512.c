@@ -33,7 +33,7 @@ static inline float as_bf16_hi(float w) { uint32_t u; float r; memcpy(&u, &w, 4)
 static inline float as_dot_bf16(float c, float b, float a) { return c + as_bf16_lo(b) * as_bf16_lo(a) + as_bf16_hi(b) * as_bf16_hi(a); }
 typedef uint32_t as_vu __attribute__((vector_size(64)));
 #if defined(__AVX512BF16__)
-static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vf v = (as_vf){0} + a; __asm__("vdpbf16ps %2, %1, %0" : "+v"(c) : "v"(b), "v"(v)); return c; }
+static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vf v = {a,a,a,a,a,a,a,a,a,a,a,a,a,a,a,a}; __asm__("vdpbf16ps %2, %1, %0" : "+v"(c) : "v"(b), "v"(v)); return c; }
 #else
 static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * as_bf16_lo(a) + (as_vf)(x & 0xffff0000u) * as_bf16_hi(a); }
 #endif
