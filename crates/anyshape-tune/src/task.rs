@@ -30,7 +30,7 @@ pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
 ) -> Result<()> {
     let domain = instances(job.workload, job.vars)?;
     let votes = Votes {
-        micro_kernels: vec![K::default_for(job.target).fit(job.target, job.workload)],
+        micro_kernels: vec![K::default_for_workload(job.target, job.workload)],
         votes: domain
             .iter()
             .map(|x| Vote {

@@ -106,6 +106,14 @@ pub trait Sketch:
     fn fit(self, _target: &Self::Target, _w: &Workload) -> Self {
         self
     }
+    /// The default as it runs `w` (what an untuned module and `anyshape run` without
+    /// `--micro-kernel` use): the first of `w`'s seeds, fitted.
+    fn default_for_workload(target: &Self::Target, w: &Workload) -> Self {
+        let first = Self::seeds(target, w).into_iter().next();
+        first
+            .unwrap_or_else(|| Self::default_for(target))
+            .fit(target, w)
+    }
     /// Parse the text form (what `Display` writes) or JSON.
     fn parse(text: &str) -> Result<Self>;
     /// Check every limit of the target; the error names the broken one.
