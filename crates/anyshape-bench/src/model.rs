@@ -11,7 +11,7 @@ use crate::report::{geomean, paired_speedup, significant};
 use crate::{peak, Harness};
 use anyshape_codegen::Target;
 use anyshape_files::Reads;
-use anyshape_ir::Bindings;
+use anyshape_ir::{Bindings, Precision};
 use anyshape_measure::Progress;
 use anyshape_tensor::{DType, Data, Tensor, TensorSpec};
 use std::fmt::Write as _;
@@ -36,6 +36,8 @@ pub struct ModelCompareOptions<'a> {
 /// largest relative difference of its outputs from anyshape's (`None`: it failed).
 struct Row {
     bindings: Bindings,
+    /// The useful flops of anyshape's run (its kernels'; see [`run_flops`]).
+    flops: Option<f64>,
     error: Vec<Option<f64>>,
     /// Per system, its best of each round (`None` where it was not timed; all `None`
     /// once it failed).
@@ -52,6 +54,23 @@ impl Row {
     fn paired_speedup(&self, p: usize) -> Option<f64> {
         paired_speedup(&self.rounds[0], &self.rounds[p])
     }
+}
+
+/// The useful flops of a run of `model` at `b`: its kernels' ([`Workload::flops`] times
+/// the steps that run each task); host steps (layer norms, gathers, masks) are not
+/// counted. `None` where a task's workload does not bind at `b`.
+///
+/// [`Workload::flops`]: anyshape_ir::Workload::flops
+fn run_flops(model: &anyshape_runtime::Model, b: &Bindings) -> Option<f64> {
+    model
+        .plan()
+        .tasks
+        .iter()
+        .map(|t| {
+            let bound = t.workload.bind(b).ok()?;
+            Some(t.workload.flops(&bound) * t.count as f64)
+        })
+        .sum()
 }
 
 /// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
@@ -195,6 +214,18 @@ pub fn compare_model(
     let peak = peak::measure(&h.target, &h.builder, 0.3)?
         .last()
         .map_or(f64::NAN, |p| p.1);
+    // A bf16 module's dense layers run on bf16 pair products: their peak too.
+    let bf16 = peak::Peak::DotBf16;
+    let peak_bf16 = match model.manifest().precision == Precision::Bf16 && bf16.available() {
+        true => {
+            progress.note("measuring the bf16 pair-product peak ...");
+            peak::measure_kind(bf16, &h.target, &h.builder, 0.3)?
+                .last()
+                .map(|p| p.1)
+        }
+        false => None,
+    };
+    let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
     let mut unavailable = Vec::new();
@@ -239,6 +270,7 @@ pub fn compare_model(
         let n = peers.len();
         let mut row = Row {
             bindings: b.clone(),
+            flops: flops[i],
             error: vec![None; n],
             rounds: vec![vec![None; o.rounds]; n],
         };
@@ -295,6 +327,7 @@ pub fn compare_model(
         dir,
         target: &h.target.describe(),
         peak,
+        peak_bf16,
         load_seconds,
         o,
         names: &names,
@@ -330,6 +363,8 @@ struct ModelReport<'a> {
     dir: &'a Path,
     target: &'a str,
     peak: f64,
+    /// A bf16 module's: the bf16 pair-product peak (where the CPU has it).
+    peak_bf16: Option<f64>,
     load_seconds: f64,
     o: &'a ModelCompareOptions<'a>,
     names: &'a [String],
@@ -355,10 +390,24 @@ impl ModelReport<'_> {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         let _ = writeln!(s, "# anyshape bench --model: {}\n", self.dir.display());
         let _ = writeln!(s, "Command: `{command}`\n");
+        let _ = write!(
+            s,
+            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores)",
+            self.target, self.peak
+        );
+        match self.peak_bf16 {
+            Some(p) => {
+                let _ = writeln!(
+                    s,
+                    "; bf16 pair-product peak (`vdpbf16ps`): {p:.1} GFLOP/s.\n"
+                );
+            }
+            None => s.push_str(".\n\n"),
+        }
         let _ = writeln!(
             s,
-            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
-            self.target, self.peak
+            "anyshape GFLOP/s: the useful flops of its kernels (a multiply and an add per product, the softmax's and epilogues' own; host steps such as layer norms not counted) over its latency; % of peak: of the FP32 FMA peak{}.\n",
+            if self.peak_bf16.is_some() { " (and, for a bf16 module, of the bf16 one)" } else { "" }
         );
         let _ = writeln!(
             s,
@@ -372,9 +421,17 @@ impl ModelReport<'_> {
         );
         let mut head = "| instance |".to_string();
         let mut rule = "|---|".to_string();
-        for n in self.names {
+        for (p, n) in self.names.iter().enumerate() {
             let _ = write!(head, " {n} ms |");
             rule.push_str("---:|");
+            if p == 0 {
+                head.push_str(" anyshape GFLOP/s | % of FMA peak |");
+                rule.push_str("---:|---:|");
+                if self.peak_bf16.is_some() {
+                    head.push_str(" % of bf16 peak |");
+                    rule.push_str("---:|");
+                }
+            }
         }
         for n in &self.names[1..] {
             let _ = write!(head, " speedup vs {n} | paired | error of {n} |");
@@ -392,6 +449,24 @@ impl ModelReport<'_> {
                     r.latency(p)
                         .map_or("failed".into(), |l| significant(l * 1e3))
                 );
+                if p == 0 {
+                    let rate = match (r.flops, r.latency(0)) {
+                        (Some(f), Some(l)) => Some(f / l / 1e9),
+                        _ => None,
+                    };
+                    let share = |peak: f64| {
+                        rate.map_or("-".into(), |g| format!("{:.0} %", 100.0 * g / peak))
+                    };
+                    let _ = write!(
+                        s,
+                        " {} | {} |",
+                        rate.map_or("-".into(), |g| format!("{g:.1}")),
+                        share(self.peak)
+                    );
+                    if let Some(pb) = self.peak_bf16 {
+                        let _ = write!(s, " {} |", share(pb));
+                    }
+                }
             }
             for (p, sp) in speedups.iter().enumerate() {
                 let _ = write!(

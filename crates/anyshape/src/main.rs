@@ -293,6 +293,7 @@ fn runner(options: MeasureOptions) -> Result<Runner> {
 
 /// `anyshape peak`: the FMA peak on one thread and on every core.
 fn peak(common: &Common, seconds: f64) -> Result<()> {
+    use anyshape_bench::peak::Peak;
     let target = common.target()?;
     let lanes = target.lanes_f32();
     println!(
@@ -304,6 +305,18 @@ fn peak(common: &Common, seconds: f64) -> Result<()> {
     );
     for (t, best) in anyshape_bench::peak::measure(&target, &common.builder(), seconds)? {
         println!("  {t} thread(s): {best:.1} GFLOP/s");
+    }
+    let bf16 = Peak::DotBf16;
+    if bf16.available() {
+        println!(
+            "bf16 pair-product peak (AVX512_BF16's vdpbf16ps, 4 flops a lane; what a --precision bf16 module's dense layers run on): {} chains per thread:",
+            bf16.chains()
+        );
+        for (t, best) in
+            anyshape_bench::peak::measure_kind(bf16, &target, &common.builder(), seconds)?
+        {
+            println!("  {t} thread(s): {best:.1} GFLOP/s");
+        }
     }
     Ok(())
 }

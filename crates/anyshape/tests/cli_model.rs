@@ -120,6 +120,17 @@ fn compile_run_and_bench_a_model() {
         "{csv}"
     );
     assert!(rows.iter().all(|r| r.len() == 7), "{csv}");
+    // The report gives anyshape's rate: its kernels' flops over its latency, and the
+    // share of the FMA peak measured in the run.
+    let md = std::fs::read_to_string(report.join("model.md")).unwrap();
+    let header = md.lines().find(|l| l.starts_with("| instance |")).unwrap();
+    let column = header.split(" | ").position(|c| c == "anyshape GFLOP/s");
+    let column = column.unwrap_or_else(|| panic!("no GFLOP/s column: {md}"));
+    for line in md.lines().filter(|l| l.starts_with("| batch=")) {
+        let rate: f64 = line.split(" | ").nth(column).unwrap().parse().unwrap();
+        assert!(rate > 0.0 && rate.is_finite(), "{line}");
+        assert!(line.contains(" % |"), "{line}");
+    }
     let raced: Vec<&Vec<&str>> = rows.iter().filter(|r| r[2] != "\"anyshape\"").collect();
     if python.is_some() {
         for peer in ["onnxruntime", "OpenVINO"] {
