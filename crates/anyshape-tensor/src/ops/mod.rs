@@ -17,6 +17,7 @@
 //! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`),
 //!   `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
+//! - `loss.rs`: `NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`;
 //! - `window.rs`: the sliding window convolutions and pools share (pads given or
 //!   `SAME_*`, `ceil_mode`, any number of spatial axes);
 //! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
@@ -43,6 +44,7 @@ mod elementwise;
 mod grid;
 mod index;
 mod linalg;
+mod loss;
 mod movement;
 mod normalize;
 mod pad;
@@ -110,6 +112,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(grid::OPS)
         .chain(index::OPS)
         .chain(linalg::OPS)
+        .chain(loss::OPS)
         .chain(conv::OPS)
         .chain(conv_transpose::OPS)
         .chain(normalize::OPS)
