@@ -29,3 +29,16 @@ pub use sketch::{
     GpuContractionKernel, LaunchConfig, RowKernel, Sketch, StridedGemm, SHARED_PAD,
 };
 pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};
+
+/// The generation of the kernels this code generator writes. Trials are recorded, and a
+/// tuning database keys its runs, under [`kernels_version`], so that measurements of
+/// kernels written differently are never reused as this code's: bump it with every
+/// change to generated code that moves its speed (2: bf16 kernels broadcast A's words
+/// as one load and pack A walking K).
+pub const KERNELS_GENERATION: u32 = 2;
+
+/// The version trials are measured under: anyshape's and the kernels' generation
+/// (`0.1.0+k2`).
+pub fn kernels_version() -> String {
+    format!("{}+k{KERNELS_GENERATION}", env!("CARGO_PKG_VERSION"))
+}

@@ -50,7 +50,8 @@ pub struct RunKey {
     pub target: String,
     /// The padding strategy, as JSON.
     pub strategy: String,
-    /// The anyshape version that measured it (another version's kernels differ).
+    /// The version that measured it, anyshape's and its kernels' generation
+    /// ([`anyshape_codegen::kernels_version`]: other kernels' measurements differ).
     pub anyshape: String,
 }
 

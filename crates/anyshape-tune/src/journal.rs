@@ -135,7 +135,7 @@ impl DbRun {
                 family: family_of(workload),
                 target: serde_json::to_string(target).expect("targets serialize"),
                 strategy: serde_json::to_string(&options.strategy).expect("strategies serialize"),
-                anyshape: env!("CARGO_PKG_VERSION").to_string(),
+                anyshape: anyshape_codegen::kernels_version(),
             },
             run: None,
         }))

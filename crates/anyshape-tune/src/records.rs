@@ -81,7 +81,7 @@ impl TrialResult {
 /// micro-kernel, and `T`, the target, say otherwise).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Record<K = ContractionKernel, T = CpuTarget> {
-    /// The anyshape version that measured it.
+    /// The version that measured it ([`anyshape_codegen::kernels_version`]).
     pub anyshape: String,
     /// The workload, in its textual form.
     pub workload: String,

@@ -353,7 +353,7 @@ impl<B: Backend> Tuner<B> {
             }
             let t = &list[n];
             let record = Record {
-                anyshape: env!("CARGO_PKG_VERSION").to_string(),
+                anyshape: anyshape_codegen::kernels_version(),
                 workload: batch.workload.to_string(),
                 target: target.clone(),
                 strategy: batch.strategy,
