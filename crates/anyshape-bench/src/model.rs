@@ -455,12 +455,15 @@ impl ModelReport<'_> {
                         _ => None,
                     };
                     let share = |peak: f64| {
-                        rate.map_or("-".into(), |g| format!("{:.0} %", 100.0 * g / peak))
+                        rate.map_or("-".into(), |g| match 100.0 * g / peak {
+                            x if x < 10.0 => format!("{x:.1} %"),
+                            x => format!("{x:.0} %"),
+                        })
                     };
                     let _ = write!(
                         s,
                         " {} | {} |",
-                        rate.map_or("-".into(), |g| format!("{g:.1}")),
+                        rate.map_or("-".into(), significant),
                         share(self.peak)
                     );
                     if let Some(pb) = self.peak_bf16 {
