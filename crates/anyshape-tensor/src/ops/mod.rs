@@ -18,10 +18,13 @@
 //!   `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
 //! - `loss.rs`: `NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`;
+//! - `linear_attention.rs`: `LinearAttention` (opset 27: linear, gated and delta-rule
+//!   recurrent states);
 //! - `window.rs`: the sliding window convolutions and pools share (pads given or
 //!   `SAME_*`, `ceil_mode`, any number of spatial axes);
 //! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
 //!   before a convolution kernel; `conv_transpose.rs`: `ConvTranspose`;
+//!   `causal_conv.rs`: `CausalConvWithState` (opset 27);
 //! - `pad.rs`: `Pad`, `Tile`;
 //! - `pool.rs`: `MaxPool` (1-D to 3-D, with indices), `AveragePool`, `LpPool`,
 //!   `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool`;
@@ -38,12 +41,14 @@
 //! - `rotary.rs`: `RotaryEmbedding` (opset 23).
 mod activation;
 mod attention;
+mod causal_conv;
 mod conv;
 mod conv_transpose;
 mod elementwise;
 mod grid;
 mod index;
 mod linalg;
+mod linear_attention;
 mod loss;
 mod movement;
 mod normalize;
@@ -112,7 +117,9 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(grid::OPS)
         .chain(index::OPS)
         .chain(linalg::OPS)
+        .chain(linear_attention::OPS)
         .chain(loss::OPS)
+        .chain(causal_conv::OPS)
         .chain(conv::OPS)
         .chain(conv_transpose::OPS)
         .chain(normalize::OPS)
