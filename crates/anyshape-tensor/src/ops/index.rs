@@ -1,8 +1,9 @@
 //! Ops that read or write elements at indices given as data: `GatherElements` (RoBERTa's
 //! position ids, `torch.gather`), `ScatterElements` and `ScatterND` (in-place index
 //! writes as exporters write them), each write optionally a reduction (`add`, `mul`,
-//! `max`, `min`). Every index is checked against its axis: an index out of range is an
-//! error, never a read or write elsewhere.
+//! `max`, `min`), and opset 24's `TensorScatter` (a cache's new rows written from each
+//! item's position, linear or circular). Every index is checked against its axis: an
+//! index out of range is an error, never a read or write elsewhere.
 use super::{fail, infer_same, req, sized, strided_walk, OpSpec};
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
@@ -35,6 +36,13 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_same,
         eval: eval_scatter_nd,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "TensorScatter",
+        since: 24,
+        infer: infer_same,
+        eval: eval_tensor_scatter,
         eval_into: None,
     },
 ];
@@ -226,4 +234,100 @@ fn eval_scatter_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
     }
     let data = scatter(node, x.data, u.data, &offsets, reduction(node)?)?;
     Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}
+
+/// `TensorScatter` (opset 24): a copy of the cache (`past_cache`) with `update` written
+/// along `axis` from each batch item's write index (`write_indices`, zeros without it);
+/// `circular` wraps past the cache's end, `linear` must fit (an error otherwise).
+fn eval_tensor_scatter(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let (cache, update) = (req(node, ins, 0)?, req(node, ins, 1)?);
+    let rank = cache.shape.len();
+    let a = super::axis(node, node.int("axis", -2)?, rank)?;
+    let circular = match node.string("mode", "linear")?.as_str() {
+        "linear" => false,
+        "circular" => true,
+        other => return fail(node, format!("mode `{other}`: linear or circular")),
+    };
+    if a == 0 || update.shape.len() != rank {
+        return fail(
+            node,
+            "the update must have the cache's rank, the axis after the batch",
+        );
+    }
+    let fits = (0..rank).all(|i| match i == a {
+        true => update.shape[i] <= cache.shape[i],
+        false => update.shape[i] == cache.shape[i],
+    });
+    if !fits {
+        return fail(
+            node,
+            format!(
+                "an update of {:?} into a cache of {:?}",
+                update.shape, cache.shape
+            ),
+        );
+    }
+    let batch = cache.shape[0];
+    let starts: Vec<i64> = match ins.get(2).copied().flatten() {
+        Some(w) if w.shape == [batch] => w.as_i64().map_err(|e| node.error(e))?.to_vec(),
+        Some(w) => {
+            return fail(
+                node,
+                format!("write indices of {:?} for {batch} items", w.shape),
+            )
+        }
+        None => vec![0; batch],
+    };
+    let (max_len, len) = (cache.shape[a], update.shape[a]);
+    let inner: usize = cache.shape[a + 1..].iter().product();
+    // The cache's rows before the axis, each `max_len` slots of `inner` elements.
+    let rows: usize = cache.shape[..a].iter().product();
+    let per_item = rows / batch.max(1);
+    let mut out = cache.to_tensor();
+    let dst = out.f32_mut().map_err(|e| node.error(e))?;
+    let src = update.as_f32().map_err(|e| node.error(e))?;
+    for row in 0..rows {
+        let start = starts[row / per_item.max(1)];
+        for s in 0..len {
+            let at = start + s as i64;
+            let slot = match circular {
+                true => at.rem_euclid(max_len.max(1) as i64) as usize,
+                false if (0..max_len as i64).contains(&at) => at as usize,
+                false => {
+                    return fail(
+                        node,
+                        format!("write position {at} is outside the cache's {max_len} slots"),
+                    )
+                }
+            };
+            dst[(row * max_len + slot) * inner..][..inner]
+                .copy_from_slice(&src[(row * len + s) * inner..][..inner]);
+        }
+    }
+    Ok(vec![out])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A linear write past the cache's end is an error; a circular one wraps.
+    #[test]
+    fn tensor_scatter_wraps_or_refuses_past_the_end() {
+        let node = |mode: &str| Node {
+            name: "s".into(),
+            op: "TensorScatter".into(),
+            inputs: vec![Some(0), Some(1), Some(2)],
+            outputs: vec![3],
+            attrs: [("mode".to_string(), crate::node::Attr::Str(mode.into()))].into(),
+        };
+        let cache = Tensor::f32(vec![1, 3, 1], vec![0.0, 0.0, 0.0]).unwrap();
+        let update = Tensor::f32(vec![1, 2, 1], vec![1.0, 2.0]).unwrap();
+        let at = Tensor::i64(vec![1], vec![2]).unwrap();
+        let ins = [Some(cache.view()), Some(update.view()), Some(at.view())];
+        let wrapped = eval_tensor_scatter(&node("circular"), &ins).unwrap();
+        assert_eq!(wrapped[0].as_f32().unwrap(), [2.0, 0.0, 1.0]);
+        let e = eval_tensor_scatter(&node("linear"), &ins).unwrap_err();
+        assert!(e.to_string().contains("outside the cache"), "{e}");
+    }
 }
