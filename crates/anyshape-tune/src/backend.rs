@@ -153,7 +153,7 @@ impl<K: Tunable> Backend for SketchBackend<'_, K> {
     }
 
     fn default_kernel(&self) -> K {
-        self.space.fit(K::default_for(&self.target))
+        self.space.default_kernel()
     }
 
     fn seeds(&self, w: &Workload) -> Vec<K> {

@@ -71,6 +71,15 @@ impl<K: Sketch> SearchSpace<K> {
         }
     }
 
+    /// The sketch's default as it runs the space's workload
+    /// ([`Sketch::default_for_workload`]; the plain default where the space has none).
+    pub fn default_kernel(&self) -> K {
+        match &self.workload {
+            Some(w) => K::default_for_workload(&self.target, w),
+            None => K::default_for(&self.target),
+        }
+    }
+
     /// A micro-kernel of the space (the sketch's default if sampling finds none).
     pub fn sample(&self, rng: &mut impl Rng) -> K {
         for _ in 0..1000 {
@@ -79,7 +88,7 @@ impl<K: Sketch> SearchSpace<K> {
                 return mk;
             }
         }
-        self.fit(K::default_for(&self.target))
+        self.default_kernel()
     }
 
     /// A neighbour of `mk` in the space (a fresh sample where none turns up).

@@ -131,17 +131,6 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         );
     }
     let v = x.as_f32().map_err(|e| node.error(e))?;
-    // Per axis and output index: the taps inside the input, and those inside with the pads.
-    let inside: Vec<Vec<std::ops::Range<usize>>> = (0..n)
-        .map(|i| (0..out[i]).map(|o| w.inside(o, k[i], i, dims[i])).collect())
-        .collect();
-    let padded: Vec<Vec<usize>> = (0..n)
-        .map(|i| {
-            (0..out[i])
-                .map(|o| w.padded_taps(o, k[i], i, dims[i]))
-                .collect()
-        })
-        .collect();
     // The input's strides, and where an index output counts (column-major: reversed).
     let strides = crate::tensor::strides(dims);
     let index_strides: Vec<usize> = match column_major {
@@ -166,15 +155,20 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         lift(&strides, 0),
         lift(&index_strides, 0),
     );
+    // Per lifted axis and output index: the taps inside the input, and those inside
+    // with the pads.
+    let axis = |a: usize| a.checked_sub(3 - n);
     let inside3: Vec<Vec<std::ops::Range<usize>>> = (0..3)
-        .map(|a: usize| match a.checked_sub(3 - n) {
-            Some(i) => inside[i].clone(),
+        .map(|a| match axis(a) {
+            Some(i) => (0..out[i]).map(|o| w.inside(o, k[i], i, dims[i])).collect(),
             None => std::iter::once(0..1).collect(),
         })
         .collect();
     let padded3: Vec<Vec<usize>> = (0..3)
-        .map(|a: usize| match a.checked_sub(3 - n) {
-            Some(i) => padded[i].clone(),
+        .map(|a| match axis(a) {
+            Some(i) => (0..out[i])
+                .map(|o| w.padded_taps(o, k[i], i, dims[i]))
+                .collect(),
             None => vec![1],
         })
         .collect();
