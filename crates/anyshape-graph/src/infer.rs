@@ -1,10 +1,12 @@
 //! Symbolic shape propagation (TSCompiler §4.1): a [`Fact`] for every value of a graph,
 //! node by node — shapes as expressions over the shape vars, shape plumbing folded into
 //! expressions, small constant subgraphs evaluated. What is left for run time is the
-//! evaluation of expressions; an op or a shape that cannot be handled is an error that
+//! evaluation of expressions — and the run-time dims (`Expr::runtime_dim`) of ops whose
+//! shapes only their evaluation tells; an op or a shape that cannot be handled is an error that
 //! names the node, the op and what could not be inferred.
 use crate::graph::Graph;
 use crate::{GraphError, Result};
+use anyshape_ir::Expr;
 use anyshape_tensor::ops::{op, unsupported};
 use anyshape_tensor::{Fact, TensorRef, ValueId, FOLD_LIMIT};
 
@@ -68,7 +70,15 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
                 ))
                 .into());
         }
-        for (&id, f) in node.outputs.iter().zip(outs) {
+        for (&id, mut f) in node.outputs.iter().zip(outs) {
+            // Shape plumbing over run-time dims is computed by its steps, not kept as
+            // expressions for the run to evaluate before the steps.
+            if f.sym
+                .as_ref()
+                .is_some_and(|s| s.iter().any(Expr::has_runtime_dims))
+            {
+                f.sym = None;
+            }
             facts[id] = Some(f);
         }
     }

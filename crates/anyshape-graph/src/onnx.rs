@@ -393,8 +393,9 @@ impl Reader<'_> {
 fn dim_expr(name: &str) -> Expr {
     let text = name.replace("//", "/");
     match anyshape_ir::parse_expr(&text) {
-        Ok(e) => e,
-        Err(_) => Expr::var(
+        // No dim of an input is a run-time dim (`?…`, which only steps make).
+        Ok(e) if !e.has_runtime_dims() => e,
+        _ => Expr::var(
             name.chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect::<String>(),

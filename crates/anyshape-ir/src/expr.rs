@@ -36,6 +36,15 @@ pub enum Expr {
     Max(Box<Expr>, Box<Expr>),
 }
 
+/// The first character of a run-time dim's var ([`Expr::runtime_dim`]), which no
+/// shape var of a model starts with.
+pub const RUNTIME_DIM: char = '?';
+
+/// Whether var `name` is a run-time dim ([`Expr::runtime_dim`]).
+pub fn is_runtime_dim(name: &str) -> bool {
+    name.starts_with(RUNTIME_DIM)
+}
+
 /// Floor division of integers (`None` on division by zero or overflow).
 pub(crate) fn floor_div(a: i64, b: i64) -> Option<i64> {
     let q = a.checked_div(b)?;
@@ -323,6 +332,25 @@ impl Expr {
                 let (a, b) = self.binary().expect("binary node");
                 a.collect_vars(out);
                 b.collect_vars(out);
+            }
+        }
+    }
+
+    /// A **run-time dim**: axis `axis` of value `value` where only the evaluation of
+    /// the step that makes it tells its size (a reduction over axes given at run time,
+    /// `NonZero`'s count). Its var is `?value_axis`; it is bound when that step runs.
+    pub fn runtime_dim(value: usize, axis: usize) -> Expr {
+        Expr::Var(format!("{RUNTIME_DIM}{value}_{axis}"))
+    }
+
+    /// Whether this expression mentions a run-time dim ([`Expr::runtime_dim`]).
+    pub fn has_runtime_dims(&self) -> bool {
+        match self {
+            Expr::Var(v) => is_runtime_dim(v),
+            Expr::Const(_) => false,
+            _ => {
+                let (a, b) = self.binary().expect("binary node");
+                a.has_runtime_dims() || b.has_runtime_dims()
             }
         }
     }

@@ -184,7 +184,9 @@ impl Parser<'_> {
                         self.error("integer too large")
                     })
             }
-            Some(c) if c.is_ascii_alphabetic() || c == '_' => {
+            // A run-time dim's var (`?12_0`, in a saved plan) reads as a name too.
+            Some(c) if c.is_ascii_alphabetic() || c == '_' || c == crate::RUNTIME_DIM => {
+                self.pos += c.len_utf8();
                 while self
                     .peek()
                     .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')

@@ -31,8 +31,15 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
             invalid(format!("{what} names value {v}, of {n}"))
         }
     };
-    // Storage: references in range, views acyclic and of their source's size.
+    // Storage: references in range, views acyclic and of their source's size; a value
+    // with run-time dims a host step's own tensor (nothing sized before the run).
     for (v, value) in plan.values.iter().enumerate() {
+        if value.storage != Storage::Owned && value.shape.iter().any(Expr::has_runtime_dims) {
+            return invalid(format!(
+                "`{}` has run-time dims but is not a host step's own tensor",
+                value.name
+            ));
+        }
         match &value.storage {
             Storage::Input(i) if *i >= plan.inputs.len() || plan.inputs[*i].1 != v => {
                 return invalid(format!("`{}` is not input {i}", value.name))

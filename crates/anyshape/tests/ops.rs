@@ -1,8 +1,8 @@
 //! Operators through the path users take (an ONNX file, `compile`, `run` with recorded
 //! outputs): small graphs of one op each (unary math, `CumSum`, pooling, `Clip`,
-//! `Trilu`, `BatchNormalization`, `ArgMax`/`ArgMin`, `Mod`), compiled for a
-//! symbolic dim `n` and run in its range and past it, checked against the ops'
-//! definitions computed here in f64.
+//! `Trilu`, `BatchNormalization`, `ArgMax`/`ArgMin`, `Mod`, and ops whose shapes
+//! only their run-time inputs tell), compiled for a symbolic dim `n` and run in its
+//! range and past it, checked against the ops' definitions computed here in f64.
 mod support;
 
 use std::path::Path;
@@ -754,5 +754,61 @@ fn convolutions_match_their_loop_nest_at_every_n() {
             ("y_strided", at(&strided, &s5)),
         ];
         run_checked(d, n, &members);
+    }
+}
+
+/// Axes and counts given as inputs at run time (`ReduceSum`'s axes, `TopK`'s `K`) make
+/// run-time dims: the same module runs each value given, a chain after them (`Relu`,
+/// `Shape`) reads the shapes their steps made, and a count out of range is an error.
+#[test]
+fn shapes_given_at_run_time_are_bound_by_their_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    Onnx::new(17)
+        .input("x", &[Dim::Named("n"), Dim::Fixed(6)])
+        .int_input("axes", &[Dim::Fixed(1)])
+        .int_input("k", &[Dim::Fixed(1)])
+        .node("ReduceSum", &["x", "axes"], &["y_sum"], &[("keepdims", 0)])
+        .output("y_sum", &[Dim::Named("a")])
+        .node("TopK", &["x", "k"], &["t", "ti"], &[("axis", 1)])
+        .node("Relu", &["t"], &["y_top"], &[])
+        .output("y_top", &[Dim::Named("n"), Dim::Named("k")])
+        .node("Shape", &["t"], &["s"], &[])
+        .node("Cast", &["s"], &["y_shape"], &[("to", 1)])
+        .output("y_shape", &[Dim::Fixed(2)])
+        .write(&d.join("m.onnx"));
+    let o = compile_n(d, "m.onnx", "m.module");
+    assert!(o.status.success(), "{}", text(&o));
+    let at = |v: &[f32], shape: &[usize]| npy("<f4", false, shape, &f32_bytes(v));
+    let int = |v: i64| npy("<i8", false, &[1], &v.to_le_bytes());
+    for n in [1usize, 3, 7] {
+        let x: Vec<f32> = (0..n * 6).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+        for (axis, k) in [(0i64, 1usize), (1, 6), (-1, 3)] {
+            let sum: Vec<f32> = match axis {
+                0 => (0..6).map(|c| (0..n).map(|r| x[r * 6 + c]).sum()).collect(),
+                _ => (0..n).map(|r| x[r * 6..][..6].iter().sum()).collect(),
+            };
+            let top: Vec<f32> = (0..n)
+                .flat_map(|r| {
+                    let mut row = x[r * 6..][..6].to_vec();
+                    row.sort_by(|a, b| b.total_cmp(a));
+                    row.into_iter().take(k).map(|v| v.max(0.0))
+                })
+                .collect();
+            let members = [
+                ("x", at(&x, &[n, 6])),
+                ("axes", int(axis)),
+                ("k", int(k as i64)),
+                ("y_sum", at(&sum, &[sum.len()])),
+                ("y_top", at(&top, &[n, k])),
+                ("y_shape", at(&[n as f32, k as f32], &[2])),
+            ];
+            run_checked(d, n, &members);
+        }
+        npz(
+            &d.join("bad.npz"),
+            &[("x", at(&x, &[n, 6])), ("axes", int(1)), ("k", int(9))],
+        );
+        failed_with(&run_on(d, "m.module", "bad.npz"), &["TopK", "K must be"]);
     }
 }

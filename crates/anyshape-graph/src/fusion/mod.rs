@@ -227,6 +227,21 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
         attention: Default::default(),
         precision,
     };
+    // A node that reads or makes a value with run-time dims runs alone on the host:
+    // no kernel's task, view or fused chain is over dims the compile cannot know.
+    let mut steps = Vec::new();
+    for (k, n) in g.nodes.iter().enumerate() {
+        let late = |v: &ValueId| fact(facts, *v).shape.iter().any(Expr::has_runtime_dims);
+        if runtime[k] && n.inputs.iter().flatten().chain(&n.outputs).any(late) {
+            f.taken[k] = true;
+            steps.push(Step {
+                kind: StepKind::Movement(n.op.clone()),
+                nodes: vec![k],
+                inputs: vec![],
+                output: None,
+            });
+        }
+    }
     for (k, n) in g.nodes.iter().enumerate() {
         let (Some(&Some(src)), Some(&out)) = (n.inputs.first(), n.outputs.first()) else {
             continue;
@@ -259,7 +274,6 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
             f.attention.insert(k, a);
         }
     }
-    let mut steps = Vec::new();
     for k in 0..g.nodes.len() {
         if f.taken[k] {
             continue;

@@ -16,7 +16,7 @@ mod values;
 use crate::arena::Arena;
 use crate::error::internal;
 use crate::{CacheState, Result};
-use anyshape_ir::{Bindings, CACHE_RESERVE};
+use anyshape_ir::{Bindings, Expr, CACHE_RESERVE};
 use anyshape_plan::{Plan, PlanFile, Step, Storage};
 use anyshape_tensor::ops::OpSpec;
 use anyshape_tensor::{
@@ -25,7 +25,7 @@ use anyshape_tensor::{
 use smallvec::SmallVec;
 use std::sync::Mutex;
 use std::time::Instant;
-use values::Values;
+use values::{Late, Values};
 
 /// What runs a plan's kernel steps: a model's task modules, or (in tests) the
 /// workloads' reference.
@@ -66,6 +66,9 @@ pub struct Executor {
     /// Per value, whether its tensor stays from run to run (an op that evaluates into
     /// given outputs makes it).
     keeps: Vec<bool>,
+    /// Per value, whether its shape has run-time dims (`Expr::runtime_dim`); empty
+    /// where none has.
+    late: Vec<bool>,
     /// Per step, a host step's op (looked up once, not per run).
     ops: Vec<Option<&'static OpSpec>>,
     arenas: Mutex<Vec<Arena>>,
@@ -129,7 +132,16 @@ impl Executor {
                 }
             }
         }
+        let late: Vec<bool> = p
+            .values
+            .iter()
+            .map(|v| v.shape.iter().any(Expr::has_runtime_dims))
+            .collect();
         Executor {
+            late: match late.contains(&true) {
+                true => late,
+                false => Vec::new(),
+            },
             keeps,
             ops,
             task_vars: p.tasks.iter().map(|t| t.workload.shape_vars()).collect(),
@@ -279,6 +291,11 @@ impl Executor {
             prepared,
             base,
             owned,
+            late: (!self.late.is_empty()).then(|| Late {
+                values: &self.late,
+                bindings: prepared.bindings.clone(),
+                shapes: vec![Vec::new(); plan.values.len()],
+            }),
         };
         for (v, value) in plan.values.iter().enumerate() {
             if let Storage::Plumbing(x) = &value.storage {
@@ -370,7 +387,7 @@ impl Executor {
                 outputs[i] = None;
                 continue;
             }
-            let shape = &prepared.shapes[v];
+            let shape = values.shape(v);
             if let Some(t) = outputs[i].as_mut() {
                 let view = values.view(v)?;
                 t.fit(view.dtype(), shape)?;
@@ -390,7 +407,7 @@ impl Executor {
                 .flatten();
             outputs[i] = Some(match handed {
                 Some(mut t) => {
-                    t.shape.clone_from(shape);
+                    t.shape = values.shape(v).to_vec();
                     t
                 }
                 None => values.view(v)?.to_tensor(),

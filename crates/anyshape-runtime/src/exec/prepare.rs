@@ -116,7 +116,11 @@ impl Executor {
         p.bindings.assign(b);
         p.shapes.resize_with(plan.values.len(), Vec::new);
         for (v, shape) in p.shapes.iter_mut().enumerate() {
-            plan.shape_into(v, b, shape)?;
+            match self.late.get(v) {
+                // Told by the step that makes it.
+                Some(true) => shape.clear(),
+                _ => plan.shape_into(v, b, shape)?,
+            }
         }
         if let Some(state) = state {
             for (i, c) in plan.caches.iter().enumerate() {

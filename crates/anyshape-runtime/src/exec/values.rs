@@ -1,8 +1,9 @@
 //! Where a run's values are ([`Values`]: the caller's inputs, the plan's mapped
 //! constants, the arena's slots, the host steps' own tensors), as borrowed views, and
-//! a host step evaluated on them.
+//! a host step evaluated on them — binding the run-time dims of what it makes.
 use crate::error::internal;
 use crate::{Result, RuntimeError};
+use anyshape_ir::{is_runtime_dim, Bindings, Expr};
 use anyshape_plan::{Plan, PlanFile, Storage};
 use anyshape_tensor::ops::OpSpec;
 use anyshape_tensor::{Data, DataRef, Node, Tensor, TensorError, TensorRef};
@@ -20,13 +21,64 @@ pub(super) struct Values<'a> {
     pub(super) base: *mut u8,
     /// Host steps' tensors and evaluated shape plumbing, by value.
     pub(super) owned: &'a mut Vec<Option<Tensor>>,
+    /// Where the plan has values with run-time dims: the run's dims with those bound
+    /// so far, and those values' shapes as the steps that made them made them.
+    pub(super) late: Option<Late<'a>>,
+}
+
+/// A run's run-time dims ([`anyshape_ir::Expr::runtime_dim`]), bound step by step.
+pub(super) struct Late<'a> {
+    /// Per value, whether its shape has run-time dims.
+    pub(super) values: &'a [bool],
+    /// The run's dims and the run-time dims bound so far.
+    pub(super) bindings: Bindings,
+    /// The shapes of the values with run-time dims made so far.
+    pub(super) shapes: Vec<Vec<usize>>,
+}
+
+impl Late<'_> {
+    /// Bind the run-time dims of value `v` (of `plan`) from `shape`, which its step
+    /// made, and check its other dims: a shape that disagrees is an error.
+    fn bind(&mut self, plan: &Plan, v: usize, shape: &[usize]) -> Result<()> {
+        let value = &plan.values[v];
+        let wrong = |what: String| {
+            Err(TensorError::Shape(format!(
+                "`{}` was made with the shape {shape:?} where the plan has [{}]: {what}",
+                value.name,
+                value
+                    .shape
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .into())
+        };
+        if value.shape.len() != shape.len() {
+            return wrong("another rank".into());
+        }
+        for (e, &d) in value.shape.iter().zip(shape) {
+            if let Expr::Var(n) = e {
+                if is_runtime_dim(n) && self.bindings.get(n).is_none() {
+                    self.bindings.set(n.as_str(), d as i64);
+                }
+            }
+            let want = e.eval(&self.bindings)?;
+            if want != d as i64 {
+                return wrong(format!("{e} is {want}"));
+            }
+        }
+        self.shapes[v].clear();
+        self.shapes[v].extend_from_slice(shape);
+        Ok(())
+    }
 }
 
 impl Values<'_> {
     /// Value `v` as a tensor in place (its root's elements under its own shape).
     pub(super) fn view(&self, v: usize) -> Result<TensorRef<'_>> {
         let r = self.plan.root(v);
-        let shape = &self.prepared.shapes[v];
+        let shape = self.shape(v);
         let data = match &self.plan.values[r].storage {
             Storage::Input(i) => {
                 let g = self.given[*i]
@@ -60,11 +112,24 @@ impl Values<'_> {
         Ok(TensorRef::new(shape, data)?)
     }
 
+    /// The shape of value `v` in this run (a value with run-time dims: as its step made
+    /// it).
+    pub(super) fn shape(&self, v: usize) -> &[usize] {
+        match &self.late {
+            Some(l) if l.values[v] => &l.shapes[v],
+            _ => &self.prepared.shapes[v],
+        }
+    }
+
     /// Evaluate host step `node`: into the tensors its outputs kept from the last run
     /// where its op can (fitted to this run's shapes), else into new ones checked
     /// against the plan's shapes.
     pub(super) fn host(&mut self, node: &Node, op: &OpSpec) -> Result<()> {
-        if let Some(into) = op.eval_into {
+        let makes_late = self
+            .late
+            .as_ref()
+            .is_some_and(|l| node.outputs.iter().any(|&v| l.values[v]));
+        if let (Some(into), false) = (op.eval_into, makes_late) {
             let mut outs: SmallVec<[Tensor; 4]> = SmallVec::new();
             for &v in &node.outputs {
                 let mut t = self.owned[v].take().unwrap_or_else(|| Tensor {
@@ -96,7 +161,9 @@ impl Values<'_> {
             (op.eval)(node, &ins)?
         };
         for (&v, t) in node.outputs.iter().zip(outs) {
-            if t.shape != self.prepared.shapes[v] {
+            if let Some(late) = self.late.as_mut().filter(|l| l.values[v]) {
+                late.bind(self.plan, v, &t.shape)?;
+            } else if t.shape != self.prepared.shapes[v] {
                 return Err(TensorError::Shape(format!(
                     "node `{}` ({}) made `{}` of shape {:?} where the plan has {:?} (a shape rule differs from the op's evaluation)",
                     node.name, node.op, self.plan.values[v].name, t.shape, self.prepared.shapes[v]

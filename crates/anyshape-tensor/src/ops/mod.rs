@@ -535,6 +535,76 @@ pub(crate) fn const_ints(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result
     }
 }
 
+/// The constant integer elements of input `i`, or `None` where they are computed at
+/// run time (the op's output shape then has run-time dims, [`runtime_shape`]).
+pub(crate) fn const_ints_or_late(
+    node: &Node,
+    ins: &[Option<&Fact>],
+    i: usize,
+) -> Result<Option<Vec<i64>>> {
+    let f = req(node, ins, i)?;
+    match &f.value {
+        Some(t) => Ok(Some(t.as_i64().map_err(|e| node.error(e))?.to_vec())),
+        None if f.dtype != crate::DType::I64 => fail(node, format!("input {i} must be int64")),
+        None => Ok(None),
+    }
+}
+
+/// The length of the 1-D integer input `i` (axes, pads, a shape) as the model fixes
+/// it, whose elements are computed at run time.
+pub(crate) fn late_len(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<usize> {
+    match req(node, ins, i)?.const_shape().as_deref() {
+        Some(&[n]) => Ok(n),
+        _ => fail(
+            node,
+            format!("input {i} must be a 1-D tensor of a length known at compile time"),
+        ),
+    }
+}
+
+/// Whether axis `a` of a tensor of rank `rank` is among `axes` (counted from the end
+/// where negative); every axis is where the axes are not known (`None`).
+pub(crate) fn among(axes: Option<&[i64]>, a: usize, rank: usize) -> bool {
+    axes.is_none_or(|v| {
+        v.iter()
+            .any(|&b| b == a as i64 || b + rank as i64 == a as i64)
+    })
+}
+
+/// The shape of output `out` of `node`, of rank `rank`, where only the op's evaluation
+/// tells the dims `known` gives none of: those are run-time dims
+/// ([`Expr::runtime_dim`]), bound when the step runs.
+pub(crate) fn runtime_shape(
+    node: &Node,
+    out: usize,
+    rank: usize,
+    known: impl Fn(usize) -> Option<Expr>,
+) -> Result<Vec<Expr>> {
+    let &value = node.outputs.get(out).ok_or_else(|| {
+        node.error(format!(
+            "output {out}'s shape is known only at run time, where it must be known"
+        ))
+    })?;
+    Ok((0..rank)
+        .map(|a| known(a).unwrap_or_else(|| Expr::runtime_dim(value, a)))
+        .collect())
+}
+
+/// The symbolic elements of input `i` (a shape vector), or `None` where it is an
+/// integer vector computed at run time (the op's output then has run-time dims).
+pub(crate) fn sym_input_or_late(
+    node: &Node,
+    ins: &[Option<&Fact>],
+    i: usize,
+) -> Result<Option<Vec<Expr>>> {
+    let f = req(node, ins, i)?;
+    match &f.sym {
+        Some(s) => Ok(Some(s.clone())),
+        None if f.dtype == crate::DType::I64 && f.rank() <= 1 => Ok(None),
+        None => sym_input(node, ins, i).map(Some),
+    }
+}
+
 /// The symbolic elements of input `i` (a shape vector), which the op needs.
 pub(crate) fn sym_input(node: &Node, ins: &[Option<&Fact>], i: usize) -> Result<Vec<Expr>> {
     let f = req(node, ins, i)?;

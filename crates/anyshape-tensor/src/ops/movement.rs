@@ -2,8 +2,8 @@
 //! `ReverseSequence`. Their
 //! output shapes are expressions over the shape vars like every other op's.
 use super::{
-    axis, const_ints, eval_via, fail, optional_ints, out_of, req, row_strides, shaped, sym_input,
-    Dims, OpSpec, Pair,
+    among, axis, const_ints_or_late, eval_via, fail, optional_ints, out_of, req, row_strides,
+    runtime_shape, shaped, sym_input_or_late, Dims, OpSpec, Pair,
 };
 use crate::fact::exact_quotient;
 use crate::node::Node;
@@ -210,26 +210,27 @@ fn slice_params<T: Clone>(
 
 fn infer_slice(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let axes = ins
-        .get(3)
-        .copied()
-        .flatten()
-        .map(|_| const_ints(node, ins, 3))
-        .transpose()?;
-    let steps = ins
-        .get(4)
-        .copied()
-        .flatten()
-        .map(|_| const_ints(node, ins, 4))
-        .transpose()?;
-    let params = slice_params(
-        node,
-        x.rank(),
-        sym_input(node, ins, 1)?,
-        sym_input(node, ins, 2)?,
-        axes,
+    // Each optional input: absent (`Some(None)`), or its values (`None`: at run time).
+    let optional = |i: usize| match ins.get(i).copied().flatten() {
+        None => Ok(Some(None)),
+        Some(_) => const_ints_or_late(node, ins, i).map(|v| v.map(Some)),
+    };
+    let (axes, steps) = (optional(3)?, optional(4)?);
+    let (Some(starts), Some(ends), Some(axes), Some(steps)) = (
+        sym_input_or_late(node, ins, 1)?,
+        sym_input_or_late(node, ins, 2)?,
+        axes.clone(),
         steps,
-    )?;
+    ) else {
+        // A bound, an axis or a step given at run time: the dims of the axes it may
+        // slice are run-time dims.
+        let known = axes.flatten();
+        let shape = runtime_shape(node, 0, x.rank(), |a| {
+            (!among(known.as_deref(), a, x.rank())).then(|| x.shape[a].clone())
+        })?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
+    };
+    let params = slice_params(node, x.rank(), starts, ends, axes, steps)?;
     let mut shape = x.shape.to_vec();
     let mut picks: Vec<(usize, Expr, Expr, i64)> = Vec::new();
     for (a, s, e, step) in params {
@@ -529,7 +530,20 @@ fn infer_split(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, x.rank())?;
     let given = match (ins.get(1).copied().flatten(), node.ints("split")?) {
-        (Some(_), _) => Some(sym_input(node, ins, 1)?),
+        (Some(_), _) => match sym_input_or_late(node, ins, 1)? {
+            Some(s) => Some(s),
+            // Sizes given at run time: each part's extent along the axis.
+            None => {
+                return (0..node.outputs.len())
+                    .map(|o| {
+                        let shape = runtime_shape(node, o, x.rank(), |d| {
+                            (d != a).then(|| x.shape[d].clone())
+                        })?;
+                        Ok(Fact::new(x.dtype, shape))
+                    })
+                    .collect()
+            }
+        },
         (None, Some(s)) => Some(s.into_iter().map(Expr::Const).collect()),
         _ => None,
     };

@@ -1,7 +1,9 @@
 //! Ops that make a larger (or cropped) tensor of the input's elements: `Pad` (constant,
 //! edge, reflect and wrap modes; negative pads crop) and `Tile`. Both read each output
 //! element's source coordinates axis by axis.
-use super::{const_ints, fail, req, sized, sym_input, OpSpec};
+use super::{
+    among, const_ints_or_late, fail, req, runtime_shape, sized, sym_input_or_late, OpSpec,
+};
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -55,23 +57,28 @@ fn axis_pads(
     Ok(out)
 }
 
-/// The optional `axes` input (opset 18), which must be constant.
-fn pad_axes(node: &Node, ins: &[Option<&Fact>]) -> Result<Option<Vec<i64>>> {
-    ins.get(3)
-        .copied()
-        .flatten()
-        .map(|_| const_ints(node, ins, 3))
-        .transpose()
+/// The optional `axes` input (opset 18): absent (`Some(None)`), or its values
+/// (`None`: given at run time).
+fn pad_axes(node: &Node, ins: &[Option<&Fact>]) -> Result<Option<Option<Vec<i64>>>> {
+    match ins.get(3).copied().flatten() {
+        None => Ok(Some(None)),
+        Some(_) => Ok(const_ints_or_late(node, ins, 3)?.map(Some)),
+    }
 }
 
 fn infer_pad(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let pads = axis_pads(
-        node,
-        &const_ints(node, ins, 1)?,
-        pad_axes(node, ins)?,
-        x.rank(),
-    )?;
+    let axes = pad_axes(node, ins)?;
+    let (Some(given), Some(axes)) = (const_ints_or_late(node, ins, 1)?, axes.clone()) else {
+        // Pads or axes given at run time: the dims of the axes it may pad are run-time
+        // dims.
+        let known = axes.flatten();
+        let shape = runtime_shape(node, 0, x.rank(), |a| {
+            (!among(known.as_deref(), a, x.rank())).then(|| x.shape[a].clone())
+        })?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
+    };
+    let pads = axis_pads(node, &given, axes, x.rank())?;
     let shape = x
         .shape
         .iter()
@@ -177,7 +184,10 @@ fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 
 fn infer_tile(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let reps = sym_input(node, ins, 1)?;
+    let Some(reps) = sym_input_or_late(node, ins, 1)? else {
+        let shape = runtime_shape(node, 0, x.rank(), |_| None)?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
+    };
     if reps.len() != x.rank() {
         return fail(node, "one repeat count per axis");
     }

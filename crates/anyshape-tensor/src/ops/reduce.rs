@@ -1,7 +1,9 @@
 //! Reductions and scans over axes: the `Reduce*` family (sum, mean, max, min, product,
 //! L1 and L2 norms, sum of squares, log-sum, log-sum-exp), `ArgMax`, `ArgMin`, `TopK`,
 //! `CumSum`. The reference accumulates floats in `f64`.
-use super::{axis, const_ints, fail, infer_same, req, split_at, OpSpec};
+use super::{
+    axis, const_ints_or_late, fail, infer_same, late_len, req, runtime_shape, split_at, OpSpec,
+};
 use crate::node::Node;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -131,14 +133,29 @@ fn reduce_axes(node: &Node, from_input: Option<Vec<i64>>, rank: usize) -> Result
 
 fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let input = ins
-        .get(1)
-        .copied()
-        .flatten()
-        .map(|_| const_ints(node, ins, 1))
-        .transpose()?;
-    let axes = reduce_axes(node, input, x.rank())?;
     let keep = node.int("keepdims", 1)? != 0;
+    let input = match ins.get(1).copied().flatten() {
+        None => None,
+        Some(_) => match const_ints_or_late(node, ins, 1)? {
+            Some(a) => Some(a),
+            // Axes given at run time (an empty list is known: no axes).
+            None => match late_len(node, ins, 1)? {
+                0 => Some(vec![]),
+                n => {
+                    let rank = match keep {
+                        true => x.rank(),
+                        false => x
+                            .rank()
+                            .checked_sub(n)
+                            .ok_or_else(|| node.error(format!("{n} axes for rank {}", x.rank())))?,
+                    };
+                    let shape = runtime_shape(node, 0, rank, |_| None)?;
+                    return Ok(vec![Fact::new(x.dtype, shape)]);
+                }
+            },
+        },
+    };
+    let axes = reduce_axes(node, input, x.rank())?;
     let shape = (0..x.rank())
         .filter_map(|i| match (axes.contains(&i), keep) {
             (true, true) => Some(Expr::Const(1)),
@@ -463,12 +480,17 @@ fn eval_arg(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 fn infer_top_k(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", -1)?, x.rank())?;
-    let k = match const_ints(node, ins, 1)?.as_slice() {
-        [k] if *k >= 0 => *k,
+    let k = match const_ints_or_late(node, ins, 1)?.as_deref() {
+        Some(&[k]) if k >= 0 => Some(k),
+        // K given at run time: a run-time dim, shared by both outputs.
+        None => None,
         _ => return fail(node, "K must be one integer, not negative"),
     };
     let mut shape = x.shape.to_vec();
-    shape[a] = Expr::Const(k);
+    shape[a] = match k {
+        Some(k) => Expr::Const(k),
+        None => runtime_shape(node, 0, a + 1, |_| None)?.remove(a),
+    };
     Ok(vec![
         Fact::new(x.dtype, shape.clone()),
         Fact::new(DType::I64, shape),

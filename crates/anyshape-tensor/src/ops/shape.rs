@@ -3,8 +3,8 @@
 //! expressions over the shape vars (folded at compile time), so the runtime only
 //! evaluates expressions.
 use super::{
-    axis, broadcast_strides, const_ints, eval_via, fail, ints, out_of, req, shaped, sized,
-    sym_input, Dims, OpSpec,
+    axis, broadcast_strides, const_ints_or_late, eval_via, fail, ints, late_len, out_of, req,
+    runtime_shape, shaped, sized, sym_input, sym_input_or_late, Dims, OpSpec,
 };
 use crate::fact::{broadcast, exact_quotient};
 use crate::node::{Attr, Node};
@@ -232,14 +232,31 @@ fn squeeze_axes(node: &Node, from_input: Option<Vec<i64>>) -> Result<Option<Vec<
 
 fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
+    // A target shape or axes given at run time: the rank is known, the dims are not.
+    let late = |rank: Option<usize>| -> Result<Vec<Fact>> {
+        let rank = rank.ok_or_else(|| node.error("more axes than the input's rank"))?;
+        Ok(vec![Fact::new(
+            x.dtype,
+            runtime_shape(node, 0, rank, |_| None)?,
+        )])
+    };
     let target = if node.op == "Reshape" {
-        Some(sym_input(node, ins, 1)?)
+        match sym_input_or_late(node, ins, 1)? {
+            Some(t) => Some(t),
+            None => return late(Some(late_len(node, ins, 1)?)),
+        }
     } else {
         None
     };
     let axes = match node.op.as_str() {
         "Unsqueeze" | "Squeeze" if ins.get(1).copied().flatten().is_some() => {
-            squeeze_axes(node, Some(const_ints(node, ins, 1)?))?
+            match const_ints_or_late(node, ins, 1)? {
+                Some(a) => squeeze_axes(node, Some(a))?,
+                None if node.op == "Unsqueeze" => {
+                    return late(Some(x.rank() + late_len(node, ins, 1)?))
+                }
+                None => return late(x.rank().checked_sub(late_len(node, ins, 1)?)),
+            }
         }
         "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
         _ => None,
@@ -297,7 +314,13 @@ fn eval_reshape(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 
 fn infer_expand(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let target = sym_input(node, ins, 1)?;
+    let Some(target) = sym_input_or_late(node, ins, 1)? else {
+        let rank = x.rank().max(late_len(node, ins, 1)?);
+        return Ok(vec![Fact::new(
+            x.dtype,
+            runtime_shape(node, 0, rank, |_| None)?,
+        )]);
+    };
     let shape = broadcast(&x.shape, &target).map_err(|e| node.error(e))?;
     if let (Some(sym), true) = (&x.sym, shape.len() <= 1) {
         let n = shape.first().and_then(|d| d.as_const()).unwrap_or(1) as usize;
@@ -427,8 +450,14 @@ fn fill_value(node: &Node) -> Result<Tensor> {
 }
 
 fn infer_constant_of_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let shape = sym_input(node, ins, 0)?;
     let v = fill_value(node)?;
+    let Some(shape) = sym_input_or_late(node, ins, 0)? else {
+        let rank = late_len(node, ins, 0)?;
+        return Ok(vec![Fact::new(
+            v.dtype(),
+            runtime_shape(node, 0, rank, |_| None)?,
+        )]);
+    };
     // A shape vector filled with a constant stays symbolic.
     if let (Data::I64(c), 1) = (&v.data, shape.len()) {
         if let Some(n) = shape[0].as_const() {

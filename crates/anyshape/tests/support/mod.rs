@@ -85,6 +85,11 @@ pub enum Dim {
 }
 
 fn value(name: &str, dims: &[Dim]) -> proto::ValueInfoProto {
+    typed_value(name, dims, 1)
+}
+
+/// A value of ONNX element type `elem_type` (1: float, 7: int64).
+fn typed_value(name: &str, dims: &[Dim], elem_type: i32) -> proto::ValueInfoProto {
     use proto::tensor_shape_proto::{dimension::Value, Dimension};
     let dim = dims
         .iter()
@@ -101,7 +106,7 @@ fn value(name: &str, dims: &[Dim]) -> proto::ValueInfoProto {
         r#type: Some(proto::TypeProto {
             value: Some(proto::type_proto::Value::TensorType(
                 proto::type_proto::Tensor {
-                    elem_type: Some(1),
+                    elem_type: Some(elem_type),
                     shape: Some(proto::TensorShapeProto { dim }),
                 },
             )),
@@ -126,6 +131,12 @@ impl Onnx {
     /// A float input.
     pub fn input(mut self, name: &str, dims: &[Dim]) -> Onnx {
         self.graph.input.push(value(name, dims));
+        self
+    }
+
+    /// An int64 input (axes, counts, shapes given at run time).
+    pub fn int_input(mut self, name: &str, dims: &[Dim]) -> Onnx {
+        self.graph.input.push(typed_value(name, dims, 7));
         self
     }
 
