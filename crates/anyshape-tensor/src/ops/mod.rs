@@ -34,7 +34,7 @@
 //! - `recurrent.rs`: `RNN`, `GRU`, `LSTM`;
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
-//! - `resize.rs`: `Resize`;
+//! - `resize.rs`: `Resize` (every mode, coordinate transformation, axes subset and aspect policy);
 //! - `grid.rs`: `GridSample`;
 //! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
