@@ -34,6 +34,8 @@
 //! - `recurrent.rs`: `RNN`, `GRU`, `LSTM`;
 //! - `reduce.rs`: `Reduce*` (sum, mean, max, min, product, norms, log-sums), `ArgMax`,
 //!   `ArgMin`, `CumSum`;
+//! - `select.rs`: `NonZero`, `Compress`, `Unique`, `NonMaxSuppression` (extents
+//!   their data selects: run-time dims);
 //! - `resize.rs`: `Resize` (every mode, coordinate transformation, axes subset and aspect policy);
 //! - `grid.rs`: `GridSample`;
 //! - `spectral.rs`: `DFT`;
@@ -58,6 +60,7 @@ mod recurrent;
 mod reduce;
 mod resize;
 mod rotary;
+mod select;
 mod shape;
 mod space;
 mod spectral;
@@ -129,6 +132,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(reduce::OPS)
         .chain(resize::OPS)
         .chain(rotary::OPS)
+        .chain(select::OPS)
         .chain(shape::OPS)
         .chain(space::OPS)
         .chain(spectral::OPS)
