@@ -1,5 +1,5 @@
 //! Elementwise ops of several inputs with numpy broadcasting: arithmetic (`f32` and
-//! `i64`, `Mod` with either sign rule, the variadic `Sum`, `Mean`, `Max`, `Min`; on the
+//! `i64`, `Mod` with either sign rule, `BitShift` of `i64`, the variadic `Sum`, `Mean`, `Max`, `Min`; on the
 //! shape plumbing's integer vectors also as expressions), comparisons and logic (to
 //! `bool`) and `Where`. Ops of one input are `unary.rs`'s.
 use super::{
@@ -11,6 +11,13 @@ use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "BitShift",
+        since: 11,
+        infer: infer_arith,
+        eval: eval_arith,
+        eval_into: Some(eval_arith_into),
+    },
     OpSpec {
         name: "Add",
         since: 7,
@@ -337,6 +344,20 @@ fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Resul
                 },
                 "Max" => |p, q| Some(p.max(q)),
                 "Min" => |p, q| Some(p.min(q)),
+                // Opset 28's signed shifts: bits shifted past the width are gone, a
+                // right shift keeps the sign.
+                "BitShift" if node.string("direction", "")? == "LEFT" => |p, q| {
+                    Some(
+                        u32::try_from(q)
+                            .ok()
+                            .filter(|&q| q < 64)
+                            .map_or(0, |q| p << q),
+                    )
+                },
+                "BitShift" if node.string("direction", "")? == "RIGHT" => {
+                    |p, q| Some(p >> u32::try_from(q).unwrap_or(63).min(63))
+                }
+                "BitShift" => return fail(node, "direction must be LEFT or RIGHT"),
                 _ => return fail(node, "unsupported for int64"),
             };
             // Overflow or a zero divisor sets `bad` (the element is written 0) and fails.

@@ -86,7 +86,7 @@ pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
         name: "BatchNormalization",
         since: 9,
-        infer: infer_same,
+        infer: infer_batch_norm,
         eval: eval_batch_norm,
         eval_into: None,
     },
@@ -215,11 +215,29 @@ fn eval_layer_norm_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tens
     Ok(())
 }
 
-/// `BatchNormalization` at inference: `(x - mean) / sqrt(var + epsilon) · scale + B`
-/// per channel (axis 1), from the running statistics; training mode is refused.
+fn infer_batch_norm(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let mut outs = vec![x.clone()];
+    outs[0].value = None;
+    outs[0].sym = None;
+    // Training mode's running statistics, per channel.
+    if let (Some(c), true) = (x.shape.get(1), node.outputs.len() > 1) {
+        outs.extend((0..2).map(|_| Fact::new(x.dtype, vec![c.clone()])));
+    }
+    Ok(outs)
+}
+
+/// `BatchNormalization`: `(x - mean) / sqrt(var + epsilon) · scale + B` per channel
+/// (axis 1), from the running statistics at inference; in training mode (opset 14's
+/// three outputs) from the batch's own (its variance biased), the running ones updated
+/// by `momentum` as outputs.
 fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
-    if node.int("training_mode", 0)? != 0 || node.outputs.len() > 1 {
-        return fail(node, "training mode (batch statistics) is not supported");
+    let training = node.int("training_mode", 0)? != 0;
+    if node.outputs.len() > 1 && !training {
+        return fail(
+            node,
+            "the running statistics are outputs in training mode only",
+        );
     }
     let x = req(node, ins, 0)?;
     if x.shape.len() < 2 {
@@ -227,20 +245,53 @@ fn eval_batch_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
     }
     let c = x.shape[1];
     let channel = |i: usize| per_channel(node, ins, i, c);
-    let (scale, bias, mean, var) = (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
+    let (scale, bias, running_mean, running_var) =
+        (channel(1)?, channel(2)?, channel(3)?, channel(4)?);
     let eps = node.float("epsilon", 1e-5)? as f64;
     let inner: usize = x.shape[2..].iter().product();
     let v = x.as_f32().map_err(|e| node.error(e))?;
+    let at = |i: usize| (i / inner.max(1)) % c;
+    let (mean, var): (Vec<f64>, Vec<f64>) = match training {
+        false => (
+            running_mean.iter().map(|&m| m as f64).collect(),
+            running_var.iter().map(|&m| m as f64).collect(),
+        ),
+        true => {
+            let per = (v.len() / c.max(1)).max(1) as f64;
+            let mut sum = vec![0f64; c];
+            for (i, &e) in v.iter().enumerate() {
+                sum[at(i)] += e as f64;
+            }
+            let mean: Vec<f64> = sum.iter().map(|s| s / per).collect();
+            let mut sq = vec![0f64; c];
+            for (i, &e) in v.iter().enumerate() {
+                sq[at(i)] += (e as f64 - mean[at(i)]).powi(2);
+            }
+            (mean, sq.iter().map(|s| s / per).collect())
+        }
+    };
     let out = v
         .iter()
         .enumerate()
         .map(|(i, &e)| {
-            let ch = (i / inner.max(1)) % c;
-            let inv = 1.0 / (var[ch] as f64 + eps).sqrt();
-            ((e as f64 - mean[ch] as f64) * inv * scale[ch] as f64 + bias[ch] as f64) as f32
+            let ch = at(i);
+            let inv = 1.0 / (var[ch] + eps).sqrt();
+            ((e as f64 - mean[ch]) * inv * scale[ch] as f64 + bias[ch] as f64) as f32
         })
         .collect();
-    Ok(vec![Tensor::f32(x.shape.to_vec(), out)?])
+    let mut outs = vec![Tensor::f32(x.shape.to_vec(), out)?];
+    if node.outputs.len() > 1 {
+        let m = node.float("momentum", 0.9)? as f64;
+        let run = |old: &[f32], new: &[f64]| -> Vec<f32> {
+            old.iter()
+                .zip(new)
+                .map(|(&o, &n)| (o as f64 * m + n * (1.0 - m)) as f32)
+                .collect()
+        };
+        outs.push(Tensor::f32(vec![c], run(running_mean, &mean))?);
+        outs.push(Tensor::f32(vec![c], run(running_var, &var))?);
+    }
+    Ok(outs)
 }
 
 /// `RMSNormalization(x, scale)`: each group of the axes from `axis` on divided by its

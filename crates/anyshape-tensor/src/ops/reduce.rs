@@ -299,7 +299,12 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             "ReduceMin" => fold(v, &groups, n_out, i64::MAX, i64::min),
             _ => return fail(node, "unsupported for int64"),
         }),
-        DataRef::Bool(_) => return fail(node, "unsupported for bool"),
+        // Opset 20's boolean max and min: any and all (true and false where empty).
+        DataRef::Bool(v) => Data::Bool(match op {
+            "ReduceMax" => fold(v, &groups, n_out, false, |a, b| a | b),
+            "ReduceMin" => fold(v, &groups, n_out, true, |a, b| a & b),
+            _ => return fail(node, "unsupported for bool"),
+        }),
     };
     let shape = if node.int("keepdims", 1)? != 0 {
         out_full
