@@ -1,21 +1,33 @@
 //! `ConvTranspose` (1-D over NCL as images of height 1, and 2-D; groups, dilations,
 //! `output_padding`, `output_shape` and `SAME_*` placing the pads as ONNX's reference
 //! does): each input element scattered into the output through the filters — a
-//! reference loop, a host step.
+//! reference loop, a host step; and `Col2Im`, the sliding blocks of columns summed back
+//! into an image of any number of spatial axes.
 use super::conv::{planar_shape, plane, spatial_axes};
 use super::window::{Same, Window};
-use super::{fail, per_channel, req, OpSpec, MAX_ELEMENTS};
+use super::{
+    fail, late_len, per_channel, req, runtime_shape, sized, sym_input_or_late, OpSpec, MAX_ELEMENTS,
+};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
-pub(super) static OPS: &[OpSpec] = &[OpSpec {
-    name: "ConvTranspose",
-    since: 11,
-    infer: infer_conv_transpose,
-    eval: eval_conv_transpose,
-    eval_into: None,
-}];
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "ConvTranspose",
+        since: 11,
+        infer: infer_conv_transpose,
+        eval: eval_conv_transpose,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "Col2Im",
+        since: 18,
+        infer: infer_col2im,
+        eval: eval_col2im,
+        eval_into: None,
+    },
+];
 
 /// A transposed convolution's placement over `spatial` axes (a 1-D one as the width
 /// of a 2-D one): its [`Window`] (strides, dilations, the pads given, `auto_pad`),
@@ -191,6 +203,118 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
         for (i, plane) in out.chunks_mut((oh * ow).max(1)).enumerate() {
             let add = bias[i % co];
             plane.iter_mut().for_each(|e| *e += add);
+        }
+    }
+    Ok(vec![Tensor::f32(shape, out)?])
+}
+
+fn infer_col2im(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() != 3 {
+        return fail(node, "the columns must be [N, C·block, blocks]");
+    }
+    let image = sym_input_or_late(node, ins, 1)?;
+    let s = match &image {
+        Some(i) => i.len(),
+        None => late_len(node, ins, 1)?,
+    };
+    // The channels: the columns' rows over the block's elements, where the block is
+    // known.
+    let channels = sym_input_or_late(node, ins, 2)?
+        .and_then(|b| b.iter().map(Expr::as_const).collect::<Option<Vec<i64>>>())
+        .map(|b| b.iter().product::<i64>())
+        .filter(|&k| k > 0)
+        .and_then(|k| crate::fact::exact_quotient(&[x.shape[1].clone()], &[Expr::Const(k)]));
+    let shape = runtime_shape(node, 0, 2 + s, |d| match d {
+        0 => Some(x.shape[0].clone()),
+        1 => channels.clone(),
+        _ => image.as_ref().map(|i| i[d - 2].clone()),
+    })?;
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+/// `Col2Im(x, image_shape, block_shape)`: each column of `x` (`[N, C·∏block, L]`) a
+/// block of the image at its sliding position (strides, dilations, pads), the blocks'
+/// elements summed into `[N, C, image…]`, as ONNX's reference computes it.
+fn eval_col2im(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let image = super::ints(node, ins, 1)?;
+    let block = super::ints(node, ins, 2)?;
+    let s = image.len();
+    let &[n, rows, l] = x.shape else {
+        return fail(node, "the columns must be [N, C·block, blocks]");
+    };
+    if block.len() != s || image.iter().chain(block).any(|&d| d <= 0) {
+        return fail(
+            node,
+            "an image and a block of the same rank, of positive extents",
+        );
+    }
+    let attr = |name: &str, len: usize, default: i64| -> Result<Vec<i64>> {
+        let v = node.ints(name)?.unwrap_or_else(|| vec![default; len]);
+        match v.len() == len {
+            true => Ok(v),
+            false => fail(node, format!("`{name}` needs {len} values")),
+        }
+    };
+    let (dil, pads, strides) = (
+        attr("dilations", s, 1)?,
+        attr("pads", 2 * s, 0)?,
+        attr("strides", s, 1)?,
+    );
+    if dil.iter().chain(&strides).any(|&v| v <= 0) {
+        return fail(node, "dilations and strides must be positive");
+    }
+    let k: i64 = block.iter().product();
+    if rows as i64 % k != 0 {
+        return fail(
+            node,
+            format!("{rows} rows of columns for blocks of {k} elements"),
+        );
+    }
+    let c = rows / k as usize;
+    let blocks: Vec<i64> = (0..s)
+        .map(|a| (image[a] + pads[a] + pads[a + s] - dil[a] * (block[a] - 1) - 1) / strides[a] + 1)
+        .collect();
+    if blocks.iter().any(|&b| b < 1) || blocks.iter().product::<i64>() != l as i64 {
+        return fail(
+            node,
+            format!("{l} columns where the image holds {blocks:?} sliding blocks"),
+        );
+    }
+    let mut shape = vec![n, c];
+    shape.extend(image.iter().map(|&d| d as usize));
+    let plane: usize = image.iter().map(|&d| d as usize).product();
+    sized(node, &shape)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; n * c * plane];
+    // Row-major multi-indices of the block's elements and the blocks' positions.
+    let unravel = |mut i: i64, dims: &[i64], into: &mut [i64]| {
+        for a in (0..dims.len()).rev() {
+            into[a] = i % dims[a];
+            i /= dims[a];
+        }
+    };
+    let (mut kk, mut bb) = (vec![0i64; s], vec![0i64; s]);
+    for ni in 0..n {
+        for ci in 0..c {
+            for ki in 0..k {
+                unravel(ki, block, &mut kk);
+                let row = ((ni * c + ci) * k as usize + ki as usize) * l;
+                for li in 0..l {
+                    unravel(li as i64, &blocks, &mut bb);
+                    let mut at = 0i64;
+                    let mut inside = true;
+                    for a in 0..s {
+                        let p = bb[a] * strides[a] - pads[a] + kk[a] * dil[a];
+                        inside &= (0..image[a]).contains(&p);
+                        at = at * image[a] + p;
+                    }
+                    if inside {
+                        out[(ni * c + ci) * plane + at as usize] += v[row + li];
+                    }
+                }
+            }
         }
     }
     Ok(vec![Tensor::f32(shape, out)?])

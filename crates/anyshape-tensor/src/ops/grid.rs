@@ -3,18 +3,28 @@
 //! `(x, y[, z])`), nearest, (bi/tri)linear or bicubic, with zeros, border or
 //! reflection outside — as ONNX's reference computes it: the coordinates adjusted for
 //! the padding mode, then each axis's taps and weights, a pixel outside read by the
-//! padding mode again.
-use super::{fail, req, sized, OpSpec};
+//! padding mode again. `AffineGrid` makes such grids: each output position's normalized
+//! coordinates through a batch of affine maps.
+use super::{fail, late_len, req, runtime_shape, sized, sym_input_or_late, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 
-pub(super) static OPS: &[OpSpec] = &[OpSpec {
-    name: "GridSample",
-    since: 16,
-    infer: infer_grid_sample,
-    eval: eval_grid_sample,
-    eval_into: None,
-}];
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "GridSample",
+        since: 16,
+        infer: infer_grid_sample,
+        eval: eval_grid_sample,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "AffineGrid",
+        since: 20,
+        infer: infer_affine_grid,
+        eval: eval_affine_grid,
+        eval_into: None,
+    },
+];
 
 /// How the points between pixels are read.
 #[derive(Clone, Copy, PartialEq)]
@@ -214,6 +224,83 @@ fn eval_grid_sample(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor
                     .iter()
                     .filter_map(|&(w, off)| off.map(|o| w * image[o]))
                     .sum();
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(shape, out)?])
+}
+
+fn infer_affine_grid(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let theta = req(node, ins, 0)?;
+    let size = sym_input_or_late(node, ins, 1)?;
+    let r = match &size {
+        Some(s) => s.len(),
+        None => late_len(node, ins, 1)?,
+    };
+    if !(r == 4 || r == 5) || theta.rank() != 3 {
+        return fail(
+            node,
+            "theta [N, 2, 3] with a size [N, C, H, W], or [N, 3, 4] with [N, C, D, H, W]",
+        );
+    }
+    // [N, (D,) H, W, 2 or 3]: N is theta's, the rest the size's.
+    let shape = runtime_shape(node, 0, r, |d| match d {
+        0 => Some(theta.shape[0].clone()),
+        _ if d == r - 1 => Some(anyshape_ir::Expr::Const(r as i64 - 2)),
+        _ => size.as_ref().map(|s| s[d + 1].clone()),
+    })?;
+    Ok(vec![Fact::new(theta.dtype, shape)])
+}
+
+/// `AffineGrid(theta, size)`: for each of `N` affine maps (`[N, 2, 3]` or `[N, 3, 4]`)
+/// and each position of an image of `size`'s spatial extents, the map applied to the
+/// position's normalized coordinates `(x, y[, z], 1)` (pixel centers in `[-1, 1]`, or
+/// corners with `align_corners`), as ONNX's reference computes it.
+fn eval_affine_grid(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let theta = req(node, ins, 0)?;
+    let size = super::ints(node, ins, 1)?;
+    let s = size.len().saturating_sub(2);
+    let &[n, rows, cols] = theta.shape else {
+        return fail(node, "theta must be [N, 2, 3] or [N, 3, 4]");
+    };
+    if !(s == 2 || s == 3) || rows != s || cols != s + 1 || size[0] != n as i64 {
+        return fail(
+            node,
+            "theta [N, 2, 3] with a size [N, C, H, W], or [N, 3, 4] with [N, C, D, H, W]",
+        );
+    }
+    if size.iter().any(|&d| d < 0) {
+        return fail(node, "a negative extent");
+    }
+    let dims: Vec<usize> = size[2..].iter().map(|&d| d as usize).collect();
+    let mut shape = vec![n];
+    shape.extend(&dims);
+    shape.push(s);
+    let points = sized(node, &shape)? / s.max(1);
+    let corners = node.int("align_corners", 0)? != 0;
+    let coordinate = |i: usize, d: usize| -> f64 {
+        match corners {
+            true if d == 1 => -1.0,
+            true => -1.0 + 2.0 * i as f64 / (d - 1) as f64,
+            false => (2 * i + 1) as f64 / d as f64 - 1.0,
+        }
+    };
+    let t = theta.as_f32().map_err(|e| node.error(e))?;
+    let per = points / n.max(1);
+    let mut out = vec![0f32; points * s];
+    let mut homo = vec![1f64; s + 1];
+    for p in 0..per {
+        // The position's coordinates, x along the last axis first.
+        let mut rest = p;
+        for a in (0..s).rev() {
+            homo[s - 1 - a] = coordinate(rest % dims[a], dims[a]);
+            rest /= dims[a];
+        }
+        for b in 0..n {
+            let m = &t[b * s * (s + 1)..][..s * (s + 1)];
+            for j in 0..s {
+                let v: f64 = (0..=s).map(|k| m[j * (s + 1) + k] as f64 * homo[k]).sum();
+                out[(b * per + p) * s + j] = v as f32;
             }
         }
     }

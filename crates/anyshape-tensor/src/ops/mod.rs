@@ -23,9 +23,9 @@
 //! - `window.rs`: the sliding window convolutions and pools share (pads given or
 //!   `SAME_*`, `ceil_mode`, any number of spatial axes);
 //! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
-//!   before a convolution kernel; `conv_transpose.rs`: `ConvTranspose`;
+//!   before a convolution kernel; `conv_transpose.rs`: `ConvTranspose`, `Col2Im`;
 //!   `causal_conv.rs`: `CausalConvWithState` (opset 27);
-//! - `pad.rs`: `Pad`, `Tile`;
+//! - `pad.rs`: `Pad`, `CenterCropPad`, `Tile`;
 //! - `pool.rs`: `MaxPool` (1-D to 3-D, with indices), `AveragePool`, `LpPool`,
 //!   `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool`;
 //! - `normalize.rs`: `Softmax`, `LogSoftmax`, `Hardmax`, `LpNormalization`,
@@ -37,7 +37,7 @@
 //! - `select.rs`: `NonZero`, `Compress`, `Unique`, `NonMaxSuppression` (extents
 //!   their data selects: run-time dims);
 //! - `resize.rs`: `Resize` (every mode, coordinate transformation, axes subset and aspect policy);
-//! - `grid.rs`: `GridSample`;
+//! - `grid.rs`: `GridSample`, `AffineGrid`;
 //! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
 //! - `rotary.rs`: `RotaryEmbedding` (opset 23).

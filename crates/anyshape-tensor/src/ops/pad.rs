@@ -1,5 +1,6 @@
 //! Ops that make a larger (or cropped) tensor of the input's elements: `Pad` (constant,
-//! edge, reflect and wrap modes; negative pads crop) and `Tile`. Both read each output
+//! edge, reflect and wrap modes; negative pads crop), `CenterCropPad` (a pad or crop about
+//! the center) and `Tile`. All read each output
 //! element's source coordinates axis by axis.
 use super::{
     among, const_ints_or_late, fail, req, runtime_shape, sized, sym_input_or_late, OpSpec,
@@ -14,6 +15,13 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_pad,
         eval: eval_pad,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "CenterCropPad",
+        since: 18,
+        infer: infer_center_crop_pad,
+        eval: eval_center_crop_pad,
         eval_into: None,
     },
     OpSpec {
@@ -148,8 +156,21 @@ fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
         return fail(node, format!("mode `{mode}` is not one ONNX defines"));
     }
+    let value = ins.get(2).copied().flatten().filter(|t| !t.is_empty());
+    Ok(vec![padded(node, x, &pads, &mode, value)?])
+}
+
+/// `x` padded by `pads` (before and after, per axis; negative ones crop) in `mode`,
+/// with `value` (0 where not given) in constant mode.
+fn padded(
+    node: &Node,
+    x: TensorRef,
+    pads: &[(i64, i64)],
+    mode: &str,
+    value: Option<TensorRef>,
+) -> Result<Tensor> {
     let mut out = Vec::with_capacity(x.shape.len());
-    for (a, (&d, &(b, e))) in x.shape.iter().zip(&pads).enumerate() {
+    for (a, (&d, &(b, e))) in x.shape.iter().zip(pads).enumerate() {
         let n = d as i64 + b + e;
         if n < 0 {
             return fail(
@@ -164,9 +185,8 @@ fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     }
     sized(node, &out)?;
     let src = gather_by_axis(x.shape, &out, |a, o| {
-        source(o, pads[a].0, x.shape[a] as i64, &mode)
+        source(o, pads[a].0, x.shape[a] as i64, mode)
     });
-    let value = ins.get(2).copied().flatten().filter(|t| !t.is_empty());
     fn fill<T: Copy>(v: &[T], src: &[Option<usize>], value: T) -> Vec<T> {
         src.iter().map(|s| s.map_or(value, |i| v[i])).collect()
     }
@@ -179,7 +199,53 @@ fn eval_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         (DataRef::Bool(v), Some(DataRef::Bool(c))) => Data::Bool(fill(v, &src, c[0])),
         _ => return fail(node, "the constant value's type is not the data's"),
     };
-    Ok(vec![Tensor::new(out, data)?])
+    Tensor::new(out, data)
+}
+
+/// `CenterCropPad`'s axes (the attribute, or every axis).
+fn crop_axes(node: &Node, rank: usize) -> Result<Vec<usize>> {
+    match node.ints("axes")? {
+        Some(a) => a.iter().map(|&x| super::axis(node, x, rank)).collect(),
+        None => Ok((0..rank).collect()),
+    }
+}
+
+fn infer_center_crop_pad(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    let axes = crop_axes(node, x.rank())?;
+    let target = sym_input_or_late(node, ins, 1)?;
+    if target.as_ref().is_some_and(|t| t.len() != axes.len()) {
+        return fail(node, "one extent per axis");
+    }
+    let shape = runtime_shape(node, 0, x.rank(), |d| {
+        match axes.iter().position(|&a| a == d) {
+            None => Some(x.shape[d].clone()),
+            Some(i) => target.as_ref().map(|t| t[i].clone()),
+        }
+    })?;
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+/// `CenterCropPad(x, shape)`: each of `axes` cropped or padded (with zeros) about its
+/// center to its extent in `shape` (an odd difference: one more before the center
+/// cropped, one more after it padded).
+fn eval_center_crop_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let axes = crop_axes(node, x.shape.len())?;
+    let target = super::ints(node, ins, 1)?;
+    if target.len() != axes.len() || target.iter().any(|&t| t < 0) {
+        return fail(node, "one extent, not negative, per axis");
+    }
+    let mut pads = vec![(0i64, 0i64); x.shape.len()];
+    for (&a, &t) in axes.iter().zip(target) {
+        let d = x.shape[a] as i64;
+        let before = match t < d {
+            true => -((d - t) / 2),
+            false => (t - d) / 2,
+        };
+        pads[a] = (before, t - d - before);
+    }
+    Ok(vec![padded(node, x, &pads, "constant", None)?])
 }
 
 fn infer_tile(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
