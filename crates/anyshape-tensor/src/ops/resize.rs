@@ -9,13 +9,24 @@ use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
-pub(super) static OPS: &[OpSpec] = &[OpSpec {
-    name: "Resize",
-    since: 11,
-    infer: infer_resize,
-    eval: eval_resize,
-    eval_into: None,
-}];
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "Resize",
+        since: 11,
+        infer: infer_resize,
+        eval: eval_resize,
+        eval_into: None,
+    },
+    // Opset 9's `Upsample(x, scales)`: `Resize` with asymmetric coordinates (nearest:
+    // rounded down, the input repeated).
+    OpSpec {
+        name: "Upsample",
+        since: 9,
+        infer: infer_resize,
+        eval: eval_resize,
+        eval_into: None,
+    },
+];
 
 /// The attributes of a `Resize`; a value anyshape does not know is refused.
 struct Attrs {
@@ -65,6 +76,19 @@ fn attrs(node: &Node, rank: usize) -> Result<Attrs> {
             Some(v)
         }
     };
+    if node.op == "Upsample" {
+        return Ok(Attrs {
+            coordinates: "asymmetric".into(),
+            nearest: "floor".into(),
+            cubic_a: -0.75,
+            exclude_outside: false,
+            extrapolation: 0.0,
+            aspect: "stretch".into(),
+            mode: pick("mode", "nearest", &["nearest", "linear"])?,
+            antialias: false,
+            axes: None,
+        });
+    }
     Ok(Attrs {
         coordinates: pick(
             "coordinate_transformation_mode",
@@ -102,6 +126,14 @@ fn given<T: Copy>(ins: &[Option<T>], i: usize, empty: impl Fn(T) -> bool) -> Opt
     ins.get(i).copied().flatten().filter(|&t| !empty(t))
 }
 
+/// Where the scales and the sizes are among the inputs (`Upsample`: scales second).
+fn scales_sizes(node: &Node) -> (usize, usize) {
+    match node.op.as_str() {
+        "Upsample" => (1, usize::MAX),
+        _ => (2, 3),
+    }
+}
+
 fn infer_resize(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let r = x.rank();
@@ -109,7 +141,8 @@ fn infer_resize(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let axes = a.axes.clone().unwrap_or_else(|| (0..r).collect());
     let empty = |f: &Fact| f.shape.first().and_then(Expr::as_const) == Some(0);
     // Each resized axis's extent where the compile can tell it; a run-time dim else.
-    let extents: Vec<Option<Expr>> = match (given(ins, 3, empty), given(ins, 2, empty)) {
+    let (sc, sz) = scales_sizes(node);
+    let extents: Vec<Option<Expr>> = match (given(ins, sz, empty), given(ins, sc, empty)) {
         (Some(sizes), _) => match (&sizes.sym, a.aspect.as_str()) {
             (Some(s), "stretch") if s.len() == axes.len() => s.iter().cloned().map(Some).collect(),
             (Some(_), "stretch") => return fail(node, "one size per resized axis"),
@@ -300,7 +333,8 @@ fn eval_resize(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     // Every axis's scale and extent (1 and its own where it is not resized).
     let mut scales = vec![1f64; r];
     let mut out: Vec<usize> = x.shape.to_vec();
-    match (given(ins, 3, empty), given(ins, 2, empty)) {
+    let (sc, sz) = scales_sizes(node);
+    match (given(ins, sz, empty), given(ins, sc, empty)) {
         (Some(s), _) => {
             let s = s.as_i64().map_err(|e| node.error(e))?;
             if s.len() != axes.len() || s.iter().any(|&d| d < 0) {

@@ -241,7 +241,7 @@ fn infer_nms(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 
 /// The first element of optional scalar input `i`, if given and not empty.
 fn first<'a>(ins: &[Option<TensorRef<'a>>], i: usize) -> Option<TensorRef<'a>> {
-    ins.get(i).copied().flatten().filter(|t| t.len() > 0)
+    ins.get(i).copied().flatten().filter(|t| !t.is_empty())
 }
 
 /// Whether boxes `p` and `q` (corners, or centers and sizes with `center`) overlap

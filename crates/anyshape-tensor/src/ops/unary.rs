@@ -1,7 +1,8 @@
 //! Elementwise ops of one input: activations (`Relu`, `Gelu`, `Erf`, `Tanh`,
 //! `Softplus`, `HardSwish`, `Swish`, …), trigonometric and hyperbolic functions (rotary position
 //! embeddings), rounding, `Neg`/`Abs`/`Sign` (also on the shape plumbing's integer
-//! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity`,
+//! vectors, `Neg` as expressions), tests (`IsNaN`, `IsInf`, `Not`), `Identity` (and
+//! `OptionalGetElement`, `OptionalHasElement` of tensors),
 //! `Dropout` (at inference: the input, and a mask of all true), `Cast` and `CastLike`;
 //! and `Trilu` (a triangle of the last two axes kept: causal masks), which takes one
 //! tensor and a constant.
@@ -263,6 +264,21 @@ pub(super) static OPS: &[OpSpec] = &[
         eval: eval_unary,
         eval_into: Some(eval_unary_into),
     },
+    // An optional that holds a tensor is that tensor (optional types are out of scope).
+    OpSpec {
+        name: "OptionalGetElement",
+        since: 18,
+        infer: infer_unary,
+        eval: eval_unary,
+        eval_into: Some(eval_unary_into),
+    },
+    OpSpec {
+        name: "OptionalHasElement",
+        since: 18,
+        infer: infer_has_element,
+        eval: eval_has_element,
+        eval_into: None,
+    },
     OpSpec {
         name: "Cast",
         since: 6,
@@ -333,7 +349,7 @@ fn training(node: &Node, given: bool, value: Option<&[bool]>) -> Result<()> {
 /// What a one-input op's output is.
 fn unary_fact(node: &Node, x: &Fact, like: Option<DType>) -> Result<Fact> {
     Ok(match node.op.as_str() {
-        "Identity" => x.clone(),
+        "Identity" | "OptionalGetElement" => x.clone(),
         "Cast" | "CastLike" => {
             let to = cast_to(node, like)?;
             if to == DType::I64 && x.dtype == DType::I64 {
@@ -379,7 +395,7 @@ fn eval_unary_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) 
     }
     let o = shaped(node, outs, 0, x.shape)?;
     match (op, &x.data, &mut o.data) {
-        ("Identity" | "Dropout", d, _) => match o.data.as_mut_of(*d) {
+        ("Identity" | "OptionalGetElement" | "Dropout", d, _) => match o.data.as_mut_of(*d) {
             Some(mut p) => p.copy(0, 0, x.len()),
             None => return fail(node, "the output's type is not the input's"),
         },
@@ -525,4 +541,17 @@ fn eval_trilu(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         DataRef::Bool(v) => Data::Bool(v.iter().enumerate().map(|(i, &e)| keep(i) && e).collect()),
     };
     Ok(vec![Tensor::new(x.shape.to_vec(), data)?])
+}
+
+/// Whether `OptionalHasElement`'s input is given: known when the model is read.
+fn has_element(node: &Node) -> Result<Tensor> {
+    Tensor::bool(vec![], vec![node.optional_input(0).is_some()])
+}
+
+fn infer_has_element(node: &Node, _: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    Ok(vec![Fact::known(has_element(node)?)])
+}
+
+fn eval_has_element(node: &Node, _: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    Ok(vec![has_element(node)?])
 }
