@@ -130,14 +130,20 @@ fn model_out_of_scope(case: &Path) -> Option<String> {
     use anyshape_graph::onnx::proto::type_proto::Value;
     let bytes = std::fs::read(case.join("model.onnx")).ok()?;
     let m = ModelProto::decode(bytes.as_slice()).ok()?;
-    if m.opset_import.iter().any(|o| o.domain() == "ai.onnx.preview.training") {
+    if m.opset_import
+        .iter()
+        .any(|o| o.domain() == "ai.onnx.preview.training")
+    {
         return Some("training ops".into());
     }
     let g = m.graph?;
     g.input.iter().chain(&g.output).find_map(|v| {
         match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
             Some(Value::TensorType(_)) | None => None,
-            Some(_) => Some(format!("`{}` is not a tensor (optional or sequence types)", v.name())),
+            Some(_) => Some(format!(
+                "`{}` is not a tensor (optional or sequence types)",
+                v.name()
+            )),
         }
     })
 }

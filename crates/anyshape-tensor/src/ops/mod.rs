@@ -24,7 +24,7 @@
 //!   `SAME_*`, `ceil_mode`, any number of spatial axes);
 //! - `conv.rs`: `Conv` (1-D and 2-D, grouped), and the internal `anyshape.Im2Col`
 //!   before a convolution kernel; `conv_transpose.rs`: `ConvTranspose`, `Col2Im`;
-//!   `causal_conv.rs`: `CausalConvWithState` (opset 27);
+//!   `causal_conv.rs`: `CausalConvWithState` (opset 27); `deform_conv.rs`: `DeformConv`;
 //! - `pad.rs`: `Pad`, `CenterCropPad`, `Tile`;
 //! - `pool.rs`: `MaxPool` (1-D to 3-D, with indices), `AveragePool`, `LpPool`,
 //!   `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool`;
@@ -46,6 +46,7 @@ mod attention;
 mod causal_conv;
 mod conv;
 mod conv_transpose;
+mod deform_conv;
 mod elementwise;
 mod grid;
 mod index;
@@ -125,6 +126,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(causal_conv::OPS)
         .chain(conv::OPS)
         .chain(conv_transpose::OPS)
+        .chain(deform_conv::OPS)
         .chain(normalize::OPS)
         .chain(pad::OPS)
         .chain(pool::OPS)
