@@ -12,6 +12,21 @@ use anyshape_tensor::{Fact, TensorRef, ValueId, FOLD_LIMIT};
 
 /// The facts of every value of `g`, by value id (`None` for values no node makes).
 pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
+    let facts = infer_upto(g, g.nodes.len())?;
+    for &o in &g.outputs {
+        if facts[o].is_none() {
+            return Err(GraphError::Format(format!(
+                "graph output `{}` has no value",
+                g.values[o]
+            )));
+        }
+    }
+    Ok(facts)
+}
+
+/// The facts of the values of `g` that its inputs, constants and first `upto` nodes
+/// make.
+pub(crate) fn infer_upto(g: &Graph, upto: usize) -> Result<Vec<Option<Fact>>> {
     let mut facts: Vec<Option<Fact>> = vec![None; g.values.len()];
     for (&id, t) in &g.initializers {
         facts[id] = Some(Fact::known(t.clone()));
@@ -19,7 +34,7 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
     for i in &g.inputs {
         facts[i.value] = Some(Fact::new(i.dtype, i.dims.clone()));
     }
-    for node in &g.nodes {
+    for node in &g.nodes[..upto] {
         let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
         let ins: Vec<Option<&Fact>> = node
             .inputs
@@ -80,14 +95,6 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
                 f.sym = None;
             }
             facts[id] = Some(f);
-        }
-    }
-    for &o in &g.outputs {
-        if facts[o].is_none() {
-            return Err(GraphError::Format(format!(
-                "graph output `{}` has no value",
-                g.values[o]
-            )));
         }
     }
     Ok(facts)

@@ -9,6 +9,7 @@
 //! running plans.
 #![deny(missing_docs)]
 
+mod branches;
 mod error;
 pub mod exec;
 mod fusion;

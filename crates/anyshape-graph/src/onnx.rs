@@ -68,10 +68,15 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
             ..Graph::default()
         },
         names: BTreeMap::new(),
+        scopes: Vec::new(),
         unnamed_dims: 0,
     }
     .read(graph)?;
-    anyshape_tensor::ops::check_opset(g.opset, &g.nodes)?;
+    let mut all = Vec::new();
+    crate::branches::nodes_within(&g.nodes, &mut all);
+    anyshape_tensor::ops::check_opset(g.opset, all)?;
+    let mut g = g;
+    crate::branches::inline(&mut g)?;
     Ok(g)
 }
 
@@ -79,11 +84,17 @@ struct Reader<'a> {
     dir: Option<&'a Path>,
     g: Graph,
     names: BTreeMap<String, usize>,
+    /// The values of the `If` branches being read, innermost last, by their names
+    /// there (a branch's own values are new ones, named under its node's name).
+    scopes: Vec<(String, BTreeMap<String, usize>)>,
     unnamed_dims: usize,
 }
 
 impl Reader<'_> {
     fn id(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.scopes.iter().rev().find_map(|(_, s)| s.get(name)) {
+            return i;
+        }
         if let Some(&i) = self.names.get(name) {
             return i;
         }
@@ -121,68 +132,7 @@ impl Reader<'_> {
             defined.insert(id);
         }
         for (index, n) in graph.node.iter().enumerate() {
-            let name = match n.name.as_deref() {
-                Some(s) if !s.is_empty() => s.to_string(),
-                _ => format!("#{index}"),
-            };
-            let op = n.op_type.clone().unwrap_or_default();
-            if !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
-                return Err(GraphError::Unsupported(format!(
-                    "node `{name}`: op {op} of domain `{}`",
-                    n.domain.as_deref().unwrap_or_default()
-                )));
-            }
-            let mut node = Node {
-                name,
-                op,
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                attrs: BTreeMap::new(),
-            };
-            for i in &n.input {
-                if i.is_empty() {
-                    node.inputs.push(None);
-                    continue;
-                }
-                let id = self.id(i);
-                if !defined.contains(&id) {
-                    return Err(GraphError::from(node.error(format!(
-                        "input `{i}` is used before any node makes it (the graph is not in topological order, or the value does not exist)"
-                    ))));
-                }
-                node.inputs.push(Some(id));
-            }
-            for a in &n.attribute {
-                let key = a.name.clone().unwrap_or_default();
-                let value = self
-                    .attr(a)
-                    .map_err(|e| node.error(format!("attribute `{key}`: {e}")))?;
-                node.attrs.insert(key, value);
-            }
-            // An optional output left out is an empty name: one before a given output
-            // keeps its place as a value nothing reads (outputs are positional); those
-            // after the last given one are not asked for.
-            let given = n
-                .output
-                .iter()
-                .rposition(|o| !o.is_empty())
-                .map_or(0, |i| i + 1);
-            for (i, o) in n.output[..given].iter().enumerate() {
-                if o.is_empty() {
-                    self.g
-                        .values
-                        .push(format!("{} output {i} (left out)", node.name));
-                    node.outputs.push(self.g.values.len() - 1);
-                    continue;
-                }
-                let id = self.id(o);
-                if !defined.insert(id) {
-                    return Err(GraphError::from(
-                        node.error(format!("output `{o}` is defined twice")),
-                    ));
-                }
-                node.outputs.push(id);
-            }
+            let node = self.node(n, index, &mut defined)?;
             self.g.nodes.push(node);
         }
         for vi in &graph.output {
@@ -199,6 +149,139 @@ impl Reader<'_> {
             return Err(GraphError::Format("the graph has no outputs".into()));
         }
         Ok(self.g)
+    }
+
+    /// A node of the graph or of a branch, its inputs among the values `defined` so far
+    /// (its outputs added).
+    fn node(
+        &mut self,
+        n: &proto::NodeProto,
+        index: usize,
+        defined: &mut std::collections::BTreeSet<usize>,
+    ) -> Result<Node> {
+        let name = match n.name.as_deref() {
+            Some(s) if !s.is_empty() => s.to_string(),
+            _ => format!("#{index}"),
+        };
+        let name = match self.scopes.last() {
+            Some((prefix, _)) => format!("{prefix}/{name}"),
+            None => name,
+        };
+        let op = n.op_type.clone().unwrap_or_default();
+        if !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+            return Err(GraphError::Unsupported(format!(
+                "node `{name}`: op {op} of domain `{}`",
+                n.domain.as_deref().unwrap_or_default()
+            )));
+        }
+        let mut node = Node {
+            name,
+            op,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            attrs: BTreeMap::new(),
+        };
+        for i in &n.input {
+            if i.is_empty() {
+                node.inputs.push(None);
+                continue;
+            }
+            let id = self.id(i);
+            if !defined.contains(&id) {
+                return Err(GraphError::from(node.error(format!(
+                    "input `{i}` is used before any node makes it (the graph is not in topological order, or the value does not exist)"
+                ))));
+            }
+            node.inputs.push(Some(id));
+        }
+        for a in &n.attribute {
+            let key = a.name.clone().unwrap_or_default();
+            let value = match (&a.g, node.op.as_str()) {
+                (Some(g), "If") => self.branch(g, &format!("{}/{key}", node.name), defined),
+                _ => self.attr(a),
+            }
+            .map_err(|e| node.error(format!("attribute `{key}`: {e}")))?;
+            node.attrs.insert(key, value);
+        }
+        // An optional output left out is an empty name: one before a given output
+        // keeps its place as a value nothing reads (outputs are positional); those
+        // after the last given one are not asked for.
+        let given = n
+            .output
+            .iter()
+            .rposition(|o| !o.is_empty())
+            .map_or(0, |i| i + 1);
+        for (i, o) in n.output[..given].iter().enumerate() {
+            if o.is_empty() {
+                self.g
+                    .values
+                    .push(format!("{} output {i} (left out)", node.name));
+                node.outputs.push(self.g.values.len() - 1);
+                continue;
+            }
+            let id = self.output_id(o);
+            if !defined.insert(id) {
+                return Err(GraphError::from(
+                    node.error(format!("output `{o}` is defined twice")),
+                ));
+            }
+            node.outputs.push(id);
+        }
+        Ok(node)
+    }
+
+    /// The value a node makes, named `name`: in a branch a new one, named under it.
+    fn output_id(&mut self, name: &str) -> usize {
+        let Some((prefix, scope)) = self.scopes.last_mut() else {
+            return self.id(name);
+        };
+        self.g.values.push(format!("{prefix}/{name}"));
+        let id = self.g.values.len() - 1;
+        scope.insert(name.to_string(), id);
+        id
+    }
+
+    /// An `If` branch: its constants and nodes read into the model's values (what it
+    /// names of the model's values read from them), its outputs resolved.
+    fn branch(
+        &mut self,
+        graph: &proto::GraphProto,
+        prefix: &str,
+        defined: &mut std::collections::BTreeSet<usize>,
+    ) -> Result<Attr> {
+        self.scopes.push((prefix.to_string(), BTreeMap::new()));
+        let read = (|| {
+            for t in &graph.initializer {
+                let tensor = self.tensor(t)?;
+                let id = self.output_id(t.name.as_deref().unwrap_or_default());
+                self.g.initializers.insert(id, tensor);
+                defined.insert(id);
+            }
+            let mut nodes = Vec::new();
+            for (index, n) in graph.node.iter().enumerate() {
+                nodes.push(self.node(n, index, defined)?);
+            }
+            let outputs = graph
+                .output
+                .iter()
+                .map(|vi| {
+                    let name = vi.name.clone().unwrap_or_default();
+                    let id = self.id(&name);
+                    match defined.contains(&id) {
+                        true => Ok(id),
+                        false => Err(GraphError::Format(format!(
+                            "branch output `{name}` is made by no node"
+                        ))),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Attr::Branch(Box::new(anyshape_tensor::Branch {
+                nodes,
+                outputs,
+            })))
+        })();
+        self.scopes.pop();
+        read
     }
 
     /// An input's element type and dims.

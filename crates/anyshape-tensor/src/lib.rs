@@ -30,5 +30,5 @@ pub use bind::{bind, Binder, TensorSpec};
 pub use compare::{compare, Comparison, Element};
 pub use error::{Result, TensorError};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
-pub use node::{Attr, Node, ValueId};
+pub use node::{Attr, Branch, Node, ValueId};
 pub use tensor::{numel, strides, DType, Data, DataRef, Tensor, TensorRef};

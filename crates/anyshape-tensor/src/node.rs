@@ -24,8 +24,22 @@ pub enum Attr {
     Strs(Vec<String>),
     /// A tensor.
     Tensor(Tensor),
-    /// A kind anyshape's operators never read (graphs, sparse tensors, type protos).
+    /// A branch of an `If` (its nodes over the model's values, and the values it
+    /// gives), which the importer inlines.
+    Branch(Box<Branch>),
+    /// A kind anyshape's operators never read (other graphs, sparse tensors, type
+    /// protos).
     Unsupported,
+}
+
+/// A subgraph of an `If`: nodes whose values are numbered with the model's (reading
+/// the model's values it names, its own values new ones), and the values it gives.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Branch {
+    /// Its nodes, in order.
+    pub nodes: Vec<Node>,
+    /// The values it gives, in order.
+    pub outputs: Vec<ValueId>,
 }
 
 /// One operation.

@@ -72,6 +72,7 @@ use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
+pub use select::IF_SELECT;
 pub use window::Window;
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional

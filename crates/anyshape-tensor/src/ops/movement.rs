@@ -548,6 +548,16 @@ fn infer_split(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         _ => None,
     };
     let n = node.outputs.len();
+    // An extent only the run tells, split in parts: each part's too.
+    if given.is_none() && x.shape[a].has_runtime_dims() {
+        return (0..n)
+            .map(|o| {
+                let shape =
+                    runtime_shape(node, o, x.rank(), |d| (d != a).then(|| x.shape[d].clone()))?;
+                Ok(Fact::new(x.dtype, shape))
+            })
+            .collect();
+    }
     // Opset 18's `num_outputs` over a known extent: the last part may be smaller.
     let uneven = match (&given, x.shape[a].as_const()) {
         (None, Some(d)) if node.attrs.contains_key("num_outputs") && n > 0 => {

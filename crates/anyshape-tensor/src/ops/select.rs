@@ -1,12 +1,18 @@
 //! Ops whose output extent is what their data selects — `NonZero`, `Compress`,
 //! `Unique`, `NonMaxSuppression` — as ONNX's reference computes them. That extent is a
 //! run-time dim ([`anyshape_ir::Expr::runtime_dim`]): their steps run on the host and
-//! the runtime binds it from what they make.
+//! the runtime binds it from what they make. And the internal `anyshape.IfSelect`, an
+//! `If` whose condition is known at run time only: the taken branch's values.
 use super::{axis, fail, req, runtime_shape, OpSpec};
 use crate::node::Node;
 use crate::{DType, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 use std::cmp::Ordering;
+
+/// The internal op of an `If` whose condition is known only at run time (the importer
+/// inlines both branches before it): `IfSelect(cond, then…, else…)` gives the values of
+/// the branch `cond` takes.
+pub const IF_SELECT: &str = "anyshape.IfSelect";
 
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
@@ -28,6 +34,13 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 11,
         infer: infer_unique,
         eval: eval_unique,
+        eval_into: None,
+    },
+    OpSpec {
+        name: IF_SELECT,
+        since: 1,
+        infer: infer_if_select,
+        eval: eval_if_select,
         eval_into: None,
     },
     OpSpec {
@@ -331,4 +344,45 @@ fn eval_nms(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     }
     let k = out.len() / 3;
     Ok(vec![Tensor::i64(vec![k, 3], out)?])
+}
+
+/// The number of values each branch of an `IfSelect` gives.
+fn branch_width(node: &Node, inputs: usize) -> Result<usize> {
+    match inputs {
+        n if n >= 1 && (n - 1) % 2 == 0 => Ok((n - 1) / 2),
+        _ => fail(node, "a condition and as many values of each branch"),
+    }
+}
+
+fn infer_if_select(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let k = branch_width(node, ins.len())?;
+    (0..k)
+        .map(|i| {
+            let (a, b) = (req(node, ins, 1 + i)?, req(node, ins, 1 + k + i)?);
+            if a.dtype != b.dtype || a.rank() != b.rank() {
+                return fail(
+                    node,
+                    format!("the branches' value {i} differ in type or rank"),
+                );
+            }
+            // Dims the branches agree on; a run-time dim where they differ.
+            let shape = runtime_shape(node, i, a.rank(), |d| {
+                (a.shape[d] == b.shape[d]).then(|| a.shape[d].clone())
+            })?;
+            Ok(Fact::new(a.dtype, shape))
+        })
+        .collect()
+}
+
+/// `IfSelect(cond, then…, else…)`: the then values where `cond` holds, else the others.
+fn eval_if_select(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let k = branch_width(node, ins.len())?;
+    let cond = match req(node, ins, 0)?.as_bool().map_err(|e| node.error(e))? {
+        [c] => *c,
+        _ => return fail(node, "the condition must be one boolean"),
+    };
+    let from = if cond { 1 } else { 1 + k };
+    (from..from + k)
+        .map(|i| Ok(req(node, ins, i)?.to_tensor()))
+        .collect()
 }

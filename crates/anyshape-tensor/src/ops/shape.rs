@@ -4,7 +4,7 @@
 //! evaluates expressions.
 use super::{
     axis, broadcast_strides, const_ints_or_late, eval_via, fail, ints, late_len, out_of, req,
-    runtime_shape, shaped, sized, sym_input, sym_input_or_late, Dims, OpSpec,
+    runtime_shape, shaped, sized, sym_input_or_late, Dims, OpSpec,
 };
 use crate::fact::{broadcast, exact_quotient};
 use crate::node::{Attr, Node};
@@ -261,6 +261,12 @@ fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         "Unsqueeze" | "Squeeze" => squeeze_axes(node, None)?,
         _ => None,
     };
+    if node.op == "Squeeze" && axes.is_none() && x.shape.iter().any(Expr::has_runtime_dims) {
+        return fail(
+            node,
+            "a Squeeze of every axis of extent 1 where an extent is known only at run time (its rank would be too): give the axes",
+        );
+    }
     let shape = reshaped(
         node,
         &x.shape,
@@ -368,18 +374,22 @@ fn eval_expand_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor])
 }
 
 fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
-    let start = sym_input(node, ins, 0)?;
-    let limit = sym_input(node, ins, 1)?;
-    let delta = sym_input(node, ins, 2)?;
+    let dtype = req(node, ins, 0)?.dtype;
+    // Bounds computed at run time, or a step that is not a positive constant: the
+    // length is a run-time dim.
+    let late = || Ok(vec![Fact::new(dtype, runtime_shape(node, 0, 1, |_| None)?)]);
+    let sym = |i: usize| -> Result<Option<Vec<Expr>>> { Ok(req(node, ins, i)?.sym.clone()) };
+    let (Some(start), Some(limit), Some(delta)) = (sym(0)?, sym(1)?, sym(2)?) else {
+        return late();
+    };
     let (Some(s), Some(l), Some(d)) = (start.first(), limit.first(), delta.first()) else {
         return fail(node, "start, limit and delta must be scalars");
     };
     let len = match d.as_const() {
         Some(1) => (l.clone() - s.clone()).simplify(),
         Some(c) if c > 0 => Expr::ceil_div(l.clone() - s.clone(), Expr::Const(c)).simplify(),
-        _ => return fail(node, "a symbolic range needs a positive constant step"),
+        _ => return late(),
     };
-    let dtype = req(node, ins, 0)?.dtype;
     Ok(vec![Fact::new(
         dtype,
         vec![Expr::max(len, Expr::Const(0)).simplify()],
