@@ -269,11 +269,16 @@ fn infer_unpool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let n = pooled_axes(node, x.rank())?;
     if ins.get(2).copied().flatten().is_some() {
-        let s = super::sym_input(node, ins, 2)?;
-        if s.len() != x.rank() {
+        // An output shape given at run time: run-time dims but the batch and channels.
+        let s = super::sym_input_or_late(node, ins, 2)?;
+        if s.as_ref().is_some_and(|s| s.len() != x.rank()) {
             return fail(node, "an output_shape of another rank than the input");
         }
-        return Ok(vec![Fact::new(x.dtype, s)]);
+        let shape = super::runtime_shape(node, 0, x.rank(), |d| match &s {
+            Some(s) => Some(s[d].clone()),
+            None => (d < 2).then(|| x.shape[d].clone()),
+        })?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
     }
     let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
     let mut shape = x.shape[..2].to_vec();
@@ -288,21 +293,21 @@ fn infer_unpool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 fn eval_unpool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, idx) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let n = pooled_axes(node, x.shape.len())?;
+    // The indices address the extents the pooled input came from; an output shape
+    // given holds those at its start (as ONNX's reference places them).
+    let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
+    let mut inferred = x.shape[..2].to_vec();
+    for i in 0..n {
+        let d = x.shape[2 + i];
+        let e = (d.max(1) - 1) * w.strides[i] + k[i];
+        inferred.push(e.saturating_sub(w.pads[i] + w.after(i)));
+    }
     let shape: Vec<usize> = match ins.get(2).copied().flatten() {
         Some(_) => super::ints(node, ins, 2)?
             .iter()
             .map(|&d| d.max(0) as usize)
             .collect(),
-        None => {
-            let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
-            let mut shape = x.shape[..2].to_vec();
-            for i in 0..n {
-                let d = x.shape[2 + i];
-                let e = (d.max(1) - 1) * w.strides[i] + k[i];
-                shape.push(e.saturating_sub(w.pads[i] + w.after(i)));
-            }
-            shape
-        }
+        None => inferred.clone(),
     };
     if shape.len() != x.shape.len() || idx.shape != x.shape {
         return fail(
@@ -310,13 +315,19 @@ fn eval_unpool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             "indices of the input's shape and an output of its rank",
         );
     }
-    let total = sized(node, &shape)?;
+    if shape.iter().zip(&inferred).any(|(o, i)| o < i) {
+        return fail(
+            node,
+            format!("an output shape {shape:?} smaller than the unpooled {inferred:?}"),
+        );
+    }
+    let total = sized(node, &inferred)?;
     let v = x.as_f32().map_err(|e| node.error(e))?;
     let ix = idx.as_i64().map_err(|e| node.error(e))?;
-    let mut out = vec![0f32; total];
+    let mut unpooled = vec![0f32; total];
     for (&e, &i) in v.iter().zip(ix) {
         match usize::try_from(i).ok().filter(|&i| i < total) {
-            Some(i) => out[i] = e,
+            Some(i) => unpooled[i] = e,
             None => {
                 return fail(
                     node,
@@ -325,6 +336,20 @@ fn eval_unpool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             }
         }
     }
+    let out = match shape == inferred {
+        true => unpooled,
+        false => {
+            let mut out = vec![0f32; sized(node, &shape)?];
+            let (from, to) = (crate::strides(&inferred), crate::strides(&shape));
+            for (i, &e) in unpooled.iter().enumerate() {
+                let at: usize = (0..shape.len())
+                    .map(|a| (i / from[a]) % inferred[a] * to[a])
+                    .sum();
+                out[at] = e;
+            }
+            out
+        }
+    };
     Ok(vec![Tensor::f32(shape, out)?])
 }
 

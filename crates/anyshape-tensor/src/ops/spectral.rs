@@ -3,7 +3,7 @@
 //! signal's first `L/2 + 1` frequencies) and the inverse of a one-sided spectrum (a real
 //! signal back), zero-padded or truncated to `dft_length` — as ONNX's reference
 //! (NumPy's `fft`, `ifft`, `irfft`) computes it, in `f64` sums.
-use super::{axis, fail, req, sized, sym_input, OpSpec};
+use super::{axis, fail, req, runtime_shape, sized, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -54,19 +54,35 @@ fn infer_dft(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         return fail(node, "a signal [..., 1] (real) or [..., 2] (complex)");
     }
     let (inverse, onesided) = flags(node)?;
-    let length = match ins.get(1).copied().flatten() {
-        Some(_) => Some(
-            sym_input(node, ins, 1)?
-                .first()
-                .cloned()
-                .ok_or_else(|| node.error("an empty dft_length"))?,
-        ),
-        None => None,
-    };
     let mut shape = x.shape.to_vec();
     shape[r - 1] = Expr::Const(if inverse && onesided { 1 } else { 2 });
+    // The length or the axis given at run time: the transformed axis (or, with the
+    // axis unknown, every one but the last) a run-time dim.
+    let late_axis = match ins.get(2).copied().flatten() {
+        Some(_) => super::const_ints_or_late(node, ins, 2)?.is_none(),
+        None => false,
+    };
+    let (length, late_length) = match ins.get(1).copied().flatten() {
+        Some(_) => match super::sym_input_or_late(node, ins, 1)? {
+            Some(l) => (
+                Some(
+                    l.first()
+                        .cloned()
+                        .ok_or_else(|| node.error("an empty dft_length"))?,
+                ),
+                false,
+            ),
+            None => (None, true),
+        },
+        None => (None, false),
+    };
+    if late_axis && (length.is_some() || late_length || onesided) {
+        let last = shape[r - 1].clone();
+        let shape = runtime_shape(node, 0, r, |d| (d == r - 1).then(|| last.clone()))?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
+    }
     // The transformed axis keeps its extent where no length and no side change it.
-    if length.is_none() && !onesided {
+    if length.is_none() && !late_length && !onesided {
         return Ok(vec![Fact::new(x.dtype, shape)]);
     }
     let given = match ins.get(2).copied().flatten() {
@@ -78,6 +94,10 @@ fn infer_dft(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         None => None,
     };
     let a = dft_axis(node, given, r)?;
+    if late_length {
+        let shape = runtime_shape(node, 0, r, |d| (d != a).then(|| shape[d].clone()))?;
+        return Ok(vec![Fact::new(x.dtype, shape)]);
+    }
     let n = x.shape[a].clone();
     let length = length.unwrap_or_else(|| match inverse && onesided {
         true => (n.clone() - 1) * 2,
