@@ -37,6 +37,7 @@
 //! - `select.rs`: `NonZero`, `Compress`, `Unique`, `NonMaxSuppression` (extents
 //!   their data selects: run-time dims);
 //! - `resize.rs`: `Resize` (every mode, coordinate transformation, axes subset and aspect policy);
+//! - `roi_align.rs`: `RoiAlign`;
 //! - `grid.rs`: `GridSample`, `AffineGrid`;
 //! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
@@ -60,6 +61,7 @@ mod pool;
 mod recurrent;
 mod reduce;
 mod resize;
+mod roi_align;
 mod rotary;
 mod select;
 mod shape;
@@ -134,6 +136,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(recurrent::OPS)
         .chain(reduce::OPS)
         .chain(resize::OPS)
+        .chain(roi_align::OPS)
         .chain(rotary::OPS)
         .chain(select::OPS)
         .chain(shape::OPS)
