@@ -197,7 +197,9 @@ impl Reader<'_> {
         for a in &n.attribute {
             let key = a.name.clone().unwrap_or_default();
             let value = match (&a.g, node.op.as_str()) {
-                (Some(g), "If") => self.branch(g, &format!("{}/{key}", node.name), defined),
+                (Some(g), "If" | "Scan") => {
+                    self.branch(g, &format!("{}/{key}", node.name), defined)
+                }
                 _ => self.attr(a),
             }
             .map_err(|e| node.error(format!("attribute `{key}`: {e}")))?;
@@ -241,8 +243,9 @@ impl Reader<'_> {
         id
     }
 
-    /// An `If` branch: its constants and nodes read into the model's values (what it
-    /// names of the model's values read from them), its outputs resolved.
+    /// An `If` branch or a `Scan` body: its inputs, constants and nodes read into the
+    /// model's values as new ones (what it names of the model's values read from them),
+    /// its outputs resolved.
     fn branch(
         &mut self,
         graph: &proto::GraphProto,
@@ -251,6 +254,12 @@ impl Reader<'_> {
     ) -> Result<Attr> {
         self.scopes.push((prefix.to_string(), BTreeMap::new()));
         let read = (|| {
+            let mut inputs = Vec::new();
+            for vi in &graph.input {
+                let id = self.output_id(vi.name.as_deref().unwrap_or_default());
+                defined.insert(id);
+                inputs.push(id);
+            }
             for t in &graph.initializer {
                 let tensor = self.tensor(t)?;
                 let id = self.output_id(t.name.as_deref().unwrap_or_default());
@@ -276,6 +285,7 @@ impl Reader<'_> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(Attr::Branch(Box::new(anyshape_tensor::Branch {
+                inputs,
                 nodes,
                 outputs,
             })))

@@ -24,18 +24,21 @@ pub enum Attr {
     Strs(Vec<String>),
     /// A tensor.
     Tensor(Tensor),
-    /// A branch of an `If` (its nodes over the model's values, and the values it
-    /// gives), which the importer inlines.
+    /// A branch of an `If` or the body of a `Scan` (its nodes over the model's values,
+    /// the values it takes and gives), which the importer inlines.
     Branch(Box<Branch>),
     /// A kind anyshape's operators never read (other graphs, sparse tensors, type
     /// protos).
     Unsupported,
 }
 
-/// A subgraph of an `If`: nodes whose values are numbered with the model's (reading
-/// the model's values it names, its own values new ones), and the values it gives.
+/// A subgraph of an `If` or a `Scan`: nodes whose values are numbered with the model's
+/// (reading the model's values it names, its own values new ones), the values it takes
+/// (a `Scan` body's; none for an `If` branch) and the values it gives.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Branch {
+    /// The values it takes, in order.
+    pub inputs: Vec<ValueId>,
     /// Its nodes, in order.
     pub nodes: Vec<Node>,
     /// The values it gives, in order.
