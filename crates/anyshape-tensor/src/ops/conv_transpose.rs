@@ -1,9 +1,8 @@
-//! `ConvTranspose` (1-D over NCL as images of height 1, and 2-D; groups, dilations,
+//! `ConvTranspose` (1-D to 3-D; groups, dilations,
 //! `output_padding`, `output_shape` and `SAME_*` placing the pads as ONNX's reference
 //! does): each input element scattered into the output through the filters — a
 //! reference loop, a host step; and `Col2Im`, the sliding blocks of columns summed back
 //! into an image of any number of spatial axes.
-use super::conv::{planar_shape, plane, spatial_axes};
 use super::window::{Same, Window};
 use super::{
     fail, late_len, per_channel, req, runtime_shape, sized, sym_input_or_late, OpSpec, MAX_ELEMENTS,
@@ -29,28 +28,36 @@ pub(super) static OPS: &[OpSpec] = &[
     },
 ];
 
-/// A transposed convolution's placement over `spatial` axes (a 1-D one as the width
-/// of a 2-D one): its [`Window`] (strides, dilations, the pads given, `auto_pad`),
-/// `output_padding` and the output extents asked for (`output_shape`, or the input's
-/// times the stride with `SAME_*`), from which the pads follow ([`Transposed::pads`]).
+/// A transposed convolution's placement over its 1 to 3 spatial axes: its [`Window`]
+/// (strides, dilations, the pads given, `auto_pad`), `output_padding` and the output
+/// extents asked for (`output_shape`, or the input's times the stride with `SAME_*`),
+/// from which the pads follow ([`Transposed::pads`]).
 struct Transposed {
     w: Window,
-    extra: [usize; 2],
-    shape: Option<[usize; 2]>,
+    extra: Vec<usize>,
+    shape: Option<Vec<usize>>,
     group: usize,
+}
+
+/// The spatial axes of a transposed convolution's input of `rank`: 1 to 3.
+fn spatial_axes(node: &Node, rank: usize) -> Result<usize> {
+    match rank {
+        3..=5 => Ok(rank - 2),
+        r => fail(
+            node,
+            format!("an input of rank {r}: 1-D to 3-D transposed convolutions only"),
+        ),
+    }
 }
 
 impl Transposed {
     fn of(node: &Node, spatial: usize) -> Result<Transposed> {
-        let w = Window::of_rank(node, spatial)?;
-        let axes = |name: &str, default: usize| -> Result<Option<[usize; 2]>> {
+        let w = Window::of_axes(node, spatial)?;
+        let axes = |name: &str| -> Result<Option<Vec<usize>>> {
             match node.ints(name)? {
                 None => Ok(None),
                 Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 0) => {
-                    Ok(Some(match spatial {
-                        1 => [default, v[0] as usize],
-                        _ => [v[0] as usize, v[1] as usize],
-                    }))
+                    Ok(Some(v.iter().map(|&x| x as usize).collect()))
                 }
                 Some(v) => fail(node, format!("{name} {v:?}: {spatial} spatial axes")),
             }
@@ -61,8 +68,8 @@ impl Transposed {
         }
         Ok(Transposed {
             w,
-            extra: axes("output_padding", 0)?.unwrap_or([0, 0]),
-            shape: axes("output_shape", 1)?,
+            extra: axes("output_padding")?.unwrap_or_else(|| vec![0; spatial]),
+            shape: axes("output_shape")?,
             group: group as usize,
         })
     }
@@ -71,7 +78,7 @@ impl Transposed {
     /// extent `k`: given, or those that make the output extent asked for (negative
     /// where it is more than the input makes: room after, as ONNX's reference places it).
     fn pads(&self, d: usize, k: usize, i: usize) -> (isize, isize) {
-        let want = match (self.shape, self.w.same) {
+        let want = match (&self.shape, self.w.same) {
             (Some(s), _) => s[i],
             (None, Some(_)) => d * self.w.strides[i],
             (None, None) => return (self.w.pads[i] as isize, self.w.after(i) as isize),
@@ -110,11 +117,11 @@ fn infer_conv_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>>
     let co = w.shape[1].clone() * Expr::Const(t.group as i64);
     let mut shape = vec![x.shape[0].clone(), co.simplify()];
     for a in 2..x.rank() {
-        let i = a + 2 - x.rank();
+        let i = a - 2;
         let k = w.shape[a]
             .as_const()
             .ok_or_else(|| node.error("a symbolic kernel size"))? as usize;
-        shape.push(match (t.shape, t.w.same, x.shape[a].as_const()) {
+        shape.push(match (&t.shape, t.w.same, x.shape[a].as_const()) {
             (Some(s), _, _) => Expr::Const(s[i] as i64),
             (None, Some(_), _) => (x.shape[a].clone() * t.w.strides[i] as i64).simplify(),
             (None, None, Some(d)) => {
@@ -132,7 +139,7 @@ fn infer_conv_transpose(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>>
 }
 
 /// `ConvTranspose`: each input element scattered into the output through the
-/// filters (`[ci, co / group, kh, kw]`), group by group, then the bias.
+/// filters (`[ci, co / group, k…]`), group by group, then the bias.
 fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let (x, w) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let spatial = spatial_axes(node, x.shape.len())?;
@@ -148,17 +155,16 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
         );
     }
     let (n, ci) = (x.shape[0], x.shape[1]);
-    let ([h, wd], [kh, kw]) = (plane(x.shape), plane(w.shape));
+    let (dims, ks) = (&x.shape[2..], &w.shape[2..]);
     let (cg, og) = (ci / g, w.shape[1]);
     let co = og * g;
-    let err = |e: String| node.error(e);
-    let (oh, ow) = (
-        t.out(h, kh, 0).map_err(err)?,
-        t.out(wd, kw, 1).map_err(err)?,
-    );
-    let (top, _) = t.pads(h, kh, 0);
-    let (left, _) = t.pads(wd, kw, 1);
-    let shape = planar_shape(node, [n, co], [oh, ow], spatial)?;
+    let outs: Vec<usize> = (0..spatial)
+        .map(|i| t.out(dims[i], ks[i], i))
+        .collect::<Result<_, _>>()
+        .map_err(|e| node.error(e))?;
+    let mut shape = vec![n, co];
+    shape.extend(&outs);
+    super::sized(node, &shape)?;
     let xv = x.as_f32().map_err(|e| node.error(e))?;
     let wv = w.as_f32().map_err(|e| node.error(e))?;
     let bias = ins
@@ -168,39 +174,62 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
         .map(|_| per_channel(node, ins, 2, co))
         .transpose()?;
     // The work, not only the output, is bounded.
-    if crate::tensor::numel(&[n, ci, h, wd, og, kh, kw]).map_or(true, |w| w > MAX_ELEMENTS) {
+    let work: Vec<usize> = [n, ci, og].iter().chain(dims).chain(ks).copied().collect();
+    if crate::tensor::numel(&work).map_or(true, |w| w > MAX_ELEMENTS) {
         return fail(node, "more work than one op may do");
     }
-    let mut out = vec![0f32; n * co * oh * ow];
+    // Per axis, for each (input position, tap) the output position, or none outside.
+    let places: Vec<Vec<Option<usize>>> = (0..spatial)
+        .map(|i| {
+            let before = t.pads(dims[i], ks[i], i).0;
+            (0..dims[i] * ks[i])
+                .map(|pk| {
+                    let (p, k) = (pk / ks[i], pk % ks[i]);
+                    let o = (p * t.w.strides[i] + k * t.w.dilations[i]) as isize - before;
+                    usize::try_from(o).ok().filter(|&o| o < outs[i])
+                })
+                .collect()
+        })
+        .collect();
+    let (plane_in, plane_out, taps): (usize, usize, usize) = (
+        dims.iter().product(),
+        outs.iter().product(),
+        ks.iter().product(),
+    );
+    let unravel = |mut i: usize, ext: &[usize], into: &mut [usize]| {
+        for a in (0..ext.len()).rev() {
+            into[a] = i % ext[a];
+            i /= ext[a];
+        }
+    };
+    let (mut p, mut k) = (vec![0; spatial], vec![0; spatial]);
+    let mut out = vec![0f32; n * co * plane_out];
     for b in 0..n {
         for c in 0..ci {
             let grp = c / cg;
-            for iy in 0..h {
-                for ix in 0..wd {
-                    let v = xv[((b * ci + c) * h + iy) * wd + ix];
+            for pi in 0..plane_in {
+                unravel(pi, dims, &mut p);
+                let v = xv[(b * ci + c) * plane_in + pi];
+                for ti in 0..taps {
+                    unravel(ti, ks, &mut k);
+                    let mut at = Some(0usize);
+                    for i in 0..spatial {
+                        at = match (at, places[i][p[i] * ks[i] + k[i]]) {
+                            (Some(a), Some(o)) => Some(a * outs[i] + o),
+                            _ => None,
+                        };
+                    }
+                    let Some(at) = at else { continue };
                     for o in 0..og {
                         let oc = grp * og + o;
-                        for u in 0..kh {
-                            let y = (iy * t.w.strides[0] + u * t.w.dilations[0]) as isize - top;
-                            if !(0..oh as isize).contains(&y) {
-                                continue;
-                            }
-                            for q in 0..kw {
-                                let xo =
-                                    (ix * t.w.strides[1] + q * t.w.dilations[1]) as isize - left;
-                                if (0..ow as isize).contains(&xo) {
-                                    out[((b * co + oc) * oh + y as usize) * ow + xo as usize] +=
-                                        v * wv[((c * og + o) * kh + u) * kw + q];
-                                }
-                            }
-                        }
+                        out[(b * co + oc) * plane_out + at] += v * wv[(c * og + o) * taps + ti];
                     }
                 }
             }
         }
     }
     if let Some(bias) = bias {
-        for (i, plane) in out.chunks_mut((oh * ow).max(1)).enumerate() {
+        for (i, plane) in out.chunks_mut(plane_out.max(1)).enumerate() {
             let add = bias[i % co];
             plane.iter_mut().for_each(|e| *e += add);
         }
