@@ -2,19 +2,29 @@
 //! (`[…, 2]`: real and imaginary parts) signal — forward, inverse, one-sided (a real
 //! signal's first `L/2 + 1` frequencies) and the inverse of a one-sided spectrum (a real
 //! signal back), zero-padded or truncated to `dft_length` — as ONNX's reference
-//! (NumPy's `fft`, `ifft`, `irfft`) computes it, in `f64` sums.
+//! (NumPy's `fft`, `ifft`, `irfft`) computes it, in `f64` sums; and `STFT`, the
+//! transform of each windowed frame of a signal.
 use super::{axis, fail, req, runtime_shape, sized, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
-pub(super) static OPS: &[OpSpec] = &[OpSpec {
-    name: "DFT",
-    since: 17,
-    infer: infer_dft,
-    eval: eval_dft,
-    eval_into: None,
-}];
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "DFT",
+        since: 17,
+        infer: infer_dft,
+        eval: eval_dft,
+        eval_into: None,
+    },
+    OpSpec {
+        name: "STFT",
+        since: 17,
+        infer: infer_stft,
+        eval: eval_stft,
+        eval_into: None,
+    },
+];
 
 /// The transformed axis: the `axis` attribute (opset 17), the `axis` input (opset 20),
 /// or the default where both opsets agree (axis 1 of a rank-3 signal; opset 17 means
@@ -203,6 +213,151 @@ fn eval_dft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                 if out_c == 2 {
                     out[p + 1] = im as f32;
                 }
+            }
+        }
+    }
+    Ok(vec![Tensor::f32(shape, out)?])
+}
+
+/// `STFT`'s frame length: the input, the window's, or (neither given) the signal's.
+fn frame_length<T>(
+    node: &Node,
+    given: Option<i64>,
+    window: Option<usize>,
+    signal: T,
+) -> Result<std::result::Result<usize, T>> {
+    match (given, window) {
+        (Some(l), Some(w)) if l != w as i64 => {
+            fail(node, format!("a frame of {l} with a window of {w}"))
+        }
+        (Some(l), _) if l <= 0 => fail(node, format!("a frame length of {l}")),
+        (Some(l), _) => Ok(Ok(l as usize)),
+        (None, Some(w)) => Ok(Ok(w)),
+        (None, None) => Ok(Err(signal)),
+    }
+}
+
+fn infer_stft(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    if x.rank() != 3 || !matches!(x.shape[2].as_const(), Some(1 | 2)) {
+        return fail(
+            node,
+            "a signal [batch, length, 1] (real) or [batch, length, 2] (complex)",
+        );
+    }
+    let scalar = |i: usize| -> Result<Option<i64>> {
+        Ok(match ins.get(i).copied().flatten() {
+            None => None,
+            Some(_) => super::const_ints_or_late(node, ins, i)?.and_then(|v| v.first().copied()),
+        })
+    };
+    let step = scalar(1)?;
+    let given = match ins.get(3).copied().flatten() {
+        Some(_) => match scalar(3)? {
+            Some(l) => Some(l),
+            None => return stft_late(node, x),
+        },
+        None => None,
+    };
+    let window = match ins.get(2).copied().flatten() {
+        Some(w) => match w.shape.first().and_then(Expr::as_const) {
+            Some(n) => Some(n as usize),
+            None => return stft_late(node, x),
+        },
+        None => None,
+    };
+    let (Some(step), Ok(Ok(len))) = (step, frame_length(node, given, window, ())) else {
+        return stft_late(node, x);
+    };
+    if step <= 0 {
+        return fail(node, format!("a frame step of {step}"));
+    }
+    let frames = Expr::floor_div(x.shape[1].clone() - len as i64, Expr::Const(step)) + 1;
+    let onesided = node.int("onesided", 1)? != 0;
+    let bins = if onesided { len / 2 + 1 } else { len };
+    let shape = vec![
+        x.shape[0].clone(),
+        frames.simplify(),
+        Expr::Const(bins as i64),
+        Expr::Const(2),
+    ];
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+/// `STFT`'s output where its step or frame is given at run time.
+fn stft_late(node: &Node, x: &Fact) -> Result<Vec<Fact>> {
+    let shape = runtime_shape(node, 0, 4, |d| match d {
+        0 => Some(x.shape[0].clone()),
+        3 => Some(Expr::Const(2)),
+        _ => None,
+    })?;
+    Ok(vec![Fact::new(x.dtype, shape)])
+}
+
+/// `STFT(signal, frame_step, window, frame_length)`: for each frame of the signal (one
+/// every `frame_step`, as many as fit), the DFT of the frame times the window (ones
+/// where none is given): `[batch, frames, bins, 2]`, the first `L/2 + 1` bins where
+/// `onesided`, in `f64` sums.
+fn eval_stft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    let x = req(node, ins, 0)?;
+    let &[b, n, c @ (1 | 2)] = x.shape else {
+        return fail(
+            node,
+            "a signal [batch, length, 1] (real) or [batch, length, 2] (complex)",
+        );
+    };
+    let step = match super::ints(node, ins, 1)? {
+        [s] if *s > 0 => *s as usize,
+        _ => return fail(node, "the frame step must be one positive integer"),
+    };
+    let window = ins
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|w| w.as_f32())
+        .transpose()
+        .map_err(|e| node.error(e))?;
+    let given = match ins.get(3).copied().flatten() {
+        Some(_) => match super::ints(node, ins, 3)? {
+            [l] => Some(*l),
+            _ => return fail(node, "the frame length must be one integer"),
+        },
+        None => None,
+    };
+    let len = frame_length(node, given, window.map(|w| w.len()), n)?.unwrap_or_else(|n| n);
+    if len > n || len == 0 {
+        return fail(node, format!("a frame of {len} over a signal of {n}"));
+    }
+    let frames = (n - len) / step + 1;
+    let onesided = node.int("onesided", 1)? != 0;
+    if onesided && c == 2 {
+        return fail(node, "a one-sided transform of a complex signal");
+    }
+    let bins = if onesided { len / 2 + 1 } else { len };
+    let shape = vec![b, frames, bins, 2];
+    sized(node, &shape)?;
+    let v = x.as_f32().map_err(|e| node.error(e))?;
+    let mut out = vec![0f32; b * frames * bins * 2];
+    let tau = std::f64::consts::TAU;
+    for bi in 0..b {
+        for f in 0..frames {
+            for k in 0..bins {
+                let (mut re, mut im) = (0f64, 0f64);
+                for t in 0..len {
+                    let at = (bi * n + f * step + t) * c;
+                    let w = window.map_or(1.0, |w| w[t] as f64);
+                    let (xr, xi) = (
+                        v[at] as f64 * w,
+                        if c == 2 { v[at + 1] as f64 * w } else { 0.0 },
+                    );
+                    let angle = -tau * ((k * t) % len) as f64 / len as f64;
+                    let (sin, cos) = angle.sin_cos();
+                    re += xr * cos - xi * sin;
+                    im += xr * sin + xi * cos;
+                }
+                let o = ((bi * frames + f) * bins + k) * 2;
+                out[o] = re as f32;
+                out[o + 1] = im as f32;
             }
         }
     }
