@@ -241,13 +241,13 @@ fn unroll_scan(g: &mut Graph, k: usize) -> Result<Vec<Node>> {
     let facts = infer_upto(g, k)?;
     let mut steps = None;
     let mut axes = Vec::with_capacity(m);
-    for j in 0..m {
-        let v = node.inputs[states + j].ok_or_else(|| node.error("a scan input is left out"))?;
+    for (&input, &axis) in node.inputs[states..].iter().zip(&in_axes) {
+        let v = input.ok_or_else(|| node.error("a scan input is left out"))?;
         let f = facts[v]
             .as_ref()
             .ok_or_else(|| node.error("a scan input without a value"))?;
         let r = f.rank() as i64;
-        let a = match in_axes[j] {
+        let a = match axis {
             a if (0..r).contains(&a) => a as usize,
             a if (-r..0).contains(&a) => (a + r) as usize,
             a => return Err(node.error(format!("scan axis {a} for rank {r}")).into()),
