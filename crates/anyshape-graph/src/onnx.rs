@@ -168,7 +168,9 @@ impl Reader<'_> {
             None => name,
         };
         let op = n.op_type.clone().unwrap_or_default();
-        if !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+        // The preview domain's FlexAttention is expanded into default-domain ops.
+        let preview = n.domain.as_deref() == Some("ai.onnx.preview") && op == "FlexAttention";
+        if !preview && !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
             return Err(GraphError::Unsupported(format!(
                 "node `{name}`: op {op} of domain `{}`",
                 n.domain.as_deref().unwrap_or_default()
@@ -197,7 +199,7 @@ impl Reader<'_> {
         for a in &n.attribute {
             let key = a.name.clone().unwrap_or_default();
             let value = match (&a.g, node.op.as_str()) {
-                (Some(g), "If" | "Scan") => {
+                (Some(g), "If" | "Scan" | "FlexAttention") => {
                     self.branch(g, &format!("{}/{key}", node.name), defined)
                 }
                 _ => self.attr(a),
@@ -243,7 +245,7 @@ impl Reader<'_> {
         id
     }
 
-    /// An `If` branch or a `Scan` body: its inputs, constants and nodes read into the
+    /// An `If` branch, a `Scan` body or a `FlexAttention` modifier: its inputs, constants and nodes read into the
     /// model's values as new ones (what it names of the model's values read from them),
     /// its outputs resolved.
     fn branch(
