@@ -204,3 +204,41 @@ def test_generate_samples_by_seed_and_checks_its_input(gpt2_past, bert):
         gpt2_past.generate(ids, 0)
     with pytest.raises(anyshape.InvalidArgument, match="cannot generate: it has no `logits`"):
         bert.generate(ids, 4)
+
+
+def test_shapes_known_only_at_run_time(tmp_path):
+    """A model whose output extents hang on its inputs' values (`NonZero`'s count, a
+    reduction over axes given as an input) compiles once and runs every value through
+    the package; its outputs describe those extents as run-time dims."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("NonZero", ["x"], ["nz"]),
+            helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+        ],
+        "runtime_dims",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("axes", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("nz", TensorProto.INT64, None),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+        ],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    model = anyshape.compile(path, dims={"n": (1, 8)}, out=tmp_path / "m.module", progress=False)
+    assert [len(o.shape) for o in model.outputs] == [2, 1]
+    assert any(isinstance(d, str) and d.startswith("?") for d in model.outputs[0].shape)
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 8, 11):
+        x = np.where(rng.random((n, 4)) < 0.4, 0.0, rng.standard_normal((n, 4))).astype(np.float32)
+        for axis in (0, 1):
+            got = model.run({"x": x, "axes": np.array([axis], dtype=np.int64)})
+            np.testing.assert_array_equal(got["nz"], np.array(np.nonzero(x), dtype=np.int64))
+            np.testing.assert_allclose(got["s"], x.sum(axis=axis), rtol=1e-6, atol=1e-6)
+    with pytest.raises(anyshape.InvalidArgument, match="axis 2"):
+        model.run({"x": np.zeros((2, 4), np.float32), "axes": np.array([2], dtype=np.int64)})
