@@ -85,14 +85,31 @@ fn eval_non_zero(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> 
     Ok(vec![Tensor::i64(vec![r, at.len()], out)?])
 }
 
+/// The `axis` attribute of `Compress` and `Unique`: `None` (absent) flattens.
+fn optional_axis(node: &Node, rank: usize) -> Result<Option<usize>> {
+    match node.attrs.contains_key("axis") {
+        true => Ok(Some(axis(node, node.int("axis", 0)?, rank)?)),
+        false => Ok(None),
+    }
+}
+
+/// The flat indices of the slices `picks` (in order) of a tensor viewed as
+/// `[outer, n, inner]`, along its middle axis.
+fn slice_indices(outer: usize, n: usize, inner: usize, picks: &[usize]) -> Vec<usize> {
+    let mut idx = Vec::with_capacity(outer * picks.len() * inner);
+    for o in 0..outer {
+        for &k in picks {
+            idx.extend((0..inner).map(|i| (o * n + k) * inner + i));
+        }
+    }
+    idx
+}
+
 fn infer_compress(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let shape = match node.attrs.contains_key("axis") {
-        true => {
-            let a = axis(node, node.int("axis", 0)?, x.rank())?;
-            runtime_shape(node, 0, x.rank(), |d| (d != a).then(|| x.shape[d].clone()))?
-        }
-        false => runtime_shape(node, 0, 1, |_| None)?,
+    let shape = match optional_axis(node, x.rank())? {
+        Some(a) => runtime_shape(node, 0, x.rank(), |d| (d != a).then(|| x.shape[d].clone()))?,
+        None => runtime_shape(node, 0, 1, |_| None)?,
     };
     Ok(vec![Fact::new(x.dtype, shape)])
 }
@@ -103,13 +120,10 @@ fn infer_compress(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 fn eval_compress(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
     let c = req(node, ins, 1)?.as_bool().map_err(|e| node.error(e))?;
-    let (shape, outer, n, inner) = match node.attrs.contains_key("axis") {
-        true => {
-            let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
-            let (outer, n, inner) = super::split_at(x.shape, a);
-            (x.shape.to_vec(), outer, n, inner)
-        }
-        false => (vec![x.len()], 1, x.len(), 1),
+    let a = optional_axis(node, x.shape.len())?;
+    let ((outer, n, inner), mut shape) = match a {
+        Some(a) => (super::split_at(x.shape, a), x.shape.to_vec()),
+        None => ((1, x.len(), 1), vec![x.len()]),
     };
     if c.len() > n {
         return fail(
@@ -118,32 +132,16 @@ fn eval_compress(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> 
         );
     }
     let kept: Vec<usize> = (0..c.len()).filter(|&i| c[i]).collect();
-    let mut idx = Vec::with_capacity(outer * kept.len() * inner);
-    for o in 0..outer {
-        for &k in &kept {
-            idx.extend((0..inner).map(|i| (o * n + k) * inner + i));
-        }
-    }
-    let mut shape = shape;
-    let last = match node.attrs.contains_key("axis") {
-        true => axis(node, node.int("axis", 0)?, x.shape.len())?,
-        false => 0,
-    };
-    shape[last] = kept.len();
-    Ok(vec![Tensor::new(shape, x.data.pick(&idx))?])
-}
-
-/// `Unique`'s axis: `None` flattens.
-fn unique_axis(node: &Node, rank: usize) -> Result<Option<usize>> {
-    match node.attrs.contains_key("axis") {
-        true => Ok(Some(axis(node, node.int("axis", 0)?, rank)?)),
-        false => Ok(None),
-    }
+    shape[a.unwrap_or(0)] = kept.len();
+    Ok(vec![Tensor::new(
+        shape,
+        x.data.pick(&slice_indices(outer, n, inner, &kept)),
+    )?])
 }
 
 fn infer_unique(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
-    let a = unique_axis(node, x.rank())?;
+    let a = optional_axis(node, x.rank())?;
     let y = match a {
         Some(a) => runtime_shape(node, 0, x.rank(), |d| (d != a).then(|| x.shape[d].clone()))?,
         None => runtime_shape(node, 0, 1, |_| None)?,
@@ -166,7 +164,7 @@ fn infer_unique(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 /// index of each one's first occurrence, each slice's unique one, and their counts.
 fn eval_unique(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let x = req(node, ins, 0)?;
-    let a = unique_axis(node, x.shape.len())?;
+    let a = optional_axis(node, x.shape.len())?;
     let (outer, n, inner) = match a {
         Some(a) => super::split_at(x.shape, a),
         None => (1, x.len(), 1),
@@ -220,12 +218,8 @@ fn eval_unique(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     for &i in &inverse {
         counts[i as usize] += 1;
     }
-    let mut idx = Vec::with_capacity(outer * u * inner);
-    for o in 0..outer {
-        for &k in &first {
-            idx.extend((0..inner).map(|i| (o * n + k as usize) * inner + i));
-        }
-    }
+    let picks: Vec<usize> = first.iter().map(|&k| k as usize).collect();
+    let idx = slice_indices(outer, n, inner, &picks);
     let shape = match a {
         Some(a) => {
             let mut s = x.shape.to_vec();
