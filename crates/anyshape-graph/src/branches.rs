@@ -15,9 +15,10 @@
 //!   `score_mod` subgraph inlined on them, `Softmax`, its `prob_mod` inlined, the
 //!   `MatMul` with the values.
 use crate::graph::Graph;
-use crate::infer::infer_upto;
+use crate::infer::Partial;
 use crate::{GraphError, Result};
 use anyshape_tensor::ops::IF_SELECT;
+use anyshape_tensor::Fact;
 use anyshape_tensor::{Attr, Branch, Node};
 use std::collections::BTreeMap;
 
@@ -44,15 +45,18 @@ pub(crate) fn nodes_within<'a>(nodes: &'a [Node], out: &mut Vec<&'a Node>) {
 
 /// Inline every `If` of `g` (and of its branches), first to last.
 pub(crate) fn inline(g: &mut Graph) -> Result<()> {
+    // The facts before each inlined op: the nodes before it never change.
+    let mut known = Partial::default();
     while let Some(k) = g
         .nodes
         .iter()
         .position(|n| INLINED.contains(&n.op.as_str()))
     {
+        known.extend(g, k)?;
         if g.nodes[k].op != "If" {
             let spliced = match g.nodes[k].op.as_str() {
-                "Scan" => unroll_scan(g, k)?,
-                _ => expand_flex_attention(g, k)?,
+                "Scan" => unroll_scan(g, k, &known.facts)?,
+                _ => expand_flex_attention(g, k, &known.facts)?,
             };
             g.nodes.splice(k..k + 1, spliced);
             continue;
@@ -71,8 +75,7 @@ pub(crate) fn inline(g: &mut Graph) -> Result<()> {
         };
         let (then, other) = (branch("then_branch")?, branch("else_branch")?);
         let cond = node.input(0)?;
-        let facts = infer_upto(g, k)?;
-        let known = match facts[cond].as_ref().and_then(|f| f.value.as_ref()) {
+        let value = match known.facts[cond].as_ref().and_then(|f| f.value.as_ref()) {
             None => None,
             Some(t) => match t.as_bool().map_err(|e| node.error(e))? {
                 [c] => Some(*c),
@@ -80,7 +83,7 @@ pub(crate) fn inline(g: &mut Graph) -> Result<()> {
             },
         };
         let mut spliced = Vec::new();
-        match known {
+        match value {
             Some(c) => {
                 let taken = if c { then } else { other };
                 spliced.extend(taken.nodes);
@@ -203,7 +206,8 @@ fn renamed(
 }
 
 /// The nodes that replace the `Scan` at `k`: its body unrolled over the scan axis.
-fn unroll_scan(g: &mut Graph, k: usize) -> Result<Vec<Node>> {
+/// `facts`: those of the values the nodes before it make.
+fn unroll_scan(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Result<Vec<Node>> {
     let node = g.nodes[k].clone();
     if g.opset < 9 {
         return Err(GraphError::Unsupported(format!(
@@ -246,7 +250,6 @@ fn unroll_scan(g: &mut Graph, k: usize) -> Result<Vec<Node>> {
         list("scan_output_directions", scans_out)?,
     );
     // The scan axis's extent, which every scan input shares.
-    let facts = infer_upto(g, k)?;
     let mut steps = None;
     let mut axes = Vec::with_capacity(m);
     for (&input, &axis) in node.inputs[states..].iter().zip(&in_axes) {
@@ -388,7 +391,8 @@ fn constant(g: &mut Graph, name: String, t: anyshape_tensor::Tensor) -> usize {
 }
 
 /// The nodes that replace the `FlexAttention` at `k` (see the module's doc).
-fn expand_flex_attention(g: &mut Graph, k: usize) -> Result<Vec<Node>> {
+/// `facts`: those of the values the nodes before it make.
+fn expand_flex_attention(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Result<Vec<Node>> {
     use anyshape_tensor::Tensor;
     let node = g.nodes[k].clone();
     let (q, key, v) = (node.input(0)?, node.input(1)?, node.input(2)?);
@@ -399,7 +403,6 @@ fn expand_flex_attention(g: &mut Graph, k: usize) -> Result<Vec<Node>> {
     {
         return Err(node.error("a softmax precision other than float32").into());
     }
-    let facts = infer_upto(g, k)?;
     let shape = |v: usize| -> Result<Vec<anyshape_ir::Expr>> {
         match facts[v].as_ref() {
             Some(f) if f.rank() == 4 => Ok(f.shape.clone()),

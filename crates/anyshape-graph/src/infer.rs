@@ -12,7 +12,9 @@ use anyshape_tensor::{Fact, TensorRef, ValueId, FOLD_LIMIT};
 
 /// The facts of every value of `g`, by value id (`None` for values no node makes).
 pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
-    let facts = infer_upto(g, g.nodes.len())?;
+    let mut p = Partial::default();
+    p.extend(g, g.nodes.len())?;
+    let facts = p.facts;
     for &o in &g.outputs {
         if facts[o].is_none() {
             return Err(GraphError::Format(format!(
@@ -24,17 +26,40 @@ pub fn infer(g: &Graph) -> Result<Vec<Option<Fact>>> {
     Ok(facts)
 }
 
-/// The facts of the values of `g` that its inputs, constants and first `upto` nodes
-/// make.
-pub(crate) fn infer_upto(g: &Graph, upto: usize) -> Result<Vec<Option<Fact>>> {
-    let mut facts: Vec<Option<Fact>> = vec![None; g.values.len()];
-    for (&id, t) in &g.initializers {
-        facts[id] = Some(Fact::known(t.clone()));
+/// Facts of a graph as far as its first `done` nodes, extended as the graph grows past
+/// them (the inlining of control flow splices nodes in after those).
+#[derive(Default)]
+pub(crate) struct Partial {
+    /// By value id.
+    pub(crate) facts: Vec<Option<Fact>>,
+    done: usize,
+}
+
+impl Partial {
+    /// The facts up to node `upto` of `g`, whose first `done` nodes have not changed
+    /// (its new values and constants taken in).
+    pub(crate) fn extend(&mut self, g: &Graph, upto: usize) -> Result<()> {
+        let facts = &mut self.facts;
+        facts.resize(g.values.len(), None);
+        for (&id, t) in &g.initializers {
+            if facts[id].is_none() {
+                facts[id] = Some(Fact::known(t.clone()));
+            }
+        }
+        for i in &g.inputs {
+            if facts[i.value].is_none() {
+                facts[i.value] = Some(Fact::new(i.dtype, i.dims.clone()));
+            }
+        }
+        infer_nodes(g, facts, self.done..upto)?;
+        self.done = upto;
+        Ok(())
     }
-    for i in &g.inputs {
-        facts[i.value] = Some(Fact::new(i.dtype, i.dims.clone()));
-    }
-    for node in &g.nodes[..upto] {
+}
+
+/// The facts the nodes `range` of `g` make, into `facts`.
+fn infer_nodes(g: &Graph, facts: &mut [Option<Fact>], range: std::ops::Range<usize>) -> Result<()> {
+    for node in &g.nodes[range] {
         let spec = op(&node.op).ok_or_else(|| unsupported(node))?;
         let ins: Vec<Option<&Fact>> = node
             .inputs
@@ -97,7 +122,7 @@ pub(crate) fn infer_upto(g: &Graph, upto: usize) -> Result<Vec<Option<Fact>>> {
             facts[id] = Some(f);
         }
     }
-    Ok(facts)
+    Ok(())
 }
 
 /// The fact of value `v`, which [`infer`] made.
