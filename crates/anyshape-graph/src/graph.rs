@@ -33,6 +33,8 @@ pub struct Graph {
     pub initializers: BTreeMap<ValueId, Tensor>,
     /// The default-domain opset the model was exported with.
     pub opset: i64,
+    /// The `ai.onnx.ml` opset it imports, if any (its ops are named `ai.onnx.ml.…`).
+    pub ml_opset: Option<i64>,
     /// The external data files its tensors were read from, relative to the model's
     /// directory (a compiled model module carries copies of them).
     pub external: std::collections::BTreeSet<String>,

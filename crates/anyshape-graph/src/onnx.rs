@@ -52,12 +52,20 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
             IR_VERSIONS.end()
         )));
     }
-    let opset = model
-        .opset_import
-        .iter()
-        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
-        .and_then(|o| o.version)
-        .ok_or_else(|| GraphError::Format("no opset of the default domain".into()))?;
+    let version = |domains: &[&str]| {
+        model
+            .opset_import
+            .iter()
+            .find(|o| domains.contains(&o.domain.as_deref().unwrap_or_default()))
+            .and_then(|o| o.version)
+    };
+    let ml_opset = version(&[ML_DOMAIN]);
+    // A model of the ML domain's ops alone may import no default opset.
+    let opset = match (version(&["", "ai.onnx"]), ml_opset) {
+        (Some(v), _) => v,
+        (None, Some(_)) => 0,
+        (None, None) => return Err(GraphError::Format("no opset of the default domain".into())),
+    };
     let graph = model
         .graph
         .ok_or_else(|| GraphError::Format("the model has no graph".into()))?;
@@ -65,6 +73,7 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
         dir,
         g: Graph {
             opset,
+            ml_opset,
             ..Graph::default()
         },
         names: BTreeMap::new(),
@@ -74,7 +83,7 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
     .read(graph)?;
     let mut all = Vec::new();
     crate::branches::nodes_within(&g.nodes, &mut all);
-    anyshape_tensor::ops::check_opset(g.opset, all)?;
+    anyshape_tensor::ops::check_opset(g.opset, g.ml_opset, all)?;
     let mut g = g;
     crate::branches::inline(&mut g)?;
     Ok(g)
@@ -168,9 +177,15 @@ impl Reader<'_> {
             None => name,
         };
         let op = n.op_type.clone().unwrap_or_default();
-        // The preview domain's FlexAttention is expanded into default-domain ops.
+        // The preview domain's FlexAttention is expanded into default-domain ops; the ML
+        // domain's ops are named with their domain.
         let preview = n.domain.as_deref() == Some("ai.onnx.preview") && op == "FlexAttention";
-        if !preview && !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+        let op = match n.domain.as_deref() {
+            Some(ML_DOMAIN) => format!("{ML_DOMAIN}.{op}"),
+            _ => op,
+        };
+        let ml = n.domain.as_deref() == Some(ML_DOMAIN);
+        if !preview && !ml && !matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
             return Err(GraphError::Unsupported(format!(
                 "node `{name}`: op {op} of domain `{}`",
                 n.domain.as_deref().unwrap_or_default()
@@ -346,9 +361,16 @@ impl Reader<'_> {
                     .map(|s| String::from_utf8_lossy(s).into_owned())
                     .collect(),
             ),
-            A::Tensor => Attr::Tensor(self.tensor(a.t.as_ref().ok_or_else(|| {
-                GraphError::Format("a tensor attribute without its tensor".into())
-            })?)?),
+            A::Tensor => {
+                let t = a.t.as_ref().ok_or_else(|| {
+                    GraphError::Format("a tensor attribute without its tensor".into())
+                })?;
+                Attr::Tensor(match t.data_type {
+                    // A tree ensemble's modes: small integers, read as int64.
+                    Some(UINT8) => bytes_as_i64(t)?,
+                    _ => self.tensor(t)?,
+                })
+            }
             _ => Attr::Unsupported,
         })
     }
@@ -485,6 +507,27 @@ impl Reader<'_> {
 /// A dim name as an expression: a plain name is a shape var; exporters also write
 /// expressions (`batch*sequence`, `((height//16))*((width//16)) + 1`), read with `//` as
 /// floor division; anything else becomes a shape var named after its characters.
+/// The domain of the ONNX ML ops.
+const ML_DOMAIN: &str = "ai.onnx.ml";
+
+/// ONNX's code of `uint8`.
+const UINT8: i32 = 2;
+
+/// A `uint8` attribute tensor as `int64`s.
+fn bytes_as_i64(t: &proto::TensorProto) -> Result<Tensor> {
+    let shape: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))?;
+    let values: Vec<i64> = match &t.raw_data {
+        Some(raw) => raw.iter().map(|&b| b as i64).collect(),
+        None => t.int32_data.iter().map(|&v| v as i64).collect(),
+    };
+    Tensor::i64(shape, values).map_err(|e| GraphError::Format(e.to_string()))
+}
+
 fn dim_expr(name: &str) -> Expr {
     let text = name.replace("//", "/");
     match anyshape_ir::parse_expr(&text) {

@@ -17,6 +17,8 @@
 //! - `index.rs`: `GatherElements`, `ScatterElements` (and opset 9's `Scatter`),
 //!   `ScatterND` (indices as data);
 //! - `linalg.rs`: `MatMul`, `Gemm`, `Det`;
+//! - `ml.rs`: the `ai.onnx.ml` domain's `Binarizer`, `ArrayFeatureExtractor`,
+//!   `TreeEnsemble`;
 //! - `loss.rs`: `NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`;
 //! - `linear_attention.rs`: `LinearAttention` (opset 27: linear, gated and delta-rule
 //!   recurrent states);
@@ -54,6 +56,7 @@ mod index;
 mod linalg;
 mod linear_attention;
 mod loss;
+mod ml;
 mod movement;
 mod normalize;
 mod pad;
@@ -96,6 +99,9 @@ pub type EvalIntoFn = fn(&Node, &[Option<TensorRef>], &mut [Tensor]) -> Result<(
 /// what its `infer` and `eval` compute (the later versions add element types).
 pub const NEWEST_OPSET: i64 = 28;
 
+/// The newest opset of the `ai.onnx.ml` domain whose ops anyshape knows.
+pub const NEWEST_ML_OPSET: i64 = 5;
+
 /// One operator.
 pub struct OpSpec {
     /// The ONNX op type.
@@ -126,6 +132,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(linalg::OPS)
         .chain(linear_attention::OPS)
         .chain(loss::OPS)
+        .chain(ml::OPS)
         .chain(causal_conv::OPS)
         .chain(conv::OPS)
         .chain(conv_transpose::OPS)
@@ -154,13 +161,30 @@ pub fn op(name: &str) -> Option<&'static OpSpec> {
 /// means: the opset is at most [`NEWEST_OPSET`], for each op the version the opset
 /// selects is one whose semantics anyshape implements, and every op is one it imports
 /// (those it does not are all named at once, each with a node and its count).
-pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) -> Result<()> {
+pub fn check_opset<'a>(
+    opset: i64,
+    ml_opset: Option<i64>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> Result<()> {
+    if ml_opset.is_some_and(|v| !(1..=NEWEST_ML_OPSET).contains(&v)) {
+        return Err(TensorError::Unsupported(format!(
+            "ai.onnx.ml opset {}: anyshape knows the ML ops of opsets 1 to {NEWEST_ML_OPSET}",
+            ml_opset.unwrap_or(0)
+        )));
+    }
+    let nodes: Vec<&Node> = nodes.into_iter().collect();
+    let ml = |n: &Node| n.op.starts_with("ai.onnx.ml.");
+    if opset == 0 && nodes.iter().any(|n| !ml(n)) {
+        return Err(TensorError::Unsupported(
+            "no opset of the default domain for the model's default-domain ops".into(),
+        ));
+    }
     if opset > NEWEST_OPSET {
         return Err(TensorError::Unsupported(format!(
             "opset {opset}: anyshape knows the operators of opsets up to {NEWEST_OPSET}, and a newer one may change what an op means; export the model with an opset up to {NEWEST_OPSET} (e.g. torch.onnx.export(..., opset_version=17))"
         )));
     }
-    if opset < 1 {
+    if opset < 1 && nodes.iter().any(|n| !ml(n)) {
         return Err(TensorError::Unsupported(format!(
             "opset {opset} is no ONNX opset"
         )));
@@ -172,7 +196,17 @@ pub fn check_opset<'a>(opset: i64, nodes: impl IntoIterator<Item = &'a Node>) ->
             unknown.entry(&node.op).or_insert((&node.name, 0)).1 += 1;
             continue;
         };
+        let (opset, domain) = match ml(node) {
+            true => (ml_opset.unwrap_or(0), "the ai.onnx.ml domain's opset"),
+            false => (opset, "opset"),
+        };
         if opset < spec.since {
+            if domain != "opset" {
+                return Err(TensorError::Unsupported(format!(
+                    "node `{}`: {} at {domain} {opset} is an older version of the op than anyshape implements (from {domain} {})",
+                    node.name, node.op, spec.since
+                )));
+            }
             return Err(TensorError::Unsupported(format!(
                 "node `{}`: {} at opset {opset} is an older version of the op than anyshape implements (it implements {} from opset {} to {NEWEST_OPSET}); export the model with opset {} or newer",
                 node.name, node.op, node.op, spec.since, spec.since.max(13)
