@@ -242,3 +242,67 @@ def test_shapes_known_only_at_run_time(tmp_path):
             np.testing.assert_allclose(got["s"], x.sum(axis=axis), rtol=1e-6, atol=1e-6)
     with pytest.raises(anyshape.InvalidArgument, match="axis 2"):
         model.run({"x": np.zeros((2, 4), np.float32), "axes": np.array([2], dtype=np.int64)})
+
+
+def test_loops_and_branches_are_inlined(tmp_path):
+    """A `for` loop (a Loop of a constant trip count whose body passes its condition
+    through) unrolled, and an If whose condition is a constant, compiled for a symbolic
+    dim and run against NumPy; a Loop whose trip count is an input is refused."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["x", "fi"], ["xi"]),
+            helper.make_node("Add", ["acc_in", "xi"], ["acc_out"]),
+            helper.make_node("Identity", ["acc_out"], ["step_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("step_out", TensorProto.FLOAT, None),
+        ],
+    )
+    branch = lambda name, op: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, ["acc"], [name])], name, [], [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)]
+    )
+
+    def model(trips_given):
+        inits = [helper.make_tensor("yes", TensorProto.BOOL, [], [True])]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])]
+        if trips_given:
+            inputs.append(helper.make_tensor_value_info("trips", TensorProto.INT64, []))
+        else:
+            inits.append(helper.make_tensor("trips", TensorProto.INT64, [], [4]))
+        inits.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+        nodes = [
+            helper.make_node("Mul", ["x", "zero"], ["acc0"]),
+            helper.make_node("Loop", ["trips", "yes", "acc0"], ["acc", "steps"], body=body),
+            helper.make_node("If", ["yes"], ["y"], then_branch=branch("then_y", "Neg"), else_branch=branch("else_y", "Abs")),
+        ]
+        outputs = [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("steps", TensorProto.FLOAT, None),
+        ]
+        g = helper.make_graph(nodes, "loop", inputs, outputs, initializer=inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    onnx.save(model(False), tmp_path / "loop.onnx")
+    m = anyshape.compile(tmp_path / "loop.onnx", dims={"n": (1, 8)}, out=tmp_path / "loop.module", progress=False)
+    for n in (1, 5, 9):
+        x = np.arange(n * 3, dtype=np.float32).reshape(n, 3) - 4
+        got = m.run({"x": x})
+        steps = np.stack([x * sum(range(t + 1)) for t in range(4)])
+        np.testing.assert_allclose(got["steps"], steps, rtol=1e-6)
+        np.testing.assert_allclose(got["y"], -steps[-1], rtol=1e-6)
+    onnx.save(model(True), tmp_path / "runtime_trips.onnx")
+    with pytest.raises(anyshape.InvalidArgument, match="trip count is known only at run time"):
+        anyshape.compile(tmp_path / "runtime_trips.onnx", dims={"n": (1, 8)}, out=tmp_path / "r.module", progress=False)

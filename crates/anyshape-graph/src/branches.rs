@@ -9,6 +9,9 @@
 //!   the model is read — each iteration a copy of the body (its own values renamed)
 //!   on the slices `Gather` takes, its scan outputs `Unsqueeze`d and concatenated. A scan
 //!   over an extent only the run knows is refused.
+//! - `Loop`: unrolled where its trip count is known when the model is read and its
+//!   body passes its condition through unchanged (a `for` loop); a trip count or a
+//!   condition only the run knows is refused.
 //! - `FlexAttention` (the `ai.onnx.preview` domain): expanded into the default domain's
 //!   ops as its reference computes it — keys and values repeated to the query heads,
 //!   both operands scaled by the square root of the scale, the scores' `MatMul`, its
@@ -23,7 +26,7 @@ use anyshape_tensor::{Attr, Branch, Node};
 use std::collections::BTreeMap;
 
 /// The ops inlined here.
-const INLINED: &[&str] = &["If", "Scan", "FlexAttention"];
+const INLINED: &[&str] = &["If", "Scan", "Loop", "FlexAttention"];
 
 /// The most nodes an unrolled `Scan` may make.
 const MAX_UNROLLED: usize = 1 << 17;
@@ -56,6 +59,7 @@ pub(crate) fn inline(g: &mut Graph) -> Result<()> {
         if g.nodes[k].op != "If" {
             let spliced = match g.nodes[k].op.as_str() {
                 "Scan" => unroll_scan(g, k, &known.facts)?,
+                "Loop" => unroll_loop(g, k, &known.facts)?,
                 _ => expand_flex_attention(g, k, &known.facts)?,
             };
             g.nodes.splice(k..k + 1, spliced);
@@ -121,7 +125,7 @@ pub(crate) fn inline(g: &mut Graph) -> Result<()> {
         .any(|n| n.attrs.values().any(|a| matches!(a, Attr::Branch(_))))
     {
         return Err(GraphError::Unsupported(
-            "a graph attribute of an op other than If, Scan and FlexAttention".into(),
+            "a graph attribute of an op other than If, Scan, Loop and FlexAttention".into(),
         ));
     }
     Ok(())
@@ -522,5 +526,134 @@ fn expand_flex_attention(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Res
         outputs: vec![node.outputs[0]],
         attrs: BTreeMap::new(),
     });
+    Ok(out)
+}
+
+/// The nodes that replace the `Loop` at `k`: its body unrolled `M` times, `M` its trip
+/// count known when the model is read, the body passing its condition through.
+/// `facts`: those of the values the nodes before it make.
+fn unroll_loop(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Result<Vec<Node>> {
+    use anyshape_tensor::Tensor;
+    let node = g.nodes[k].clone();
+    let body = match node.attrs.get("body") {
+        Some(Attr::Branch(b)) => (**b).clone(),
+        _ => return Err(node.error("`body` must be a graph").into()),
+    };
+    let carried = node.inputs.len().saturating_sub(2);
+    let scans = node
+        .outputs
+        .len()
+        .checked_sub(carried)
+        .ok_or_else(|| node.error("fewer outputs than loop-carried values"))?;
+    if body.inputs.len() != carried + 2 || body.outputs.len() != carried + 1 + scans {
+        return Err(node.error("the body takes the iteration, the condition and the carried values, and gives the condition, the carried values and the scan outputs").into());
+    }
+    let trips = match node.optional_input(0) {
+        None => None,
+        Some(m) => match facts[m].as_ref().and_then(|f| f.value.as_ref()) {
+            Some(t) => match t.as_i64().map_err(|e| node.error(e))? {
+                [m] => Some(*m),
+                _ => return Err(node.error("the trip count must be one integer").into()),
+            },
+            None => return Err(GraphError::Unsupported(format!(
+                "node `{}`: a Loop whose trip count is known only at run time cannot be unrolled",
+                node.name
+            ))),
+        },
+    };
+    // The body must give its condition back unchanged: the loop then runs its trip
+    // count where the condition holds, and not at all where it does not.
+    let passes = body.outputs[0] == body.inputs[1]
+        || body.nodes.iter().any(|n| {
+            n.op == "Identity"
+                && n.outputs == [body.outputs[0]]
+                && n.inputs == [Some(body.inputs[1])]
+        });
+    let trips = match (trips, passes) {
+        (Some(m), true) => m,
+        _ => return Err(GraphError::Unsupported(format!(
+            "node `{}`: a Loop whose condition its body computes (a while loop) cannot be unrolled",
+            node.name
+        ))),
+    };
+    let cond = match node.optional_input(1) {
+        None => true,
+        Some(c) => match facts[c].as_ref().and_then(|f| f.value.as_ref()) {
+            Some(t) => match t.as_bool().map_err(|e| node.error(e))? {
+                [c] => *c,
+                _ => return Err(node.error("the condition must be one boolean").into()),
+            },
+            None => return Err(GraphError::Unsupported(format!(
+                "node `{}`: a Loop whose condition is known only at run time cannot be unrolled",
+                node.name
+            ))),
+        },
+    };
+    let steps = if cond { trips.max(0) as usize } else { 0 };
+    if (steps == 0 && scans > 0) || steps.saturating_mul(body.nodes.len() + scans) > MAX_UNROLLED {
+        return Err(GraphError::Unsupported(format!(
+            "node `{}`: a Loop of {steps} iterations of {} nodes (1 to {MAX_UNROLLED} nodes unrolled, at least one with scan outputs)",
+            node.name,
+            body.nodes.len()
+        )));
+    }
+    let cond_value = constant(
+        g,
+        format!("{} condition", node.name),
+        Tensor::bool(vec![], vec![cond])?,
+    );
+    let mut state: Vec<usize> = (0..carried)
+        .map(|i| node.inputs[2 + i].ok_or_else(|| node.error("a loop-carried value is left out")))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut out = Vec::new();
+    let mut pieces: Vec<Vec<usize>> = vec![Vec::new(); scans];
+    for t in 0..steps {
+        let suffix = format!(" (iteration {t})");
+        let iteration = constant(
+            g,
+            format!("{} iteration {t}", node.name),
+            Tensor::scalar_i64(t as i64),
+        );
+        let mut map = BTreeMap::from([(body.inputs[0], iteration), (body.inputs[1], cond_value)]);
+        for (i, &s) in state.iter().enumerate() {
+            map.insert(body.inputs[2 + i], s);
+        }
+        out.extend(renamed(g, &body.nodes, &suffix, &mut map));
+        let given: Vec<usize> = body
+            .outputs
+            .iter()
+            .map(|v| *map.get(v).unwrap_or(v))
+            .collect();
+        state = given[1..1 + carried].to_vec();
+        for (o, &v) in given[1 + carried..].iter().enumerate() {
+            let grown = fresh(g, format!("{}{suffix} (unsqueezed)", g.values[v]));
+            out.push(unary(
+                format!("{} output {o}{suffix}", node.name),
+                "Unsqueeze",
+                v,
+                grown,
+                vec![("axes", Attr::Ints(vec![0]))],
+            ));
+            pieces[o].push(grown);
+        }
+    }
+    for (i, &s) in state.iter().enumerate() {
+        out.push(unary(
+            format!("{} carried {i}", node.name),
+            "Identity",
+            s,
+            node.outputs[i],
+            vec![],
+        ));
+    }
+    for (o, p) in pieces.into_iter().enumerate() {
+        out.push(Node {
+            name: format!("{} output {o}", node.name),
+            op: "Concat".into(),
+            inputs: p.into_iter().map(Some).collect(),
+            outputs: vec![node.outputs[carried + o]],
+            attrs: [("axis".to_string(), Attr::Int(0))].into(),
+        });
+    }
     Ok(out)
 }

@@ -214,7 +214,7 @@ impl Reader<'_> {
         for a in &n.attribute {
             let key = a.name.clone().unwrap_or_default();
             let value = match (&a.g, node.op.as_str()) {
-                (Some(g), "If" | "Scan" | "FlexAttention") => {
+                (Some(g), "If" | "Scan" | "Loop" | "FlexAttention") => {
                     self.branch(g, &format!("{}/{key}", node.name), defined)
                 }
                 _ => self.attr(a),
