@@ -380,12 +380,7 @@ impl Reader<'_> {
         let code = t.data_type.unwrap_or(0);
         let dtype = DType::from_onnx(code)
             .ok_or_else(|| GraphError::Unsupported(format!("tensors of element type {code}")))?;
-        let shape: Vec<usize> = t
-            .dims
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<_, _>>()
-            .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))?;
+        let shape = dims(t)?;
         let n = anyshape_tensor::numel(&shape)?;
         let external = t.data_location == Some(1);
         let raw: Option<Vec<u8>> = if external {
@@ -513,14 +508,18 @@ const ML_DOMAIN: &str = "ai.onnx.ml";
 /// ONNX's code of `uint8`.
 const UINT8: i32 = 2;
 
-/// A `uint8` attribute tensor as `int64`s.
-fn bytes_as_i64(t: &proto::TensorProto) -> Result<Tensor> {
-    let shape: Vec<usize> = t
-        .dims
+/// A tensor's dims.
+fn dims(t: &proto::TensorProto) -> Result<Vec<usize>> {
+    t.dims
         .iter()
         .map(|&d| usize::try_from(d))
         .collect::<Result<_, _>>()
-        .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))?;
+        .map_err(|_| GraphError::Format(format!("negative dims {:?}", t.dims)))
+}
+
+/// A `uint8` attribute tensor as `int64`s.
+fn bytes_as_i64(t: &proto::TensorProto) -> Result<Tensor> {
+    let shape = dims(t)?;
     let values: Vec<i64> = match &t.raw_data {
         Some(raw) => raw.iter().map(|&b| b as i64).collect(),
         None => t.int32_data.iter().map(|&v| v as i64).collect(),

@@ -1,6 +1,6 @@
 //! `FlexAttention` (the `ai.onnx.preview` domain) expanded at import into the default
 //! domain's ops (see the parent module's doc).
-use super::{constant, renamed, Emit};
+use super::{constant, copy_of, Emit};
 use crate::graph::Graph;
 use crate::Result;
 use anyshape_tensor::{Attr, Fact, Node};
@@ -121,9 +121,7 @@ pub(super) fn expand_flex_attention(
                 .into());
         }
         let mut map = BTreeMap::from([(b.inputs[0], x)]);
-        at.nodes
-            .extend(renamed(g, &b.nodes, " (inlined)", &mut map));
-        Ok(*map.get(&b.outputs[0]).unwrap_or(&b.outputs[0]))
+        Ok(copy_of(g, b, " (inlined)", &mut map, &mut at.nodes)[0])
     };
     let scores = modify(g, &mut at, "score_mod", scores)?;
     let probs = at.op(

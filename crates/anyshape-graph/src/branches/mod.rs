@@ -145,13 +145,7 @@ fn fresh(g: &mut Graph, name: String) -> usize {
 }
 
 /// A node of one input and output.
-fn unary(
-    name: String,
-    op: &str,
-    input: usize,
-    output: usize,
-    attrs: Vec<(&str, Attr)>,
-) -> Node {
+fn unary(name: String, op: &str, input: usize, output: usize, attrs: Vec<(&str, Attr)>) -> Node {
     Node {
         name,
         op: op.into(),
@@ -220,6 +214,18 @@ fn renamed(
         });
     }
     out
+}
+
+/// A copy of subgraph `b` (see [`renamed`]) appended to `out`; the values it gives.
+fn copy_of(
+    g: &mut Graph,
+    b: &Branch,
+    suffix: &str,
+    map: &mut BTreeMap<usize, usize>,
+    out: &mut Vec<Node>,
+) -> Vec<usize> {
+    out.extend(renamed(g, &b.nodes, suffix, map));
+    b.outputs.iter().map(|v| *map.get(v).unwrap_or(v)).collect()
 }
 
 /// Nodes made for an expansion, each named under the node it replaces.

@@ -1,6 +1,6 @@
 //! `Scan` (opset 9 on) and `Loop` unrolled at import (see the parent module's doc): each
 //! step a renamed copy of the body, its scan outputs unsqueezed and concatenated.
-use super::{constant, fresh, renamed, unary, MAX_UNROLLED};
+use super::{constant, copy_of, fresh, unary, MAX_UNROLLED};
 use crate::graph::Graph;
 use crate::{GraphError, Result};
 use anyshape_tensor::{Attr, Fact, Node};
@@ -112,25 +112,56 @@ pub(super) fn unroll_scan(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Re
             });
             map.insert(body.inputs[states + j], slice);
         }
-        out.extend(renamed(g, &body.nodes, &suffix, &mut map));
-        let given: Vec<usize> = body
-            .outputs
-            .iter()
-            .map(|v| *map.get(v).unwrap_or(v))
-            .collect();
+        let given = copy_of(g, &body, &suffix, &mut map, &mut out);
         state = given[..states].to_vec();
-        for (o, &v) in given[states..].iter().enumerate() {
-            let grown = fresh(g, format!("{}{suffix} (unsqueezed)", g.values[v]));
-            out.push(unary(
-                format!("{} output {o}{suffix}", node.name),
-                "Unsqueeze",
-                v,
-                grown,
-                vec![("axes", Attr::Ints(vec![out_axes[o]]))],
-            ));
-            pieces[o].push(grown);
-        }
+        stack(
+            g,
+            &node,
+            &suffix,
+            &given[states..],
+            &out_axes,
+            &mut out,
+            &mut pieces,
+        );
     }
+    let reversed: Vec<bool> = out_dirs.iter().map(|&d| d != 0).collect();
+    finish(&node, &state, pieces, &out_axes, &reversed, &mut out);
+    Ok(out)
+}
+
+/// Each of one step's scan outputs `given` unsqueezed at its axis, into `pieces`.
+fn stack(
+    g: &mut Graph,
+    node: &Node,
+    suffix: &str,
+    given: &[usize],
+    axes: &[i64],
+    out: &mut Vec<Node>,
+    pieces: &mut [Vec<usize>],
+) {
+    for (o, &v) in given.iter().enumerate() {
+        let grown = fresh(g, format!("{}{suffix} (unsqueezed)", g.values[v]));
+        out.push(unary(
+            format!("{} output {o}{suffix}", node.name),
+            "Unsqueeze",
+            v,
+            grown,
+            vec![("axes", Attr::Ints(vec![axes[o]]))],
+        ));
+        pieces[o].push(grown);
+    }
+}
+
+/// The unrolled op's outputs: its final states, then each scan output's pieces
+/// concatenated along its axis (`reversed`: last step first).
+fn finish(
+    node: &Node,
+    state: &[usize],
+    pieces: Vec<Vec<usize>>,
+    axes: &[i64],
+    reversed: &[bool],
+    out: &mut Vec<Node>,
+) {
     for (i, &s) in state.iter().enumerate() {
         out.push(unary(
             format!("{} state {i}", node.name),
@@ -141,18 +172,17 @@ pub(super) fn unroll_scan(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Re
         ));
     }
     for (o, mut p) in pieces.into_iter().enumerate() {
-        if out_dirs[o] != 0 {
+        if reversed[o] {
             p.reverse();
         }
         out.push(Node {
             name: format!("{} output {o}", node.name),
             op: "Concat".into(),
             inputs: p.into_iter().map(Some).collect(),
-            outputs: vec![node.outputs[states + o]],
-            attrs: [("axis".to_string(), Attr::Int(out_axes[o]))].into(),
+            outputs: vec![node.outputs[state.len() + o]],
+            attrs: [("axis".to_string(), Attr::Int(axes[o]))].into(),
         });
     }
-    Ok(out)
 }
 
 /// The nodes that replace the `Loop` at `k`: its body unrolled `M` times, `M` its trip
@@ -239,6 +269,7 @@ pub(super) fn unroll_loop(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Re
         .collect::<std::result::Result<_, _>>()?;
     let mut out = Vec::new();
     let mut pieces: Vec<Vec<usize>> = vec![Vec::new(); scans];
+    let axes = vec![0; scans];
     for t in 0..steps {
         let suffix = format!(" (iteration {t})");
         let iteration = constant(
@@ -250,42 +281,18 @@ pub(super) fn unroll_loop(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Re
         for (i, &s) in state.iter().enumerate() {
             map.insert(body.inputs[2 + i], s);
         }
-        out.extend(renamed(g, &body.nodes, &suffix, &mut map));
-        let given: Vec<usize> = body
-            .outputs
-            .iter()
-            .map(|v| *map.get(v).unwrap_or(v))
-            .collect();
+        let given = copy_of(g, &body, &suffix, &mut map, &mut out);
         state = given[1..1 + carried].to_vec();
-        for (o, &v) in given[1 + carried..].iter().enumerate() {
-            let grown = fresh(g, format!("{}{suffix} (unsqueezed)", g.values[v]));
-            out.push(unary(
-                format!("{} output {o}{suffix}", node.name),
-                "Unsqueeze",
-                v,
-                grown,
-                vec![("axes", Attr::Ints(vec![0]))],
-            ));
-            pieces[o].push(grown);
-        }
+        stack(
+            g,
+            &node,
+            &suffix,
+            &given[1 + carried..],
+            &axes,
+            &mut out,
+            &mut pieces,
+        );
     }
-    for (i, &s) in state.iter().enumerate() {
-        out.push(unary(
-            format!("{} carried {i}", node.name),
-            "Identity",
-            s,
-            node.outputs[i],
-            vec![],
-        ));
-    }
-    for (o, p) in pieces.into_iter().enumerate() {
-        out.push(Node {
-            name: format!("{} output {o}", node.name),
-            op: "Concat".into(),
-            inputs: p.into_iter().map(Some).collect(),
-            outputs: vec![node.outputs[carried + o]],
-            attrs: [("axis".to_string(), Attr::Int(0))].into(),
-        });
-    }
+    finish(&node, &state, pieces, &axes, &vec![false; scans], &mut out);
     Ok(out)
 }
