@@ -99,9 +99,11 @@ pub(super) fn unroll_scan(g: &mut Graph, k: usize, facts: &[Option<Fact>]) -> Re
         }
         for j in 0..m {
             let at = if in_dirs[j] != 0 { steps - 1 - t } else { t };
-            let index = fresh(g, format!("{} scan index {at}", node.name));
-            g.initializers
-                .insert(index, anyshape_tensor::Tensor::scalar_i64(at as i64));
+            let index = constant(
+                g,
+                format!("{} scan index {at}", node.name),
+                anyshape_tensor::Tensor::scalar_i64(at as i64),
+            );
             let slice = fresh(g, format!("{}{suffix}", g.values[body.inputs[states + j]]));
             out.push(Node {
                 name: format!("{} slice {j}{suffix}", node.name),

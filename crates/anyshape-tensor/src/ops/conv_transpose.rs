@@ -4,9 +4,7 @@
 //! reference loop, a host step; and `Col2Im`, the sliding blocks of columns summed back
 //! into an image of any number of spatial axes.
 use super::window::{Same, Window};
-use super::{
-    fail, late_len, per_channel, req, runtime_shape, sized, sym_input_or_late, OpSpec, MAX_ELEMENTS,
-};
+use super::{fail, late_len, per_channel, req, runtime_shape, sized, sym_input_or_late, OpSpec};
 use crate::node::Node;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -175,9 +173,7 @@ fn eval_conv_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Ten
         .transpose()?;
     // The work, not only the output, is bounded.
     let work: Vec<usize> = [n, ci, og].iter().chain(dims).chain(ks).copied().collect();
-    if crate::tensor::numel(&work).map_or(true, |w| w > MAX_ELEMENTS) {
-        return fail(node, "more work than one op may do");
-    }
+    super::bounded_work(node, &work)?;
     // Per axis, for each (input position, tap) the output position, or none outside.
     let places: Vec<Vec<Option<usize>>> = (0..spatial)
         .map(|i| {

@@ -340,6 +340,15 @@ pub(crate) fn sized(node: &Node, shape: &[usize]) -> Result<usize> {
     }
 }
 
+/// An error unless an op's work — the product of `work`'s extents, not only its
+/// output's — is at most [`MAX_ELEMENTS`] (a reference loop that would run for hours).
+pub(crate) fn bounded_work(node: &Node, work: &[usize]) -> Result<()> {
+    match crate::tensor::numel(work) {
+        Ok(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => fail(node, "more work than one op may do"),
+    }
+}
+
 /// Numpy broadcast of concrete shapes.
 pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());

@@ -161,11 +161,7 @@ fn eval_dft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     shape[a] = out_len;
     shape[r - 1] = out_c;
     sized(node, &shape)?;
-    if crate::tensor::numel(&[outer, inner, out_len, length])
-        .map_or(true, |w| w > super::MAX_ELEMENTS)
-    {
-        return fail(node, "more work than one op may do");
-    }
+    super::bounded_work(node, &[outer, inner, out_len, length])?;
     let v = x.as_f32().map_err(|e| node.error(e))?;
     let mut out = vec![0f32; shape.iter().product()];
     let tau = 2.0 * std::f64::consts::PI;
@@ -196,13 +192,7 @@ fn eval_dft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                     re /= length as f64;
                 } else {
                     let sign = if inverse { 1.0 } else { -1.0 };
-                    for k in 0..length.min(n) {
-                        let (xr, xi) = at(o, i, k);
-                        let angle = sign * tau * ((k * f) % length) as f64 / length as f64;
-                        let (s, co) = angle.sin_cos();
-                        re += xr * co - xi * s;
-                        im += xr * s + xi * co;
-                    }
+                    (re, im) = frequency(length, length.min(n), f, sign, |k| at(o, i, k));
                     if inverse {
                         re /= length as f64;
                         im /= length as f64;
@@ -219,21 +209,36 @@ fn eval_dft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![Tensor::f32(shape, out)?])
 }
 
-/// `STFT`'s frame length: the input, the window's, or (neither given) the signal's.
-fn frame_length<T>(
-    node: &Node,
-    given: Option<i64>,
-    window: Option<usize>,
-    signal: T,
-) -> Result<std::result::Result<usize, T>> {
+/// Frequency `f` of a signal of `length` samples, `at(k)` (real, imaginary) for the
+/// first `count` and zero after: `Σ x_k e^{sign·2πi·kf/length}`, in `f64`.
+fn frequency(
+    length: usize,
+    count: usize,
+    f: usize,
+    sign: f64,
+    at: impl Fn(usize) -> (f64, f64),
+) -> (f64, f64) {
+    let (mut re, mut im) = (0f64, 0f64);
+    for k in 0..count {
+        let (xr, xi) = at(k);
+        let angle = sign * std::f64::consts::TAU * ((k * f) % length) as f64 / length as f64;
+        let (s, co) = angle.sin_cos();
+        re += xr * co - xi * s;
+        im += xr * s + xi * co;
+    }
+    (re, im)
+}
+
+/// `STFT`'s frame length: the input, or the window's; `None` where neither is given
+/// (the signal's then).
+fn frame_length(node: &Node, given: Option<i64>, window: Option<usize>) -> Result<Option<usize>> {
     match (given, window) {
         (Some(l), Some(w)) if l != w as i64 => {
             fail(node, format!("a frame of {l} with a window of {w}"))
         }
         (Some(l), _) if l <= 0 => fail(node, format!("a frame length of {l}")),
-        (Some(l), _) => Ok(Ok(l as usize)),
-        (None, Some(w)) => Ok(Ok(w)),
-        (None, None) => Ok(Err(signal)),
+        (Some(l), _) => Ok(Some(l as usize)),
+        (None, w) => Ok(w),
     }
 }
 
@@ -266,7 +271,7 @@ fn infer_stft(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
         },
         None => None,
     };
-    let (Some(step), Ok(Ok(len))) = (step, frame_length(node, given, window, ())) else {
+    let (Some(step), Some(len)) = (step, frame_length(node, given, window)?) else {
         return stft_late(node, x);
     };
     if step <= 0 {
@@ -324,7 +329,7 @@ fn eval_stft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
         },
         None => None,
     };
-    let len = frame_length(node, given, window.map(|w| w.len()), n)?.unwrap_or_else(|n| n);
+    let len = frame_length(node, given, window.map(|w| w.len()))?.unwrap_or(n);
     if len > n || len == 0 {
         return fail(node, format!("a frame of {len} over a signal of {n}"));
     }
@@ -336,25 +341,18 @@ fn eval_stft(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let bins = if onesided { len / 2 + 1 } else { len };
     let shape = vec![b, frames, bins, 2];
     sized(node, &shape)?;
+    super::bounded_work(node, &[b, frames, bins, len])?;
     let v = x.as_f32().map_err(|e| node.error(e))?;
     let mut out = vec![0f32; b * frames * bins * 2];
-    let tau = std::f64::consts::TAU;
     for bi in 0..b {
         for f in 0..frames {
             for k in 0..bins {
-                let (mut re, mut im) = (0f64, 0f64);
-                for t in 0..len {
+                let (re, im) = frequency(len, len, k, -1.0, |t| {
                     let at = (bi * n + f * step + t) * c;
                     let w = window.map_or(1.0, |w| w[t] as f64);
-                    let (xr, xi) = (
-                        v[at] as f64 * w,
-                        if c == 2 { v[at + 1] as f64 * w } else { 0.0 },
-                    );
-                    let angle = -tau * ((k * t) % len) as f64 / len as f64;
-                    let (sin, cos) = angle.sin_cos();
-                    re += xr * cos - xi * sin;
-                    im += xr * sin + xi * cos;
-                }
+                    let xi = if c == 2 { v[at + 1] as f64 * w } else { 0.0 };
+                    (v[at] as f64 * w, xi)
+                });
                 let o = ((bi * frames + f) * bins + k) * 2;
                 out[o] = re as f32;
                 out[o + 1] = im as f32;
