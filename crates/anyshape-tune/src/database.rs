@@ -128,7 +128,11 @@ fn create(path: &Path) -> std::io::Result<()> {
     let tmp = path.with_file_name(format!(".{name}.tmp-{n}-{}", std::process::id()));
     anyshape_files::clean_leftovers(path);
     let made = Connection::open(&tmp)
-        .and_then(|conn| create_schema(&conn))
+        .and_then(|conn| {
+            // The journal mode is kept in the file: runs opening it never switch it.
+            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+            create_schema(&conn)
+        })
         .map_err(std::io::Error::other)
         .and_then(|()| std::fs::hard_link(&tmp, path));
     let _ = std::fs::remove_file(&tmp);
@@ -216,9 +220,18 @@ impl TuningDb {
             )));
         }
         // Write-ahead logging lets runs read while one writes; each commit is one trial.
-        self.conn
-            .query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+        // A database made by `create` is in it already: switching takes the file
+        // whole, which a run opening it at the same moment would find locked (SQLite
+        // does not wait for it), so only an older database is switched here.
+        let mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .map_err(sql)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            self.conn
+                .query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+                .map_err(sql)?;
+        }
         self.conn
             .execute_batch("PRAGMA synchronous = NORMAL")
             .map_err(sql)?;
@@ -463,5 +476,29 @@ mod tests {
         assert!(e.contains("newer anyshape"), "{e}");
         // A directory.
         assert!(TuningDb::open(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_database_in_a_rollback_journal_is_switched_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tuning.sqlite");
+        let mode = |conn: &Connection| -> String {
+            conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap()
+        };
+        {
+            let mut db = TuningDb::open(&path).unwrap();
+            assert_eq!(mode(&db.conn), "wal");
+            let run = db.start_run(&key("a")).unwrap();
+            db.append(run, 0, &["x".into()]).unwrap();
+        }
+        // As an anyshape that made its databases in SQLite's default journal left it.
+        let conn = Connection::open(&path).unwrap();
+        conn.query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(()))
+            .unwrap();
+        drop(conn);
+        let db = TuningDb::open(&path).unwrap();
+        assert_eq!(mode(&db.conn), "wal");
+        assert_eq!(db.runs(&key("a")).unwrap()[0].1, vec!["x".to_string()]);
     }
 }
