@@ -1,7 +1,8 @@
 //! The kernel ABI: every generated kernel, and a module's entry point, is
 //! `int32_t NAME(const int64_t *vars, const float *const *ins, float *const *outs)`
 //! with `vars` the workload's shape vars sorted by name; it returns a status below.
-//! A module's tree walk is `int32_t anyshape_module_select(const int64_t *vars)`.
+//! A module's tree walk is `int32_t anyshape_module_select(const int64_t *vars)`; its
+//! parallel loop [`PARALLEL_SYMBOL`].
 
 /// The C parameter list of every kernel (after its name).
 pub const KERNEL_SIGNATURE: &str =
@@ -17,6 +18,20 @@ pub type SelectFn = unsafe extern "C" fn(*const i64) -> i32;
 pub const ENTRY_SYMBOL: &str = "anyshape_module_run";
 /// Name of a module's tree walk alone: returns the index of the micro-kernel it picks.
 pub const SELECT_SYMBOL: &str = "anyshape_module_select";
+
+/// Name of a module's parallel loop: `void NAME(int64_t parts, void (*part)(void *ctx,
+/// int64_t i), void *ctx)` calls `part(ctx, i)` for every `i` in `0..parts` on the
+/// threads its kernels run on (OpenMP's team, in contiguous runs of `i` per thread), so
+/// that a model's host steps split their work over the same threads. Modules written
+/// before it lack it (their host steps run on one thread).
+pub const PARALLEL_SYMBOL: &str = "anyshape_module_parallel";
+
+/// Signature of a module's parallel loop ([`PARALLEL_SYMBOL`]).
+pub type ParallelFn = unsafe extern "C" fn(
+    i64,
+    unsafe extern "C" fn(*mut std::ffi::c_void, i64),
+    *mut std::ffi::c_void,
+);
 
 /// Status: success.
 pub const STATUS_OK: i32 = 0;

@@ -1,7 +1,9 @@
 //! The dispatcher's C form (a module's entry point): the dispatch tree as nested
 //! comparisons, sending exact matches to specialized kernels and everything else
 //! through the tree to a symbolic kernel.
-use anyshape_abi::{DispatchTree, ENTRY_SYMBOL, KERNEL_SIGNATURE, SELECT_SYMBOL, STATUS_NO_KERNEL};
+use anyshape_abi::{
+    DispatchTree, ENTRY_SYMBOL, KERNEL_SIGNATURE, PARALLEL_SYMBOL, SELECT_SYMBOL, STATUS_NO_KERNEL,
+};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -39,10 +41,12 @@ pub struct DispatcherSpec<'a> {
     pub symbolic: &'a [String],
     /// Specialized kernels: the instance (values in `vars` order) and the symbol.
     pub specialized: &'a [(Vec<i64>, String)],
+    /// The threads the kernels run on (the target's cores): the parallel loop's team.
+    pub threads: usize,
 }
 
 /// The dispatcher as a C translation unit (without the shared prelude): prototypes of
-/// the kernels it calls, [`SELECT_SYMBOL`] and [`ENTRY_SYMBOL`].
+/// the kernels it calls, [`SELECT_SYMBOL`], [`ENTRY_SYMBOL`] and [`PARALLEL_SYMBOL`].
 pub fn dispatcher_c(spec: &DispatcherSpec) -> String {
     let mut out = String::new();
     let sig = KERNEL_SIGNATURE;
@@ -76,6 +80,17 @@ pub fn dispatcher_c(spec: &DispatcherSpec) -> String {
     }
     let _ = writeln!(out, "  default: return {STATUS_NO_KERNEL};");
     out.push_str("  }\n}\n");
+    // The kernels' loops are `num_threads(threads)` teams too: one set of threads.
+    let _ = writeln!(
+        out,
+        "void {PARALLEL_SYMBOL}(int64_t parts, void (*part)(void *, int64_t), void *ctx) {{"
+    );
+    let _ = writeln!(
+        out,
+        "#pragma omp parallel for schedule(static) num_threads({}) if(parts > 1)",
+        spec.threads.max(1)
+    );
+    out.push_str("  for (int64_t i = 0; i < parts; i++) part(ctx, i);\n}\n");
     out
 }
 
@@ -132,6 +147,7 @@ mod tests {
             tree: &t,
             symbolic: &["a".into(), "b".into(), "c".into()],
             specialized: &[(vec![7], "s7".into()), (vec![3], "s3".into())],
+            threads: 2,
         });
         assert!(c.contains("case 3LL: {") && c.contains("return s7(vars, ins, outs);"));
         assert!(c.contains("if (vars[0] <= 40LL)") && c.contains("case 2: return c("));

@@ -24,5 +24,5 @@ pub use error::{Result, RuntimeError};
 pub use exec::{Executor, TaskKernels};
 pub use generate::{Decoder, GenerateOptions, Generation};
 pub use model::Model;
-pub use module::{Dispatch, Module};
+pub use module::{Dispatch, Module, Threads};
 pub use sampling::Sampling;

@@ -3,14 +3,14 @@
 //! task's module loaded and checked to compute its task's workload — nothing imported,
 //! inferred or fused at load — and `run` for any binding of the model's dims, in the
 //! compiled range or past it.
-use crate::{CacheState, Executor, Module, Result, RuntimeError, TaskKernels};
+use crate::{CacheState, Executor, Module, Result, RuntimeError, TaskKernels, Threads};
 use anyshape_abi::{
     check_file, read_model_manifest, ModelManifest, ModuleError, MODEL_FILE, MODEL_PLAN,
 };
 use anyshape_ir::{Bindings, ShapeVar};
 use anyshape_plan::{Plan, PlanFile};
 
-use anyshape_tensor::{Tensor, TensorRef, TensorSpec};
+use anyshape_tensor::{Tensor, TensorRef, TensorSpec, Workers};
 use std::path::{Path, PathBuf};
 
 /// A model module, loaded.
@@ -22,8 +22,9 @@ pub struct Model {
     modules: TaskModules,
 }
 
-/// A model's task modules, which run its plan's kernel steps.
-struct TaskModules(Vec<Module>);
+/// A model's task modules, which run its plan's kernel steps, and the threads their
+/// kernels run on (lent to the host steps).
+struct TaskModules(Vec<Module>, Option<Threads>);
 
 impl TaskKernels for TaskModules {
     unsafe fn call(
@@ -35,6 +36,13 @@ impl TaskKernels for TaskModules {
     ) -> Result<()> {
         // SAFETY: the caller's promise.
         unsafe { self.0[task].call(vars, ins, out) }
+    }
+
+    fn workers(&self) -> Workers<'_> {
+        match &self.1 {
+            Some(threads) => Workers::new(threads),
+            None => Workers::SERIAL,
+        }
     }
 }
 
@@ -115,11 +123,13 @@ impl Model {
             }
             modules.push(m);
         }
+        // Every task's kernels run on the same threads (one target's cores).
+        let threads = modules.iter().find_map(Module::workers);
         Ok(Model {
             dir,
             manifest,
             executor: Executor::new(plan),
-            modules: TaskModules(modules),
+            modules: TaskModules(modules, threads),
         })
     }
 
@@ -149,6 +159,12 @@ impl Model {
     /// The model's dims with the domains they were compiled for.
     pub fn dims(&self) -> &[ShapeVar] {
         &self.manifest.dims
+    }
+
+    /// The threads its host steps split their work over: those its kernels run on
+    /// (one thread for modules built before the parallel loop).
+    pub fn workers(&self) -> Workers<'_> {
+        self.modules.workers()
     }
 
     /// The inputs a run takes: names, element types, dims over the model's dims.

@@ -2,8 +2,8 @@
 use crate::{Result, RuntimeError};
 use anyshape_abi::{
     check_cpu, check_files, host_cpu_features, load_library, read_manifest, status_message,
-    DispatchTree, KernelFn, Manifest, ModuleError, SelectFn, ENTRY_SYMBOL, MANIFEST_FILE,
-    SELECT_SYMBOL, STATUS_OK,
+    DispatchTree, KernelFn, Manifest, ModuleError, ParallelFn, SelectFn, ENTRY_SYMBOL,
+    MANIFEST_FILE, PARALLEL_SYMBOL, SELECT_SYMBOL, STATUS_OK,
 };
 use anyshape_ir::{Bindings, BoundWorkload, Workload};
 use std::collections::HashMap;
@@ -29,6 +29,8 @@ pub struct Module {
     vars: Vec<String>,
     entry: KernelFn,
     select: SelectFn,
+    /// The parallel loop over the kernels' threads (absent in modules older than it).
+    parallel: Option<ParallelFn>,
     kernels: HashMap<String, KernelFn>,
     specialized: HashMap<Bindings, usize>,
     /// Buffer lengths of the instance checked last (repeated shapes skip binding).
@@ -95,6 +97,10 @@ impl Module {
         let select = unsafe { library.get::<SelectFn>(SELECT_SYMBOL.as_bytes()) }
             .map(|f| *f)
             .map_err(|e| load_err(format!("symbol {SELECT_SYMBOL}: {e}")))?;
+        // SAFETY: the parallel loop has the `ParallelFn` signature.
+        let parallel = unsafe { library.get::<ParallelFn>(PARALLEL_SYMBOL.as_bytes()) }
+            .ok()
+            .map(|f| *f);
         let mut kernels = HashMap::new();
         for sym in manifest
             .symbolic
@@ -116,6 +122,7 @@ impl Module {
             vars,
             entry,
             select,
+            parallel,
             kernels,
             specialized,
             last: Mutex::new(None),
@@ -198,6 +205,12 @@ impl Module {
             .iter()
             .map(|v| bindings.get(v).unwrap_or(0))
             .collect()
+    }
+
+    /// The threads the module's kernels run on, to split other work over (none in a
+    /// module older than its parallel loop).
+    pub fn workers(&self) -> Option<Threads> {
+        self.parallel.map(Threads)
     }
 
     /// The module's entry point (dispatcher + kernels), for callers that validated buffers.
@@ -290,6 +303,52 @@ impl Module {
             Ok(())
         } else {
             Err(RuntimeError::Kernel(status_message(status)))
+        }
+    }
+}
+
+/// The threads a module's kernels run on (its parallel loop), lent to other work.
+#[derive(Clone, Copy)]
+pub struct Threads(ParallelFn);
+
+impl std::fmt::Debug for Threads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Threads")
+    }
+}
+
+/// What one call of the parallel loop carries to its parts: the part, and the first
+/// panic of any (a panic must not unwind through C: it is caught and resumed after).
+struct Parts<'a> {
+    part: &'a (dyn Fn(usize) + Sync),
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+/// Part `i` of the work at `ctx` (a `Parts`), called by the parallel loop.
+unsafe extern "C" fn run_part(ctx: *mut std::ffi::c_void, i: i64) {
+    // SAFETY: `ctx` is the `Parts` that `Threads::split` passed, alive for its call.
+    let parts = unsafe { &*(ctx as *const Parts) };
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (parts.part)(i as usize)));
+    if let Err(p) = done {
+        parts
+            .panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(p);
+    }
+}
+
+impl anyshape_tensor::Split for Threads {
+    fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync)) {
+        let ctx = Parts {
+            part,
+            panic: Mutex::new(None),
+        };
+        // SAFETY: the loop calls `run_part` with `ctx` for each part, on its threads,
+        // and returns when all are done; `ctx` outlives the call; `part` is `Sync`.
+        unsafe { (self.0)(parts as i64, run_part, &ctx as *const Parts as *mut _) };
+        if let Some(p) = ctx.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            std::panic::resume_unwind(p);
         }
     }
 }

@@ -10,6 +10,7 @@
 //!   reference evaluation (`eval`, over tensors), and the op versions it implements;
 //! - [`bind`]ing the tensors a caller gives to the inputs a model declares
 //!   ([`TensorSpec`]), which sets the shape vars;
+//! - the [`Workers`] a host op may split its work over;
 //! - NumPy files of named tensors ([`npz`]) and comparing tensors with a reference
 //!   ([`compare`]).
 //!
@@ -25,6 +26,7 @@ mod node;
 pub mod npz;
 pub mod ops;
 mod tensor;
+mod workers;
 
 pub use bind::{bind, Binder, TensorSpec};
 pub use compare::{compare, Comparison, Element};
@@ -32,3 +34,4 @@ pub use error::{Result, TensorError};
 pub use fact::{broadcast, equal, exact_quotient, positive, shape_text, Fact, FOLD_LIMIT};
 pub use node::{Attr, Branch, Node, ValueId};
 pub use tensor::{numel, strides, DType, Data, DataRef, Tensor, TensorRef};
+pub use workers::{Split, Workers};

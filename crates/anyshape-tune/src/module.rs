@@ -172,6 +172,7 @@ pub fn write_module<K: Sketch<Target = CpuTarget>>(
             tree: spec.tree,
             symbolic: &symbolic,
             specialized: &exact,
+            threads: spec.target.cores,
         }),
     });
     let lib = builder.build(spec.target, &sources)?;

@@ -145,6 +145,44 @@ fn resnet_runs_compiled() {
     check("resnet_tiny.dynamo18", &dims, &cases);
 }
 
+/// A model's host steps (the ResNet's patch layouts and max pool) split their work over
+/// the threads its kernels run on: a task module's parallel loop runs every part once,
+/// on as many threads as the target has cores, and a part's panic reaches the caller
+/// (not unwinding through C).
+#[test]
+fn host_steps_split_over_the_kernels_threads() {
+    use anyshape_tensor::Split;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let m = compile(
+        "resnet_tiny.ts",
+        &["batch=1", "height=32..64", "width=32..64"],
+        dir.path(),
+    );
+    assert!(m.workers().is_parallel());
+    let task = &m.manifest().tasks[0].module;
+    let module = anyshape_runtime::Module::load(dir.path().join("m").join(task)).unwrap();
+    let threads = module.workers().expect("a module's parallel loop");
+    let runs: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+    let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+    threads.split(runs.len(), &|i| {
+        runs[i].fetch_add(1, Ordering::Relaxed);
+        ids.lock().unwrap().insert(std::thread::current().id());
+    });
+    assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+    let cores = CpuTarget::detect().cores;
+    assert_eq!(ids.into_inner().unwrap().len(), cores.min(runs.len()));
+    let panicked = std::panic::catch_unwind(|| {
+        threads.split(8, &|i| assert_ne!(i, 5, "part 5 fails"));
+    });
+    let message = panicked.unwrap_err();
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("part 5 fails"), "{text}");
+}
+
 /// GPT-2 with its key/value cache as inputs and outputs, compiled for a past from 0
 /// (the prompt) to 64: prompts, later steps, a past of 128 (past the range) and batch 3
 /// (past it too), in one process, so a step with an empty past follows ones with a

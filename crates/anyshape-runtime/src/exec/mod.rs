@@ -20,7 +20,7 @@ use anyshape_ir::{Bindings, Expr, CACHE_RESERVE};
 use anyshape_plan::{Plan, PlanFile, Step, Storage};
 use anyshape_tensor::ops::OpSpec;
 use anyshape_tensor::{
-    Binder, DType, DataRef, Tensor, TensorError, TensorRef, TensorSpec, ValueId,
+    Binder, DType, DataRef, Tensor, TensorError, TensorRef, TensorSpec, ValueId, Workers,
 };
 use smallvec::SmallVec;
 use std::sync::Mutex;
@@ -42,6 +42,12 @@ pub trait TaskKernels {
         ins: &[*const f32],
         out: *mut f32,
     ) -> Result<()>;
+
+    /// The threads the kernels run on, lent to the host steps between them (one thread
+    /// where none are lent).
+    fn workers(&self) -> Workers<'_> {
+        Workers::SERIAL
+    }
 }
 
 /// A plan ready to run any number of times, from several threads at once: its
@@ -364,7 +370,7 @@ impl Executor {
                     let op = self.ops[k].ok_or_else(|| {
                         internal("a host step whose op is not registered (the plan was verified)")
                     })?;
-                    values.host(node, op)?
+                    values.host(node, op, kernels.workers())?
                 }
             }
             if let (Some(t), Some(s)) = (started, seconds.as_deref_mut()) {

@@ -6,7 +6,7 @@ use crate::{Result, RuntimeError};
 use anyshape_ir::{is_runtime_dim, Bindings, Expr};
 use anyshape_plan::{Plan, PlanFile, Storage};
 use anyshape_tensor::ops::OpSpec;
-use anyshape_tensor::{Data, DataRef, Node, Tensor, TensorError, TensorRef};
+use anyshape_tensor::{Data, DataRef, Node, Tensor, TensorError, TensorRef, Workers};
 use smallvec::SmallVec;
 
 /// Where a run's values are.
@@ -124,7 +124,7 @@ impl Values<'_> {
     /// Evaluate host step `node`: into the tensors its outputs kept from the last run
     /// where its op can (fitted to this run's shapes), else into new ones checked
     /// against the plan's shapes.
-    pub(super) fn host(&mut self, node: &Node, op: &OpSpec) -> Result<()> {
+    pub(super) fn host(&mut self, node: &Node, op: &OpSpec, workers: Workers) -> Result<()> {
         let makes_late = self
             .late
             .as_ref()
@@ -145,7 +145,7 @@ impl Values<'_> {
                     .iter()
                     .map(|i| i.map(|v| self.view(v)).transpose())
                     .collect::<Result<SmallVec<[_; 8]>>>()?;
-                into(node, &ins, &mut outs)
+                into(node, &ins, &mut outs, workers)
             };
             for (&v, t) in node.outputs.iter().zip(outs) {
                 self.owned[v] = Some(t);

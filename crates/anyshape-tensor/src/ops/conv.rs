@@ -7,7 +7,7 @@
 use super::window::Window;
 use super::{fail, req, sized, OpSpec};
 use crate::node::Node;
-use crate::{Fact, Result, Tensor, TensorRef};
+use crate::{Fact, Result, Tensor, TensorRef, Workers};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -159,7 +159,10 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     for b in 0..n {
         for g in 0..group {
             let image = &xv[(b * ci + g * cg) * h * wd..][..cg * h * wd];
-            columns(image, [cg, h, wd], [kh, kw], &c, [oh, ow], 0, &mut cols);
+            for (i, rows) in cols.chunks_exact_mut((kw * p).max(1)).enumerate() {
+                let plane = &image[i / kh * h * wd..][..h * wd];
+                columns(plane, [h, wd], i % kh, kw, &c, [oh, ow], rows);
+            }
             let dst = &mut out[(b * co + g * og) * p..][..og * p];
             if let Some(bias) = &bias {
                 for (o, row) in dst.chunks_mut(p.max(1)).enumerate() {
@@ -199,61 +202,57 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![Tensor::f32(shape, out)?])
 }
 
-/// The patches of image `b` of `x` (`[n, ci, h, w]`) as the columns of a
-/// `(ci·kh·kw) × (oh·ow)` matrix, row-major into `cols` (zero where a patch reaches
-/// into the padding): what a convolution multiplies its filters with. Each output row
-/// of a column row is a zero run, the input row's elements at the stride (a plain copy
-/// at stride 1), and a zero run.
+/// The patches of one input channel `plane` (`h × w`) at kernel row `u`: `kw` rows of
+/// the `(ci·kh·kw) × (oh·ow)` matrix of an image's patches, row-major into `rows` (zero
+/// where a patch reaches into the padding) — with the other channels' and kernel
+/// rows', what a convolution multiplies its filters with. Each output row of a row is
+/// a zero run, the input row's elements at the stride (a plain copy at stride 1), and
+/// a zero run.
 fn columns(
-    x: &[f32],
-    [ci, h, wd]: [usize; 3],
-    [kh, kw]: [usize; 2],
+    plane: &[f32],
+    [h, wd]: [usize; 2],
+    u: usize,
+    kw: usize,
     c: &Window,
     [oh, ow]: [usize; 2],
-    b: usize,
-    cols: &mut [f32],
+    rows: &mut [f32],
 ) {
     let p = oh * ow;
     let (sy, sx) = (c.strides[0], c.strides[1]);
-    for i in 0..ci {
-        let plane = &x[(b * ci + i) * h * wd..][..h * wd];
-        for u in 0..kh {
-            for q in 0..kw {
-                let row = &mut cols[((i * kh + u) * kw + q) * p..][..p];
-                // The output columns whose input column is inside: ix = xo·sx + off.
-                let off = (q * c.dilations[1]) as isize - c.pads[1] as isize;
-                let first = if off >= 0 {
-                    0
-                } else {
-                    ((-off) as usize).div_ceil(sx)
-                };
-                let end = if (wd as isize) <= off {
-                    0
-                } else {
-                    ((wd as isize - off) as usize).div_ceil(sx)
-                }
-                .clamp(first.min(ow), ow);
-                let first = first.min(end);
-                for (y, out) in row.chunks_exact_mut(ow.max(1)).take(oh).enumerate() {
-                    let iy = (y * sy + u * c.dilations[0]) as isize - c.pads[0] as isize;
-                    if !(0..h as isize).contains(&iy) {
-                        out.fill(0.0);
-                        continue;
-                    }
-                    let src = &plane[iy as usize * wd..][..wd];
-                    out[..first].fill(0.0);
-                    out[end..].fill(0.0);
-                    let start = (first as isize * sx as isize + off) as usize;
-                    if sx == 1 {
-                        out[first..end].copy_from_slice(&src[start..start + (end - first)]);
-                    } else {
-                        for (o, &v) in out[first..end]
-                            .iter_mut()
-                            .zip(src[start..].iter().step_by(sx))
-                        {
-                            *o = v;
-                        }
-                    }
+    for q in 0..kw {
+        let row = &mut rows[q * p..][..p];
+        // The output columns whose input column is inside: ix = xo·sx + off.
+        let off = (q * c.dilations[1]) as isize - c.pads[1] as isize;
+        let first = if off >= 0 {
+            0
+        } else {
+            ((-off) as usize).div_ceil(sx)
+        };
+        let end = if (wd as isize) <= off {
+            0
+        } else {
+            ((wd as isize - off) as usize).div_ceil(sx)
+        }
+        .clamp(first.min(ow), ow);
+        let first = first.min(end);
+        for (y, out) in row.chunks_exact_mut(ow.max(1)).take(oh).enumerate() {
+            let iy = (y * sy + u * c.dilations[0]) as isize - c.pads[0] as isize;
+            if !(0..h as isize).contains(&iy) {
+                out.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy as usize * wd..][..wd];
+            out[..first].fill(0.0);
+            out[end..].fill(0.0);
+            let start = (first as isize * sx as isize + off) as usize;
+            if sx == 1 {
+                out[first..end].copy_from_slice(&src[start..start + (end - first)]);
+            } else {
+                for (o, &v) in out[first..end]
+                    .iter_mut()
+                    .zip(src[start..].iter().step_by(sx))
+                {
+                    *o = v;
                 }
             }
         }
@@ -290,7 +289,12 @@ fn eval_im2col(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 /// The patches into a kept tensor: a run's convolutions allocate and zero no columns
 /// (every element is written, the pads' as zeros), which took ResNet-50's 20 layouts
 /// ~5 ms of a 33 ms run at 224 x 224 with fresh buffers.
-fn eval_im2col_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_im2col_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    workers: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let &[n, ci, h, wd] = x.shape else {
         return fail(node, "an NCHW input");
@@ -303,9 +307,13 @@ fn eval_im2col_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor])
     let cols = super::shaped(node, outs, 0, &[n, k, p])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
-    for (b, image) in cols.chunks_exact_mut((k * p).max(1)).enumerate().take(n) {
-        columns(xv, [ci, h, wd], [kh, kw], &c, [oh, ow], b, image);
-    }
+    // Each kernel row of each input channel of each image makes its own rows: one
+    // part of the work (a stem's three channels are 21 parts of a 7 x 7 kernel).
+    let plane = h * wd;
+    workers.chunks_mut(&mut cols[..n * k * p], kw * p, |i, rows| {
+        let x = &xv[i / kh * plane..][..plane];
+        columns(x, [h, wd], i % kh, kw, &c, [oh, ow], rows)
+    });
     Ok(())
 }
 

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::fact::{broadcast, equal};
 use crate::node::Node;
+use crate::Workers;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -407,7 +408,12 @@ fn broadcast_output(node: &Node, ins: &[Option<TensorRef>], outs: &[Tensor]) -> 
     }
 }
 
-fn eval_arith_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_arith_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     broadcast_output(node, ins, outs)?;
     let first = req(node, ins, 0)?;
     let rest: smallvec::SmallVec<[TensorRef; 4]> = ins[1..].iter().flatten().copied().collect();
@@ -469,7 +475,12 @@ fn eval_compare(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_compare_into)
 }
 
-fn eval_compare_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_compare_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     broadcast_output(node, ins, outs)?;
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let o = &mut outs[0];
@@ -563,7 +574,12 @@ fn eval_where(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_where_into)
 }
 
-fn eval_where_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_where_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     broadcast_output(node, ins, outs)?;
     let (c, x, y) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
     let cond = c.as_bool().map_err(|e| node.error(e))?;

@@ -74,7 +74,7 @@ mod unary;
 mod window;
 
 use crate::node::Node;
-use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef};
+use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef, Workers};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
 pub use select::IF_SELECT;
@@ -91,8 +91,9 @@ pub type EvalFn = fn(&Node, &[Option<TensorRef>]) -> Result<Vec<Tensor>>;
 /// element types and shapes, allocated by the caller (a run's host steps keep them from
 /// run to run, so that a decoder's step allocates nothing). The op checks the shapes
 /// against its inputs (a plan's shape rule that disagreed would be an error, not a
-/// wrong answer) and writes every element; it allocates nothing.
-pub type EvalIntoFn = fn(&Node, &[Option<TensorRef>], &mut [Tensor]) -> Result<()>;
+/// wrong answer) and writes every element; it allocates no outputs. It may split its
+/// work over the [`Workers`] it is given.
+pub type EvalIntoFn = fn(&Node, &[Option<TensorRef>], &mut [Tensor], Workers) -> Result<()>;
 
 /// The newest ONNX opset whose operator definitions anyshape was checked against:
 /// every version of a registered op from its [`OpSpec::since`] up to this opset means
@@ -251,7 +252,7 @@ pub(crate) fn eval_via(
             Tensor::zeros(f.dtype, shape)
         })
         .collect::<Result<Vec<_>>>()?;
-    into(node, ins, &mut outs)?;
+    into(node, ins, &mut outs, Workers::SERIAL)?;
     Ok(outs)
 }
 

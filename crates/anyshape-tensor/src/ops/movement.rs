@@ -7,6 +7,7 @@ use super::{
 };
 use crate::fact::exact_quotient;
 use crate::node::Node;
+use crate::Workers;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -89,7 +90,12 @@ fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 
 /// The inputs concatenated along the axis: for each index of the axes before it, each
 /// input's block in turn, copied whole.
-fn eval_concat_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_concat_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let first = *ins
         .iter()
         .flatten()
@@ -255,7 +261,12 @@ fn eval_slice(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_slice_into)
 }
 
-fn eval_slice_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_slice_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let r = x.shape.len();
     let (Some(starts), Some(ends)) = (optional_ints(node, ins, 1)?, optional_ints(node, ins, 2)?)
@@ -367,7 +378,12 @@ fn eval_gather(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 
 /// For each index of the axes before `axis` and each index given, the data's block
 /// after the axis at that index, copied whole (an embedding's rows).
-fn eval_gather_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_gather_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
@@ -421,7 +437,12 @@ fn eval_gather_nd(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>>
 
 /// For each index tuple (per batch of the first `batch_dims` axes), the data's block
 /// after the indexed axes, copied whole.
-fn eval_gather_nd_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_gather_nd_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let (x, i) = (req(node, ins, 0)?, req(node, ins, 1)?);
     let b = node.int("batch_dims", 0)?.max(0) as usize;
     let idx = i.as_i64().map_err(|e| node.error(e))?;
@@ -498,7 +519,12 @@ fn eval_transpose(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>>
     eval_via(node, ins, eval_transpose_into)
 }
 
-fn eval_transpose_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_transpose_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let p = perm(node, x.shape.len())?;
     let st = row_strides(x.shape);
@@ -589,7 +615,12 @@ fn eval_split(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 
 /// Each output's part of the axis: for each index of the axes before it, its block
 /// copied whole.
-fn eval_split_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_split_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
     let given = match (optional_ints(node, ins, 1)?, node.int_list("split")?) {

@@ -9,6 +9,7 @@ use super::{
     split_at, Dims, OpSpec,
 };
 use crate::node::Node;
+use crate::Workers;
 use crate::{Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -162,7 +163,12 @@ fn eval_layer_norm(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>
     eval_via(node, ins, eval_layer_norm_into)
 }
 
-fn eval_layer_norm_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_layer_norm_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    workers: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let scale = req(node, ins, 1)?.as_f32().map_err(|e| node.error(e))?;
     let bias = ins
@@ -191,8 +197,8 @@ fn eval_layer_norm_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tens
         // Rows of no elements: no mean, no deviation.
         shaped(node, stats, k, &stat)?.f32_mut()?.fill(f32::NAN);
     }
-    let rows = v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1)));
-    for (r, (row, out)) in rows.enumerate() {
+    // One row's normalization; its mean and inverse deviation.
+    let norm = |row: &[f32], out: &mut [f32]| {
         let mean = lane_sum(row, |x| x) / n as f32;
         let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n as f32;
         let inv = 1.0 / (var + eps).sqrt();
@@ -208,6 +214,25 @@ fn eval_layer_norm_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tens
                 }
             }
         }
+        (mean, inv)
+    };
+    if stats.is_empty() {
+        // Blocks of rows are the parts of the work.
+        const BLOCK: usize = 8;
+        let n = n.max(1);
+        workers.chunks_mut(out, BLOCK * n, |b, out| {
+            let rows = v[b * BLOCK * n..]
+                .chunks_exact(n)
+                .zip(out.chunks_exact_mut(n));
+            for (row, out) in rows {
+                norm(row, out);
+            }
+        });
+        return Ok(());
+    }
+    let rows = v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1)));
+    for (r, (row, out)) in rows.enumerate() {
+        let (mean, inv) = norm(row, out);
         for (k, s) in stats.iter_mut().enumerate() {
             s.f32_mut()?[r] = if k == 0 { mean } else { inv };
         }

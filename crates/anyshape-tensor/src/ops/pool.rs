@@ -2,9 +2,9 @@
 //! spatial axes on their [`Window`], `MaxUnpool`, `GlobalAveragePool`, `GlobalMaxPool` —
 //! as reference loops (host steps; averages and norms summed in `f64`).
 use super::window::Window;
-use super::{fail, req, sized, Dims, OpSpec, MAX_ELEMENTS};
+use super::{fail, req, shaped, sized, Dims, OpSpec, MAX_ELEMENTS};
 use crate::node::Node;
-use crate::{DType, Fact, Result, Tensor, TensorRef};
+use crate::{DType, Fact, Result, Tensor, TensorRef, Workers};
 use anyshape_ir::Expr;
 
 pub(super) static OPS: &[OpSpec] = &[
@@ -13,21 +13,21 @@ pub(super) static OPS: &[OpSpec] = &[
         since: 8,
         infer: infer_pool,
         eval: eval_pool,
-        eval_into: None,
+        eval_into: Some(eval_pool_into),
     },
     OpSpec {
         name: "AveragePool",
         since: 7,
         infer: infer_pool,
         eval: eval_pool,
-        eval_into: None,
+        eval_into: Some(eval_pool_into),
     },
     OpSpec {
         name: "LpPool",
         since: 11,
         infer: infer_pool,
         eval: eval_pool,
-        eval_into: None,
+        eval_into: Some(eval_pool_into),
     },
     OpSpec {
         name: "MaxUnpool",
@@ -95,6 +95,17 @@ fn infer_pool(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 /// p-norm; `MaxPool`'s second output the flat index of each maximum (`storage_order`
 /// 0: row-major over the whole input, 1: the spatial axes column-major).
 fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    super::eval_via(node, ins, eval_pool_into)
+}
+
+/// The pool into kept outputs, each plane (an image's channel) one part of the work
+/// where no indices are asked.
+fn eval_pool_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    workers: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let n = pooled_axes(node, x.shape.len())?;
     let (k, w) = (kernel(node, n)?, Window::of_axes(node, n)?);
@@ -185,23 +196,57 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
             }
         })
         .collect();
-    let mut values = Vec::with_capacity(images * points);
-    let mut indices = Vec::with_capacity(if with_indices { images * points } else { 0 });
     // One output row at a time: each tap of the window walks the row's outputs it
     // reaches (a strided run of the input), in the order of the taps, so that each
     // output sees its taps as a walk of its own window would.
-    let mut best = vec![(f32::NEG_INFINITY, None::<usize>); cols];
-    let mut sums = vec![0f64; cols];
-    let mut nans = vec![false; cols];
-    for img in 0..images {
+    // A max without indices folds the window's input rows into one first (a
+    // contiguous max, vectorized) and then takes each output's taps along it: a tap
+    // per window column instead of one per window element (ResNet-50's stem pool
+    // 1.5 -> 0.5 ms).
+    let row_len = dims[n - 1];
+    let plane = |img: usize, values: &mut [f32], mut indices: Option<&mut [i64]>| {
         let image = &v[img * area..][..area];
+        let fold = max && !with_indices;
+        let mut best = vec![(f32::NEG_INFINITY, None::<usize>); cols];
+        let mut sums = vec![0f64; cols];
+        let mut nans = vec![false; cols];
+        let (mut row_max, mut row_nan) = match fold {
+            true => (vec![f32::NEG_INFINITY; row_len], vec![false; row_len]),
+            false => (Vec::new(), Vec::new()),
+        };
+        let mut at = 0;
         for a in 0..o3[0] {
             for b in 0..o3[1] {
+                let (ra, rb) = (&inside3[0][a], &inside3[1][b]);
+                let pos = |i: usize, o: usize, u: usize| o * st3[i] + u * dl3[i] - pd3[i];
+                if fold {
+                    row_max.fill(f32::NEG_INFINITY);
+                    row_nan.fill(false);
+                    for ua in ra.clone() {
+                        for ub in rb.clone() {
+                            let start = pos(0, a, ua) * s3[0] + pos(1, b, ub) * s3[1];
+                            let src = &image[start..][..row_len];
+                            for ((m, f), &e) in row_max.iter_mut().zip(&mut row_nan).zip(src) {
+                                *m = m.max(e);
+                                *f |= e.is_nan();
+                            }
+                        }
+                    }
+                    for (c, value) in values[at..at + cols].iter_mut().enumerate() {
+                        let (mut m, mut nan) = (f32::NEG_INFINITY, false);
+                        for uc in inside3[2][c].clone() {
+                            let x = pos(2, c, uc);
+                            m = m.max(row_max[x]);
+                            nan |= row_nan[x];
+                        }
+                        *value = if nan { f32::NAN } else { m };
+                    }
+                    at += cols;
+                    continue;
+                }
                 best.fill((f32::NEG_INFINITY, None));
                 sums.fill(0.0);
                 nans.fill(false);
-                let (ra, rb) = (&inside3[0][a], &inside3[1][b]);
-                let pos = |i: usize, o: usize, u: usize| o * st3[i] + u * dl3[i] - pd3[i];
                 for ua in ra.clone() {
                     let (pa, ia) = (pos(0, a, ua) * s3[0], pos(0, a, ua) * is3[0]);
                     for ub in rb.clone() {
@@ -233,7 +278,7 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                     }
                 }
                 for c in 0..cols {
-                    values.push(if max && nans[c] {
+                    values[at] = if max && nans[c] {
                         f32::NAN
                     } else if max {
                         best[c].0
@@ -245,22 +290,40 @@ fn eval_pool(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
                             false => ra.len() * rb.len() * inside3[2][c].len(),
                         };
                         (sums[c] / count.max(1) as f64) as f32
-                    });
-                    if with_indices {
-                        indices.push(best[c].1.map_or(-1, |i| (img * area + i) as i64));
+                    };
+                    if let Some(indices) = indices.as_deref_mut() {
+                        indices[at] = best[c].1.map_or(-1, |i| (img * area + i) as i64);
                     }
+                    at += 1;
                 }
             }
         }
+    };
+    let (values, indices) = match outs {
+        [values, indices] if with_indices => (values, Some(indices)),
+        [values] => (values, None),
+        _ => return fail(node, format!("{} outputs given", outs.len())),
+    };
+    let values = shaped(node, std::slice::from_mut(values), 0, &shape)?
+        .f32_mut()
+        .map_err(|e| node.error(e))?;
+    match indices {
+        Some(indices) => {
+            let indices = shaped(node, std::slice::from_mut(indices), 0, &shape)?
+                .i64_mut()
+                .map_err(|e| node.error(e))?;
+            let planes = values
+                .chunks_mut(points.max(1))
+                .zip(indices.chunks_mut(points.max(1)));
+            for (img, (values, indices)) in planes.enumerate().take(images) {
+                plane(img, values, Some(indices));
+            }
+        }
+        None => workers.chunks_mut(values, points, |img, values| plane(img, values, None)),
     }
-    let mut outs = vec![Tensor::f32(shape.clone(), values)?];
-    if with_indices {
-        outs.push(Tensor::i64(shape, indices)?);
-    }
-    Ok(outs)
+    Ok(())
 }
 
-/// `MaxUnpool`'s output extent along axis `i`: `(d - 1)·stride + kernel - pads`.
 fn unpooled(w: &Window, d: &Expr, k: usize, i: usize) -> Expr {
     ((d.clone() - 1) * w.strides[i] as i64 + k as i64 - (w.pads[i] + w.after(i)) as i64).simplify()
 }

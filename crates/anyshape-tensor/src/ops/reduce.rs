@@ -5,6 +5,7 @@ use super::{
     axis, const_ints_or_late, fail, infer_same, late_len, req, runtime_shape, split_at, OpSpec,
 };
 use crate::node::Node;
+use crate::Workers;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -320,7 +321,12 @@ fn eval_reduce(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
 /// A reduction into a given output: the sums' family over trailing axes of floats
 /// (an RMS norm's mean of squares on a decoder's step) in place, as [`eval_reduce`]
 /// computes them; other forms evaluated and copied.
-fn eval_reduce_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_reduce_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let r = x.shape.len();
     let given = match node.int_list("axes")? {

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::fact::{broadcast, exact_quotient};
 use crate::node::{Attr, Node};
+use crate::Workers;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -350,7 +351,12 @@ fn eval_expand(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_expand_into)
 }
 
-fn eval_expand_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_expand_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let target = req(node, ins, 1)?.as_i64().map_err(|e| node.error(e))?;
     // The broadcast of the input's shape and the target's.
@@ -423,11 +429,16 @@ fn range_params(node: &Node, ins: &[Option<TensorRef>]) -> Result<([f64; 3], DTy
 fn eval_range(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     let ([s, l, d], dtype) = range_params(node, ins)?;
     let mut outs = [Tensor::zeros(dtype, vec![range_len(node, s, l, d)?])?];
-    eval_range_into(node, ins, &mut outs)?;
+    eval_range_into(node, ins, &mut outs, Workers::SERIAL)?;
     Ok(outs.into())
 }
 
-fn eval_range_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_range_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let ([s, l, d], _) = range_params(node, ins)?;
     let n = range_len(node, s, l, d)?;
     match &mut shaped(node, outs, 0, &[n])?.data {

@@ -8,6 +8,7 @@
 //! tensor and a constant.
 use super::{eval_via, fail, req, shaped, OpSpec};
 use crate::node::Node;
+use crate::Workers;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
 
@@ -383,7 +384,12 @@ fn map_into<A: Copy, B>(v: &[A], o: &mut [B], f: impl Fn(A) -> B) {
     }
 }
 
-fn eval_unary_into(node: &Node, ins: &[Option<TensorRef>], outs: &mut [Tensor]) -> Result<()> {
+fn eval_unary_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    _: Workers,
+) -> Result<()> {
     let x = req(node, ins, 0)?;
     let op = node.op.as_str();
     if op == "Dropout" {
