@@ -338,7 +338,9 @@ unsafe extern "C" fn run_part(ctx: *mut std::ffi::c_void, i: i64) {
     }
 }
 
-impl anyshape_tensor::Split for Threads {
+// SAFETY: OpenMP's `parallel for` runs each iteration once and joins its team before
+// the loop returns.
+unsafe impl anyshape_tensor::Split for Threads {
     fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync)) {
         let ctx = Parts {
             part,

@@ -2,14 +2,28 @@
 //! kernels' own thread pool (a model's task modules lend it, so that host steps and
 //! kernels share one set of threads instead of competing with threads that spin
 //! between kernel calls), serial in the reference and where none is lent.
-use std::sync::Mutex;
 
 /// Runs the parts of a split piece of work.
-pub trait Split: Sync {
+///
+/// # Safety
+/// `split` calls `part(i)` exactly once for every `i` in `0..parts` and returns when
+/// every call has returned: the parts of [`Workers::chunks_mut`] write disjoint chunks
+/// of one slice through that promise.
+pub unsafe trait Split: Sync {
     /// Call `part(i)` for every `i` in `0..parts`, over the threads, in contiguous runs
     /// of `i` per thread; return when every part is done.
     fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync));
 }
+
+/// The fewest elements a part of [`Workers::chunks_mut`] writes (chunks are grouped
+/// up to it): smaller parts cost more in handing out than they save (a ResNet's
+/// patch layouts at 96 x 96 are 1,536 parts of 27 elements).
+const MIN_PART: usize = 1 << 14;
+
+/// A slice's start, shared by the parts that write its disjoint chunks.
+struct Base<T>(*mut T);
+// SAFETY: each part reaches only its own chunks (see `Workers::chunks_mut`).
+unsafe impl<T: Send> Sync for Base<T> {}
 
 /// What a host op may split its work over.
 #[derive(Clone, Copy)]
@@ -42,7 +56,9 @@ impl<'a> Workers<'a> {
     }
 
     /// `f(i, chunk)` for each of `data`'s chunks of `len` elements (the last may be
-    /// shorter; `len` 0 counts as 1), each chunk written by one thread.
+    /// shorter; `len` 0 counts as 1), each chunk written by one thread; consecutive
+    /// chunks go to one thread together up to [`MIN_PART`] elements, so that work too
+    /// small to share stays on the caller's.
     pub fn chunks_mut<T: Send>(
         &self,
         data: &mut [T],
@@ -50,12 +66,26 @@ impl<'a> Workers<'a> {
         f: impl Fn(usize, &mut [T]) + Sync,
     ) {
         let len = len.max(1);
+        let chunks = data.len().div_ceil(len);
+        let group = MIN_PART.div_ceil(len);
         match self.split {
-            Some(s) if data.len() > len => {
-                let chunks: Vec<Mutex<&mut [T]>> = data.chunks_mut(len).map(Mutex::new).collect();
-                s.split(chunks.len(), &|i| {
-                    let mut chunk = chunks[i].lock().unwrap_or_else(|e| e.into_inner());
-                    f(i, &mut chunk)
+            Some(s) if chunks > group => {
+                let (total, base) = (data.len(), Base(data.as_mut_ptr()));
+                let base = &base;
+                s.split(chunks.div_ceil(group), &|p| {
+                    for i in p * group..((p + 1) * group).min(chunks) {
+                        let start = i * len;
+                        // SAFETY: chunk `i` lies inside `data` (borrowed mutably for
+                        // the call) and is written by part `i / group` alone, which
+                        // `split` runs once (its contract).
+                        let chunk = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                base.0.add(start),
+                                len.min(total - start),
+                            )
+                        };
+                        f(i, chunk)
+                    }
                 });
             }
             _ => {
@@ -73,7 +103,8 @@ mod tests {
 
     /// Parts on two scoped threads, each a contiguous half.
     struct Two;
-    impl Split for Two {
+    // SAFETY: every part once, all joined before returning.
+    unsafe impl Split for Two {
         fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync)) {
             let half = parts.div_ceil(2);
             std::thread::scope(|s| {
@@ -86,7 +117,16 @@ mod tests {
     #[test]
     fn every_chunk_is_written_once_by_its_index() {
         for workers in [Workers::SERIAL, Workers::new(&Two)] {
-            for (n, len) in [(0, 3), (1, 3), (7, 3), (9, 3), (5, 0), (4, 10)] {
+            let big = MIN_PART * 3 + 5;
+            for (n, len) in [
+                (0, 3),
+                (1, 3),
+                (7, 3),
+                (5, 0),
+                (4, 10),
+                (big, 7),
+                (big, MIN_PART),
+            ] {
                 let mut data = vec![usize::MAX; n];
                 workers.chunks_mut(&mut data, len, |i, chunk| {
                     for (j, x) in chunk.iter_mut().enumerate() {
