@@ -34,11 +34,11 @@ pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};
 /// tuning database keys its runs, under [`kernels_version`], so that measurements of
 /// kernels written differently are never reused as this code's: bump it with every
 /// change to generated code that moves its speed (2: bf16 kernels broadcast A's words
-/// as one load and pack A walking K).
-pub const KERNELS_GENERATION: u32 = 2;
+/// as one load and pack A walking K; 3: contraction tiles balanced over the threads).
+pub const KERNELS_GENERATION: u32 = 3;
 
 /// The version trials are measured under: anyshape's and the kernels' generation
-/// (`0.1.0+k2`).
+/// (`0.1.0+k3`).
 pub fn kernels_version() -> String {
     format!("{}+k{KERNELS_GENERATION}", env!("CARGO_PKG_VERSION"))
 }

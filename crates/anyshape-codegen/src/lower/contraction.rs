@@ -2,7 +2,7 @@
 //! its parameters):
 //! ```text
 //! [global padding: copy inputs into zero-padded buffers]             (global_pad.rs)
-//! parallel for task in batch x tiles_n x tiles_m (M tiles fastest):
+//! parallel for task in batch x tiles_n x tiles_m (M tiles fastest; tiles balanced):
 //!   if this thread does not hold the B panel of (batch, N tile) yet
 //!   (and B is not read in place: weights in panels, or `ib=1`):
 //!     fetch: pack the K x nc panel of B                                (fetch.rs)
@@ -196,8 +196,23 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         }
     }
 
-    body.push(let_("tiles_m", Expr::ceil_div(v("p_m"), c(mk.mc))));
+    // Cache tiles, balanced (`ContractionKernel::tiles`): each axis's register-tile
+    // blocks spread evenly over its tiles, and M's tiles rounded up to a multiple of
+    // the threads where the tasks would not divide evenly among them.
+    body.push(let_("nb_m", Expr::ceil_div(v("p_m"), c(mk.mr))));
+    body.push(let_("nb_n", Expr::ceil_div(v("p_n"), c(mk.nr))));
     body.push(let_("tiles_n", Expr::ceil_div(v("p_n"), c(mk.nc))));
+    let tiles_m = Expr::ceil_div(v("p_m"), c(mk.mc));
+    let threads = target.cores.max(1) as i64;
+    let uneven = Expr::min(
+        Expr::Const(1),
+        v("e_b") * tiles_m.clone() * v("tiles_n") % Expr::Const(threads),
+    );
+    let rounded = Expr::min(v("nb_m"), Expr::round_up(tiles_m.clone(), threads));
+    body.push(let_(
+        "tiles_m",
+        tiles_m.clone() + uneven * (rounded - tiles_m),
+    ));
     body.push(let_(
         "tiles_k",
         Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc))),
@@ -271,10 +286,24 @@ impl Nest<'_> {
     fn task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
         let mut s = vec![
-            let_("m0", v("it") * c(mk.mc)),
-            let_("n0", v("jt") * c(mk.nc)),
-            let_("mlen", Expr::min(c(mk.mc), v("p_m") - v("m0"))),
-            let_("nlen", Expr::min(c(mk.nc), v("p_n") - v("n0"))),
+            // Tile `i` of `tiles` starts at block `i·blocks / tiles`: none is longer
+            // than `mc` (`nc`) or empty, all but the last whole register tiles.
+            let_("m0", v("it") * v("nb_m") / v("tiles_m") * c(mk.mr)),
+            let_("n0", v("jt") * v("nb_n") / v("tiles_n") * c(mk.nr)),
+            let_(
+                "mlen",
+                Expr::min(
+                    v("p_m"),
+                    (v("it") + Expr::Const(1)) * v("nb_m") / v("tiles_m") * c(mk.mr),
+                ) - v("m0"),
+            ),
+            let_(
+                "nlen",
+                Expr::min(
+                    v("p_n"),
+                    (v("jt") + Expr::Const(1)) * v("nb_n") / v("tiles_n") * c(mk.nr),
+                ) - v("n0"),
+            ),
             let_("nmb", Expr::ceil_div(v("mlen"), c(mk.mr))),
             let_("nnb", Expr::ceil_div(v("nlen"), c(mk.nr))),
         ];

@@ -147,6 +147,22 @@ impl ContractionKernel {
         }
     }
 
+    /// The cache tiles of an `m` x `n` output of `batch` items (the oriented view's) on
+    /// `threads` threads, as the lowered loop nest makes them: `n / nc` tiles of N
+    /// and `m / mc` of M (rounded up) — rounded up to a multiple of the threads (at
+    /// most one per register tile) where the tasks would not divide evenly among
+    /// them. Each axis's register tiles are spread evenly over its tiles.
+    pub fn tiles(&self, batch: f64, m: f64, n: f64, threads: usize) -> (f64, f64) {
+        let tiles_n = (n / self.nc as f64).ceil();
+        let tiles_m = (m / self.mc as f64).ceil();
+        let threads = threads.max(1) as f64;
+        if (batch * tiles_m * tiles_n) % threads == 0.0 {
+            return (tiles_m, tiles_n);
+        }
+        let rounded = (tiles_m / threads).ceil() * threads;
+        (rounded.min((m / self.mr as f64).ceil()), tiles_n)
+    }
+
     /// Vector lanes of one register-tile column: the vector in the usual variant, one
     /// column in the dot variant.
     fn column_granule(&self, lanes: usize) -> usize {
@@ -378,7 +394,8 @@ impl Sketch for ContractionKernel {
         let batch: f64 = g.batch.iter().map(|&a| e(a)).product();
         let (g, _) = self.oriented(g);
         let (m, n, k) = (e(g.m), e(g.n), e(g.k));
-        let tasks = batch * (m / self.mc as f64).ceil() * (n / self.nc as f64).ceil();
+        let (tiles_m, tiles_n) = self.tiles(batch, m, n, target.cores);
+        let tasks = batch * tiles_m * tiles_n;
         let k_unit = if self.dot {
             target.lanes_f32()
         } else {

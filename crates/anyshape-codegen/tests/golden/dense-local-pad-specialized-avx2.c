@@ -123,8 +123,10 @@ int32_t as_f200b17f70415d7f(const int64_t *restrict vars, const float *const *re
   const int64_t p_m = e_m;
   const int64_t p_n = e_n;
   const int64_t p_k = e_k;
-  const int64_t tiles_m = as_cdiv(p_m, 20);
+  const int64_t nb_m = as_cdiv(p_m, 5);
+  const int64_t nb_n = as_cdiv(p_n, 16);
   const int64_t tiles_n = as_cdiv(p_n, 64);
+  const int64_t tiles_m = (as_cdiv(p_m, 20) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 20)) * tiles_n), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 20), 2) * 2)) - as_cdiv(p_m, 20))));
   const int64_t tiles_k = as_max(1, as_cdiv(p_k, 24));
   #pragma omp parallel for schedule(static) num_threads(2) if(((e_b * tiles_m) * tiles_n) > 1)
   for (int64_t t = 0; t < ((e_b * tiles_m) * tiles_n); t++) {
@@ -134,10 +136,10 @@ int32_t as_f200b17f70415d7f(const int64_t *restrict vars, const float *const *re
     const int64_t base0 = 0;
     const int64_t base1 = 0;
     const int64_t base2 = 0;
-    const int64_t m0 = (it * 20);
-    const int64_t n0 = (jt * 64);
-    const int64_t mlen = as_min(20, (p_m - m0));
-    const int64_t nlen = as_min(64, (p_n - n0));
+    const int64_t m0 = (as_fdiv((it * nb_m), tiles_m) * 5);
+    const int64_t n0 = (as_fdiv((jt * nb_n), tiles_n) * 16);
+    const int64_t mlen = (as_min(p_m, (as_fdiv(((it + 1) * nb_m), tiles_m) * 5)) - m0);
+    const int64_t nlen = (as_min(p_n, (as_fdiv(((jt + 1) * nb_n), tiles_n) * 16)) - n0);
     const int64_t nmb = as_cdiv(mlen, 5);
     const int64_t nnb = as_cdiv(nlen, 16);
     float *restrict Ap = (float *)as_scratch(0, 480);

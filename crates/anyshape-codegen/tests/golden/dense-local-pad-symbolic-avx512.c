@@ -162,8 +162,10 @@ int32_t as_89989dd0d8f8711d(const int64_t *restrict vars, const float *const *re
   const int64_t p_m = e_m;
   const int64_t p_n = e_n;
   const int64_t p_k = e_k;
-  const int64_t tiles_m = as_cdiv(p_m, 96);
+  const int64_t nb_m = as_cdiv(p_m, 12);
+  const int64_t nb_n = as_cdiv(p_n, 32);
   const int64_t tiles_n = as_cdiv(p_n, 384);
+  const int64_t tiles_m = (as_cdiv(p_m, 96) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 96)) * tiles_n), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 96), 2) * 2)) - as_cdiv(p_m, 96))));
   const int64_t tiles_k = as_max(1, as_cdiv(p_k, 256));
   #pragma omp parallel for schedule(static) num_threads(2) if(((e_b * tiles_m) * tiles_n) > 1)
   for (int64_t t = 0; t < ((e_b * tiles_m) * tiles_n); t++) {
@@ -173,10 +175,10 @@ int32_t as_89989dd0d8f8711d(const int64_t *restrict vars, const float *const *re
     const int64_t base0 = 0;
     const int64_t base1 = 0;
     const int64_t base2 = 0;
-    const int64_t m0 = (it * 96);
-    const int64_t n0 = (jt * 384);
-    const int64_t mlen = as_min(96, (p_m - m0));
-    const int64_t nlen = as_min(384, (p_n - n0));
+    const int64_t m0 = (as_fdiv((it * nb_m), tiles_m) * 12);
+    const int64_t n0 = (as_fdiv((jt * nb_n), tiles_n) * 32);
+    const int64_t mlen = (as_min(p_m, (as_fdiv(((it + 1) * nb_m), tiles_m) * 12)) - m0);
+    const int64_t nlen = (as_min(p_n, (as_fdiv(((jt + 1) * nb_n), tiles_n) * 32)) - n0);
     const int64_t nmb = as_cdiv(mlen, 12);
     const int64_t nnb = as_cdiv(nlen, 32);
     float *restrict Ap = (float *)as_scratch(0, 24576);

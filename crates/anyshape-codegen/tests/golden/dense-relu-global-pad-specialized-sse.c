@@ -122,8 +122,10 @@ int32_t as_9cebec0db3f9248a(const int64_t *restrict vars, const float *const *re
       Bg[((t * p_k) + kk)] = (((r < e_n) && (kk < e_k)) ? in1[((r * sb_n) + (kk * sb_k))] : 0.0f);
     }
   }
-  const int64_t tiles_m = as_cdiv(p_m, 6);
+  const int64_t nb_m = as_cdiv(p_m, 3);
+  const int64_t nb_n = as_cdiv(p_n, 8);
   const int64_t tiles_n = as_cdiv(p_n, 16);
+  const int64_t tiles_m = (as_cdiv(p_m, 6) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 6)) * tiles_n), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 6), 2) * 2)) - as_cdiv(p_m, 6))));
   const int64_t tiles_k = as_max(1, as_cdiv(p_k, 8));
   #pragma omp parallel for schedule(static) num_threads(2) if(((e_b * tiles_m) * tiles_n) > 1)
   for (int64_t t = 0; t < ((e_b * tiles_m) * tiles_n); t++) {
@@ -133,10 +135,10 @@ int32_t as_9cebec0db3f9248a(const int64_t *restrict vars, const float *const *re
     const int64_t base0 = ((bt * p_m) * p_k);
     const int64_t base1 = ((bt * p_n) * p_k);
     const int64_t base2 = ((bt * p_m) * p_n);
-    const int64_t m0 = (it * 6);
-    const int64_t n0 = (jt * 16);
-    const int64_t mlen = as_min(6, (p_m - m0));
-    const int64_t nlen = as_min(16, (p_n - n0));
+    const int64_t m0 = (as_fdiv((it * nb_m), tiles_m) * 3);
+    const int64_t n0 = (as_fdiv((jt * nb_n), tiles_n) * 8);
+    const int64_t mlen = (as_min(p_m, (as_fdiv(((it + 1) * nb_m), tiles_m) * 3)) - m0);
+    const int64_t nlen = (as_min(p_n, (as_fdiv(((jt + 1) * nb_n), tiles_n) * 8)) - n0);
     const int64_t nmb = as_cdiv(mlen, 3);
     const int64_t nnb = as_cdiv(nlen, 8);
     float *restrict Ap = (float *)as_scratch(0, 48);
