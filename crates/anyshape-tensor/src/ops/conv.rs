@@ -369,7 +369,7 @@ mod tests {
     }
 
     /// Patches × weights equals the loop nest: patchify (ViT), padding, strides,
-    /// dilations, bias or none, batch 2, a kernel as large as the image, groups
+    /// dilations, rows as long as the input's, bias or none, batch 2, a kernel as large as the image, groups
     /// (depthwise too), and 1-D convolutions (NCL: `h` 0 marks one, run on the
     /// rank-3 input and compared with the 2-D loop over a height of 1).
     #[test]
@@ -414,6 +414,26 @@ mod tests {
                 true,
             ),
             ([1, 1, 5, 5], [2, 5, 5], [1, 1], [0; 4], [1, 1], 1, true),
+            // Rows as long as the input's at stride 1: dilated, and pads only before
+            // along one axis and after along the other.
+            (
+                [1, 3, 8, 6],
+                [4, 3, 3],
+                [1, 1],
+                [2, 2, 2, 2],
+                [2, 2],
+                1,
+                true,
+            ),
+            (
+                [2, 2, 6, 7],
+                [3, 3, 3],
+                [1, 1],
+                [0, 2, 2, 0],
+                [1, 1],
+                1,
+                false,
+            ),
             // Two groups of 2 channels into 3 filters each; depthwise with a multiplier.
             (
                 [2, 4, 6, 7],

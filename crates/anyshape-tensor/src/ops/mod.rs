@@ -74,7 +74,7 @@ mod unary;
 mod window;
 
 use crate::node::Node;
-use crate::{Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef, Workers};
+use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorError, TensorRef, Workers};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
 pub use select::IF_SELECT;
@@ -642,6 +642,15 @@ pub(crate) fn runtime_shape(
     Ok((0..rank)
         .map(|a| known(a).unwrap_or_else(|| Expr::runtime_dim(value, a)))
         .collect())
+}
+
+/// The facts of `node`'s one output, of `dtype` and `rank`, where every dim of it is
+/// known only at run time (bound when the step runs).
+pub(crate) fn late_fact(node: &Node, dtype: DType, rank: usize) -> Result<Vec<Fact>> {
+    Ok(vec![Fact::new(
+        dtype,
+        runtime_shape(node, 0, rank, |_| None)?,
+    )])
 }
 
 /// The symbolic elements of input `i` (a shape vector), or `None` where it is an

@@ -3,7 +3,8 @@
 //! the center) and `Tile`. All read each output
 //! element's source coordinates axis by axis.
 use super::{
-    among, const_ints_or_late, fail, req, runtime_shape, sized, sym_input_or_late, OpSpec,
+    among, const_ints_or_late, fail, late_fact, req, runtime_shape, sized, sym_input_or_late,
+    OpSpec,
 };
 use crate::node::Node;
 use crate::{Data, DataRef, Fact, Result, Tensor, TensorRef};
@@ -251,8 +252,7 @@ fn eval_center_crop_pad(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Te
 fn infer_tile(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let Some(reps) = sym_input_or_late(node, ins, 1)? else {
-        let shape = runtime_shape(node, 0, x.rank(), |_| None)?;
-        return Ok(vec![Fact::new(x.dtype, shape)]);
+        return late_fact(node, x.dtype, x.rank());
     };
     if reps.len() != x.rank() {
         return fail(node, "one repeat count per axis");

@@ -2,7 +2,8 @@
 //! L1 and L2 norms, sum of squares, log-sum, log-sum-exp), `ArgMax`, `ArgMin`, `TopK`,
 //! `CumSum`. The reference accumulates floats in `f64`.
 use super::{
-    axis, const_ints_or_late, fail, infer_same, late_len, req, runtime_shape, split_at, OpSpec,
+    axis, const_ints_or_late, fail, infer_same, late_fact, late_len, req, runtime_shape, split_at,
+    OpSpec,
 };
 use crate::node::Node;
 use crate::Workers;
@@ -150,8 +151,7 @@ fn infer_reduce(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
                             .checked_sub(n)
                             .ok_or_else(|| node.error(format!("{n} axes for rank {}", x.rank())))?,
                     };
-                    let shape = runtime_shape(node, 0, rank, |_| None)?;
-                    return Ok(vec![Fact::new(x.dtype, shape)]);
+                    return late_fact(node, x.dtype, rank);
                 }
             },
         },

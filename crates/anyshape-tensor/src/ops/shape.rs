@@ -3,8 +3,8 @@
 //! expressions over the shape vars (folded at compile time), so the runtime only
 //! evaluates expressions.
 use super::{
-    axis, broadcast_strides, const_ints_or_late, eval_via, fail, ints, late_len, out_of, req,
-    runtime_shape, shaped, sized, sym_input_or_late, Dims, OpSpec,
+    axis, broadcast_strides, const_ints_or_late, eval_via, fail, ints, late_fact, late_len, out_of,
+    req, shaped, sized, sym_input_or_late, Dims, OpSpec,
 };
 use crate::fact::{broadcast, exact_quotient};
 use crate::node::{Attr, Node};
@@ -236,10 +236,7 @@ fn infer_reshape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     // A target shape or axes given at run time: the rank is known, the dims are not.
     let late = |rank: Option<usize>| -> Result<Vec<Fact>> {
         let rank = rank.ok_or_else(|| node.error("more axes than the input's rank"))?;
-        Ok(vec![Fact::new(
-            x.dtype,
-            runtime_shape(node, 0, rank, |_| None)?,
-        )])
+        late_fact(node, x.dtype, rank)
     };
     let target = if node.op == "Reshape" {
         match sym_input_or_late(node, ins, 1)? {
@@ -323,10 +320,7 @@ fn infer_expand(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
     let Some(target) = sym_input_or_late(node, ins, 1)? else {
         let rank = x.rank().max(late_len(node, ins, 1)?);
-        return Ok(vec![Fact::new(
-            x.dtype,
-            runtime_shape(node, 0, rank, |_| None)?,
-        )]);
+        return late_fact(node, x.dtype, rank);
     };
     let shape = broadcast(&x.shape, &target).map_err(|e| node.error(e))?;
     if let (Some(sym), true) = (&x.sym, shape.len() <= 1) {
@@ -383,7 +377,7 @@ fn infer_range(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let dtype = req(node, ins, 0)?.dtype;
     // Bounds computed at run time, or a step that is not a positive constant: the
     // length is a run-time dim.
-    let late = || Ok(vec![Fact::new(dtype, runtime_shape(node, 0, 1, |_| None)?)]);
+    let late = || late_fact(node, dtype, 1);
     let sym = |i: usize| -> Result<Option<Vec<Expr>>> { Ok(req(node, ins, i)?.sym.clone()) };
     let (Some(start), Some(limit), Some(delta)) = (sym(0)?, sym(1)?, sym(2)?) else {
         return late();
@@ -474,10 +468,7 @@ fn infer_constant_of_shape(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fac
     let v = fill_value(node)?;
     let Some(shape) = sym_input_or_late(node, ins, 0)? else {
         let rank = late_len(node, ins, 0)?;
-        return Ok(vec![Fact::new(
-            v.dtype(),
-            runtime_shape(node, 0, rank, |_| None)?,
-        )]);
+        return late_fact(node, v.dtype(), rank);
     };
     // A shape vector filled with a constant stays symbolic.
     if let (Data::I64(c), 1) = (&v.data, shape.len()) {
