@@ -55,6 +55,23 @@ impl<'a> Workers<'a> {
         self.split.is_some()
     }
 
+    /// `out[i] = f(input[i])` for each element of `out` (as long as `input`), in
+    /// chunks split as [`Workers::chunks_mut`] splits them.
+    pub fn map<A: Copy + Sync, B: Send>(
+        &self,
+        input: &[A],
+        out: &mut [B],
+        f: impl Fn(A) -> B + Sync,
+    ) {
+        const CHUNK: usize = 4096;
+        self.chunks_mut(out, CHUNK, |i, out| {
+            let input = input.get(i * CHUNK..).unwrap_or_default();
+            for (o, &x) in out.iter_mut().zip(input) {
+                *o = f(x);
+            }
+        });
+    }
+
     /// `f(i, chunk)` for each of `data`'s chunks of `len` elements (the last may be
     /// shorter; `len` 0 counts as 1), each chunk written by one thread; consecutive
     /// chunks go to one thread together up to [`MIN_PART`] elements, so that work too
@@ -65,9 +82,21 @@ impl<'a> Workers<'a> {
         len: usize,
         f: impl Fn(usize, &mut [T]) + Sync,
     ) {
+        self.chunks_mut_weighted(data, len, 1, f)
+    }
+
+    /// [`Workers::chunks_mut`] where each element written costs `weight` elements'
+    /// work (a reduction's output: the run it sums), which the grouping counts.
+    pub fn chunks_mut_weighted<T: Send>(
+        &self,
+        data: &mut [T],
+        len: usize,
+        weight: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
         let len = len.max(1);
         let chunks = data.len().div_ceil(len);
-        let group = MIN_PART.div_ceil(len);
+        let group = MIN_PART.div_ceil(len * weight.max(1));
         match self.split {
             Some(s) if chunks > group => {
                 let (total, base) = (data.len(), Base(data.as_mut_ptr()));
@@ -97,22 +126,25 @@ impl<'a> Workers<'a> {
     }
 }
 
+/// Parts on two scoped threads, each a contiguous half: the split of the tests.
+#[cfg(test)]
+pub(crate) struct Two;
+
+// SAFETY: every part once, all joined before returning.
+#[cfg(test)]
+unsafe impl Split for Two {
+    fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync)) {
+        let half = parts.div_ceil(2);
+        std::thread::scope(|s| {
+            s.spawn(|| (0..half).for_each(part));
+            (half..parts).for_each(part);
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Parts on two scoped threads, each a contiguous half.
-    struct Two;
-    // SAFETY: every part once, all joined before returning.
-    unsafe impl Split for Two {
-        fn split(&self, parts: usize, part: &(dyn Fn(usize) + Sync)) {
-            let half = parts.div_ceil(2);
-            std::thread::scope(|s| {
-                s.spawn(|| (0..half).for_each(part));
-                (half..parts).for_each(part);
-            });
-        }
-    }
 
     #[test]
     fn every_chunk_is_written_once_by_its_index() {
@@ -134,6 +166,17 @@ mod tests {
                     }
                 });
                 assert_eq!(data, (0..n).collect::<Vec<_>>(), "{workers:?} {n} {len}");
+                // Each element as costly as a part: every chunk a part of its own.
+                let mut weighed = vec![usize::MAX; n];
+                workers.chunks_mut_weighted(&mut weighed, len, MIN_PART, |i, chunk| {
+                    for (j, x) in chunk.iter_mut().enumerate() {
+                        *x = i * len.max(1) + j;
+                    }
+                });
+                assert_eq!(weighed, data, "{workers:?} {n} {len} weighted");
+                let mut doubled = vec![0; n];
+                workers.map(&data, &mut doubled, |x| 2 * x);
+                assert!(doubled.iter().enumerate().all(|(i, &x)| x == 2 * i));
             }
         }
     }

@@ -3,7 +3,8 @@
 //! shape plumbing's integer vectors also as expressions), comparisons and logic (to
 //! `bool`) and `Where`. Ops of one input are `unary.rs`'s.
 use super::{
-    broadcast_out, broadcast_strides, broadcasts_to, eval_via, fail, for_each_row, req, OpSpec,
+    broadcast_out, broadcast_strides, broadcasts_to, eval_via, fail, for_each_row, for_rows, req,
+    OpSpec,
 };
 use crate::fact::{broadcast, equal};
 use crate::node::Node;
@@ -210,20 +211,27 @@ fn infer_arith(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
 }
 
 /// `f` over the broadcast of `a` and `b` into `v` (of shape `out`), row by row along
-/// the innermost axis.
-fn zip_into<A: Copy, B: Copy, C>(
+/// the innermost axis, blocks of rows split over the `workers`.
+#[allow(clippy::too_many_arguments)]
+fn zip_into<A: Copy + Sync, B: Copy + Sync, C: Send>(
     a: &[A],
     sa: &[usize],
     b: &[B],
     sb: &[usize],
     out: &[usize],
     v: &mut [C],
-    mut f: impl FnMut(A, B) -> C,
+    workers: Workers,
+    f: impl Fn(A, B) -> C + Sync,
 ) {
+    /// Elements per chunk of the output (whole rows where rows are shorter).
+    const CHUNK: usize = 4096;
     if sa == out && sb == out {
-        for ((o, &x), &y) in v.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
-        }
+        workers.chunks_mut(v, CHUNK, |i, v| {
+            let (a, b) = (&a[i * CHUNK..], &b[i * CHUNK..]);
+            for ((o, &x), &y) in v.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        });
         return;
     }
     let r = out.len();
@@ -233,44 +241,62 @@ fn zip_into<A: Copy, B: Copy, C>(
     }
     let (ta, tb) = (broadcast_strides(sa, r), broadcast_strides(sb, r));
     let (inner, ia, ib) = (out[r - 1], ta[r - 1], tb[r - 1]);
-    let mut at = 0;
-    // Rows read whole or as one broadcast element take slice loops (they vectorize).
-    for_each_row(out, [&ta, &tb], |[oa, ob]| {
-        let row = &mut v[at..at + inner];
-        at += inner;
-        match (ia, ib) {
-            (1, 1) => {
-                for ((o, &x), &y) in row
-                    .iter_mut()
-                    .zip(&a[oa..oa + inner])
-                    .zip(&b[ob..ob + inner])
-                {
-                    *o = f(x, y);
+    if inner == 0 {
+        return;
+    }
+    let rows_per_chunk = CHUNK.div_ceil(inner);
+    workers.chunks_mut(v, rows_per_chunk * inner, |i, v| {
+        let first = i * rows_per_chunk;
+        let mut at = 0;
+        // Rows read whole or as one broadcast element take slice loops (they vectorize).
+        for_rows(
+            out,
+            [&ta, &tb],
+            first..first + v.len() / inner,
+            |[oa, ob]| {
+                let row = &mut v[at..at + inner];
+                at += inner;
+                match (ia, ib) {
+                    (1, 1) => {
+                        for ((o, &x), &y) in row
+                            .iter_mut()
+                            .zip(&a[oa..oa + inner])
+                            .zip(&b[ob..ob + inner])
+                        {
+                            *o = f(x, y);
+                        }
+                    }
+                    (1, 0) => {
+                        let y = b[ob];
+                        for (o, &x) in row.iter_mut().zip(&a[oa..oa + inner]) {
+                            *o = f(x, y);
+                        }
+                    }
+                    (0, 1) => {
+                        let x = a[oa];
+                        for (o, &y) in row.iter_mut().zip(&b[ob..ob + inner]) {
+                            *o = f(x, y);
+                        }
+                    }
+                    _ => {
+                        for (j, o) in row.iter_mut().enumerate() {
+                            *o = f(a[oa + j * ia], b[ob + j * ib]);
+                        }
+                    }
                 }
-            }
-            (1, 0) => {
-                let y = b[ob];
-                for (o, &x) in row.iter_mut().zip(&a[oa..oa + inner]) {
-                    *o = f(x, y);
-                }
-            }
-            (0, 1) => {
-                let x = a[oa];
-                for (o, &y) in row.iter_mut().zip(&b[ob..ob + inner]) {
-                    *o = f(x, y);
-                }
-            }
-            _ => {
-                for (j, o) in row.iter_mut().enumerate() {
-                    *o = f(a[oa + j * ia], b[ob + j * ib]);
-                }
-            }
-        }
+            },
+        );
     });
 }
 
 /// `a` op `b` into `o` (shaped as their broadcast, checked by the caller).
-fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Result<()> {
+fn binary_into(
+    node: &Node,
+    a: TensorRef,
+    b: TensorRef,
+    o: &mut Tensor,
+    workers: Workers,
+) -> Result<()> {
     let op = node.op.as_str();
     let out = std::mem::take(&mut o.shape);
     let done = match (&a.data, &b.data, &mut o.data) {
@@ -278,7 +304,7 @@ fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Resul
             // One monomorphized loop per op (a function pointer would not vectorize).
             macro_rules! op {
                 ($f:expr) => {
-                    zip_into(x, a.shape, y, b.shape, &out, v, $f)
+                    zip_into(x, a.shape, y, b.shape, &out, v, workers, $f)
                 };
             }
             match op {
@@ -315,13 +341,15 @@ fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Resul
             Ok(())
         }
         (DataRef::F32(x), DataRef::I64(y), Data::F32(v)) if op == "Pow" => {
-            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| p.powi(q as i32));
+            zip_into(x, a.shape, y, b.shape, &out, v, workers, |p, q| {
+                p.powi(q as i32)
+            });
             Ok(())
         }
         // An integer base keeps its type (computed in f64 and truncated, as
         // onnxruntime does).
         (DataRef::I64(x), DataRef::F32(y), Data::I64(v)) if op == "Pow" => {
-            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| {
+            zip_into(x, a.shape, y, b.shape, &out, v, workers, |p, q| {
                 (p as f64).powf(q as f64) as i64
             });
             Ok(())
@@ -362,14 +390,14 @@ fn binary_into(node: &Node, a: TensorRef, b: TensorRef, o: &mut Tensor) -> Resul
                 _ => return fail(node, "unsupported for int64"),
             };
             // Overflow or a zero divisor sets `bad` (the element is written 0) and fails.
-            let mut bad = false;
-            zip_into(x, a.shape, y, b.shape, &out, v, |p, q| {
+            let bad = std::sync::atomic::AtomicBool::new(false);
+            zip_into(x, a.shape, y, b.shape, &out, v, workers, |p, q| {
                 f(p, q).unwrap_or_else(|| {
-                    bad = true;
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
                     0
                 })
             });
-            match bad {
+            match bad.into_inner() {
                 true => Err(node.error("integer overflow or division by zero")),
                 false => Ok(()),
             }
@@ -412,7 +440,7 @@ fn eval_arith_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     broadcast_output(node, ins, outs)?;
     let first = req(node, ins, 0)?;
@@ -425,13 +453,13 @@ fn eval_arith_into(
             }
             o.data = first.data.to_data();
         }
-        [second] => binary_into(node, first, *second, o)?,
+        [second] => binary_into(node, first, *second, o, workers)?,
         // Three or more (`Sum`, `Mean`, `Max`, `Min`): through temporaries.
         [second, more @ ..] => {
             let step = |acc: TensorRef, t: TensorRef| -> Result<Tensor> {
                 let mut next =
                     Tensor::zeros(acc.dtype(), broadcast_out(node, acc.shape, t.shape)?)?;
-                binary_into(node, acc, t, &mut next)?;
+                binary_into(node, acc, t, &mut next, workers)?;
                 Ok(next)
             };
             let mut acc = step(first, *second)?;
@@ -479,7 +507,7 @@ fn eval_compare_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     broadcast_output(node, ins, outs)?;
     let (a, b) = (req(node, ins, 0)?, req(node, ins, 1)?);
@@ -500,14 +528,14 @@ fn eval_compare_into(
     let done = match (&a.data, &b.data) {
         (DataRef::F32(x), DataRef::F32(y)) => match cmp::<f32>(op) {
             Some(f) => {
-                zip_into(x, a.shape, y, b.shape, &out, v, f);
+                zip_into(x, a.shape, y, b.shape, &out, v, workers, f);
                 Ok(())
             }
             None => fail(node, "unsupported for float"),
         },
         (DataRef::I64(x), DataRef::I64(y)) => match cmp::<i64>(op) {
             Some(f) => {
-                zip_into(x, a.shape, y, b.shape, &out, v, f);
+                zip_into(x, a.shape, y, b.shape, &out, v, workers, f);
                 Ok(())
             }
             None => fail(node, "unsupported for int64"),
@@ -522,7 +550,7 @@ fn eval_compare_into(
             };
             match f {
                 Some(f) => {
-                    zip_into(x, a.shape, y, b.shape, &out, v, f);
+                    zip_into(x, a.shape, y, b.shape, &out, v, workers, f);
                     Ok(())
                 }
                 None => fail(node, "unsupported for bool"),
@@ -695,7 +723,9 @@ mod tests {
                     .map(|x| x * 1000)
                     .collect();
                 let mut got = vec![0; out.iter().product()];
-                zip_into(&a, sa, &b, sb, &out, &mut got, |x, y| x + y);
+                zip_into(&a, sa, &b, sb, &out, &mut got, Workers::SERIAL, |x, y| {
+                    x + y
+                });
                 let (ia, ib) = (broadcast_indices(sa, &out), broadcast_indices(sb, &out));
                 let want: Vec<i64> = ia.iter().zip(&ib).map(|(&i, &j)| a[i] + b[j]).collect();
                 assert_eq!(got, want, "{sa:?} with {sb:?}");
@@ -703,5 +733,41 @@ mod tests {
             }
         }
         assert_eq!(checked, 940);
+    }
+
+    /// Split over two threads, the row walk of `zip` still reads what index
+    /// broadcasting reads: shapes large enough to split, broadcast along each axis.
+    #[test]
+    fn zip_split_over_threads_matches_index_broadcasting() {
+        let pairs: [(&[usize], &[usize]); 6] = [
+            (&[64, 70, 30], &[64, 70, 30]),
+            (&[64, 1, 300], &[1, 70, 300]),
+            (&[64, 70, 300], &[300]),
+            (&[64, 70, 1], &[64, 70, 30]),
+            (&[7, 1], &[1, 5001]),
+            (&[3, 5000, 2], &[3, 1, 2]),
+        ];
+        for (sa, sb) in pairs {
+            let out = broadcast_shape(sa, sb).unwrap();
+            let a: Vec<i64> = (0..sa.iter().product::<usize>() as i64).collect();
+            let b: Vec<i64> = (0..sb.iter().product::<usize>() as i64)
+                .map(|x| x * 1_000_000)
+                .collect();
+            let mut got = vec![0; out.iter().product()];
+            let two = crate::workers::Two;
+            zip_into(
+                &a,
+                sa,
+                &b,
+                sb,
+                &out,
+                &mut got,
+                Workers::new(&two),
+                |x, y| x + y,
+            );
+            let (ia, ib) = (broadcast_indices(sa, &out), broadcast_indices(sb, &out));
+            let want: Vec<i64> = ia.iter().zip(&ib).map(|(&i, &j)| a[i] + b[j]).collect();
+            assert!(got == want, "{sa:?} with {sb:?}");
+        }
     }
 }

@@ -382,6 +382,17 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 pub(crate) fn for_each_row<const N: usize>(
     out: &[usize],
     strides: [&[usize]; N],
+    row: impl FnMut([usize; N]),
+) {
+    let rows: usize = out[..out.len() - 1].iter().product();
+    for_rows(out, strides, 0..rows, row)
+}
+
+/// [`for_each_row`] over the rows `rows` only (a part of the walk, for a worker).
+pub(crate) fn for_rows<const N: usize>(
+    out: &[usize],
+    strides: [&[usize]; N],
+    rows: std::ops::Range<usize>,
     mut row: impl FnMut([usize; N]),
 ) {
     let r = out.len();
@@ -389,10 +400,18 @@ pub(crate) fn for_each_row<const N: usize>(
     if inner == 0 {
         return;
     }
-    let rows: usize = out[..r - 1].iter().product();
+    // The counter and offsets of the first row.
     let mut counter: Dims = smallvec::smallvec![0usize; r - 1];
     let mut at = [0usize; N];
-    for _ in 0..rows {
+    let mut rest = rows.start;
+    for d in (0..r - 1).rev() {
+        counter[d] = rest % out[d].max(1);
+        rest /= out[d].max(1);
+        for k in 0..N {
+            at[k] += counter[d] * strides[k][d];
+        }
+    }
+    for _ in rows {
         row(at);
         for d in (0..r - 1).rev() {
             counter[d] += 1;

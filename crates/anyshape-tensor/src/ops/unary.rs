@@ -377,18 +377,11 @@ fn eval_unary(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_unary_into)
 }
 
-/// `f` of each element of `v` into `o`.
-fn map_into<A: Copy, B>(v: &[A], o: &mut [B], f: impl Fn(A) -> B) {
-    for (o, &x) in o.iter_mut().zip(v) {
-        *o = f(x);
-    }
-}
-
 fn eval_unary_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     let x = req(node, ins, 0)?;
     let op = node.op.as_str();
@@ -412,37 +405,37 @@ fn eval_unary_into(
             }
             match (d, out) {
                 (DataRef::F32(v), Data::F32(o)) => o.copy_from_slice(v),
-                (DataRef::F32(v), Data::I64(o)) => map_into(v, o, |f| f as i64),
-                (DataRef::F32(v), Data::Bool(o)) => map_into(v, o, |f| f != 0.0),
-                (DataRef::I64(v), Data::F32(o)) => map_into(v, o, |i| i as f32),
+                (DataRef::F32(v), Data::I64(o)) => workers.map(v, o, |f| f as i64),
+                (DataRef::F32(v), Data::Bool(o)) => workers.map(v, o, |f| f != 0.0),
+                (DataRef::I64(v), Data::F32(o)) => workers.map(v, o, |i| i as f32),
                 (DataRef::I64(v), Data::I64(o)) => o.copy_from_slice(v),
-                (DataRef::I64(v), Data::Bool(o)) => map_into(v, o, |i| i != 0),
-                (DataRef::Bool(v), Data::F32(o)) => map_into(v, o, |b| b as i32 as f32),
-                (DataRef::Bool(v), Data::I64(o)) => map_into(v, o, |b| b as i64),
+                (DataRef::I64(v), Data::Bool(o)) => workers.map(v, o, |i| i != 0),
+                (DataRef::Bool(v), Data::F32(o)) => workers.map(v, o, |b| b as i32 as f32),
+                (DataRef::Bool(v), Data::I64(o)) => workers.map(v, o, |b| b as i64),
                 (DataRef::Bool(v), Data::Bool(o)) => o.copy_from_slice(v),
             }
         }
-        ("Not", DataRef::Bool(v), Data::Bool(o)) => map_into(v, o, |b| !b),
-        ("IsNaN", DataRef::F32(v), Data::Bool(o)) => map_into(v, o, f32::is_nan),
+        ("Not", DataRef::Bool(v), Data::Bool(o)) => workers.map(v, o, |b| !b),
+        ("IsNaN", DataRef::F32(v), Data::Bool(o)) => workers.map(v, o, f32::is_nan),
         ("IsInf", DataRef::F32(v), Data::Bool(o)) => {
             let (neg, pos) = (
                 node.int("detect_negative", 1)? != 0,
                 node.int("detect_positive", 1)? != 0,
             );
-            map_into(v, o, |f| {
+            workers.map(v, o, |f| {
                 (pos && f == f32::INFINITY) || (neg && f == f32::NEG_INFINITY)
             });
         }
-        ("Neg", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_neg),
-        ("Abs", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::wrapping_abs),
-        ("Sign", DataRef::I64(v), Data::I64(o)) => map_into(v, o, i64::signum),
+        ("Neg", DataRef::I64(v), Data::I64(o)) => workers.map(v, o, i64::wrapping_neg),
+        ("Abs", DataRef::I64(v), Data::I64(o)) => workers.map(v, o, i64::wrapping_abs),
+        ("Sign", DataRef::I64(v), Data::I64(o)) => workers.map(v, o, i64::signum),
         ("Swish", DataRef::F32(v), Data::F32(o)) => {
             let alpha = node.float("alpha", 1.0)?;
-            map_into(v, o, |x| x / (1.0 + (-alpha * x).exp()));
+            workers.map(v, o, |x| x / (1.0 + (-alpha * x).exp()));
         }
         ("HardSigmoid", DataRef::F32(v), Data::F32(o)) => {
             let (alpha, beta) = (node.float("alpha", 0.2)?, node.float("beta", 0.5)?);
-            map_into(v, o, |x| (alpha * x + beta).clamp(0.0, 1.0));
+            workers.map(v, o, |x| (alpha * x + beta).clamp(0.0, 1.0));
         }
         (_, DataRef::F32(v), Data::F32(o)) => {
             let f: fn(f32) -> f32 = match op {
@@ -491,7 +484,7 @@ fn eval_unary_into(
                 }
                 _ => return fail(node, "unsupported for float"),
             };
-            map_into(v, o, f);
+            workers.map(v, o, f);
         }
         (_, d, o) => {
             return fail(
