@@ -1,6 +1,7 @@
 //! The dispatcher's C form (a module's entry point): the dispatch tree as nested
 //! comparisons, sending exact matches to specialized kernels and everything else
-//! through the tree to a symbolic kernel.
+//! through the tree to a symbolic kernel; beside it the module's parallel loop, which
+//! lends the kernels' OpenMP team to the runtime's host steps.
 use anyshape_abi::{
     DispatchTree, ENTRY_SYMBOL, KERNEL_SIGNATURE, PARALLEL_SYMBOL, SELECT_SYMBOL, STATUS_NO_KERNEL,
 };

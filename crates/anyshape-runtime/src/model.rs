@@ -124,7 +124,7 @@ impl Model {
             modules.push(m);
         }
         // Every task's kernels run on the same threads (one target's cores).
-        let threads = modules.iter().find_map(Module::workers);
+        let threads = modules.iter().find_map(Module::threads);
         Ok(Model {
             dir,
             manifest,

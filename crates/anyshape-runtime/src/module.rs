@@ -1,4 +1,6 @@
-//! A loaded module: checked on load, callable for any instance of its workload.
+//! A loaded module: checked on load, callable for any instance of its workload; the
+//! threads its kernels run on, lent to other work through its parallel loop
+//! ([`Threads`]).
 use crate::{Result, RuntimeError};
 use anyshape_abi::{
     check_cpu, check_files, host_cpu_features, load_library, read_manifest, status_message,
@@ -209,7 +211,7 @@ impl Module {
 
     /// The threads the module's kernels run on, to split other work over (none in a
     /// module older than its parallel loop).
-    pub fn workers(&self) -> Option<Threads> {
+    pub fn threads(&self) -> Option<Threads> {
         self.parallel.map(Threads)
     }
 

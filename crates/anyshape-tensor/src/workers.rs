@@ -96,7 +96,7 @@ impl<'a> Workers<'a> {
     ) {
         let len = len.max(1);
         let chunks = data.len().div_ceil(len);
-        let group = MIN_PART.div_ceil(len * weight.max(1));
+        let group = MIN_PART.div_ceil(len.saturating_mul(weight.max(1)));
         match self.split {
             Some(s) if chunks > group => {
                 let (total, base) = (data.len(), Base(data.as_mut_ptr()));

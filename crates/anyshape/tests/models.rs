@@ -162,7 +162,7 @@ fn host_steps_split_over_the_kernels_threads() {
     assert!(m.workers().is_parallel());
     let task = &m.manifest().tasks[0].module;
     let module = anyshape_runtime::Module::load(dir.path().join("m").join(task)).unwrap();
-    let threads = module.workers().expect("a module's parallel loop");
+    let threads = module.threads().expect("a module's parallel loop");
     let runs: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
     let ids = std::sync::Mutex::new(std::collections::HashSet::new());
     threads.split(runs.len(), &|i| {

@@ -217,16 +217,10 @@ fn eval_layer_norm_into(
         (mean, inv)
     };
     if stats.is_empty() {
-        // Blocks of rows are the parts of the work.
-        const BLOCK: usize = 8;
+        // Each row a chunk of the work (the workers group them into parts).
         let n = n.max(1);
-        workers.chunks_mut(out, BLOCK * n, |b, out| {
-            let rows = v[b * BLOCK * n..]
-                .chunks_exact(n)
-                .zip(out.chunks_exact_mut(n));
-            for (row, out) in rows {
-                norm(row, out);
-            }
+        workers.chunks_mut(out, n, |r, out| {
+            norm(&v[r * n..][..n], out);
         });
         return Ok(());
     }
