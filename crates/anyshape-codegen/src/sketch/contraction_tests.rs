@@ -49,6 +49,9 @@ fn seeds_are_valid_and_distinct() {
         ContractionKernel::seeds(&avx2, &packed).len()
     );
     assert_eq!(pf(&dense), 0);
+    // The first seed (an untuned module's micro-kernel) of weights in panels prefetches.
+    assert!(ContractionKernel::default_for_workload(&avx2, &packed).pf);
+    assert!(!ContractionKernel::default_for_workload(&avx2, &dense).pf);
     // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
     // place (the four usual-variant ones and the six-row wide default); one with
     // contiguous K (dense's [N, K]) none.
