@@ -272,8 +272,9 @@ impl Lowering<'_> {
 
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows
     /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`; in `bf16` as words of
-    /// two bfloat16 along K), made once: written straight into the plan's data, rows
-    /// past `N` zero.
+    /// two bfloat16 along K; a convolution's filters `[co, ci, kh, kw]` as `[co,
+    /// ci·kh·kw]`), made once: written straight into the plan's data, rows past `N`
+    /// zero.
     fn panels(
         &mut self,
         v: ValueId,
@@ -289,11 +290,16 @@ impl Lowering<'_> {
         let t = fact(self.facts, v).value.as_ref().ok_or_else(|| {
             GraphError::Format(format!("`{name}` is laid out in panels but not a constant"))
         })?;
-        let [r, c] = t.shape[..] else {
-            return Err(GraphError::Format(format!(
-                "`{name}`: a weight of shape {:?} is not 2-D",
-                t.shape
-            )));
+        // Rows, and the rest of the dims as the columns (a convolution's filters).
+        let (r, c) = match t.shape[..] {
+            [r, c] => (r, c),
+            [r, _, ..] if !transposed => (r, t.shape[1..].iter().product()),
+            _ => {
+                return Err(GraphError::Format(format!(
+                    "`{name}`: a weight of shape {:?} is not 2-D",
+                    t.shape
+                )))
+            }
         };
         let (n, k) = if transposed { (c, r) } else { (r, c) };
         let w = t.as_f32()?;

@@ -193,9 +193,10 @@ fn llama_reads_its_cache_in_place_for_each_group() {
     }
 }
 
-/// A ResNet's convolutions become `conv_columns` kernels over their inputs' patches,
-/// each with its bias, the residual add and the ReLU after it, reading columns a host
-/// `anyshape.Im2Col` lays out (the shortcut's 1x1 projection strides by 2, so it too).
+/// A ResNet's convolutions become `conv_packed` kernels (filters in panels) over their
+/// inputs' patches, each with its bias, the residual add and the ReLU after it, reading
+/// columns a host `anyshape.Im2Col` lays out (the shortcut's 1x1 projection strides by
+/// 2, so it too).
 #[test]
 fn resnet_convolutions_become_kernels() {
     for file in ["resnet_tiny.ts.onnx", "resnet_tiny.dynamo18.onnx"] {
@@ -203,7 +204,7 @@ fn resnet_convolutions_become_kernels() {
         steps_cover_each_node_once(&f, n);
         assert_eq!(t.len(), 6, "{file}: {t:#?}");
         assert!(
-            t.iter().all(|(w, _)| w.starts_with("conv_columns(")),
+            t.iter().all(|(w, _)| w.starts_with("conv_packed(")),
             "{t:#?}"
         );
         let with_residual = t

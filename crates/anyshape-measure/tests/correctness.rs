@@ -388,6 +388,19 @@ fn conv_columns_all_strategies_and_modes() {
     contraction("conv_columns(B=3,M=8,N=T*T,K=36)+add(m)+add(b,m,n)+relu", 3);
 }
 
+/// The filters in panels (`conv_packed`): of whole vectors (read in place by the
+/// transposed variant, broadcast from by the usual one), rows padded (19 channels), and
+/// of a width that is not (packed like any operand).
+#[test]
+fn conv_packed_all_strategies_and_modes() {
+    contraction("conv_packed(B=1,M=19,N=T,K=27,P=16)+add(m)+relu", 2);
+    contraction(
+        "conv_packed(B=3,M=32,N=T*T,K=36,P=16)+add(m)+add(b,m,n)+relu",
+        3,
+    );
+    contraction("conv_packed(B=2,M=12,N=T+2,K=20,P=5)", 3);
+}
+
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),
 /// a residual input, scaling; on every strategy and mode.
 #[test]
@@ -486,6 +499,7 @@ fn every_seed_is_correct() {
         "dense_packed(M=T,N=96,K=T+1,P=16)",
         "batch_matmul_nt(B=3,M=T,N=T,K=67)",
         "batch_matmul_nn(B=3,M=T,N=64,K=T)+relu",
+        "conv_packed(B=2,M=40,N=T*T,K=T+5,P=16)+add(m)+relu",
     ] {
         let w = Workload::parse(w).unwrap();
         for mk in ContractionKernel::seeds(&target, &w) {

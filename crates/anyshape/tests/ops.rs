@@ -669,7 +669,8 @@ fn conv_nest(
     (out, [n, co, oh, ow])
 }
 
-/// Convolutions over constant filters run as `conv_columns` kernels: a pointwise one
+/// Convolutions over constant filters run as `conv_packed` kernels (filters in panels,
+/// 4 and 2 output channels: rows padded to a panel): a pointwise one
 /// (its input read in place), a padded 3x3 one with its bias, a residual input and
 /// ReLU fused, and a strided, dilated, unevenly padded one without a bias (its input's
 /// columns laid out by a host step) — at batch 1, a prime, the range's end and past it.
@@ -730,7 +731,7 @@ fn convolutions_match_their_loop_nest_at_every_n() {
     let o = compile_n(d, "m.onnx", "m.module");
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    assert_eq!(t.matches("conv_columns(").count(), 3, "{t}");
+    assert_eq!(t.matches("conv_packed(").count(), 3, "{t}");
     for n in [1usize, 3, 4, 7] {
         let x: Vec<f32> = (0..n * ci * h * wd)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)

@@ -196,9 +196,19 @@ impl ContractionKernel {
 /// the products (dense 16..128 x 2304 x 768: 1.2-1.6x faster transposed, Emerald
 /// Rapids class). An output whose both axes may be shorter than a vector also gets
 /// the dot variant's one-element tile and the few-rows default reading A in place.
-/// A bf16 contraction's usual default packs A (see `packed_a`).
+/// A bf16 contraction's usual default packs A (see `packed_a`). A convolution's filters
+/// in panels (`conv_packed`, A's role) are prefetched like B's weights (the prefetching
+/// seeds first: cold, the default tile reading them from panels without prefetch was
+/// 1.5x slower than from row-major filters at 49 pixels, with it level), and also get
+/// the usual and the wide default transposed, reading them in place and prefetching
+/// them, the patches broadcast in place: output channels on the vectors, for images of
+/// few pixels (where the pixels fill 9 or 49 of a vector's lanes); no dot seeds (they
+/// would pack the panels element by element).
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> {
     let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+    // A convolution's filters in panels (`conv_packed`): the transposed variant reads
+    // them in place, as the usual one reads B's.
+    let a_panels = w.inputs.first().is_some_and(|a| a.panels.is_some());
     let view = GemmView::of(w);
     let n_contiguous = !panels && view.as_ref().is_ok_and(|g| g.n_contiguous(w, 1));
     let k_contiguous = !panels && view.as_ref().is_ok_and(|g| g.k_contiguous(w, 1));
@@ -222,11 +232,12 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     let plain = [
         Some(packed_a(ContractionKernel::default_for(target))),
         Some(ContractionKernel::default_wide_for(target)),
-        (!panels).then(|| ContractionKernel::default_dot_for(target)),
-        (!panels && tiny_output).then(|| ContractionKernel::default_dot_single_for(target)),
+        (!panels && !a_panels).then(|| ContractionKernel::default_dot_for(target)),
+        (!panels && !a_panels && tiny_output)
+            .then(|| ContractionKernel::default_dot_single_for(target)),
         // A few rows read in place: batch_matmul_nt at T = 13-15 1.24-1.30x the narrow
         // seed packing A (Emerald Rapids class).
-        (!panels && tiny_output).then(|| ContractionKernel {
+        (!panels && !a_panels && tiny_output).then(|| ContractionKernel {
             ia: true,
             ..ContractionKernel::default_narrow_for(target)
         }),
@@ -234,7 +245,7 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
         Some(ContractionKernel::default_narrow_for(target)),
     ];
     let prefetching = plain.map(|mk| {
-        mk.filter(|_| panels)
+        mk.filter(|_| panels || a_panels)
             .map(|mk| ContractionKernel { pf: true, ..mk })
     });
     let b_in_place = plain.map(|mk| {
@@ -246,11 +257,25 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
         ContractionKernel::default_wide_for(target),
     ]
     .map(|mk| k_contiguous.then_some(ContractionKernel { vm: true, ..mk }));
+    // Filters in panels, transposed: read in place and prefetched (they come from
+    // memory), the patches broadcast in place.
+    let filters = [
+        ContractionKernel::default_for(target),
+        ContractionKernel::default_wide_for(target),
+    ]
+    .map(|mk| {
+        a_panels.then_some(ContractionKernel {
+            vm: true,
+            pf: true,
+            ia: true,
+            ..mk
+        })
+    });
     let tall = n_contiguous.then(|| ContractionKernel {
         ib: true,
         ..ContractionKernel::default_tall_wide_for(target)
     });
-    let (first, second) = if panels {
+    let (first, second) = if panels || a_panels {
         (prefetching, plain)
     } else {
         (plain, prefetching)
@@ -261,6 +286,7 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
         .chain(b_in_place)
         .chain([tall])
         .chain(transposed)
+        .chain(filters)
         .flatten()
         .collect()
 }

@@ -52,6 +52,19 @@ fn seeds_are_valid_and_distinct() {
     // The first seed (an untuned module's micro-kernel) of weights in panels prefetches.
     assert!(ContractionKernel::default_for_workload(&avx2, &packed).pf);
     assert!(!ContractionKernel::default_for_workload(&avx2, &dense).pf);
+    // Filters in panels (the first operand): prefetched first too, no dot seeds, and
+    // the transposed variant reading them in place (prefetched, the patches in place).
+    let conv = Workload::parse("conv_packed(B=1,M=64,N=T,K=27,P=16)").unwrap();
+    let conv_seeds = ContractionKernel::seeds(&avx2, &conv);
+    assert!(ContractionKernel::default_for_workload(&avx2, &conv).pf);
+    assert!(!conv_seeds.iter().any(|mk| mk.dot));
+    assert_eq!(
+        conv_seeds
+            .iter()
+            .filter(|mk| mk.vm && mk.pf && mk.ia)
+            .count(),
+        2
+    );
     // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
     // place (the four usual-variant ones and the six-row wide default); one with
     // contiguous K (dense's [N, K]) none.
@@ -96,6 +109,7 @@ fn seeds_are_valid_and_distinct() {
                 (t.clone(), &dense),
                 (t.clone(), &packed),
                 (t.clone(), &nt),
+                (t.clone(), &conv),
                 (t, &nn),
             ]
         })

@@ -1,6 +1,6 @@
 //! Contractions (`MatMul`, `Gemm`, `Conv`) as backbones: which operand is a weight laid
 //! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`, or
-//! `conv_columns` over the input's patches), and the elementwise ops after it that
+//! `conv_packed` over the input's patches), and the elementwise ops after it that
 //! become its epilogue while they fit (a bias, GELU, SiLU and a gate, a mask or a
 //! residual, scales, tanh, ReLU).
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
@@ -27,10 +27,11 @@ impl Fuser<'_> {
     }
 
     /// A 2-D convolution `Conv(X, W, B)` over constant filters `W` `[co, ci, kh, kw]`
-    /// (and bias), one group: `conv_columns` over `X`'s patches — `X` itself where the
-    /// filters are 1x1 with no stride, pad or dilation (`[n, ci, h·w]` is already its
-    /// columns), else the columns a host step lays out.
-    fn convolution(&self, k: usize) -> Option<(Workload, Layout)> {
+    /// (and bias), one group: `conv_packed` (the filters in panels, rows `co`) over
+    /// `X`'s patches — `X` itself where the filters are 1x1 with no stride, pad or
+    /// dilation (`[n, ci, h·w]` is already its columns), else the columns a host step
+    /// lays out; the layouts of the filters and of `X`.
+    fn convolution(&self, k: usize) -> Option<(Workload, Layout, Layout)> {
         let node = &self.g.nodes[k];
         let (x, w) = (node.input(0).ok()?, node.input(1).ok()?);
         let filters = self.constant(w)?;
@@ -63,8 +64,10 @@ impl Fuser<'_> {
             Expr::Const(co as i64),
             (oh.clone() * ow.clone()).simplify(),
             Expr::Const((ci * kh * kw) as i64),
+            Expr::Const(PANEL_WIDTH as i64),
         ];
-        Some((Workload::of("conv_columns", &args).ok()?, layout))
+        let filters = Layout::panels(false, Precision::F32);
+        Some((Workload::of("conv_packed", &args).ok()?, filters, layout))
     }
 
     /// A backbone and its epilogue.
@@ -88,8 +91,8 @@ impl Fuser<'_> {
                 s => att.workload.clone().then_scale(s as f64).ok()?,
             }
         } else if node.op == "Conv" {
-            let (w, columns) = self.convolution(k)?;
-            inputs = vec![(b, Layout::AsIs), (a, columns)];
+            let (w, filters, columns) = self.convolution(k)?;
+            inputs = vec![(b, filters), (a, columns)];
             match node.optional_input(2) {
                 Some(c) => {
                     inputs.push((c, Layout::AsIs));

@@ -73,9 +73,11 @@ pub const PANEL_WIDTH: usize = 16;
 pub enum Layout {
     /// As the graph holds it.
     AsIs,
-    /// A 2-D constant weight laid out once, before any run, in panels of `width` rows
-    /// of `W[n, k]` (what `dense_packed` reads; in `bf16`, words of two bfloat16 along
-    /// K, what `dense_bf16` reads); `transposed`: the graph holds it as ONNX's `[K, N]`.
+    /// A constant weight laid out once, before any run, in panels of `width` rows of
+    /// `W[n, k]` (what `dense_packed` reads; in `bf16`, words of two bfloat16 along K,
+    /// what `dense_bf16` reads; a convolution's filters `[co, ci, kh, kw]` as `[co,
+    /// ci·kh·kw]`, what `conv_packed` reads); `transposed`: the graph holds it as ONNX's
+    /// `[K, N]`.
     Panels {
         /// Rows per panel.
         width: usize,
@@ -94,8 +96,8 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// The weight of a `dense_packed` (`dense_bf16`) kernel, held by the graph as
-    /// `[K, N]` or not.
+    /// The weight of a `dense_packed` (`dense_bf16`, `conv_packed`) kernel, held by the
+    /// graph as `[K, N]` or not.
     fn panels(transposed: bool, precision: Precision) -> Layout {
         Layout::Panels {
             width: PANEL_WIDTH,

@@ -118,6 +118,20 @@ pub fn conv_columns(a: &[Expr]) -> Workload {
     )
 }
 
+/// `conv_packed(B, M, N, K, P)`: `conv_columns` whose filters are pre-packed in panels
+/// of `P` rows (stored `[⌈M/P⌉, K, P]`, see [`TensorRef::panels`]), laid out so once
+/// when a model is compiled: the transposed variant (output channels on the vectors,
+/// for images of few pixels) reads them in place instead of transposing them per call,
+/// and the usual one broadcasts from them as from packed rows.
+pub fn conv_packed(a: &[Expr]) -> Workload {
+    let mut w = conv_columns(&a[..4]);
+    w.op = "conv_packed".into();
+    w.args.push(("P".into(), a[4].clone()));
+    // A panel width that is not a positive constant fails validation.
+    w.inputs[0].panels = Some(a[4].as_const().unwrap_or(0));
+    w
+}
+
 fn attention_axes(a: &[Expr]) -> Vec<crate::Axis> {
     let [b, h, m, n, k] = [&a[0], &a[1], &a[2], &a[3], &a[4]];
     vec![

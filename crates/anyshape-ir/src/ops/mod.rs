@@ -76,6 +76,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::conv_columns,
     },
     OpDef {
+        name: "conv_packed",
+        args: &["B", "M", "N", "K", "P"],
+        doc: "conv_columns with X (the filters) pre-packed in panels of P rows: stored [ceil(M/P), K, P]",
+        class: "contraction",
+        build: contraction::conv_packed,
+    },
+    OpDef {
         name: "attention_scores",
         args: &["B", "H", "M", "N", "K"],
         doc: "Y[b,h,m,n] = sum_k X[b,m,h,k] * W[b,n,h,k] (queries and keys in [batch, sequence, heads, dim])",

@@ -2,7 +2,7 @@
 //! and depthwise) as a reference (patches × filters through the `gemm` crate, group by
 //! group: a host step where no kernel runs it) and `anyshape.Im2Col`, the
 //! patches of each image as the columns of a matrix — the host step before a
-//! `conv_columns` kernel, which fusion makes of a `Conv` over constant filters. The
+//! `conv_packed` kernel, which fusion makes of a `Conv` over constant filters. The
 //! internal op is no ONNX op: a model that names it is refused at import.
 use super::window::Window;
 use super::{fail, req, sized, OpSpec};
