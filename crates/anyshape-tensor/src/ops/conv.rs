@@ -202,6 +202,10 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![Tensor::f32(shape, out)?])
 }
 
+/// Output rows shorter than this are laid out element by element (a small image's last
+/// stages: 3 or 6 pixels a row at 96 x 96).
+const SHORT_ROW: usize = 16;
+
 /// The patches of one input channel `plane` (`h × w`) at kernel row `u`: `kw` rows of
 /// the `(ci·kh·kw) × (oh·ow)` matrix of an image's patches, row-major into `rows` (zero
 /// where a patch reaches into the padding) — with the other channels' and kernel
@@ -242,9 +246,21 @@ fn columns(
                 continue;
             }
             let src = &plane[iy as usize * wd..][..wd];
+            let start = (first as isize * sx as isize + off) as usize;
+            if ow < SHORT_ROW {
+                // Element by element: a fill and a copy call per row of a few
+                // elements cost more than the elements.
+                for (x, o) in out.iter_mut().enumerate() {
+                    *o = if (first..end).contains(&x) {
+                        src[start + (x - first) * sx]
+                    } else {
+                        0.0
+                    };
+                }
+                continue;
+            }
             out[..first].fill(0.0);
             out[end..].fill(0.0);
-            let start = (first as isize * sx as isize + off) as usize;
             if sx == 1 {
                 out[first..end].copy_from_slice(&src[start..start + (end - first)]);
             } else {
@@ -451,6 +467,26 @@ mod tests {
                 [1, 1, 1, 1],
                 [1, 1],
                 5,
+                false,
+            ),
+            // Output rows of 16 or more elements (the copy and fill path; shorter rows go
+            // element by element): stride 1 padded, and strided, dilated, padded unevenly.
+            (
+                [1, 2, 5, 37],
+                [3, 3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                1,
+                true,
+            ),
+            (
+                [2, 2, 4, 40],
+                [2, 2, 3],
+                [1, 2],
+                [0, 2, 1, 1],
+                [1, 2],
+                1,
                 false,
             ),
             // 1-D: [n, c, 1, l] with its window along the width; depthwise and causal.
