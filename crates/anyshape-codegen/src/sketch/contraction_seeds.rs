@@ -186,8 +186,8 @@ impl ContractionKernel {
 /// what an untuned module runs. Prefetching the weights, cold, measured 1.03-1.19x at
 /// one to four rows, 1.34-1.66x at 8-32, 1.05-1.19x at 128 and 0.95-1.02x at 512 (six
 /// dense layers of BERT, GPT-2 and a Llama-style decoder, the default tile, Zen 5); an
-/// earlier machine lost 8 % at one row, so the search measures both. A B whose N axis is contiguous
-/// (batch matmuls' `[K, N]`) gets each usual-variant seed also reading it in place
+/// earlier machine lost 8 % at one row, so the search measures both. A B whose N axis
+/// is contiguous (batch matmuls' `[K, N]`) gets each usual-variant seed also reading it in place
 /// (`ib`), which saves packing B per batch item where its items are small, and the
 /// six-row wide default reading it in place. A B whose K
 /// axis is contiguous (dense's `[N, K]` weights, `batch_matmul_nt`) also gets the
