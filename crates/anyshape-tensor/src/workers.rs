@@ -20,6 +20,11 @@ pub unsafe trait Split: Sync {
 /// patch layouts at 96 x 96 are 1,536 parts of 27 elements).
 const MIN_PART: usize = 1 << 14;
 
+/// Elements per chunk that an op of one element at a time hands the workers (`map`,
+/// the elementwise ops' zip): small enough to balance, the workers group them into
+/// parts of at least [`MIN_PART`].
+pub(crate) const CHUNK: usize = 4096;
+
 /// A slice's start, shared by the parts that write its disjoint chunks.
 struct Base<T>(*mut T);
 // SAFETY: each part reaches only its own chunks (see `Workers::chunks_mut`).
@@ -63,7 +68,6 @@ impl<'a> Workers<'a> {
         out: &mut [B],
         f: impl Fn(A) -> B + Sync,
     ) {
-        const CHUNK: usize = 4096;
         self.chunks_mut(out, CHUNK, |i, out| {
             let input = input.get(i * CHUNK..).unwrap_or_default();
             for (o, &x) in out.iter_mut().zip(input) {

@@ -385,7 +385,8 @@ mod tests {
     }
 
     /// Patches × weights equals the loop nest: patchify (ViT), padding, strides,
-    /// dilations, rows as long as the input's, bias or none, batch 2, a kernel as large as the image, groups
+    /// dilations, rows as long as the input's, output rows shorter and longer than
+    /// `SHORT_ROW`, bias or none, batch 2, a kernel as large as the image, groups
     /// (depthwise too), and 1-D convolutions (NCL: `h` 0 marks one, run on the
     /// rank-3 input and compared with the 2-D loop over a height of 1).
     #[test]

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::fact::{broadcast, equal};
 use crate::node::Node;
+use crate::workers::CHUNK;
 use crate::Workers;
 use crate::{DType, Data, DataRef, Fact, Result, Tensor, TensorRef};
 use anyshape_ir::Expr;
@@ -223,8 +224,7 @@ fn zip_into<A: Copy + Sync, B: Copy + Sync, C: Send>(
     workers: Workers,
     f: impl Fn(A, B) -> C + Sync,
 ) {
-    /// Elements per chunk of the output (whole rows where rows are shorter).
-    const CHUNK: usize = 4096;
+    // Chunks of `CHUNK` elements (whole rows where rows are shorter).
     if sa == out && sb == out {
         workers.chunks_mut(v, CHUNK, |i, v| {
             let (a, b) = (&a[i * CHUNK..], &b[i * CHUNK..]);
