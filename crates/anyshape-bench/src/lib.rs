@@ -14,6 +14,7 @@
 mod bandwidth;
 mod bucket;
 mod compare;
+mod conv;
 mod cublas;
 mod dispatch;
 mod error;
@@ -32,6 +33,7 @@ mod vendor;
 
 pub use bucket::bucket_c;
 pub use compare::{compare, CompareOptions};
+pub use conv::{compare_convolutions, ConvCompareOptions};
 pub use cublas::{CUBLAS_SYMBOL, GPU_BUILTINS};
 pub use dispatch::{dispatch_loss, overhead};
 pub use error::{BenchError, Result};

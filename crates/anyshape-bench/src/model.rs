@@ -76,7 +76,7 @@ fn run_flops(model: &anyshape_runtime::Model, b: &Bindings) -> Option<f64> {
 /// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
 /// generator, integer inputs (token ids, masks, token types) all 1, booleans true —
 /// valid for any vocabulary, and what the model computes does not depend on them.
-fn inputs(specs: &[TensorSpec], b: &Bindings) -> Result<Vec<(String, Tensor)>> {
+pub(crate) fn inputs(specs: &[TensorSpec], b: &Bindings) -> Result<Vec<(String, Tensor)>> {
     let mut state = 0x2545_f491_4f6c_dd1du64;
     specs
         .iter()
@@ -126,7 +126,7 @@ fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
 }
 
 /// The instances: the cross product of the dims' values, checked against the model.
-fn instances(names: &[String], dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
+pub(crate) fn instances(names: &[String], dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
     for (d, values) in dims {
         if !names.contains(d) {
             return Err(BenchError::Options(format!(

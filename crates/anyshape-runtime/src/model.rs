@@ -222,13 +222,19 @@ impl Model {
             .run_cached(&self.modules, inputs, state, outputs, None)
     }
 
+    /// A run on `inputs` timed step by step: the seconds of each of the plan's steps.
+    pub fn step_seconds(&self, inputs: &[(&str, TensorRef)]) -> Result<Vec<f64>> {
+        let mut seconds = vec![0.0; self.plan().steps.len()];
+        self.executor
+            .run(&self.modules, inputs, Some(&mut seconds))?;
+        Ok(seconds)
+    }
+
     /// Where a run on `inputs` spends its time: per kind of step (a task's workload,
     /// a host op), its number of steps and total seconds, slowest first.
     pub fn profile(&self, inputs: &[(&str, TensorRef)]) -> Result<Vec<(String, usize, f64)>> {
         let plan = self.plan();
-        let mut seconds = vec![0.0; plan.steps.len()];
-        self.executor
-            .run(&self.modules, inputs, Some(&mut seconds))?;
+        let seconds = self.step_seconds(inputs)?;
         let mut by_label: Vec<(String, usize, f64)> = Vec::new();
         for (k, s) in seconds.iter().enumerate() {
             let label = plan.step_label(k);

@@ -7,8 +7,9 @@ use crate::progress::Reporter;
 use crate::Common;
 use anyhow::{bail, Result};
 use anyshape_bench::{
-    compare, compare_generate, compare_model, dispatch_loss, overhead, read_tuning, CompareOptions,
-    GenerateCompareOptions, ModelCompareOptions, OutDir, PeerKind, PeerOptions, TuningComparison,
+    compare, compare_convolutions, compare_generate, compare_model, dispatch_loss, overhead,
+    read_tuning, CompareOptions, ConvCompareOptions, GenerateCompareOptions, ModelCompareOptions,
+    OutDir, PeerKind, PeerOptions, TuningComparison,
 };
 use anyshape_ir::ShapeVar;
 use anyshape_runtime::Module;
@@ -56,6 +57,13 @@ pub struct BenchArgs {
     /// curves join the plot and the tables.
     #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
     tuning_against: Vec<PathBuf>,
+    /// With --model: each convolution against oneDNN's convolution primitive (the
+    /// system's libdnnl, loaded in this process), layer by layer at every combination
+    /// of the --dim values: anyshape's patch layout and kernel timed step by step in
+    /// whole-model runs, oneDNN's layer called again and again, its output checked
+    /// against the operator reference; writes `conv.md` and `conv.csv` to --out-dir.
+    #[arg(long, requires = "model")]
+    conv_kernels: bool,
     /// With --model: the ONNX model the peers run, the one the module was compiled
     /// from (checked by its SHA-256) [default: where it was when compiled].
     #[arg(long, value_name = "FILE", requires = "model")]
@@ -148,9 +156,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         && !args.overhead
         && !args.compare
         && !args.generate
+        && !args.conv_kernels
         && args.tuning_against.is_empty()
     {
-        bail!("nothing to measure: pass --compare, --generate, --dispatch-loss, --overhead and/or --tuning-against");
+        bail!("nothing to measure: pass --compare, --generate, --conv-kernels, --dispatch-loss, --overhead and/or --tuning-against");
     }
     let module = match (&args.model, &args.module) {
         (Some(model), _) => return bench_model(model, &args),
@@ -250,21 +259,23 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     let wrong = crate::given(&operator_only);
     if !wrong.is_empty() {
         bail!(
-            "a model module is benchmarked with --compare (against its peers) and --tuning-against; {} are for an operator module (--module)",
+            "a model module is benchmarked with --compare (against its peers), --generate, --conv-kernels and --tuning-against; {} are for an operator module (--module)",
             wrong.join(", ")
         );
     }
-    let compare_only = [
-        (!args.dims.is_empty(), "--dim"),
+    let peers_only = [
         (args.onnx.is_some(), "--onnx"),
         (args.peers.is_some(), "--peers"),
         (args.python.is_some(), "--python"),
         (args.torch_python.is_some(), "--torch-python"),
         (args.threads.is_some(), "--threads"),
     ];
-    let wrong = crate::given(&compare_only);
+    let wrong = crate::given(&peers_only);
     if !args.compare && !args.generate && !wrong.is_empty() {
         bail!("{} are for --compare and --generate", wrong.join(", "));
+    }
+    if !args.compare && !args.conv_kernels && !args.dims.is_empty() {
+        bail!("--dim is for --compare and --conv-kernels");
     }
     if args.generate {
         if !args.compare && !args.dims.is_empty() {
@@ -307,19 +318,26 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         print!("{summary}");
         println!("written: {}", written.join(", "));
     }
-    if !args.compare {
+    if !args.compare && !args.conv_kernels {
         return Ok(());
     }
-    let mut dims = Vec::new();
-    for d in &args.dims {
-        let v = ShapeVar::parse(d)?;
-        if v.domain.len() > 4096 {
-            bail!("--dim {d}: at most 4096 values");
-        }
-        if dims.iter().any(|(n, _): &(String, Vec<i64>)| *n == v.name) {
-            bail!("--dim {}: given twice", v.name);
-        }
-        dims.push((v.name.clone(), v.domain.iter().collect()));
+    let dims = dim_values(&args.dims)?;
+    if args.conv_kernels {
+        let options = ConvCompareOptions {
+            dims: &dims,
+            rounds: args.rounds as usize,
+            seconds: args.seconds,
+            out_dir: &args.out_dir,
+        };
+        let mut reporter = Reporter::new(args.quiet);
+        let (summary, written) =
+            compare_convolutions(model, &options, &args.common.harness()?, &mut reporter)?;
+        drop(reporter);
+        print!("{summary}");
+        println!("written: {}", written.join(", "));
+    }
+    if !args.compare {
+        return Ok(());
     }
     let options = ModelCompareOptions {
         dims: &dims,
@@ -335,4 +353,20 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     print!("{summary}");
     println!("written: {}", written.join(", "));
     Ok(())
+}
+
+/// The values of each `--dim`.
+fn dim_values(given: &[String]) -> Result<Vec<(String, Vec<i64>)>> {
+    let mut dims = Vec::new();
+    for d in given {
+        let v = ShapeVar::parse(d)?;
+        if v.domain.len() > 4096 {
+            bail!("--dim {d}: at most 4096 values");
+        }
+        if dims.iter().any(|(n, _): &(String, Vec<i64>)| *n == v.name) {
+            bail!("--dim {}: given twice", v.name);
+        }
+        dims.push((v.name.clone(), v.domain.iter().collect()));
+    }
+    Ok(dims)
 }

@@ -614,3 +614,93 @@ fn generate_text_and_race_it() {
     }
     assert!(out.contains("% of the measured read bandwidth"), "{out}");
 }
+
+/// A CNN's convolutions against oneDNN's, layer by layer (`bench --model
+/// --conv-kernels`; the test command installs libdnnl): every convolution of the tiny
+/// ResNet at each instance (batch 2 and an odd image too), timed on both sides, and
+/// oneDNN's output agrees with the operator reference (so the geometry read from the
+/// plan is the model's).
+#[test]
+fn convolutions_against_onednn() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let onnx = models.join("resnet_tiny.ts.onnx");
+    let module = dir.path().join("m");
+    let (m, report) = (module.to_str().unwrap(), dir.path().join("report"));
+    let o = anyshape_cached(
+        &[
+            "compile",
+            onnx.to_str().unwrap(),
+            "--dim",
+            "batch=1..2",
+            "--dim",
+            "height=32..96",
+            "--dim",
+            "width=32..96",
+            "--out",
+            m,
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--model",
+            m,
+            "--conv-kernels",
+            "--dim",
+            "batch=1,2",
+            "--dim",
+            "height=33",
+            "--dim",
+            "width=64",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0",
+            "--out-dir",
+            report.to_str().unwrap(),
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("batch=2,height=33,width=64: 6 convolutions"),
+        "{out}"
+    );
+    let csv = std::fs::read_to_string(report.join("conv.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert!(
+        csv.starts_with("batch,height,width,convolution,calls,"),
+        "{csv}"
+    );
+    for batch in ["1", "2"] {
+        let mine: Vec<_> = rows.iter().filter(|r| r[0] == batch).collect();
+        let calls: usize = mine.iter().map(|r| r[4].parse::<usize>().unwrap()).sum();
+        assert_eq!(calls, 6, "{csv}");
+        for r in mine {
+            let v: Vec<f64> = r[5..].iter().map(|x| x.parse().unwrap()).collect();
+            let [flops, layout, kernel, in_order, repeated, error] = v[..] else {
+                panic!("{csv}")
+            };
+            assert!(flops > 0.0 && layout >= 0.0 && kernel > 0.0, "{csv}");
+            assert!(in_order > 0.0 && repeated > 0.0, "{csv}");
+            assert!(error <= 1e-4, "{csv}");
+        }
+    }
+    // --dim names every dim of the model.
+    let o = anyshape_cached(
+        &["bench", "--model", m, "--conv-kernels", "--dim", "batch=1"],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("--dim height"), "{out}");
+}

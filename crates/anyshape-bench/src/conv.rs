@@ -1,0 +1,756 @@
+//! `anyshape bench --model M --conv-kernels`: each convolution of a model module against
+//! oneDNN's convolution primitive, layer by layer, at every combination of the dim
+//! values. anyshape's side is what its plan runs for the layer — the patches' layout
+//! (`anyshape.Im2Col`, a host step) where there is one, and the `conv_packed` kernel
+//! with its epilogue — timed step by step inside whole-model runs
+//! ([`anyshape_runtime::Model::step_seconds`]); oneDNN's is its direct convolution
+//! (`onednn_conv.c`, built against the system's `libdnnl` and loaded in this process)
+//! over the same geometry, with the bias and, as post-ops, the residual sum and ReLU
+//! where anyshape's kernel has them, its data in the layouts it picks (reordered once,
+//! outside the timing), each layer called again and again. Every layer's oneDNN output
+//! is checked against the operator reference (`Conv`, then the residual and ReLU).
+//! Writes `conv.md` and `conv.csv`.
+use crate::error::{BenchError, Result};
+use crate::model::{inputs, instances};
+use crate::out::OutDir;
+use crate::report::{geomean, significant};
+use crate::{peak, Harness};
+use anyshape_codegen::Target;
+use anyshape_files::Reads;
+use anyshape_ir::{Binary, Bindings, EpilogueOp, Unary, Workload};
+use anyshape_measure::{KernelSource, Progress};
+use anyshape_plan::Step;
+use anyshape_tensor::ops::Window;
+use anyshape_tensor::{Attr, Node, Tensor, TensorRef, ValueId};
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What `compare_convolutions` measures and where it writes.
+pub struct ConvCompareOptions<'a> {
+    /// Values of each of the model's dims (every dim named); the instances are their
+    /// cross product.
+    pub dims: &'a [(String, Vec<i64>)],
+    /// Interleaved rounds per instance (anyshape's runs and oneDNN's layers take turns
+    /// going first).
+    pub rounds: usize,
+    /// Seconds of timed runs per system, instance and round (at least three runs).
+    pub seconds: f64,
+    /// Where the CSV and report go.
+    pub out_dir: &'a Path,
+}
+
+/// One convolution of the plan: the steps that compute it and what it computes.
+struct Layer {
+    /// The plan's steps: the patches' layout (where there is one), then the kernel.
+    steps: Vec<usize>,
+    /// The image it reads (`[n, ci, h, w]`).
+    image: ValueId,
+    /// The kernel's workload (its `M` is the output channels).
+    workload: Workload,
+    /// The convolution's window attributes and `kernel_shape` (a 1 x 1 one with no
+    /// stride, pad or dilation where the kernel reads the image as it is).
+    attrs: BTreeMap<String, Attr>,
+    /// Its epilogue after the bias: a residual sum, then ReLU.
+    residual: bool,
+    relu: bool,
+}
+
+/// A layer at one instance: everything oneDNN's convolution needs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Geometry {
+    /// n, ci, h, w, co, kh, kw, strides, dilations, pads (top, left, bottom, right),
+    /// oh, ow: the order `as_onednn_conv_new` takes.
+    g: [i64; 17],
+    residual: bool,
+    relu: bool,
+}
+
+impl Geometry {
+    fn label(&self) -> String {
+        let g = &self.g;
+        let mut s = format!("{}x{} {}->{} on {}x{}", g[5], g[6], g[1], g[4], g[2], g[3]);
+        if g[0] != 1 {
+            let _ = write!(s, " (batch {})", g[0]);
+        }
+        if g[7] != 1 || g[8] != 1 {
+            let _ = write!(s, " /{}", g[7].max(g[8]));
+        }
+        if g[11..15].iter().any(|&p| p != 0) {
+            let _ = write!(s, " pad {}", g[11]);
+        }
+        if g[9] != 1 || g[10] != 1 {
+            let _ = write!(s, " dilation {}", g[9]);
+        }
+        s.push_str(" +bias");
+        if self.residual {
+            s.push_str(" +residual");
+        }
+        if self.relu {
+            s.push_str(" +relu");
+        }
+        s
+    }
+
+    /// Multiply-adds times two.
+    fn flops(&self) -> f64 {
+        let g = &self.g;
+        2.0 * (g[0] * g[4] * g[15] * g[16] * g[1] * g[5] * g[6]) as f64
+    }
+
+    fn output_len(&self) -> usize {
+        let g = &self.g;
+        (g[0] * g[4] * g[15] * g[16]) as usize
+    }
+}
+
+/// The convolutions of `plan`, and the kernel steps of `conv_packed` it leaves out (an
+/// epilogue oneDNN's post-ops do not express), with why.
+fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for (k, step) in plan.steps.iter().enumerate() {
+        let Step::Kernel { task, inputs, .. } = step else {
+            continue;
+        };
+        let w = &plan.tasks[*task].workload;
+        if w.op != "conv_packed" || inputs.len() < 2 {
+            continue;
+        }
+        // The epilogue oneDNN expresses: the bias, a residual sum, ReLU, in that order.
+        let rank = w.output.shape.len();
+        let kinds: Vec<&str> = w
+            .epilogue
+            .0
+            .iter()
+            .map(|op| match op {
+                EpilogueOp::With {
+                    op: Binary::Add,
+                    input,
+                } => match w.inputs[*input].index.len() {
+                    1 => "bias",
+                    r if r == rank => "residual",
+                    _ => "other",
+                },
+                EpilogueOp::Unary(Unary::Relu) => "relu",
+                _ => "other",
+            })
+            .collect();
+        let (residual, relu) = match kinds[..] {
+            ["bias"] => (false, false),
+            ["bias", "relu"] => (false, true),
+            ["bias", "residual"] => (true, false),
+            ["bias", "residual", "relu"] => (true, true),
+            _ => {
+                skipped.push(format!(
+                    "{w}: an epilogue oneDNN's post-ops do not express here"
+                ));
+                continue;
+            }
+        };
+        let columns = inputs[1];
+        let layout = plan.steps[..k].iter().rposition(|s| match s {
+            Step::Host(n) => n.outputs.contains(&columns),
+            Step::Kernel { .. } => false,
+        });
+        let (steps, image, attrs) = match layout.map(|l| (l, &plan.steps[l])) {
+            Some((l, Step::Host(node))) if node.op == anyshape_tensor::ops::IM2COL => {
+                let Some(Some(image)) = node.inputs.first() else {
+                    continue;
+                };
+                (vec![l, k], *image, node.attrs.clone())
+            }
+            _ => (vec![k], columns, BTreeMap::new()),
+        };
+        out.push(Layer {
+            steps,
+            image,
+            workload: w.clone(),
+            attrs,
+            residual,
+            relu,
+        });
+    }
+    (out, skipped)
+}
+
+impl Layer {
+    /// Its geometry at `b`.
+    fn at(&self, plan: &anyshape_plan::Plan, b: &Bindings) -> Result<Geometry> {
+        let bad = |why: String| BenchError::Options(format!("{}: {why}", self.workload));
+        let dims = plan.values[self.image]
+            .shape
+            .iter()
+            .map(|d| d.eval(b))
+            .collect::<std::result::Result<Vec<i64>, _>>()?;
+        let &[n, ci, h, w] = &dims[..] else {
+            return Err(bad(format!("an image of {} dims", dims.len())));
+        };
+        let co = self
+            .workload
+            .args
+            .iter()
+            .find(|(name, _)| name == "M")
+            .ok_or_else(|| bad("no M".into()))?
+            .1
+            .eval(b)?;
+        let node = self.node();
+        let kernel = match node.ints("kernel_shape") {
+            Ok(Some(k)) if k.len() == 2 => [k[0] as usize, k[1] as usize],
+            _ => [1, 1],
+        };
+        let window = Window::of(&node)
+            .map_err(|e| bad(e.to_string()))?
+            .at(&[h as usize, w as usize], &kernel);
+        let (oh, ow) = (
+            window.out(h as usize, kernel[0], 0),
+            window.out(w as usize, kernel[1], 1),
+        );
+        let s = |x: usize| x as i64;
+        let p = &window.pads;
+        Ok(Geometry {
+            g: [
+                n,
+                ci,
+                h,
+                w,
+                co,
+                s(kernel[0]),
+                s(kernel[1]),
+                s(window.strides[0]),
+                s(window.strides[1]),
+                s(window.dilations[0]),
+                s(window.dilations[1]),
+                s(p[0]),
+                s(p[1]),
+                s(p[2]),
+                s(p[3]),
+                s(oh),
+                s(ow),
+            ],
+            residual: self.residual,
+            relu: self.relu,
+        })
+    }
+
+    /// A `Conv` node of its attributes (inputs 0, 1, 2: image, filters, bias).
+    fn node(&self) -> Node {
+        Node {
+            name: self.workload.to_string(),
+            op: "Conv".into(),
+            inputs: vec![Some(0), Some(1), Some(2)],
+            outputs: vec![3],
+            attrs: self.attrs.clone(),
+        }
+    }
+}
+
+/// `n` numbers uniform in [-1, 1) from `state` (xorshift).
+fn uniform(n: usize, state: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (*state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+type New = unsafe extern "C" fn(
+    *const i64,
+    i32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+) -> *mut c_void;
+type Call = unsafe extern "C" fn(*mut c_void) -> i32;
+type Output = unsafe extern "C" fn(*mut c_void, *mut f32) -> i32;
+type Free = unsafe extern "C" fn(*mut c_void);
+type Warm = unsafe extern "C" fn(*mut c_void) -> f32;
+
+/// The oneDNN shim, loaded.
+struct OneDnn {
+    new: New,
+    run: Call,
+    output: Output,
+    free: Free,
+    warm: Warm,
+    /// Keeps the functions above alive.
+    _lib: libloading::Library,
+}
+
+impl OneDnn {
+    /// Build `onednn_conv.c` against the system's oneDNN and load it.
+    fn load(h: &Harness) -> Result<OneDnn> {
+        let mut b = h.builder.clone();
+        b.link_flags.push("-ldnnl".into());
+        let source = KernelSource {
+            symbol: "as_onednn_conv_new".into(),
+            code: include_str!("onednn_conv.c").into(),
+        };
+        let built = b.build(&h.target, &[source])?;
+        if let Some(why) = built.failed.values().next() {
+            return Err(BenchError::Environment(format!(
+                "cannot build against oneDNN (install libdnnl-dev): {}",
+                why.lines().next().unwrap_or("")
+            )));
+        }
+        let env = |e: libloading::Error| {
+            BenchError::Environment(format!("{}: {e}", built.path.display()))
+        };
+        // SAFETY: the library is the shim just built; each symbol has the signature
+        // declared in `onednn_conv.c`.
+        unsafe {
+            let lib = libloading::Library::new(&built.path).map_err(env)?;
+            Ok(OneDnn {
+                new: *lib.get::<New>(b"as_onednn_conv_new").map_err(env)?,
+                run: *lib.get::<Call>(b"as_onednn_conv_run").map_err(env)?,
+                output: *lib.get::<Output>(b"as_onednn_conv_output").map_err(env)?,
+                free: *lib.get::<Free>(b"as_onednn_conv_free").map_err(env)?,
+                warm: *lib.get::<Warm>(b"as_onednn_conv_warm").map_err(env)?,
+                _lib: lib,
+            })
+        }
+    }
+}
+
+/// One convolution set up in oneDNN, with random data.
+struct Conv<'a> {
+    dnn: &'a OneDnn,
+    handle: *mut c_void,
+}
+
+impl<'a> Conv<'a> {
+    /// Set up `geom` on random data; returns it and the relative error of its output
+    /// against the operator reference.
+    fn new(dnn: &'a OneDnn, layer: &Layer, geom: &Geometry) -> Result<(Conv<'a>, f64)> {
+        let g = &geom.g;
+        let n = |dims: &[i64]| dims.iter().product::<i64>() as usize;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64
+            ^ g.iter()
+                .fold(0u64, |a, &x| a.wrapping_mul(31).wrapping_add(x as u64));
+        let x = uniform(n(&g[0..4]), &mut state);
+        let w = uniform(n(&[g[4], g[1], g[5], g[6]]), &mut state);
+        let bias = uniform(g[4] as usize, &mut state);
+        let residual = geom
+            .residual
+            .then(|| uniform(geom.output_len(), &mut state));
+        let fail = || BenchError::Environment(format!("oneDNN: {}: a call failed", geom.label()));
+        // SAFETY: the buffers hold the elements the geometry says; oneDNN copies them.
+        let handle = unsafe {
+            (dnn.new)(
+                g.as_ptr(),
+                geom.relu as i32,
+                x.as_ptr(),
+                w.as_ptr(),
+                bias.as_ptr(),
+                residual.as_ref().map_or(std::ptr::null(), |r| r.as_ptr()),
+            )
+        };
+        if handle.is_null() {
+            return Err(fail());
+        }
+        let conv = Conv { dnn, handle };
+        let mut got = vec![0f32; geom.output_len()];
+        // SAFETY: `got` holds the output's elements.
+        if unsafe { (dnn.run)(handle) != 0 || (dnn.output)(handle, got.as_mut_ptr()) != 0 } {
+            return Err(fail());
+        }
+        let want = reference(layer, geom, [x, w, bias], residual)?;
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| {
+                if a.is_nan() != b.is_nan() {
+                    f32::INFINITY
+                } else {
+                    (a - b).abs()
+                }
+            })
+            .fold(0f32, f32::max);
+        Ok((conv, (worst / scale.max(f32::MIN_POSITIVE)) as f64))
+    }
+
+    /// Read its input (and the output a residual sum adds to) into the cache, as the
+    /// model's earlier steps leave them.
+    fn warm(&self) {
+        // SAFETY: a handle `new` made.
+        std::hint::black_box(unsafe { (self.dnn.warm)(self.handle) });
+    }
+
+    /// The seconds of one call (a residual sum accumulates into the output: for
+    /// timing only).
+    fn time(&self) -> Result<f64> {
+        let t = Instant::now();
+        // SAFETY: a handle `new` made.
+        match unsafe { (self.dnn.run)(self.handle) } {
+            0 => Ok(t.elapsed().as_secs_f64()),
+            _ => Err(BenchError::Environment(
+                "oneDNN: a convolution failed".into(),
+            )),
+        }
+    }
+}
+
+impl Drop for Conv<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a handle `new` made, freed once.
+        unsafe { (self.dnn.free)(self.handle) }
+    }
+}
+
+/// The operator reference: `Conv` over `[x, w, bias]`, then the residual and ReLU.
+fn reference(
+    layer: &Layer,
+    geom: &Geometry,
+    [x, w, bias]: [Vec<f32>; 3],
+    residual: Option<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let g = &geom.g;
+    let dims = |d: &[i64]| d.iter().map(|&v| v as usize).collect::<Vec<_>>();
+    let t = |shape: Vec<usize>, v: Vec<f32>| {
+        Tensor::f32(shape, v).map_err(|e| BenchError::Options(e.to_string()))
+    };
+    let x = t(dims(&g[0..4]), x)?;
+    let w = t(dims(&[g[4], g[1], g[5], g[6]]), w)?;
+    let bias = t(vec![g[4] as usize], bias)?;
+    let conv = anyshape_tensor::ops::op("Conv")
+        .ok_or_else(|| BenchError::Options("no Conv reference".into()))?;
+    let ins: [Option<TensorRef>; 3] = [Some(x.view()), Some(w.view()), Some(bias.view())];
+    let out = (conv.eval)(&layer.node(), &ins).map_err(|e| BenchError::Options(e.to_string()))?;
+    let mut y = out[0]
+        .as_f32()
+        .map_err(|e| BenchError::Options(e.to_string()))?
+        .to_vec();
+    for (i, v) in y.iter_mut().enumerate() {
+        if let Some(r) = &residual {
+            *v += r[i];
+        }
+        if geom.relu {
+            *v = v.max(0.0);
+        }
+    }
+    Ok(y)
+}
+
+/// One instance's results, per geometry (layers of the same geometry together).
+struct Row {
+    bindings: Bindings,
+    geom: Geometry,
+    /// How many of the model's layers have it.
+    calls: usize,
+    /// anyshape's seconds for those layers (their per-step minima summed): the patches'
+    /// layout, the kernel.
+    layout: f64,
+    kernel: f64,
+    /// oneDNN's seconds for those layers called in the model's order (each its
+    /// minimum), and one of them called again and again (its minimum, times `calls`).
+    in_order: f64,
+    repeated: f64,
+    /// oneDNN's largest relative error against the reference.
+    error: f64,
+}
+
+/// Time every convolution of the model module in `dir` against oneDNN's; returns the
+/// summary and the files written.
+pub fn compare_convolutions(
+    dir: &Path,
+    o: &ConvCompareOptions,
+    h: &Harness,
+    progress: &mut dyn Progress,
+) -> Result<(String, Vec<String>)> {
+    let out = OutDir::new(o.out_dir, Reads::new().dir(dir).clone())?;
+    let model = anyshape_runtime::Model::load(dir)?;
+    let plan = model.plan();
+    let (layers, skipped) = layers(plan);
+    if layers.is_empty() {
+        return Err(BenchError::Options(format!(
+            "{}: no convolution kernels (conv_packed) to compare",
+            dir.display()
+        )));
+    }
+    let dims: Vec<String> = model.dims().iter().map(|d| d.name.clone()).collect();
+    let instances = instances(&dims, o.dims)?;
+    progress.note("building the oneDNN convolution ...");
+    let dnn = OneDnn::load(h)?;
+    progress.note("measuring the FMA peak ...");
+    let peak = peak::measure(&h.target, &h.builder, 0.3)?
+        .last()
+        .map_or(f64::NAN, |p| p.1);
+    let mut rows = Vec::new();
+    progress.start("instances", instances.len());
+    for b in &instances {
+        progress.message(&b.to_string());
+        let tensors = inputs(model.inputs(), b)?;
+        let given: Vec<(&str, TensorRef)> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let geoms = layers
+            .iter()
+            .map(|l| l.at(plan, b))
+            .collect::<Result<Vec<_>>>()?;
+        let mut unique = geoms.clone();
+        unique.sort();
+        unique.dedup();
+        // One oneDNN convolution per layer, each with its own weights (as in a model).
+        let convs = layers
+            .iter()
+            .zip(&geoms)
+            .map(|(l, g)| Conv::new(&dnn, l, g))
+            .collect::<Result<Vec<_>>>()?;
+        // The layers of each geometry.
+        let members: Vec<Vec<usize>> = unique
+            .iter()
+            .map(|g| (0..layers.len()).filter(|&l| geoms[l] == *g).collect())
+            .collect();
+        model.run(&given)?;
+        let mut steps = vec![f64::INFINITY; plan.steps.len()];
+        let mut in_order = vec![f64::INFINITY; layers.len()];
+        let mut repeated = vec![f64::INFINITY; unique.len()];
+        for r in 0..o.rounds {
+            for turn in 0..2 {
+                if (turn + r) % 2 == 0 {
+                    let start = Instant::now();
+                    let mut runs = 0;
+                    while runs < 3 || start.elapsed().as_secs_f64() < o.seconds {
+                        for (s, t) in steps.iter_mut().zip(model.step_seconds(&given)?) {
+                            *s = s.min(t);
+                        }
+                        runs += 1;
+                    }
+                } else {
+                    // Half the turn in the model's order (each layer once a pass, its
+                    // input read just before: its weights as cold and its input as
+                    // warm as in a model run), half one layer of each geometry called
+                    // again and again (all warm).
+                    let start = Instant::now();
+                    let mut passes = 0;
+                    while passes < 3 || start.elapsed().as_secs_f64() < o.seconds / 2.0 {
+                        for ((conv, _), best) in convs.iter().zip(&mut in_order) {
+                            conv.warm();
+                            *best = best.min(conv.time()?);
+                        }
+                        passes += 1;
+                    }
+                    let share = o.seconds / 2.0 / unique.len() as f64;
+                    for (u, best) in repeated.iter_mut().enumerate() {
+                        let conv = &convs[members[u][0]].0;
+                        let start = Instant::now();
+                        let mut runs = 0;
+                        while runs < 3 || start.elapsed().as_secs_f64() < share {
+                            *best = best.min(conv.time()?);
+                            runs += 1;
+                        }
+                    }
+                }
+                // Each side's threads (oneDNN's OpenMP team spins a while after a
+                // call) idle before the other's turn.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for (u, g) in unique.iter().enumerate() {
+            let sum = |f: &dyn Fn(usize) -> f64| -> f64 { members[u].iter().map(|&l| f(l)).sum() };
+            let calls = members[u].len();
+            rows.push(Row {
+                bindings: b.clone(),
+                geom: g.clone(),
+                calls,
+                layout: sum(&|l| match layers[l].steps[..] {
+                    [a, _] => steps[a],
+                    _ => 0.0,
+                }),
+                kernel: sum(&|l| steps[*layers[l].steps.last().expect("a kernel")]),
+                in_order: sum(&|l| in_order[l]),
+                repeated: repeated[u] * calls as f64,
+                error: members[u].iter().map(|&l| convs[l].1).fold(0.0, f64::max),
+            });
+        }
+        let (a, d) = rows
+            .iter()
+            .filter(|r| r.bindings == *b)
+            .fold((0.0, 0.0), |(a, d), r| {
+                (a + r.layout + r.kernel, d + r.in_order)
+            });
+        progress.note(&format!(
+            "{b}: convolutions anyshape {} ms, oneDNN {} ms in the model's order ({:.2}x)",
+            significant(a * 1e3),
+            significant(d * 1e3),
+            d / a
+        ));
+        progress.inc(1);
+    }
+    progress.finish();
+    let report = Report {
+        dir,
+        target: &h.target.describe(),
+        peak,
+        o,
+        rows: &rows,
+        skipped: &skipped,
+    };
+    let md = report.markdown();
+    let mut written = Vec::new();
+    for (name, text) in [("conv.md", &md), ("conv.csv", &report.csv())] {
+        written.push(out.write(name, text.as_bytes())?.display().to_string());
+    }
+    Ok((report.summary(), written))
+}
+
+struct Report<'a> {
+    dir: &'a Path,
+    target: &'a str,
+    peak: f64,
+    o: &'a ConvCompareOptions<'a>,
+    rows: &'a [Row],
+    skipped: &'a [String],
+}
+
+impl Report<'_> {
+    /// Per instance: its rows; anyshape's, oneDNN's in the model's order and oneDNN's
+    /// repeated total seconds.
+    fn instances(&self) -> Vec<(&Bindings, Vec<&Row>, [f64; 3])> {
+        let mut out: Vec<(&Bindings, Vec<&Row>, [f64; 3])> = Vec::new();
+        for r in self.rows {
+            if out.last().is_none_or(|(b, ..)| **b != r.bindings) {
+                out.push((&r.bindings, Vec::new(), [0.0; 3]));
+            }
+            let (_, rows, t) = out.last_mut().expect("pushed");
+            rows.push(r);
+            t[0] += r.layout + r.kernel;
+            t[1] += r.in_order;
+            t[2] += r.repeated;
+        }
+        out
+    }
+
+    fn summary(&self) -> String {
+        let mut s = String::new();
+        for (b, rows, [a, d, h]) in self.instances() {
+            let per: Vec<f64> = rows
+                .iter()
+                .map(|r| r.in_order / (r.layout + r.kernel))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{b}: {} convolutions, anyshape {} ms, oneDNN {} ms in the model's order: {:.2}x oneDNN (geomean over the {} geometries {:.2}x); {:.2}x oneDNN's layers called again and again ({} ms)",
+                rows.iter().map(|r| r.calls).sum::<usize>(),
+                significant(a * 1e3),
+                significant(d * 1e3),
+                d / a,
+                rows.len(),
+                geomean(&per),
+                h / a,
+                significant(h * 1e3),
+            );
+        }
+        s
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let _ = writeln!(
+            s,
+            "# anyshape bench --model --conv-kernels: {}\n",
+            self.dir.display()
+        );
+        let _ = writeln!(s, "Command: `{command}`\n");
+        let _ = writeln!(
+            s,
+            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
+            self.target, self.peak
+        );
+        let _ = writeln!(
+            s,
+            "Each convolution of the module against oneDNN's (its direct convolution primitive, FP32, its OpenMP threads on every core; bias, and the residual sum and ReLU as post-ops where anyshape's kernel has them; its data in the blocked layouts it picks, reordered once outside the timing; one primitive and set of weights per layer, as in a model). anyshape: the patches' layout (`anyshape.Im2Col`, a host step; none for a 1 x 1 convolution without stride) and the `conv_packed` kernel, timed step by step inside whole-model runs (its minimum per step). oneDNN, two ways: every layer in the model's order, pass after pass, its input (and the output a residual sum adds to) read just before the call (each layer's minimum: its weights as cold and its input as warm as in a model run), and one layer of each geometry called again and again (its minimum: everything warm). {} rounds of >= {} s per system, anyshape's runs and oneDNN's layers taking turns to go first. Layers of the same geometry are one row (calls: how many; times: all of them). GFLOP/s: two per multiply-add of every tap, those over the padding too (oneDNN skips those: on small images its rate can pass the FMA peak). Speedup = oneDNN / anyshape (> 1: anyshape is faster). Error: oneDNN's output against the operator reference (`Conv`, then the residual and ReLU) on random data, max |error| / max |reference| over the layers of the row.\n",
+            self.o.rounds, self.o.seconds
+        );
+        s.push_str(&self.summary());
+        s.push('\n');
+        for (b, rows, [a, d, h]) in self.instances() {
+            let _ = writeln!(s, "## {b}\n");
+            s.push_str("| convolution | calls | anyshape layout ms | anyshape kernel ms | anyshape ms | anyshape GFLOP/s | % of FMA peak | oneDNN ms, model order | oneDNN GFLOP/s | speedup | oneDNN ms, repeated | speedup | error of oneDNN |\n");
+            s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+            let mut flops = 0.0;
+            for r in &rows {
+                let mine = r.layout + r.kernel;
+                let f = r.geom.flops() * r.calls as f64;
+                flops += f;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.2}x | {} | {:.2}x | {:.1e} |",
+                    r.geom.label(),
+                    r.calls,
+                    significant(r.layout * 1e3),
+                    significant(r.kernel * 1e3),
+                    significant(mine * 1e3),
+                    f / mine / 1e9,
+                    f / mine / 1e9 / self.peak * 100.0,
+                    significant(r.in_order * 1e3),
+                    f / r.in_order / 1e9,
+                    r.in_order / mine,
+                    significant(r.repeated * 1e3),
+                    r.repeated / mine,
+                    r.error
+                );
+            }
+            let layout: f64 = rows.iter().map(|r| r.layout).sum();
+            let _ = writeln!(
+                s,
+                "| all | {} | {} | {} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.2}x | {} | {:.2}x | |\n",
+                rows.iter().map(|r| r.calls).sum::<usize>(),
+                significant(layout * 1e3),
+                significant((a - layout) * 1e3),
+                significant(a * 1e3),
+                flops / a / 1e9,
+                flops / a / 1e9 / self.peak * 100.0,
+                significant(d * 1e3),
+                flops / d / 1e9,
+                d / a,
+                significant(h * 1e3),
+                h / a
+            );
+        }
+        if !self.skipped.is_empty() {
+            s.push_str("Not compared:\n\n");
+            for k in self.skipped {
+                let _ = writeln!(s, "- {k}");
+            }
+        }
+        s
+    }
+
+    fn csv(&self) -> String {
+        let dims: Vec<&str> = self.o.dims.iter().map(|(d, _)| d.as_str()).collect();
+        let mut s = format!(
+            "{},convolution,calls,flops_per_call,anyshape_layout_s,anyshape_kernel_s,onednn_model_order_s,onednn_repeated_s,onednn_error\n",
+            dims.join(",")
+        );
+        for r in self.rows {
+            let at: Vec<String> = dims
+                .iter()
+                .map(|d| r.bindings.get(d).map_or(String::new(), |v| v.to_string()))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{},\"{}\",{},{},{:e},{:e},{:e},{:e},{:e}",
+                at.join(","),
+                r.geom.label(),
+                r.calls,
+                r.geom.flops(),
+                r.layout,
+                r.kernel,
+                r.in_order,
+                r.repeated,
+                r.error
+            );
+        }
+        s
+    }
+}
