@@ -53,7 +53,8 @@ struct Layer {
     /// The convolution's window attributes and `kernel_shape` (a 1 x 1 one with no
     /// stride, pad or dilation where the kernel reads the image as it is).
     attrs: BTreeMap<String, Attr>,
-    /// Its epilogue after the bias: a residual sum, then ReLU.
+    /// Its epilogue: a bias, a residual sum, ReLU (in that order; each where true).
+    bias: bool,
     residual: bool,
     relu: bool,
 }
@@ -64,6 +65,7 @@ struct Geometry {
     /// n, ci, h, w, co, kh, kw, strides, dilations, pads (top, left, bottom, right),
     /// oh, ow: the order `as_onednn_conv_new` takes.
     g: [i64; 17],
+    bias: bool,
     residual: bool,
     relu: bool,
 }
@@ -84,7 +86,9 @@ impl Geometry {
         if g[9] != 1 || g[10] != 1 {
             let _ = write!(s, " dilation {}", g[9]);
         }
-        s.push_str(" +bias");
+        if self.bias {
+            s.push_str(" +bias");
+        }
         if self.residual {
             s.push_str(" +residual");
         }
@@ -138,11 +142,12 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
                 _ => "other",
             })
             .collect();
-        let (residual, relu) = match kinds[..] {
-            ["bias"] => (false, false),
-            ["bias", "relu"] => (false, true),
-            ["bias", "residual"] => (true, false),
-            ["bias", "residual", "relu"] => (true, true),
+        let bias = kinds.first() == Some(&"bias");
+        let (residual, relu) = match kinds[bias as usize..] {
+            [] => (false, false),
+            ["relu"] => (false, true),
+            ["residual"] => (true, false),
+            ["residual", "relu"] => (true, true),
             _ => {
                 skipped.push(format!(
                     "{w}: an epilogue oneDNN's post-ops do not express here"
@@ -158,6 +163,7 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
         let (steps, image, attrs) = match layout.map(|l| (l, &plan.steps[l])) {
             Some((l, Step::Host(node))) if node.op == anyshape_tensor::ops::IM2COL => {
                 let Some(Some(image)) = node.inputs.first() else {
+                    skipped.push(format!("{w}: its patches' layout reads no image"));
                     continue;
                 };
                 (vec![l, k], *image, node.attrs.clone())
@@ -169,6 +175,7 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
             image,
             workload: w.clone(),
             attrs,
+            bias,
             residual,
             relu,
         });
@@ -230,6 +237,7 @@ impl Layer {
                 s(oh),
                 s(ow),
             ],
+            bias: self.bias,
             residual: self.residual,
             relu: self.relu,
         })
@@ -335,7 +343,11 @@ impl<'a> Conv<'a> {
                 .fold(0u64, |a, &x| a.wrapping_mul(31).wrapping_add(x as u64));
         let x = uniform(n(&g[0..4]), &mut state);
         let w = uniform(n(&[g[4], g[1], g[5], g[6]]), &mut state);
-        let bias = uniform(g[4] as usize, &mut state);
+        // Without a bias in the model, oneDNN's is zero.
+        let bias = match geom.bias {
+            true => uniform(g[4] as usize, &mut state),
+            false => vec![0.0; g[4] as usize],
+        };
         let residual = geom
             .residual
             .then(|| uniform(geom.output_len(), &mut state));
@@ -474,8 +486,7 @@ pub fn compare_convolutions(
             dir.display()
         )));
     }
-    let dims: Vec<String> = model.dims().iter().map(|d| d.name.clone()).collect();
-    let instances = instances(&dims, o.dims)?;
+    let instances = instances(model.dims(), o.dims)?;
     progress.note("building the oneDNN convolution ...");
     let dnn = OneDnn::load(h)?;
     progress.note("measuring the FMA peak ...");

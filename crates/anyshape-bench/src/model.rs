@@ -58,10 +58,15 @@ impl Row {
 
 /// The useful flops of a run of `model` at `b`: its kernels' ([`Workload::flops`] times
 /// the steps that run each task); host steps (layer norms, gathers, masks) are not
-/// counted. `None` where a task's workload does not bind at `b`.
+/// counted. A plain run's caches have no rows to spare ([`CACHE_RESERVE`] 0). `None`
+/// where a task's workload does not bind at `b`.
 ///
 /// [`Workload::flops`]: anyshape_ir::Workload::flops
+/// [`CACHE_RESERVE`]: anyshape_ir::CACHE_RESERVE
 fn run_flops(model: &anyshape_runtime::Model, b: &Bindings) -> Option<f64> {
+    let mut b = b.clone();
+    b.update(anyshape_ir::CACHE_RESERVE, 0);
+    let b = &b;
     model
         .plan()
         .tasks
@@ -125,18 +130,25 @@ fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The instances: the cross product of the dims' values, checked against the model.
-pub(crate) fn instances(names: &[String], dims: &[(String, Vec<i64>)]) -> Result<Vec<Bindings>> {
+/// The instances: the cross product of the dims' values, checked against the model's
+/// dims (a value is at least 1, or 0 where the dim's domain starts there: a decoder's
+/// past).
+pub(crate) fn instances(
+    model: &[anyshape_ir::ShapeVar],
+    dims: &[(String, Vec<i64>)],
+) -> Result<Vec<Bindings>> {
+    let names: Vec<String> = model.iter().map(|d| d.name.clone()).collect();
     for (d, values) in dims {
-        if !names.contains(d) {
+        let Some(var) = model.iter().find(|v| v.name == *d) else {
             return Err(BenchError::Options(format!(
                 "--dim {d}: the model has no dim of that name (its dims: {})",
                 names.join(", ")
             )));
-        }
-        if values.is_empty() || values.iter().any(|&v| v < 1) {
+        };
+        let least = var.domain.bounds().map_or(1, |(lo, _)| lo.clamp(0, 1));
+        if values.is_empty() || values.iter().any(|&v| v < least) {
             return Err(BenchError::Options(format!(
-                "--dim {d}: values must be at least 1"
+                "--dim {d}: values must be at least {least}"
             )));
         }
     }
@@ -201,9 +213,8 @@ pub fn compare_model(
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
     let source = source_model(&model, o.peers.onnx)?;
-    let dims: Vec<String> = model.dims().iter().map(|d| d.name.clone()).collect();
     let specs = model.inputs().to_vec();
-    let instances = instances(&dims, o.dims)?;
+    let instances = instances(model.dims(), o.dims)?;
     // The generated inputs (and onnxruntime's outputs) live only as long as the run.
     let scratch = tempfile::Builder::new()
         .prefix("anyshape-bench-model")

@@ -613,6 +613,66 @@ fn generate_text_and_race_it() {
         assert_eq!(r[5], "16", "{csv}");
     }
     assert!(out.contains("% of the measured read bandwidth"), "{out}");
+    // Its forward pass raced too, with no past (a dim whose domain starts at 0) and a
+    // past of 5: every peer agrees on every output (OpenVINO named a compiled cache
+    // output after the Concat that makes it), and anyshape's rate is counted (its
+    // cache kernels bound without rows to spare).
+    let o = anyshape(
+        d,
+        &[
+            &[
+                "bench",
+                "--model",
+                m,
+                "--compare",
+                "--dim",
+                "batch=1",
+                "--dim",
+                "sequence=1,7",
+                "--dim",
+                "past_sequence=0,5",
+                "--rounds",
+                "1",
+                "--seconds",
+                "0",
+                "--out-dir",
+                "forward",
+                "--quiet",
+            ][..],
+            &peers,
+        ]
+        .concat(),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && !out.contains("failed"), "{out}");
+    let md = std::fs::read_to_string(d.join("forward/model.md")).unwrap();
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| batch=")).collect();
+    assert_eq!(rows.len(), 4, "{md}");
+    for r in rows {
+        let cells: Vec<&str> = r.split('|').map(str::trim).collect();
+        assert!(cells[3].parse::<f64>().is_ok_and(|g| g > 0.0), "{md}");
+    }
+    // 0 is a value only of a dim whose domain starts there.
+    let o = anyshape(
+        d,
+        &[
+            "bench",
+            "--model",
+            m,
+            "--compare",
+            "--dim",
+            "batch=0",
+            "--dim",
+            "sequence=1",
+            "--dim",
+            "past_sequence=0",
+        ],
+    );
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("--dim batch: values must be at least 1"),
+        "{out}"
+    );
 }
 
 /// A CNN's convolutions against oneDNN's, layer by layer (`bench --model

@@ -104,10 +104,16 @@ def openvino(model, threads, precision):
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if precision:
         config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = ov.Core().compile_model(model, "CPU", config)
+    core = ov.Core()
+    source = core.read_model(model)
+    # The graph's names, from the model as read: compiled, an output may carry more
+    # than one (a cache output is also the name of the Concat that makes it) and
+    # `get_any_name` may give the other.
+    names = [o.get_any_name() for o in source.outputs]
+    inputs = [p.get_any_name() for p in source.inputs]
+    compiled = core.compile_model(source, "CPU", config)
     actual = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     request = compiled.create_infer_request()
-    names = [o.get_any_name() for o in compiled.outputs]
 
     def run(feed):
         # Its fastest path: inputs and outputs shared with NumPy, not copied.
@@ -136,7 +142,6 @@ def openvino(model, threads, precision):
         return np.stack(tokens, axis=1).tolist(), times
 
     version = getattr(ov, "__version__", None) or ov.get_version()
-    inputs = [p.get_any_name() for p in compiled.inputs]
     return version.split("-")[0], actual, inputs, run, generate
 
 
