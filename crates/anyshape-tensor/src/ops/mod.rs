@@ -434,9 +434,55 @@ pub(crate) fn for_rows<const N: usize>(
 pub(crate) fn strided(data: DataRef, out: &[usize], strides: &[usize]) -> Data {
     let mut d = Data::zeros(data.dtype(), out.iter().product::<usize>());
     if let Some(d) = d.as_mut_of(data) {
-        d.walk(out, strides);
+        d.walk(out, strides, Workers::SERIAL);
     }
     d
+}
+
+/// Blocks of at least this many indices of the leading axes give a walk over the
+/// workers enough parts to balance (each block one index of them).
+const WALK_BLOCKS: usize = 64;
+
+/// [`walk_into`] over `workers`: the output in blocks of its trailing axes (the
+/// fewest leading axes with [`WALK_BLOCKS`] indices, at most all but the last), each
+/// block walked by one thread from its own start in `v`.
+fn walk_split<T: Copy + Send + Sync>(
+    v: &[T],
+    out: &[usize],
+    strides: &[usize],
+    dst: &mut [T],
+    workers: Workers,
+) {
+    let r = out.len();
+    if r == 0 || !workers.is_parallel() {
+        return walk_into(v, out, strides, dst);
+    }
+    let lead = (1..r)
+        .find(|&l| out[..l].iter().product::<usize>() >= WALK_BLOCKS)
+        .unwrap_or(r - 1);
+    let block: usize = out[lead..].iter().product();
+    workers.chunks_mut(dst, block, |i, chunk| {
+        let (mut at, mut rest) = (0, i);
+        for d in (0..lead).rev() {
+            at += rest % out[d] * strides[d];
+            rest /= out[d];
+        }
+        walk_into(&v[at..], &out[lead..], &strides[lead..], chunk)
+    });
+}
+
+/// Rows of `row` elements of `d`: row `i` gets `n` elements of `v` from `from(i)`, at
+/// `at` within it; the rows split over `workers`.
+fn rows_into<T: Copy + Send + Sync>(
+    v: &[T],
+    d: &mut [T],
+    workers: Workers,
+    [row, at, n]: [usize; 3],
+    from: &(dyn Fn(usize) -> usize + Sync),
+) {
+    workers.chunks_mut(d, row, |i, out| {
+        out[at..at + n].copy_from_slice(&v[from(i)..][..n])
+    });
 }
 
 /// `v` read with `strides` over the shape `out` (row-major order) into `dst` (of
@@ -470,12 +516,30 @@ pub(crate) enum Pair<'a, 'b> {
 }
 
 impl Pair<'_, '_> {
-    /// The source read with `strides` over the shape `out` into the destination.
-    pub(crate) fn walk(self, out: &[usize], strides: &[usize]) {
+    /// The source read with `strides` over the shape `out` into the destination, in
+    /// blocks split over `workers`.
+    pub(crate) fn walk(self, out: &[usize], strides: &[usize], workers: Workers) {
         match self {
-            Pair::F32(v, d) => walk_into(v, out, strides, d),
-            Pair::I64(v, d) => walk_into(v, out, strides, d),
-            Pair::Bool(v, d) => walk_into(v, out, strides, d),
+            Pair::F32(v, d) => walk_split(v, out, strides, d, workers),
+            Pair::I64(v, d) => walk_split(v, out, strides, d, workers),
+            Pair::Bool(v, d) => walk_split(v, out, strides, d, workers),
+        }
+    }
+
+    /// The destination as rows of `row` elements: row `i` gets `n` elements of the
+    /// source from `from(i)`, at `at` within it (`Split`'s parts, one input's blocks of
+    /// a `Concat`); the rows split over `workers`.
+    pub(crate) fn rows(
+        self,
+        workers: Workers,
+        [row, at, n]: [usize; 3],
+        from: &(dyn Fn(usize) -> usize + Sync),
+    ) {
+        let shape = [row, at, n];
+        match self {
+            Pair::F32(v, d) => rows_into(v, d, workers, shape, from),
+            Pair::I64(v, d) => rows_into(v, d, workers, shape, from),
+            Pair::Bool(v, d) => rows_into(v, d, workers, shape, from),
         }
     }
 
@@ -784,5 +848,115 @@ mod tests {
             );
         }
         assert_eq!(strided(data.view(), &[], &[]), Data::I64(vec![0]));
+    }
+
+    /// The copies of `Transpose`, `Expand`, `Split` and `Concat` split over two
+    /// threads write what they write on one: shapes large enough to split (and an
+    /// empty part), each element type, several axes.
+    #[test]
+    fn movement_split_over_threads_matches_one_thread() {
+        use crate::node::Attr;
+        let t = |shape: &[usize], dtype: DType| {
+            let n: usize = shape.iter().product();
+            let data = match dtype {
+                DType::F32 => Data::F32((0..n).map(|i| i as f32).collect()),
+                DType::I64 => Data::I64((0..n as i64).collect()),
+                DType::Bool => Data::Bool((0..n).map(|i| i % 3 == 0).collect()),
+            };
+            Tensor::new(shape.to_vec(), data).unwrap()
+        };
+        let ints = |v: &[i64]| Tensor::new(vec![v.len()], Data::I64(v.to_vec())).unwrap();
+        // (op, attributes, inputs, outputs)
+        type Case<'a> = (&'a str, Vec<(&'a str, Attr)>, Vec<Tensor>, usize);
+        let cases: Vec<Case> = vec![
+            (
+                "Transpose",
+                vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))],
+                vec![t(&[1, 256, 12, 64], DType::F32)],
+                1,
+            ),
+            (
+                "Transpose",
+                vec![("perm", Attr::Ints(vec![1, 0, 2]))],
+                vec![t(&[2, 40, 300], DType::I64)],
+                1,
+            ),
+            ("Transpose", vec![], vec![t(&[300, 70], DType::Bool)], 1),
+            (
+                "Expand",
+                vec![],
+                vec![t(&[1, 300], DType::F32), ints(&[70, 300])],
+                1,
+            ),
+            (
+                "Expand",
+                vec![],
+                vec![t(&[5, 1, 3], DType::I64), ints(&[5, 4000, 3])],
+                1,
+            ),
+            (
+                "Split",
+                vec![("axis", Attr::Int(1))],
+                vec![t(&[256, 2304], DType::F32)],
+                3,
+            ),
+            (
+                "Split",
+                vec![("axis", Attr::Int(1))],
+                vec![t(&[3, 5000, 4], DType::I64), ints(&[1000, 0, 4000])],
+                3,
+            ),
+            (
+                "Split",
+                vec![("axis", Attr::Int(0))],
+                vec![t(&[64, 600], DType::Bool)],
+                2,
+            ),
+            (
+                "Concat",
+                vec![("axis", Attr::Int(1))],
+                vec![t(&[12, 0, 64], DType::F32), t(&[12, 256, 64], DType::F32)],
+                1,
+            ),
+            (
+                "Concat",
+                vec![("axis", Attr::Int(1))],
+                vec![
+                    t(&[64, 300], DType::I64),
+                    t(&[64, 100], DType::I64),
+                    t(&[64, 7], DType::I64),
+                ],
+                1,
+            ),
+            (
+                "Concat",
+                vec![("axis", Attr::Int(0))],
+                vec![t(&[40, 500], DType::Bool), t(&[3, 500], DType::Bool)],
+                1,
+            ),
+        ];
+        for (name, attrs, inputs, outputs) in cases {
+            let node = Node {
+                name: name.into(),
+                op: name.into(),
+                inputs: (0..inputs.len()).map(Some).collect(),
+                outputs: (inputs.len()..inputs.len() + outputs).collect(),
+                attrs: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            };
+            let ins: Vec<Option<TensorRef>> = inputs.iter().map(|t| Some(t.view())).collect();
+            let spec = op(name).unwrap();
+            let serial = (spec.eval)(&node, &ins).unwrap();
+            let mut split: Vec<Tensor> = serial
+                .iter()
+                .map(|o| Tensor::zeros(o.dtype(), o.shape.clone()).unwrap())
+                .collect();
+            let two = crate::workers::Two;
+            (spec.eval_into.unwrap())(&node, &ins, &mut split, Workers::new(&two)).unwrap();
+            assert!(
+                split == serial,
+                "{name} of {:?}",
+                inputs.iter().map(|t| &t.shape).collect::<Vec<_>>()
+            );
+        }
     }
 }

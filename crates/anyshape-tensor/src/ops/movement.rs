@@ -88,13 +88,14 @@ fn eval_concat(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     eval_via(node, ins, eval_concat_into)
 }
 
-/// The inputs concatenated along the axis: for each index of the axes before it, each
-/// input's block in turn, copied whole.
+/// The inputs concatenated along the axis: for each index of the axes before it (a
+/// row of the output), each input's block in turn, copied whole — input by input, the
+/// rows split over the workers.
 fn eval_concat_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     let first = *ins
         .iter()
@@ -114,19 +115,16 @@ fn eval_concat_into(
         }
         shape[a] += t.shape[a];
     }
-    let outer: usize = first.shape[..a].iter().product();
     let o = shaped(node, outs, 0, &shape)?;
-    let mut to = 0;
-    for o_ in 0..outer {
-        for t in ins.iter().flatten() {
-            let inner: usize = t.shape[a..].iter().product();
-            let mut pair = o
-                .data
-                .as_mut_of(t.data)
-                .ok_or_else(|| node.error("inputs of different element types"))?;
-            pair.copy(o_ * inner, to, inner);
-            to += inner;
-        }
+    let row: usize = shape[a..].iter().product();
+    let mut at = 0;
+    for t in ins.iter().flatten() {
+        let inner: usize = t.shape[a..].iter().product();
+        o.data
+            .as_mut_of(t.data)
+            .ok_or_else(|| node.error("inputs of different element types"))?
+            .rows(workers, [row, at, inner], &|o_| o_ * inner);
+        at += inner;
     }
     Ok(())
 }
@@ -523,14 +521,14 @@ fn eval_transpose_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     let x = req(node, ins, 0)?;
     let p = perm(node, x.shape.len())?;
     let st = row_strides(x.shape);
     let out: Dims = p.iter().map(|&a| x.shape[a]).collect();
     let permuted: Dims = p.iter().map(|&a| st[a]).collect();
-    out_of(node, outs, 0, &out, x.data)?.walk(&out, &permuted);
+    out_of(node, outs, 0, &out, x.data)?.walk(&out, &permuted, workers);
     Ok(())
 }
 
@@ -619,7 +617,7 @@ fn eval_split_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     let x = req(node, ins, 0)?;
     let a = axis(node, node.int("axis", 0)?, x.shape.len())?;
@@ -641,7 +639,6 @@ fn eval_split_into(
         return fail(node, "the axis does not split evenly");
     }
     let chunk = dim.div_ceil(n.max(1));
-    let outer: usize = x.shape[..a].iter().product();
     let inner: usize = x.shape[a + 1..].iter().product();
     let mut at = 0usize;
     for k in 0..n {
@@ -653,10 +650,9 @@ fn eval_split_into(
         }
         let mut shape: Dims = x.shape.iter().copied().collect();
         shape[a] = s;
-        let mut o = out_of(node, outs, k, &shape, x.data)?;
-        for o_ in 0..outer {
-            o.copy((o_ * dim + at) * inner, o_ * s * inner, s * inner);
-        }
+        let row = s * inner;
+        out_of(node, outs, k, &shape, x.data)?
+            .rows(workers, [row, 0, row], &|o_| (o_ * dim + at) * inner);
         at += s;
     }
     Ok(())

@@ -349,7 +349,7 @@ fn eval_expand_into(
     node: &Node,
     ins: &[Option<TensorRef>],
     outs: &mut [Tensor],
-    _: Workers,
+    workers: Workers,
 ) -> Result<()> {
     let x = req(node, ins, 0)?;
     let target = req(node, ins, 1)?.as_i64().map_err(|e| node.error(e))?;
@@ -369,7 +369,7 @@ fn eval_expand_into(
         };
     }
     let strides = broadcast_strides(x.shape, r);
-    out_of(node, outs, 0, &out, x.data)?.walk(&out, &strides);
+    out_of(node, outs, 0, &out, x.data)?.walk(&out, &strides, workers);
     Ok(())
 }
 
