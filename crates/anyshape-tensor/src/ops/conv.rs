@@ -261,14 +261,22 @@ fn columns(
             }
             out[..first].fill(0.0);
             out[end..].fill(0.0);
-            if sx == 1 {
-                out[first..end].copy_from_slice(&src[start..start + (end - first)]);
-            } else {
-                for (o, &v) in out[first..end]
-                    .iter_mut()
-                    .zip(src[start..].iter().step_by(sx))
-                {
-                    *o = v;
+            let dst = &mut out[first..end];
+            match (sx, dst.split_last_mut()) {
+                (1, _) => dst.copy_from_slice(&src[start..start + dst.len()]),
+                // Every other element, as pairs: the compiler vectorizes it (a stride-2
+                // layout took 3x longer per element than a stride-1 copy through
+                // `step_by`).
+                (2, Some((last, body))) => {
+                    for (o, pair) in body.iter_mut().zip(src[start..].chunks_exact(2)) {
+                        *o = pair[0];
+                    }
+                    *last = src[start + 2 * body.len()];
+                }
+                _ => {
+                    for (o, &v) in dst.iter_mut().zip(src[start..].iter().step_by(sx)) {
+                        *o = v;
+                    }
                 }
             }
         }
