@@ -238,7 +238,7 @@ pub fn compare_model(
     };
     let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
-    let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape(model))];
+    let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape::new(model))];
     let mut unavailable = Vec::new();
     let asked = o.peers.peers.unwrap_or(&PeerKind::ALL);
     for &kind in asked {

@@ -52,10 +52,13 @@ fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
     Model::load(&out).unwrap()
 }
 
-/// Compile `model` for `dims`, then run every case and compare every output.
+/// Compile `model` for `dims`, then run every case and compare every output; every
+/// case again through `run_into` with the last case's outputs to write over (of
+/// other shapes from case to case), which must give the same.
 fn check(model: &str, dims: &[&str], cases: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let m = compile(model, dims, dir.path());
+    let mut reused = vec![None; m.outputs().len()];
     for case in cases {
         let arrays =
             anyshape_tensor::npz::read(&models().join(format!("{model}.{case}.npz"))).unwrap();
@@ -76,6 +79,10 @@ fn check(model: &str, dims: &[&str], cases: &[&str]) {
             eprintln!("{model} {case} {}: compiled, {c}", spec.name);
             assert!(c.passes(1e-4), "{model} {case} {}: {c}", spec.name);
         }
+        m.run_into(&inputs, &mut reused)
+            .unwrap_or_else(|e| panic!("{model} {case} into given outputs: {e}"));
+        let again: Vec<_> = reused.iter().flatten().cloned().collect();
+        assert!(again == outs, "{model} {case}: run_into differs from run");
     }
 }
 

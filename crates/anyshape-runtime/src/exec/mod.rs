@@ -185,6 +185,24 @@ impl Executor {
     ) -> Result<Vec<Tensor>> {
         let mut outputs: Vec<Option<Tensor>> = Vec::new();
         outputs.resize_with(self.plan().outputs.len(), || None);
+        self.run_into(kernels, inputs, &mut outputs, seconds)?;
+        Ok(outputs.into_iter().flatten().collect())
+    }
+
+    /// [`Executor::run`] writing the outputs into `outputs` (one per plan output; a
+    /// tensor there is reused where it has room, so that a loop of runs that passes
+    /// the last run's outputs back allocates none: fresh outputs of a large model
+    /// cost their page faults on every run).
+    pub fn run_into(
+        &self,
+        kernels: &dyn TaskKernels,
+        inputs: &[(&str, TensorRef)],
+        outputs: &mut [Option<Tensor>],
+        seconds: Option<&mut [f64]>,
+    ) -> Result<()> {
+        if outputs.len() != self.plan().outputs.len() {
+            return Err(internal("outputs that are not the plan's"));
+        }
         self.with_arena(|arena| {
             self.binder
                 .bind(inputs, &mut arena.bindings, &mut arena.at)?;
@@ -194,9 +212,8 @@ impl Executor {
             arena.given.clear();
             arena.given.extend(arena.at.iter().map(|&g| Some(g)));
             self.prepare(arena, None)?;
-            self.steps(kernels, arena, inputs, seconds, None, &mut outputs)
-        })?;
-        Ok(outputs.into_iter().flatten().collect())
+            self.steps(kernels, arena, inputs, seconds, None, outputs)
+        })
     }
 
     /// Empty caches for [`Executor::run_cached`] with room for `capacity` positions,
