@@ -202,10 +202,6 @@ fn eval_conv(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     Ok(vec![Tensor::f32(shape, out)?])
 }
 
-/// Output rows shorter than this are laid out element by element (a small image's last
-/// stages: 3 or 6 pixels a row at 96 x 96).
-const SHORT_ROW: usize = 16;
-
 /// The patches of one input channel `plane` (`h × w`) at kernel row `u`: `kw` rows of
 /// the `(ci·kh·kw) × (oh·ow)` matrix of an image's patches, row-major into `rows` (zero
 /// where a patch reaches into the padding) — with the other channels' and kernel
@@ -247,18 +243,6 @@ fn columns(
             }
             let src = &plane[iy as usize * wd..][..wd];
             let start = (first as isize * sx as isize + off) as usize;
-            if ow < SHORT_ROW {
-                // Element by element: a fill and a copy call per row of a few
-                // elements cost more than the elements.
-                for (x, o) in out.iter_mut().enumerate() {
-                    *o = if (first..end).contains(&x) {
-                        src[start + (x - first) * sx]
-                    } else {
-                        0.0
-                    };
-                }
-                continue;
-            }
             out[..first].fill(0.0);
             out[end..].fill(0.0);
             let dst = &mut out[first..end];
@@ -393,8 +377,8 @@ mod tests {
     }
 
     /// Patches × weights equals the loop nest: patchify (ViT), padding, strides,
-    /// dilations, rows as long as the input's, output rows shorter and longer than
-    /// `SHORT_ROW`, bias or none, batch 2, a kernel as large as the image, groups
+    /// dilations, rows as long as the input's, output rows short and long (16 or more),
+    /// bias or none, batch 2, a kernel as large as the image, groups
     /// (depthwise too), and 1-D convolutions (NCL: `h` 0 marks one, run on the
     /// rank-3 input and compared with the 2-D loop over a height of 1).
     #[test]
@@ -478,8 +462,8 @@ mod tests {
                 5,
                 false,
             ),
-            // Output rows of 16 or more elements (the copy and fill path; shorter rows go
-            // element by element): stride 1 padded, and strided, dilated, padded unevenly.
+            // Output rows of 16 or more elements: stride 1 padded, and strided (the
+            // every-other-element copy of stride 2), dilated, padded unevenly.
             (
                 [1, 2, 5, 37],
                 [3, 3, 3],
