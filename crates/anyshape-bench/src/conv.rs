@@ -11,7 +11,7 @@
 //! is checked against the operator reference (`Conv`, then the residual and ReLU).
 //! Writes `conv.md` and `conv.csv`.
 use crate::error::{BenchError, Result};
-use crate::model::{inputs, instances};
+use crate::model::{dim_cells, dim_columns, inputs, instances};
 use crate::out::OutDir;
 use crate::report::{geomean, significant};
 use crate::{peak, Harness};
@@ -738,20 +738,15 @@ impl Report<'_> {
     }
 
     fn csv(&self) -> String {
-        let dims: Vec<&str> = self.o.dims.iter().map(|(d, _)| d.as_str()).collect();
         let mut s = format!(
             "{},convolution,calls,flops_per_call,anyshape_layout_s,anyshape_kernel_s,onednn_model_order_s,onednn_repeated_s,onednn_error\n",
-            dims.join(",")
+            dim_columns(self.o.dims)
         );
         for r in self.rows {
-            let at: Vec<String> = dims
-                .iter()
-                .map(|d| r.bindings.get(d).map_or(String::new(), |v| v.to_string()))
-                .collect();
             let _ = writeln!(
                 s,
                 "{},\"{}\",{},{},{:e},{:e},{:e},{:e},{:e}",
-                at.join(","),
+                dim_cells(self.o.dims, &r.bindings),
                 r.geom.label(),
                 r.calls,
                 r.geom.flops(),

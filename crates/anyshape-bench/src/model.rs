@@ -177,6 +177,21 @@ pub(crate) fn instances(
         .collect())
 }
 
+/// A CSV header's columns of the dims, in `--dim`'s order.
+pub(crate) fn dim_columns(dims: &[(String, Vec<i64>)]) -> String {
+    let names: Vec<&str> = dims.iter().map(|(d, _)| d.as_str()).collect();
+    names.join(",")
+}
+
+/// An instance's cells under [`dim_columns`].
+pub(crate) fn dim_cells(dims: &[(String, Vec<i64>)], b: &Bindings) -> String {
+    let cells: Vec<String> = dims
+        .iter()
+        .map(|(d, _)| b.get(d).map_or(String::new(), |v| v.to_string()))
+        .collect();
+    cells.join(",")
+}
+
 /// The ONNX model the module was compiled from: `given`, or where it was then;
 /// checked by its SHA-256 (the peers must run the same model).
 pub(crate) fn source_model(
@@ -531,16 +546,12 @@ impl ModelReport<'_> {
     }
 
     fn csv(&self) -> String {
-        let dims: Vec<&str> = self.o.dims.iter().map(|(d, _)| d.as_str()).collect();
         let mut s = format!(
             "{},system,latency_ms,speedup_of_anyshape,max_rel_error_vs_anyshape,paired_speedup_of_anyshape\n",
-            dims.join(",")
+            dim_columns(self.o.dims)
         );
         for r in self.rows {
-            let at: Vec<String> = dims
-                .iter()
-                .map(|d| r.bindings.get(d).map_or(String::new(), |v| v.to_string()))
-                .collect();
+            let at = dim_cells(self.o.dims, &r.bindings);
             for (p, n) in self.names.iter().enumerate() {
                 let l = r.latency(p);
                 let sp = match (r.latency(0), l) {
@@ -553,8 +564,7 @@ impl ModelReport<'_> {
                 };
                 let _ = writeln!(
                     s,
-                    "{},\"{n}\",{},{sp},{},{paired}",
-                    at.join(","),
+                    "{at},\"{n}\",{},{sp},{},{paired}",
                     l.map_or(String::new(), |l| format!("{:.6}", l * 1e3)),
                     r.error[p].map_or(String::new(), |e| format!("{e:.3e}"))
                 );

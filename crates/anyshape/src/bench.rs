@@ -189,17 +189,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             seconds: args.seconds,
             rounds: args.rounds as usize,
         };
-        let mut reporter = Reporter::new(args.quiet);
-        let (summary, written) = compare(
-            module.dir(),
-            module.manifest(),
-            &options,
-            &args.common.harness()?,
-            &mut reporter,
-        )?;
-        drop(reporter);
-        print!("{summary}");
-        println!("written: {}", written.join(", "));
+        let harness = args.common.harness()?;
+        reported(args.quiet, |r| {
+            compare(module.dir(), module.manifest(), &options, &harness, r)
+        })?;
     }
     if args.dispatch_loss {
         let mut reporter = Reporter::new(args.quiet);
@@ -289,11 +282,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
             peers: peer_options(args),
             out_dir: &args.out_dir,
         };
-        let mut reporter = Reporter::new(args.quiet);
-        let (summary, written) = compare_generate(model, &options, &mut reporter)?;
-        drop(reporter);
-        print!("{summary}");
-        println!("written: {}", written.join(", "));
+        reported(args.quiet, |r| compare_generate(model, &options, r))?;
     }
     if let Some((baseline, others)) = args.tuning_against.split_first() {
         // Each compile labelled by its module's name beside its mode.
@@ -329,12 +318,10 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
             seconds: args.seconds,
             out_dir: &args.out_dir,
         };
-        let mut reporter = Reporter::new(args.quiet);
-        let (summary, written) =
-            compare_convolutions(model, &options, &args.common.harness()?, &mut reporter)?;
-        drop(reporter);
-        print!("{summary}");
-        println!("written: {}", written.join(", "));
+        let harness = args.common.harness()?;
+        reported(args.quiet, |r| {
+            compare_convolutions(model, &options, &harness, r)
+        })?;
     }
     if !args.compare {
         return Ok(());
@@ -346,9 +333,18 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         peers: peer_options(args),
         out_dir: &args.out_dir,
     };
-    let mut reporter = Reporter::new(args.quiet);
-    let (summary, written) =
-        compare_model(model, &options, &args.common.harness()?, &mut reporter)?;
+    let harness = args.common.harness()?;
+    reported(args.quiet, |r| compare_model(model, &options, &harness, r))
+}
+
+/// Run a comparison with a progress reporter (quiet: none), then print its summary and
+/// the files it wrote.
+fn reported(
+    quiet: bool,
+    run: impl FnOnce(&mut Reporter) -> anyshape_bench::Result<(String, Vec<String>)>,
+) -> Result<()> {
+    let mut reporter = Reporter::new(quiet);
+    let (summary, written) = run(&mut reporter)?;
     drop(reporter);
     print!("{summary}");
     println!("written: {}", written.join(", "));
