@@ -78,6 +78,18 @@ fn run_flops(model: &anyshape_runtime::Model, b: &Bindings) -> Option<f64> {
         .sum()
 }
 
+/// `n` numbers uniform in [-1, 1) from `state` (xorshift), which moves on.
+pub(crate) fn uniform(n: usize, state: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (*state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
 /// Deterministic inputs for one instance: float inputs uniform in [-1, 1) from a fixed
 /// generator, integer inputs (token ids, masks, token types) all 1, booleans true —
 /// valid for any vocabulary, and what the model computes does not depend on them.
@@ -98,16 +110,7 @@ pub(crate) fn inputs(specs: &[TensorSpec], b: &Bindings) -> Result<Vec<(String, 
                 .collect::<Result<Vec<usize>>>()?;
             let n: usize = shape.iter().product();
             let data = match i.dtype {
-                DType::F32 => Data::F32(
-                    (0..n)
-                        .map(|_| {
-                            state ^= state << 13;
-                            state ^= state >> 7;
-                            state ^= state << 17;
-                            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                        })
-                        .collect(),
-                ),
+                DType::F32 => Data::F32(uniform(n, &mut state)),
                 DType::I64 => Data::I64(vec![1; n]),
                 DType::Bool => Data::Bool(vec![true; n]),
             };
@@ -120,7 +123,7 @@ pub(crate) fn inputs(specs: &[TensorSpec], b: &Bindings) -> Result<Vec<(String, 
 /// The largest error of `got` against `want` over the outputs (see
 /// [`anyshape_tensor::compare`]): infinite where NaNs or infinities differ, or an
 /// output's shape or type does.
-fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
+pub(crate) fn rel_error(got: &[Tensor], want: &[Tensor]) -> f64 {
     if got.len() != want.len() {
         return f64::INFINITY;
     }

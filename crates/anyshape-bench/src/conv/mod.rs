@@ -7,23 +7,32 @@
 //! (`onednn_conv.c`, built against the system's `libdnnl` and loaded in this process)
 //! over the same geometry, with the bias and, as post-ops, the residual sum and ReLU
 //! where anyshape's kernel has them, its data in the layouts it picks (reordered once,
-//! outside the timing), each layer called again and again. Every layer's oneDNN output
-//! is checked against the operator reference (`Conv`, then the residual and ReLU).
-//! Writes `conv.md` and `conv.csv`.
+//! outside the timing), timed two ways: every layer in the model's order, its input
+//! read just before (as a model run leaves it), and one layer of each geometry called
+//! again and again (all warm). Every layer's oneDNN output is checked against the
+//! operator reference (`Conv`, then the residual and ReLU). Writes `conv.md` and
+//! `conv.csv`.
+//!
+//! Here: the layers read from the plan and the measurement; `onednn.rs`: the shim,
+//! loaded, and one convolution set up in it and checked; `report.rs`: the tables.
+mod onednn;
+mod report;
+
 use crate::error::{BenchError, Result};
-use crate::model::{dim_cells, dim_columns, inputs, instances};
+use crate::model::{inputs, instances};
 use crate::out::OutDir;
-use crate::report::{geomean, significant};
+use crate::report::significant;
 use crate::{peak, Harness};
 use anyshape_codegen::Target;
 use anyshape_files::Reads;
 use anyshape_ir::{Binary, Bindings, EpilogueOp, Unary, Workload};
-use anyshape_measure::{KernelSource, Progress};
+use anyshape_measure::Progress;
 use anyshape_plan::Step;
 use anyshape_tensor::ops::Window;
-use anyshape_tensor::{Attr, Node, Tensor, TensorRef, ValueId};
+use anyshape_tensor::{Attr, Node, TensorRef, ValueId};
+use onednn::{Conv, OneDnn};
+use report::Report;
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -255,201 +264,6 @@ impl Layer {
     }
 }
 
-/// `n` numbers uniform in [-1, 1) from `state` (xorshift).
-fn uniform(n: usize, state: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *state ^= *state << 13;
-            *state ^= *state >> 7;
-            *state ^= *state << 17;
-            (*state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-type New = unsafe extern "C" fn(
-    *const i64,
-    i32,
-    *const f32,
-    *const f32,
-    *const f32,
-    *const f32,
-) -> *mut c_void;
-type Call = unsafe extern "C" fn(*mut c_void) -> i32;
-type Output = unsafe extern "C" fn(*mut c_void, *mut f32) -> i32;
-type Free = unsafe extern "C" fn(*mut c_void);
-type Warm = unsafe extern "C" fn(*mut c_void) -> f32;
-
-/// The oneDNN shim, loaded.
-struct OneDnn {
-    new: New,
-    run: Call,
-    output: Output,
-    free: Free,
-    warm: Warm,
-    /// Keeps the functions above alive.
-    _lib: libloading::Library,
-}
-
-impl OneDnn {
-    /// Build `onednn_conv.c` against the system's oneDNN and load it.
-    fn load(h: &Harness) -> Result<OneDnn> {
-        let mut b = h.builder.clone();
-        b.link_flags.push("-ldnnl".into());
-        let source = KernelSource {
-            symbol: "as_onednn_conv_new".into(),
-            code: include_str!("onednn_conv.c").into(),
-        };
-        let built = b.build(&h.target, &[source])?;
-        if let Some(why) = built.failed.values().next() {
-            return Err(BenchError::Environment(format!(
-                "cannot build against oneDNN (install libdnnl-dev): {}",
-                why.lines().next().unwrap_or("")
-            )));
-        }
-        let env = |e: libloading::Error| {
-            BenchError::Environment(format!("{}: {e}", built.path.display()))
-        };
-        // SAFETY: the library is the shim just built; each symbol has the signature
-        // declared in `onednn_conv.c`.
-        unsafe {
-            let lib = libloading::Library::new(&built.path).map_err(env)?;
-            Ok(OneDnn {
-                new: *lib.get::<New>(b"as_onednn_conv_new").map_err(env)?,
-                run: *lib.get::<Call>(b"as_onednn_conv_run").map_err(env)?,
-                output: *lib.get::<Output>(b"as_onednn_conv_output").map_err(env)?,
-                free: *lib.get::<Free>(b"as_onednn_conv_free").map_err(env)?,
-                warm: *lib.get::<Warm>(b"as_onednn_conv_warm").map_err(env)?,
-                _lib: lib,
-            })
-        }
-    }
-}
-
-/// One convolution set up in oneDNN, with random data.
-struct Conv<'a> {
-    dnn: &'a OneDnn,
-    handle: *mut c_void,
-}
-
-impl<'a> Conv<'a> {
-    /// Set up `geom` on random data; returns it and the relative error of its output
-    /// against the operator reference.
-    fn new(dnn: &'a OneDnn, layer: &Layer, geom: &Geometry) -> Result<(Conv<'a>, f64)> {
-        let g = &geom.g;
-        let n = |dims: &[i64]| dims.iter().product::<i64>() as usize;
-        let mut state = 0x9e37_79b9_7f4a_7c15u64
-            ^ g.iter()
-                .fold(0u64, |a, &x| a.wrapping_mul(31).wrapping_add(x as u64));
-        let x = uniform(n(&g[0..4]), &mut state);
-        let w = uniform(n(&[g[4], g[1], g[5], g[6]]), &mut state);
-        // Without a bias in the model, oneDNN's is zero.
-        let bias = match geom.bias {
-            true => uniform(g[4] as usize, &mut state),
-            false => vec![0.0; g[4] as usize],
-        };
-        let residual = geom
-            .residual
-            .then(|| uniform(geom.output_len(), &mut state));
-        let fail = || BenchError::Environment(format!("oneDNN: {}: a call failed", geom.label()));
-        // SAFETY: the buffers hold the elements the geometry says; oneDNN copies them.
-        let handle = unsafe {
-            (dnn.new)(
-                g.as_ptr(),
-                geom.relu as i32,
-                x.as_ptr(),
-                w.as_ptr(),
-                bias.as_ptr(),
-                residual.as_ref().map_or(std::ptr::null(), |r| r.as_ptr()),
-            )
-        };
-        if handle.is_null() {
-            return Err(fail());
-        }
-        let conv = Conv { dnn, handle };
-        let mut got = vec![0f32; geom.output_len()];
-        // SAFETY: `got` holds the output's elements.
-        if unsafe { (dnn.run)(handle) != 0 || (dnn.output)(handle, got.as_mut_ptr()) != 0 } {
-            return Err(fail());
-        }
-        let want = reference(layer, geom, [x, w, bias], residual)?;
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| {
-                if a.is_nan() != b.is_nan() {
-                    f32::INFINITY
-                } else {
-                    (a - b).abs()
-                }
-            })
-            .fold(0f32, f32::max);
-        Ok((conv, (worst / scale.max(f32::MIN_POSITIVE)) as f64))
-    }
-
-    /// Read its input (and the output a residual sum adds to) into the cache, as the
-    /// model's earlier steps leave them.
-    fn warm(&self) {
-        // SAFETY: a handle `new` made.
-        std::hint::black_box(unsafe { (self.dnn.warm)(self.handle) });
-    }
-
-    /// The seconds of one call (a residual sum accumulates into the output: for
-    /// timing only).
-    fn time(&self) -> Result<f64> {
-        let t = Instant::now();
-        // SAFETY: a handle `new` made.
-        match unsafe { (self.dnn.run)(self.handle) } {
-            0 => Ok(t.elapsed().as_secs_f64()),
-            _ => Err(BenchError::Environment(
-                "oneDNN: a convolution failed".into(),
-            )),
-        }
-    }
-}
-
-impl Drop for Conv<'_> {
-    fn drop(&mut self) {
-        // SAFETY: a handle `new` made, freed once.
-        unsafe { (self.dnn.free)(self.handle) }
-    }
-}
-
-/// The operator reference: `Conv` over `[x, w, bias]`, then the residual and ReLU.
-fn reference(
-    layer: &Layer,
-    geom: &Geometry,
-    [x, w, bias]: [Vec<f32>; 3],
-    residual: Option<Vec<f32>>,
-) -> Result<Vec<f32>> {
-    let g = &geom.g;
-    let dims = |d: &[i64]| d.iter().map(|&v| v as usize).collect::<Vec<_>>();
-    let t = |shape: Vec<usize>, v: Vec<f32>| {
-        Tensor::f32(shape, v).map_err(|e| BenchError::Options(e.to_string()))
-    };
-    let x = t(dims(&g[0..4]), x)?;
-    let w = t(dims(&[g[4], g[1], g[5], g[6]]), w)?;
-    let bias = t(vec![g[4] as usize], bias)?;
-    let conv = anyshape_tensor::ops::op("Conv")
-        .ok_or_else(|| BenchError::Options("no Conv reference".into()))?;
-    let ins: [Option<TensorRef>; 3] = [Some(x.view()), Some(w.view()), Some(bias.view())];
-    let out = (conv.eval)(&layer.node(), &ins).map_err(|e| BenchError::Options(e.to_string()))?;
-    let mut y = out[0]
-        .as_f32()
-        .map_err(|e| BenchError::Options(e.to_string()))?
-        .to_vec();
-    for (i, v) in y.iter_mut().enumerate() {
-        if let Some(r) = &residual {
-            *v += r[i];
-        }
-        if geom.relu {
-            *v = v.max(0.0);
-        }
-    }
-    Ok(y)
-}
-
 /// One instance's results, per geometry (layers of the same geometry together).
 struct Row {
     bindings: Bindings,
@@ -611,152 +425,4 @@ pub fn compare_convolutions(
         written.push(out.write(name, text.as_bytes())?.display().to_string());
     }
     Ok((report.summary(), written))
-}
-
-struct Report<'a> {
-    dir: &'a Path,
-    target: &'a str,
-    peak: f64,
-    o: &'a ConvCompareOptions<'a>,
-    rows: &'a [Row],
-    skipped: &'a [String],
-}
-
-impl Report<'_> {
-    /// Per instance: its rows; anyshape's, oneDNN's in the model's order and oneDNN's
-    /// repeated total seconds.
-    fn instances(&self) -> Vec<(&Bindings, Vec<&Row>, [f64; 3])> {
-        let mut out: Vec<(&Bindings, Vec<&Row>, [f64; 3])> = Vec::new();
-        for r in self.rows {
-            if out.last().is_none_or(|(b, ..)| **b != r.bindings) {
-                out.push((&r.bindings, Vec::new(), [0.0; 3]));
-            }
-            let (_, rows, t) = out.last_mut().expect("pushed");
-            rows.push(r);
-            t[0] += r.layout + r.kernel;
-            t[1] += r.in_order;
-            t[2] += r.repeated;
-        }
-        out
-    }
-
-    fn summary(&self) -> String {
-        let mut s = String::new();
-        for (b, rows, [a, d, h]) in self.instances() {
-            let per: Vec<f64> = rows
-                .iter()
-                .map(|r| r.in_order / (r.layout + r.kernel))
-                .collect();
-            let _ = writeln!(
-                s,
-                "{b}: {} convolutions, anyshape {} ms, oneDNN {} ms in the model's order: {:.2}x oneDNN (geomean over the {} geometries {:.2}x); {:.2}x oneDNN's layers called again and again ({} ms)",
-                rows.iter().map(|r| r.calls).sum::<usize>(),
-                significant(a * 1e3),
-                significant(d * 1e3),
-                d / a,
-                rows.len(),
-                geomean(&per),
-                h / a,
-                significant(h * 1e3),
-            );
-        }
-        s
-    }
-
-    fn markdown(&self) -> String {
-        let mut s = String::new();
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let _ = writeln!(
-            s,
-            "# anyshape bench --model --conv-kernels: {}\n",
-            self.dir.display()
-        );
-        let _ = writeln!(s, "Command: `{command}`\n");
-        let _ = writeln!(
-            s,
-            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
-            self.target, self.peak
-        );
-        let _ = writeln!(
-            s,
-            "Each convolution of the module against oneDNN's (its direct convolution primitive, FP32, its OpenMP threads on every core; bias, and the residual sum and ReLU as post-ops where anyshape's kernel has them; its data in the blocked layouts it picks, reordered once outside the timing; one primitive and set of weights per layer, as in a model). anyshape: the patches' layout (`anyshape.Im2Col`, a host step; none for a 1 x 1 convolution without stride) and the `conv_packed` kernel, timed step by step inside whole-model runs (its minimum per step). oneDNN, two ways: every layer in the model's order, pass after pass, its input (and the output a residual sum adds to) read just before the call (each layer's minimum: its weights as cold and its input as warm as in a model run), and one layer of each geometry called again and again (its minimum: everything warm). {} rounds of >= {} s per system, anyshape's runs and oneDNN's layers taking turns to go first. Layers of the same geometry are one row (calls: how many; times: all of them). GFLOP/s: two per multiply-add of every tap, those over the padding too (oneDNN skips those: on small images its rate can pass the FMA peak). Speedup = oneDNN / anyshape (> 1: anyshape is faster). Error: oneDNN's output against the operator reference (`Conv`, then the residual and ReLU) on random data, max |error| / max |reference| over the layers of the row.\n",
-            self.o.rounds, self.o.seconds
-        );
-        s.push_str(&self.summary());
-        s.push('\n');
-        for (b, rows, [a, d, h]) in self.instances() {
-            let _ = writeln!(s, "## {b}\n");
-            s.push_str("| convolution | calls | anyshape layout ms | anyshape kernel ms | anyshape ms | anyshape GFLOP/s | % of FMA peak | oneDNN ms, model order | oneDNN GFLOP/s | speedup | oneDNN ms, repeated | speedup | error of oneDNN |\n");
-            s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-            let mut flops = 0.0;
-            for r in &rows {
-                let mine = r.layout + r.kernel;
-                let f = r.geom.flops() * r.calls as f64;
-                flops += f;
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.2}x | {} | {:.2}x | {:.1e} |",
-                    r.geom.label(),
-                    r.calls,
-                    significant(r.layout * 1e3),
-                    significant(r.kernel * 1e3),
-                    significant(mine * 1e3),
-                    f / mine / 1e9,
-                    f / mine / 1e9 / self.peak * 100.0,
-                    significant(r.in_order * 1e3),
-                    f / r.in_order / 1e9,
-                    r.in_order / mine,
-                    significant(r.repeated * 1e3),
-                    r.repeated / mine,
-                    r.error
-                );
-            }
-            let layout: f64 = rows.iter().map(|r| r.layout).sum();
-            let _ = writeln!(
-                s,
-                "| all | {} | {} | {} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.2}x | {} | {:.2}x | |\n",
-                rows.iter().map(|r| r.calls).sum::<usize>(),
-                significant(layout * 1e3),
-                significant((a - layout) * 1e3),
-                significant(a * 1e3),
-                flops / a / 1e9,
-                flops / a / 1e9 / self.peak * 100.0,
-                significant(d * 1e3),
-                flops / d / 1e9,
-                d / a,
-                significant(h * 1e3),
-                h / a
-            );
-        }
-        if !self.skipped.is_empty() {
-            s.push_str("Not compared:\n\n");
-            for k in self.skipped {
-                let _ = writeln!(s, "- {k}");
-            }
-        }
-        s
-    }
-
-    fn csv(&self) -> String {
-        let mut s = format!(
-            "{},convolution,calls,flops_per_call,anyshape_layout_s,anyshape_kernel_s,onednn_model_order_s,onednn_repeated_s,onednn_error\n",
-            dim_columns(self.o.dims)
-        );
-        for r in self.rows {
-            let _ = writeln!(
-                s,
-                "{},\"{}\",{},{},{:e},{:e},{:e},{:e},{:e}",
-                dim_cells(self.o.dims, &r.bindings),
-                r.geom.label(),
-                r.calls,
-                r.geom.flops(),
-                r.layout,
-                r.kernel,
-                r.in_order,
-                r.repeated,
-                r.error
-            );
-        }
-        s
-    }
 }

@@ -2,7 +2,8 @@
    the bench's process): one convolution set up once (its data reordered into the
    layouts the primitive picks, `format_tag_any`: blocked channels on this CPU), then
    run as often as timed. Bias, and as post-ops a residual sum and ReLU where anyshape's
-   kernel has them. Every function returns 0 or 5 (a oneDNN call failed). */
+   kernel has them. A call that can fail returns 0 or 5 (a oneDNN call failed);
+   `as_onednn_conv_new` returns NULL. */
 #include <dnnl.h>
 #include <stdlib.h>
 #include <string.h>
