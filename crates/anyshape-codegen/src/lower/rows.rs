@@ -205,16 +205,18 @@ impl Row {
         for_("q", extent, LoopKind::Serial, inner)
     }
 
-    /// Reduce the vector accumulators `name_u` (and the scalar `name_s`) with `op`.
+    /// Reduce the vector accumulators `name_u` (and the scalar `name_s`) with `op`: the
+    /// vectors lane by lane first, then one horizontal reduction of what they come to.
     fn reduce(&self, name: &str, op: BinaryOp) -> Value {
-        let parts = (0..self.vectors)
-            .map(|u| {
-                Value::Horizontal(op, Box::new(Value::reg(&format!("{name}_{u}"), self.lanes)))
-            })
-            .chain([Value::reg(&format!("{name}_s"), 1)]);
-        parts
+        let vector = (0..self.vectors)
+            .map(|u| Value::reg(&format!("{name}_{u}"), self.lanes))
             .reduce(|a, b| Value::binary(op, a, b))
-            .expect("at least one part")
+            .expect("at least one vector");
+        Value::binary(
+            op,
+            Value::Horizontal(op, Box::new(vector)),
+            Value::reg(&format!("{name}_s"), 1),
+        )
     }
 
     fn softmax(&self) -> Vec<Stmt> {
@@ -263,7 +265,9 @@ impl Row {
                     len: c(step),
                     scope: Scope::Stack,
                 });
-                s.push(for_(
+                // Nothing to do where the row is whole steps (BERT's 512: two exps of
+                // 32 and a fill in every row).
+                let mut tail = vec![for_(
                     "e",
                     c(step),
                     LoopKind::Serial,
@@ -275,10 +279,11 @@ impl Row {
                         Value::load(self.xb, self.x(j)),
                         neg_inf(1),
                     )],
-                ));
+                )];
                 for u in 0..self.vectors {
-                    s.push(vmax(u, Value::vload("xt", c(u * lanes), lanes)));
+                    tail.push(vmax(u, Value::vload("xt", c(u * lanes), lanes)));
                 }
+                s.push(if_(Cond::Lt(c(0), v("ntail")), tail));
             }
             Tail::Scalar => {
                 let j = v("nfull") * c(step) + v("e");
@@ -360,14 +365,15 @@ impl Row {
         match self.tail {
             Tail::None => {}
             Tail::Padded => {
-                for u in 0..self.vectors {
-                    s.extend(vexp(
+                let tail = (0..self.vectors).flat_map(|u| {
+                    vexp(
                         u,
                         Value::vload("xt", c(u * lanes), lanes),
                         "yt",
                         c(u * lanes),
-                    ));
-                }
+                    )
+                });
+                s.push(if_(Cond::Lt(c(0), v("ntail")), tail.collect()));
             }
             Tail::Scalar => s.push(for_(
                 "e",

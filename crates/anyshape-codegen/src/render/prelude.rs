@@ -82,14 +82,13 @@ p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.000000
 p = p * r * r + r + 1.0f; \
 as_vi bits = (as_vi)p + ((as_vi)k - 0x4B400000) * 8388608; \
 return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
-        let hsum = hsum(lanes);
+        let horizontal = horizontal(lanes);
         s.push_str(&format!(
             "static inline as_vf as_vmax(as_vf a, as_vf b) {{ as_vi m = a > b; return (as_vf)((m & (as_vi)a) | (~m & (as_vi)b)); }}\n\
              static inline as_vf as_vrelu(as_vf x) {{ return as_vmax(x, (as_vf){{0}}); }}\n\
              static inline as_vf as_vnan0(as_vf x) {{ as_vi m = x == x; return (as_vf)(m & (as_vi)x); }}\n\
              {vexp}\
-             {hsum}\
-             static inline float as_hmax(as_vf v) {{ float s = v[0]; for (int i = 1; i < {lanes}; i++) s = s > v[i] ? s : v[i]; return s; }}\n"
+             {horizontal}"
         ));
     } else {
         s.push_str(
@@ -226,39 +225,60 @@ fn partial_access(lanes: usize) -> String {
     }
 }
 
-/// `as_hsum` for `lanes` (a power of two, at least 4): the vector halved and added until
-/// four lanes are left (a vector extract and one add per halving), those added as two
-/// pairs — a few instructions where a loop over the lanes compiles to a chain of
-/// shuffles per lane (the dot variant sums every accumulator so).
-fn hsum(lanes: usize) -> String {
-    let mut body = String::new();
-    let mut width = lanes;
-    let mut var = "v".to_string();
+/// `as_hsum` and `as_hmax` for `lanes` (a power of two, at least 4): the vector halved
+/// and combined until four lanes are left (a vector extract and one add or select per
+/// halving), those combined as two pairs — a few instructions where a loop over the
+/// lanes compiles to a chain of shuffles per lane (the dot variant sums every
+/// accumulator so), or for the maximum a chain of scalar compares: 16 lanes took ~75
+/// dependent compare-and-moves, a tenth of a softmax row of 512 (Zen 5).
+fn horizontal(lanes: usize) -> String {
     let mut types = String::new();
-    while width > 4 {
-        let half = width / 2;
+    let mut width = lanes / 2;
+    while width >= 4 {
+        let bytes = width * 4;
         types.push_str(&format!(
-            "typedef float as_vf{half} __attribute__((vector_size({})));\n",
-            half * 4
+            "typedef float as_vf{width} __attribute__((vector_size({bytes})));\n\
+             typedef int32_t as_vi{width} __attribute__((vector_size({bytes})));\n\
+             static inline as_vf{width} as_vmax{width}(as_vf{width} a, as_vf{width} b) {{ \
+             as_vi{width} m = a > b; return (as_vf{width})((m & (as_vi{width})a) | (~m & (as_vi{width})b)); }}\n"
         ));
-        let next = format!("h{half}");
-        body.push_str(&format!(
-            "as_vf{half} {next}a, {next}b; memcpy(&{next}a, &{var}, sizeof {next}a); \
-             memcpy(&{next}b, (const char *)&{var} + sizeof {next}a, sizeof {next}b); \
-             as_vf{half} {next} = {next}a + {next}b; "
-        ));
-        var = next;
-        width = half;
+        width /= 2;
     }
-    let sum = if width == 4 {
-        format!("({var}[0] + {var}[2]) + ({var}[1] + {var}[3])")
-    } else {
-        (0..width)
-            .map(|l| format!("{var}[{l}]"))
-            .collect::<Vec<_>>()
-            .join(" + ")
+    let reduce = |name: &str,
+                  halves: &dyn Fn(usize, &str, &str) -> String,
+                  pair: &dyn Fn(String, String) -> String| {
+        let mut body = String::new();
+        let mut width = lanes;
+        let mut var = "v".to_string();
+        while width > 4 {
+            let half = width / 2;
+            let next = format!("h{half}");
+            let combined = halves(half, &format!("{next}a"), &format!("{next}b"));
+            body.push_str(&format!(
+                "as_vf{half} {next}a, {next}b; memcpy(&{next}a, &{var}, sizeof {next}a); \
+                 memcpy(&{next}b, (const char *)&{var} + sizeof {next}a, sizeof {next}b); \
+                 as_vf{half} {next} = {combined}; "
+            ));
+            var = next;
+            width = half;
+        }
+        let lane = |l: usize| format!("{var}[{l}]");
+        let all = if width == 4 {
+            pair(pair(lane(0), lane(2)), pair(lane(1), lane(3)))
+        } else {
+            (1..width).fold(lane(0), |acc, l| pair(acc, lane(l)))
+        };
+        format!("static inline float {name}(as_vf v) {{ {body}return {all}; }}\n")
     };
-    format!("{types}static inline float as_hsum(as_vf v) {{ {body}return {sum}; }}\n")
+    let sum = reduce("as_hsum", &|_, a, b| format!("{a} + {b}"), &|a, b| {
+        format!("({a} + {b})")
+    });
+    let max = reduce(
+        "as_hmax",
+        &|half, a, b| format!("as_vmax{half}({a}, {b})"),
+        &|a, b| format!("as_max_f({a}, {b})"),
+    );
+    format!("{types}{sum}{max}")
 }
 
 /// `as_transpose` (the loop IR's `Stmt::Transpose`) for `lanes`: up to `lanes` rows

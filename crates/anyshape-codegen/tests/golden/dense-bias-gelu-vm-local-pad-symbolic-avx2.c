@@ -23,8 +23,10 @@ static inline as_vf as_vrelu(as_vf x) { return as_vmax(x, (as_vf){0}); }
 static inline as_vf as_vnan0(as_vf x) { as_vi m = x == x; return (as_vf)(m & (as_vi)x); }
 static inline as_vf as_vexp(as_vf x) { as_vi nan = x != x, under = x < -87.3365478515625f, over = x > 88.3762626647949f; x = (as_vf)((over & (as_vi)((as_vf){0} + 88.3762626647949f)) | (~over & (as_vi)x)); as_vf k = x * 1.44269504088896341f + 12582912.0f, n = k - 12582912.0f; as_vf r = x - n * 0.693359375f + n * 2.12194440e-4f; as_vf p = r * 1.9875691500e-4f + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f; p = p * r * r + r + 1.0f; as_vi bits = (as_vi)p + ((as_vi)k - 0x4B400000) * 8388608; return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }
 typedef float as_vf4 __attribute__((vector_size(16)));
-static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof h4a); memcpy(&h4b, (const char *)&v + sizeof h4a, sizeof h4b); as_vf4 h4 = h4a + h4b; return (h4[0] + h4[2]) + (h4[1] + h4[3]); }
-static inline float as_hmax(as_vf v) { float s = v[0]; for (int i = 1; i < 8; i++) s = s > v[i] ? s : v[i]; return s; }
+typedef int32_t as_vi4 __attribute__((vector_size(16)));
+static inline as_vf4 as_vmax4(as_vf4 a, as_vf4 b) { as_vi4 m = a > b; return (as_vf4)((m & (as_vi4)a) | (~m & (as_vi4)b)); }
+static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof h4a); memcpy(&h4b, (const char *)&v + sizeof h4a, sizeof h4b); as_vf4 h4 = h4a + h4b; return ((h4[0] + h4[2]) + (h4[1] + h4[3])); }
+static inline float as_hmax(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof h4a); memcpy(&h4b, (const char *)&v + sizeof h4a, sizeof h4b); as_vf4 h4 = as_vmax4(h4a, h4b); return as_max_f(as_max_f(h4[0], h4[2]), as_max_f(h4[1], h4[3])); }
 static inline uint32_t as_bf16_round(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }
 static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; memcpy(&a, p, 4); memcpy(&b, p + 1, 4); w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }
 static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
