@@ -11,6 +11,9 @@ scripts/setup.sh
 scripts/venv.sh numpy onnx==1.23.2 onnxruntime openvino pytest ./python
 rm -rf target/onnx-node-tests
 .venv/bin/python scripts/onnx-node-tests.py target/onnx-node-tests
+# The manifest reader alone, with only its own dependencies' features (as the C
+# library is built), then everything.
+cargo test --release -p anyshape-abi --lib
 ANYSHAPE_TEST_PYTHON="$PWD/.venv/bin/python" \
   ANYSHAPE_CONFORMANCE_DIR="$PWD/target/onnx-node-tests" \
   cargo test --release --workspace

@@ -197,3 +197,24 @@ impl Manifest {
         serde_json::to_string_pretty(self).expect("manifests serialize")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A float that serde_json's default parser reads one ulp off (found in a tuned
+    /// GPT-2 module's dispatch tree) reads back exactly, so a manifest holding it keeps
+    /// its checksum. `cargo test --workspace` links forust-ml, which turns the feature
+    /// on anyway; `scripts/test.sh` also runs this crate's tests alone, where only
+    /// this crate's own dependency can.
+    #[test]
+    fn floats_read_back_to_the_same_bits() {
+        let text = "11.115486813999983";
+        let parsed: f64 = serde_json::from_str(text).unwrap();
+        assert_eq!(parsed.to_bits(), text.parse::<f64>().unwrap().to_bits());
+        let value = serde_json::json!({ "threshold": parsed });
+        let again: serde_json::Value = serde_json::from_str(&value.to_string()).unwrap();
+        assert_eq!(
+            super::sha256_hex(value.to_string().as_bytes()),
+            super::sha256_hex(again.to_string().as_bytes())
+        );
+    }
+}
