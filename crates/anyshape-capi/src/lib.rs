@@ -42,12 +42,16 @@ pub struct AnyshapeTensor {
     pub capacity: usize,
 }
 
-/// `anyshape_model`: a loaded model and its inputs' and outputs' names and dims as C
-/// strings.
+/// `anyshape_model`: a loaded model, its inputs' and outputs' names and dims as C
+/// strings, and the last run's output tensors, which the next run writes over before
+/// they are copied to the caller's buffers (`Model::run_into`: fresh outputs paid their
+/// page faults on every run). A run that finds them taken by a run on another thread
+/// uses fresh ones.
 pub struct AnyshapeModel {
     model: Model,
     inputs: Vec<(CString, Vec<CString>)>,
     outputs: Vec<(CString, Vec<CString>)>,
+    kept: std::sync::Mutex<Vec<Option<anyshape_tensor::Tensor>>>,
 }
 
 thread_local! {
@@ -126,6 +130,7 @@ pub unsafe extern "C" fn anyshape_model_load(
                     model: m,
                     inputs,
                     outputs,
+                    kept: Default::default(),
                 });
                 // SAFETY: the caller's promise.
                 unsafe { *model = Box::into_raw(boxed) };
@@ -372,10 +377,20 @@ pub unsafe extern "C" fn anyshape_model_run(
             };
             views.push((s.name.as_str(), TensorRef { shape, data }));
         }
-        let outs = match m.model.run(&views) {
-            Ok(o) => o,
-            Err(e) => return fail(code(&e), e),
+        let mut fresh = Vec::new();
+        let mut kept = m.kept.try_lock();
+        let outs = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut fresh,
         };
+        outs.resize_with(num_outputs, || None);
+        if let Err(e) = m.model.run_into(&views, outs) {
+            return fail(code(&e), e);
+        }
+        let outs: Vec<&anyshape_tensor::Tensor> = outs.iter().flatten().collect();
+        if outs.len() != num_outputs {
+            return fail(ERROR, "internal error: a run left an output unwritten");
+        }
         // SAFETY: the caller's promise: `num_outputs` tensors.
         let slots = unsafe { std::slice::from_raw_parts_mut(outputs, num_outputs) };
         let bytes: Vec<&[u8]> = outs

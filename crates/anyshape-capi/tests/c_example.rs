@@ -142,3 +142,83 @@ fn the_c_example_runs_a_model() {
         "{err}"
     );
 }
+
+/// One handle run again and again at other shapes (larger, smaller, larger): each run
+/// writes over the outputs the handle kept from the last (`Model::run_into`), and each
+/// answer is still the runtime's for its own inputs — a stale element or shape of the
+/// last run fails it.
+#[test]
+fn a_handle_runs_again_at_other_shapes() {
+    use anyshape::{anyshape_model_free, anyshape_model_load, anyshape_model_run};
+    use anyshape::{AnyshapeModel, AnyshapeTensor, MAX_RANK, OK};
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(dir.path());
+    let model = Model::load(&m).unwrap();
+    let path = std::ffi::CString::new(m.to_str().unwrap()).unwrap();
+    let mut handle: *mut AnyshapeModel = std::ptr::null_mut();
+    // SAFETY: a path and somewhere to put the handle.
+    assert_eq!(
+        unsafe { anyshape_model_load(path.as_ptr(), &mut handle) },
+        OK
+    );
+    let outputs = model.outputs().len();
+    for (batch, seq) in [(1usize, 37usize), (2, 64), (1, 2), (3, 100), (1, 1)] {
+        // Token ids that differ by position, so that a stale row would show (the mask
+        // and token types ones).
+        let ids: Vec<i64> = (0..batch * seq).map(|i| (i * 7 % 50) as i64).collect();
+        let ids = Tensor::i64(vec![batch, seq], ids).unwrap();
+        let ones = Tensor::i64(vec![batch, seq], vec![1; batch * seq]).unwrap();
+        let inputs: Vec<(&str, TensorRef)> = model
+            .inputs()
+            .iter()
+            .map(|s| match s.name == "input_ids" {
+                true => (s.name.as_str(), ids.view()),
+                false => (s.name.as_str(), ones.view()),
+            })
+            .collect();
+        let want = model.run(&inputs).unwrap();
+        let mut dims = [0i64; MAX_RANK];
+        dims[..2].copy_from_slice(&[batch as i64, seq as i64]);
+        let given: Vec<AnyshapeTensor> = inputs
+            .iter()
+            .map(|(_, t)| AnyshapeTensor {
+                dtype: 7,
+                rank: 2,
+                dims,
+                data: t.as_i64().unwrap().as_ptr() as *mut std::ffi::c_void,
+                capacity: 0,
+            })
+            .collect();
+        let mut bufs: Vec<Vec<f32>> = (0..outputs).map(|_| vec![f32::NAN; 1 << 20]).collect();
+        let mut outs: Vec<AnyshapeTensor> = bufs
+            .iter_mut()
+            .map(|b| AnyshapeTensor {
+                dtype: 0,
+                rank: 0,
+                dims: [0; MAX_RANK],
+                data: b.as_mut_ptr().cast(),
+                capacity: b.len() * 4,
+            })
+            .collect();
+        // SAFETY: the inputs hold their dims' int64 elements; the outputs' buffers
+        // their capacity.
+        let status = unsafe {
+            anyshape_model_run(
+                handle,
+                given.as_ptr(),
+                given.len(),
+                outs.as_mut_ptr(),
+                outputs,
+            )
+        };
+        assert_eq!(status, OK, "batch {batch}, sequence {seq}");
+        for ((t, o), b) in want.iter().zip(&outs).zip(&bufs) {
+            let shape: Vec<usize> = o.dims[..o.rank].iter().map(|&d| d as usize).collect();
+            assert_eq!(shape, t.shape, "batch {batch}, sequence {seq}");
+            let v = t.as_f32().unwrap();
+            assert_eq!(&b[..v.len()], v, "batch {batch}, sequence {seq}");
+        }
+    }
+    // SAFETY: the handle loaded above, freed once.
+    unsafe { anyshape_model_free(handle) };
+}
