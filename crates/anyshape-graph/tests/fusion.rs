@@ -225,9 +225,10 @@ fn resnet_convolutions_become_kernels() {
     }
 }
 
-/// In bf16 every dense layer over a weight becomes `dense_bf16` (the same tasks
-/// otherwise: attention and softmax stay f32), its weight stored as words of bfloat16
-/// pairs: half the bytes of the f32 plan's panels.
+/// In bf16 every dense layer over a weight becomes `dense_bf16` and attention's scores
+/// `…_scores_bf16` (the same tasks otherwise: attention's context and softmax stay
+/// f32), the weights stored as words of bfloat16 pairs: half the bytes of the f32
+/// plan's panels.
 #[test]
 fn bf16_fuses_dense_layers_over_half_the_weight_bytes() {
     use anyshape_ir::Precision;
@@ -244,8 +245,12 @@ fn bf16_fuses_dense_layers_over_half_the_weight_bytes() {
     let (f, b) = (names(&f32_plan), names(&bf16_plan));
     assert_eq!(f.len(), b.len());
     assert!(b.iter().any(|w| w.starts_with("dense_bf16(")));
+    assert!(b.iter().any(|w| w.contains("attention_scores_bf16(")));
     for (f, b) in f.iter().zip(&b) {
-        assert_eq!(f.replace("dense_packed(", "dense_bf16("), *b);
+        let f = f
+            .replace("dense_packed(", "dense_bf16(")
+            .replace("_scores(", "_scores_bf16(");
+        assert_eq!(f, *b);
     }
     let panel_bytes = |plan: &anyshape_plan::PlanFile, precision: Precision| -> u64 {
         let consts = &plan.plan().constants;

@@ -13,7 +13,8 @@
 //!   operand is indexed like the output;
 //! - a `bf16` contraction ([`Precision::Bf16`]) has one reduction axis, over pairs: its
 //!   first operand's last dimension, contiguous, twice the axis's constant extent and
-//!   read at twice its index; its second operand in panels of words.
+//!   read at twice its index; its second operand in panels of words, or read in pairs
+//!   as the first.
 use crate::{Bindings, DType, Epilogue, Expr, IrError, Precision, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -399,18 +400,24 @@ impl Workload {
         let [k] = reductions[..] else {
             return bad("a bf16 contraction has exactly one reduction axis".into());
         };
-        let last = x.index.len().saturating_sub(1);
         let pairs = self.axes[k].extent.as_const();
+        // Read in pairs: the last dimension twice the reduction's constant extent,
+        // indexed by the reduction alone at twice its index.
+        let in_pairs = |t: &TensorRef| {
+            let last = t.index.len().saturating_sub(1);
+            t.panels.is_none()
+                && t.index.last().map(|ix| ix.terms.as_slice()) == Some(&[(k, 2)][..])
+                && t.index.iter().take(last).all(|ix| ix.coeff(k) == 0)
+                && pairs.is_some_and(|p| t.shape.last() == Some(&Expr::Const(2 * p)))
+        };
         let ok = self.class == OpClass::Contraction
-            && x.panels.is_none()
-            && w.panels.is_some()
-            && x.index.last().map(|ix| ix.terms.as_slice()) == Some(&[(k, 2)][..])
-            && x.index.iter().take(last).all(|ix| ix.coeff(k) == 0)
-            && pairs.is_some_and(|p| x.shape.last() == Some(&Expr::Const(2 * p)));
+            && in_pairs(x)
+            && (w.panels.is_some() || in_pairs(w));
         if !ok {
             return bad(format!(
                 "a bf16 contraction multiplies pairs: {}'s last dimension must be an even \
-                 constant, twice the reduction's extent, and {} in panels of word pairs",
+                 constant, twice the reduction's extent, and {} in panels of word pairs or \
+                 read in pairs likewise",
                 x.name, w.name
             ));
         }

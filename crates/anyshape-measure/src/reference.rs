@@ -14,12 +14,13 @@ pub fn buffer_bytes(bound: &BoundWorkload) -> u128 {
 }
 
 /// Deterministic random inputs in `[-1, 1)` for an instance of `w`, every input (a
-/// bf16 contraction's second operand as words of two such values rounded to bfloat16).
+/// bf16 contraction's second operand in panels as words of two such values rounded to
+/// bfloat16).
 pub fn random_inputs(w: &Workload, bound: &BoundWorkload, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..w.inputs.len())
         .map(|t| {
-            let pairs = t == 1 && w.precision == Precision::Bf16;
+            let pairs = t == 1 && words(w);
             (0..bound.lens[t])
                 .map(|_| match pairs {
                     true => bf16_pair(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)),
@@ -71,11 +72,18 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
     Reference { output, tolerance }
 }
 
+/// Whether `w`'s second operand holds words of two bfloat16 (a bf16 contraction's
+/// weights in panels; one read in pairs holds `f32` elements, rounded as they are read).
+fn words(w: &Workload) -> bool {
+    w.precision == Precision::Bf16 && w.inputs[1].panels.is_some()
+}
+
 /// A contraction: for every point of the iteration domain, the product of the two
 /// operands added to the output element it maps to. The tolerance of an element is the
 /// worst-case rounding of summing its terms in f32: `(terms + 2) · eps · Σ|terms|`. In
 /// bf16 each point of the domain is a pair: the first operand's element and the next
-/// one, each rounded to bfloat16, times the two halves of the second operand's word.
+/// one, each rounded to bfloat16, times the two halves of the second operand's word
+/// (or its element and the next, rounded likewise).
 fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f64>, Vec<f64>) {
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
@@ -97,11 +105,16 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
     let outer_red = &reduction[..reduction.len().saturating_sub(1)];
     let n_in = w.class.operands();
     let bf16 = w.precision == Precision::Bf16;
+    let words = words(w);
     // A point's value and magnitude (the sum of its products' absolute values).
     let product = |offs: &[i64]| -> (f64, f64) {
         if bf16 {
-            let x = |o: i64| bf16_value(bf16_bits(inputs[0][o as usize])) as f64;
-            let (lo, hi) = bf16_unpair(inputs[1][offs[1] as usize]);
+            let rounded = |t: usize, o: i64| bf16_value(bf16_bits(inputs[t][o as usize]));
+            let (lo, hi) = match words {
+                true => bf16_unpair(inputs[1][offs[1] as usize]),
+                false => (rounded(1, offs[1]), rounded(1, offs[1] + 1)),
+            };
+            let x = |o: i64| rounded(0, o) as f64;
             let (p, q) = (x(offs[0]) * lo as f64, x(offs[0] + 1) * hi as f64);
             (p + q, p.abs() + q.abs())
         } else {

@@ -267,7 +267,8 @@ fn batch_matmul_nn_all_strategies_and_modes() {
     contraction("batch_matmul_nn(B=2,M=T,N=T+3,K=19)", 3);
 }
 
-/// bf16 contractions: words of bfloat16 pairs in panels read in place, A's pairs
+/// bf16 contractions: words of bfloat16 pairs in panels read in place (or attention's
+/// keys packed as such words), A's pairs
 /// rounded in the register tile (read in place) or as it is packed, by the default and
 /// the small micro-kernel as a bf16
 /// workload's space fits them (prefetching, edge tiles at M and at N, several reduction
@@ -290,10 +291,29 @@ fn dense_bf16_all_strategies_modes_and_vectors() {
             vector_registers: native.vector_registers.min(16),
             ..native.clone()
         };
-        for (workload, every) in [
+        // Attention's scores read both operands in pairs (B packed, its pairs rounded
+        // into words): the projections' layout, a cache's with rows to spare, and
+        // grouped heads reading one cache head (on this machine's vectors only: the
+        // products are the dense layers' above).
+        let attention = [
+            (
+                "attention_scores_bf16(B=2,H=3,M=T,N=T,K=16)+scale(0.25)+add(b,m,n)",
+                1,
+            ),
+            ("cache_attention_scores_bf16(B=2,H=3,M=T,N=T+1,K=16,R=5)", 3),
+            (
+                "grouped_cache_attention_scores_bf16(B=1,H=2,G=3,M=T,N=T+1,K=8,R=0)+add(b,m,n)",
+                3,
+            ),
+        ];
+        let attention = attention.iter().filter(|_| simd == native.simd);
+        for &(workload, every) in [
             ("dense_bf16(M=T,N=80,K=42,P=16)+bias+gelu", 1),
             ("dense_bf16(M=2*T,N=T+3,K=64,P=16)", 3),
-        ] {
+        ]
+        .iter()
+        .chain(attention)
+        {
             let w = Workload::parse(workload).unwrap();
             let small = ContractionKernel {
                 pf: true,

@@ -51,7 +51,8 @@ pub struct CompileArgs {
     /// as bfloat16 pairs (half the bytes) and multiplies with AVX512_BF16's
     /// `vdpbf16ps`, summing in f32 (on a CPU without it the products are widened by
     /// shifts: the bytes still halve, the products are slower, and compile says so);
-    /// attention, softmax, normalizations and residual adds stay f32. Outputs move by
+    /// attention's scores too (queries and keys rounded); attention's context,
+    /// softmax, normalizations and residual adds stay f32. Outputs move by
     /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     precision: Precision,

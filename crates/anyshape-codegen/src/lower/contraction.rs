@@ -112,20 +112,24 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
     let (shape_vars, specialized) = shape_vars(p)?;
     let policy = p.strategy.policy();
     let lanes = target.lanes_f32();
+    let bf16 = w.precision == Precision::Bf16;
+    let b_panels = w.inputs[roles[1]].panels;
     let b_in_place = if mk.dot || policy.copy {
         None
-    } else if let Some(pw) = w.inputs[roles[1]].panels {
+    } else if let Some(pw) = b_panels {
         (pw % lanes as i64 == 0).then_some(pw)
     } else {
-        // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous.
-        (mk.ib && g.n_contiguous(w, roles[1])).then_some(1)
+        // `ib=1`: B's vectors straight from the tensor, where its N axis is contiguous
+        // (in f32: a bf16 B read in pairs is packed, its pairs rounded into words).
+        (mk.ib && !bf16 && g.n_contiguous(w, roles[1])).then_some(1)
     };
-    if w.precision == Precision::Bf16 && (mk.dot || mk.vm || b_in_place.is_none()) {
+    if bf16 && (mk.dot || mk.vm || policy.copy || (b_panels.is_some() && b_in_place.is_none())) {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: format!(
                 "a bf16 contraction runs the usual variant reading B in its panels of \
-                 whole vectors, with no global padding; not {mk} under {}",
+                 whole vectors (or packing B's pairs), with no global padding; not {mk} \
+                 under {}",
                 p.strategy
             ),
         });

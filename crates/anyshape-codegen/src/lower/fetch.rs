@@ -5,7 +5,8 @@
 //! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`), or, where
 //! the source's K axis is contiguous, tiles transposed in registers whose loads stop
 //! at the edge and whose stores write the zeros (`Stmt::Transpose`). A bf16
-//! contraction's A is packed as words of its pairs, rounded (`Value::PairBf16`).
+//! contraction's A, and a B read in pairs, are packed as words of their pairs, rounded
+//! (`Value::PairBf16`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Transpose, Value};
@@ -79,8 +80,9 @@ impl Nest<'_> {
         let src_idx =
             v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
         let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
-        // In bf16, A's pairs rounded into words once here, not in every register tile.
-        let rounded = which == 0 && self.w.precision == Precision::Bf16;
+        // In bf16, A's pairs rounded into words once here, not in every register tile
+        // (and B's, where it is not in panels of words already: read in pairs).
+        let rounded = self.w.precision == Precision::Bf16;
         let element = match rounded {
             true => Value::PairBf16 {
                 buf: op.buf.into(),

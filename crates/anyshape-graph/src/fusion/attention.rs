@@ -23,11 +23,16 @@
 //!   `grouped_cache_attention_context`, which read each cache head in place for its
 //!   whole group instead of the repeated copy.
 //!
+//! In a bf16 fusion the scores are computed in bf16 (`attention_scores_bf16` and the
+//! cache and grouped forms: queries and keys rounded in pairs along the head dim, which
+//! must be an even constant), as the dense layers round their activations; the
+//! context stays `f32` (its reduction, the sequence, may be odd).
+//!
 //! Every value inside a pattern must have that one use; anything else stays the plain
 //! `batch_matmul_nn` and host steps.
 use super::{Fuser, VIEWS};
 use crate::fact;
-use anyshape_ir::{Expr, Workload, CACHE_RESERVE};
+use anyshape_ir::{Expr, Precision, Workload, CACHE_RESERVE};
 use anyshape_tensor::{exact_quotient, DType, ValueId};
 
 /// An attention contraction found around a `MatMul`.
@@ -99,7 +104,7 @@ impl Fuser<'_> {
                 args.push(self.cache_rows(kt.0));
             }
             return Some(Attention {
-                workload: Workload::of(op, &args).ok()?,
+                workload: self.attention_workload(op, &args)?,
                 inputs: [q.0, kt.0],
                 scale: q.1 * kt.1,
                 nodes: [q.2, kt.2].concat(),
@@ -152,6 +157,19 @@ impl Fuser<'_> {
             nodes,
             output: t.outputs[0],
         })
+    }
+
+    /// The workload `op(args)`: in a bf16 fusion, scores whose reduction (the head dim)
+    /// is an even constant in bf16 (`op` with `_bf16`).
+    fn attention_workload(&self, op: &str, args: &[Expr]) -> Option<Workload> {
+        let head_dim = &args[if op.starts_with("grouped") { 5 } else { 4 }];
+        let paired = self.precision == Precision::Bf16
+            && op.ends_with("_scores")
+            && head_dim.as_const().is_some_and(|k| k % 2 == 0);
+        match paired {
+            true => Workload::of(&format!("{op}_bf16"), args).ok(),
+            false => Workload::of(op, args).ok(),
+        }
     }
 
     /// Grouped-query attention's contraction `MatMul(a, b) = y`: the scores where `b`
@@ -214,7 +232,7 @@ impl Fuser<'_> {
             self.cache_rows(cache),
         ];
         Some(Attention {
-            workload: Workload::of(op, &args).ok()?,
+            workload: self.attention_workload(op, &args)?,
             inputs: [x, cache],
             scale: x_scale * c_scale,
             nodes: [x_nodes, t_nodes, c_nodes].concat(),

@@ -69,6 +69,37 @@ pub fn dense_bf16(a: &[Expr]) -> Workload {
     w
 }
 
+/// `op`: the f32 contraction `w` in bfloat16 with `f32` sums (see
+/// [`Precision::Bf16`](crate::Precision)), both operands read in pairs along its one
+/// reduction, each pair two neighbouring elements (the reduction's coefficient doubled
+/// in both index maps; the tensors keep their shapes): the reduction counts the `K/2`
+/// pairs; `K` must be an even constant (else validation fails). For the attention
+/// scores, whose operands are activations the kernel rounds as it packs them.
+fn paired(mut w: Workload, op: &str) -> Workload {
+    let reduction = w
+        .axes
+        .iter()
+        .position(|a| a.kind == Reduction)
+        .expect("a contraction has a reduction");
+    let k = w.axes[reduction].extent.clone();
+    w.axes[reduction].extent = match k.as_const() {
+        Some(k) if k % 2 == 0 => Expr::Const(k / 2),
+        _ => Expr::ceil_div(k, Expr::Const(2)),
+    };
+    for t in &mut w.inputs {
+        for ix in &mut t.index {
+            for (axis, coeff) in &mut ix.terms {
+                if *axis == reduction {
+                    *coeff *= 2;
+                }
+            }
+        }
+    }
+    w.op = op.into();
+    w.precision = crate::Precision::Bf16;
+    w
+}
+
 fn batch_axes(a: &[Expr]) -> Vec<crate::Axis> {
     let [b, m, n, k] = [&a[0], &a[1], &a[2], &a[3]];
     vec![
@@ -157,6 +188,13 @@ pub fn attention_scores(a: &[Expr]) -> Workload {
     )
 }
 
+/// `attention_scores_bf16(B, H, M, N, K)`: [`attention_scores`] in bfloat16 with `f32`
+/// sums, queries and keys rounded in pairs along `K` (even, constant): a bf16 model's
+/// scores.
+pub fn attention_scores_bf16(a: &[Expr]) -> Workload {
+    paired(attention_scores(a), "attention_scores_bf16")
+}
+
 /// `attention_context(B, H, M, N, K)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] · W[b,k,h,n]`, the
 /// context of multi-head attention from the probabilities (`[batch, heads, M, K]`) and
 /// the values as the projection lays them out (`[batch, sequence, heads, dim]`), written
@@ -189,6 +227,12 @@ pub fn cache_attention_scores(a: &[Expr]) -> Workload {
     );
     w.inputs[1].shape[2] = (&a[3] + &a[5]).simplify();
     w
+}
+
+/// `cache_attention_scores_bf16(B, H, M, N, K, R)`: [`cache_attention_scores`] in
+/// bfloat16 with `f32` sums, as [`attention_scores_bf16`].
+pub fn cache_attention_scores_bf16(a: &[Expr]) -> Workload {
+    paired(cache_attention_scores(a), "cache_attention_scores_bf16")
 }
 
 /// `cache_attention_context(B, H, M, N, K, R)`: `Y[b,m,h,n] = Σ_k X[b,h,m,k] ·
@@ -239,6 +283,16 @@ pub fn grouped_cache_attention_scores(a: &[Expr]) -> Workload {
     );
     w.inputs[1].shape[2] = (&a[4] + &a[6]).simplify();
     w
+}
+
+/// `grouped_cache_attention_scores_bf16(B, H, G, M, N, K, R)`:
+/// [`grouped_cache_attention_scores`] in bfloat16 with `f32` sums, as
+/// [`attention_scores_bf16`].
+pub fn grouped_cache_attention_scores_bf16(a: &[Expr]) -> Workload {
+    paired(
+        grouped_cache_attention_scores(a),
+        "grouped_cache_attention_scores_bf16",
+    )
 }
 
 /// `grouped_cache_attention_context(B, H, G, M, N, K, R)`: `Y[b,h,g,m,n] = Σ_k

@@ -90,6 +90,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::attention_scores,
     },
     OpDef {
+        name: "attention_scores_bf16",
+        args: &["B", "H", "M", "N", "K"],
+        doc: "attention_scores in bf16 (f32 sums): queries and keys rounded in pairs along K, which must be even",
+        class: "contraction",
+        build: contraction::attention_scores_bf16,
+    },
+    OpDef {
         name: "attention_context",
         args: &["B", "H", "M", "N", "K"],
         doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,k,h,n] (values and output in [batch, sequence, heads, dim])",
@@ -104,6 +111,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::cache_attention_scores,
     },
     OpDef {
+        name: "cache_attention_scores_bf16",
+        args: &["B", "H", "M", "N", "K", "R"],
+        doc: "cache_attention_scores in bf16 (f32 sums): queries and keys rounded in pairs along K, which must be even",
+        class: "contraction",
+        build: contraction::cache_attention_scores_bf16,
+    },
+    OpDef {
         name: "cache_attention_context",
         args: &["B", "H", "M", "N", "K", "R"],
         doc: "Y[b,m,h,n] = sum_k X[b,h,m,k] * W[b,h,k,n] (values in a cache's [batch, heads, K+R, dim]: R rows to spare; output in [batch, sequence, heads, dim])",
@@ -116,6 +130,13 @@ pub static OPERATORS: &[OpDef] = &[
         doc: "Y[b,h,g,m,n] = sum_k X[b,h,g,m,k] * W[b,h,n,k] (grouped-query: H*G query heads in [batch, heads, sequence, dim], G per key head of a cache's [batch, H, N+R, dim])",
         class: "contraction",
         build: contraction::grouped_cache_attention_scores,
+    },
+    OpDef {
+        name: "grouped_cache_attention_scores_bf16",
+        args: &["B", "H", "G", "M", "N", "K", "R"],
+        doc: "grouped_cache_attention_scores in bf16 (f32 sums): queries and keys rounded in pairs along K, which must be even",
+        class: "contraction",
+        build: contraction::grouped_cache_attention_scores_bf16,
     },
     OpDef {
         name: "grouped_cache_attention_context",
