@@ -3,7 +3,7 @@
 //! model module, how each task was compiled and what its plan holds.
 use anyhow::Result;
 use anyshape_codegen::{CpuTarget, Target as _};
-use anyshape_ir::Bindings;
+use anyshape_ir::{Bindings, Precision};
 use anyshape_runtime::Module;
 use anyshape_tensor::shape_text;
 use std::path::Path;
@@ -112,10 +112,12 @@ pub fn inspect_model_module(dir: &Path) -> Result<()> {
         let (lo, hi) = v.domain.bounds().unwrap_or((0, 0));
         println!("dim          {} compiled for {lo}..{hi}", v.name);
     }
-    println!(
-        "precision    {} (dense layers over weights; the rest f32)",
-        m.precision
-    );
+    match m.precision {
+        Precision::F32 => println!("precision    f32"),
+        Precision::Bf16 => println!(
+            "precision    bf16 (dense layers over weights and attention's scores; the rest f32)"
+        ),
+    }
     for s in model.inputs() {
         println!(
             "input        {} {} {}",
