@@ -5,6 +5,7 @@
  *
  *   cc run_model.c -Icrates/anyshape-capi/include -Ltarget/release -lanyshape -o run_model
  *   ./run_model bert.module batch=1 sequence=37
+ *   ./run_model gpt2.module batch=1 sequence=5 past_sequence=0   # a decoder, no past yet
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,14 +14,69 @@
 
 #include "anyshape.h"
 
-/* The value of dim `text`: a number, or NAME=VALUE among the arguments. */
-static int64_t dim_value(const char *text, int argc, char **argv) {
-    if (isdigit((unsigned char)text[0])) return atoll(text);
-    size_t n = strlen(text);
+/* The value of the dim named by the `n` characters at `name`: NAME=VALUE among the
+ * arguments. */
+static int64_t named(const char *name, size_t n, int argc, char **argv) {
     for (int a = 2; a < argc; a++)
-        if (strncmp(argv[a], text, n) == 0 && argv[a][n] == '=') return atoll(argv[a] + n + 1);
-    fprintf(stderr, "give the dim %s as %s=VALUE\n", text, text);
+        if (strncmp(argv[a], name, n) == 0 && argv[a][n] == '=') return atoll(argv[a] + n + 1);
+    fprintf(stderr, "give the dim %.*s as %.*s=VALUE\n", (int)n, name, (int)n, name);
     exit(2);
+}
+
+/* A dim's text is a number, a dim's name or an expression over the dims (a decoder's
+ * mask is `past_sequence + sequence`): sums and differences of products and quotients
+ * (rounded down) of numbers, names and parenthesized expressions. */
+static int64_t sum(const char **p, int argc, char **argv);
+
+static void blanks(const char **p) {
+    while (**p == ' ') (*p)++;
+}
+
+static int64_t atom(const char **p, int argc, char **argv) {
+    blanks(p);
+    if (**p == '(') {
+        (*p)++;
+        int64_t v = sum(p, argc, argv);
+        blanks(p);
+        if (**p == ')') (*p)++;
+        return v;
+    }
+    if (**p == '-') {
+        (*p)++;
+        return -atom(p, argc, argv);
+    }
+    const char *start = *p;
+    if (isdigit((unsigned char)**p)) {
+        while (isdigit((unsigned char)**p)) (*p)++;
+        return atoll(start);
+    }
+    while (isalnum((unsigned char)**p) || **p == '_' || **p == '.') (*p)++;
+    return named(start, (size_t)(*p - start), argc, argv);
+}
+
+static int64_t product(const char **p, int argc, char **argv) {
+    int64_t v = atom(p, argc, argv);
+    for (blanks(p); **p == '*' || **p == '/'; blanks(p)) {
+        char op = *(*p)++;
+        int64_t r = atom(p, argc, argv);
+        if (op == '*') v *= r;
+        else if (r != 0) v = v / r - ((v % r != 0) && ((v < 0) != (r < 0)));
+    }
+    return v;
+}
+
+static int64_t sum(const char **p, int argc, char **argv) {
+    int64_t v = product(p, argc, argv);
+    for (blanks(p); **p == '+' || **p == '-'; blanks(p)) {
+        char op = *(*p)++;
+        int64_t r = product(p, argc, argv);
+        v = op == '+' ? v + r : v - r;
+    }
+    return v;
+}
+
+static int64_t dim_value(const char *text, int argc, char **argv) {
+    return sum(&text, argc, argv);
 }
 
 static size_t width(anyshape_dtype t) { return t == ANYSHAPE_INT64 ? 8 : t == ANYSHAPE_BOOL ? 1 : 4; }
