@@ -45,6 +45,38 @@ def test_outputs_match_onnxruntime(bert, case):
         assert relative_error(got, data[name]) <= 1e-4, name
 
 
+def test_outputs_written_into_the_last_runs_arrays(bert):
+    # A loop passing each run's outputs back: every answer a plain run's for its own
+    # inputs (the same shape twice with other token ids: stale outputs would show),
+    # the arrays of the same shape written in place (the same objects), the others
+    # fresh.
+    outs = None
+    steps = [("s37", False), ("s37", True), ("b3s17", False), ("s1", False), ("s1", True)]
+    for case, reversed_ids in steps:
+        data = recorded(case)
+        feeds = {i.name: data[i.name] for i in bert.inputs}
+        if reversed_ids:
+            feeds["input_ids"] = np.ascontiguousarray(feeds["input_ids"][:, ::-1] + 1) % 50
+        want = bert.run(feeds)
+        last = outs
+        outs = bert.run(feeds, out=outs)
+        for name, got in outs.items():
+            assert np.array_equal(got, want[name]), (case, name)
+            same_shape = last is not None and last[name].shape == got.shape
+            assert (last is not None and got is last[name]) == same_shape, (case, name)
+    # An array that cannot take its output (read-only, another dtype) is left alone.
+    frozen = np.zeros_like(outs["last_hidden_state"])
+    frozen.flags.writeable = False
+    other = np.zeros(outs["pooler_output"].shape, np.float64)
+    again = bert.run(feeds, out={"last_hidden_state": frozen, "pooler_output": other})
+    assert again["last_hidden_state"] is not frozen and not frozen.any()
+    assert again["pooler_output"] is not other and not other.any()
+    with pytest.raises(anyshape.InvalidArgument, match="no output 'logits'"):
+        bert.run(feeds, out={"logits": frozen})
+    with pytest.raises(anyshape.InvalidArgument, match="not a numpy array"):
+        bert.run(feeds, out={"pooler_output": [0.0]})
+
+
 def test_inputs_outputs_and_dims_are_described(bert):
     assert [i.name for i in bert.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
     assert all(i.dtype == "int64" and i.shape == ["batch", "sequence"] for i in bert.inputs)

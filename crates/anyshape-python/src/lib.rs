@@ -62,10 +62,13 @@ fn runtime_error(e: RuntimeError) -> PyErr {
     }
 }
 
-/// A loaded model module.
+/// A loaded model module, and the output tensors of its last run given arrays to write
+/// into (`run`'s `out`), which the next such run writes over (`Model::run_into`)
+/// before copying them into the caller's arrays.
 #[pyclass(frozen)]
 struct Model {
     inner: anyshape_runtime::Model,
+    kept: std::sync::Mutex<Vec<Option<Tensor>>>,
 }
 
 /// A tensor's description as Python sees it: `(name, dtype, shape)` with each dim an
@@ -133,6 +136,47 @@ fn borrow<'a>(
     })
 }
 
+/// Whether `array` can take output `t`: its shape and element type, C-contiguous and
+/// writeable.
+fn takes(array: &Bound<'_, PyUntypedArray>, t: Option<&Tensor>) -> bool {
+    let Some(t) = t else { return false };
+    let writeable = array.getattr("flags").and_then(|f| f.getattr("writeable"));
+    array.shape() == t.shape.as_slice()
+        && array.is_c_contiguous()
+        && writeable.and_then(|w| w.extract::<bool>()).unwrap_or(false)
+        && match t.dtype() {
+            DType::F32 => array.cast::<PyArrayDyn<f32>>().is_ok(),
+            DType::I64 => array.cast::<PyArrayDyn<i64>>().is_ok(),
+            DType::Bool => array.cast::<PyArrayDyn<bool>>().is_ok(),
+        }
+}
+
+/// Copy `t` into `array` (which [`takes`] it).
+fn write_into(array: &Bound<'_, PyUntypedArray>, t: &Tensor) -> PyResult<()> {
+    let busy = |_| AnyshapeError::new_err("an output array is borrowed elsewhere");
+    match &t.data {
+        Data::F32(v) => array
+            .cast::<PyArrayDyn<f32>>()?
+            .try_readwrite()
+            .map_err(busy)?
+            .as_slice_mut()?
+            .copy_from_slice(v),
+        Data::I64(v) => array
+            .cast::<PyArrayDyn<i64>>()?
+            .try_readwrite()
+            .map_err(busy)?
+            .as_slice_mut()?
+            .copy_from_slice(v),
+        Data::Bool(v) => array
+            .cast::<PyArrayDyn<bool>>()?
+            .try_readwrite()
+            .map_err(busy)?
+            .as_slice_mut()?
+            .copy_from_slice(v),
+    }
+    Ok(())
+}
+
 /// An output tensor as a NumPy array, its elements moved, not copied.
 fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     let shape = t.shape;
@@ -160,7 +204,10 @@ impl Model {
         let inner = py
             .detach(|| anyshape_runtime::Model::load(&path))
             .map_err(runtime_error)?;
-        Ok(Model { inner })
+        Ok(Model {
+            inner,
+            kept: Default::default(),
+        })
     }
 
     /// The inputs: `(name, dtype, shape)`, dims as ints or dim names.
@@ -190,11 +237,17 @@ impl Model {
     }
 
     /// Run on `arrays` (one per input, in the inputs' order: C-contiguous, of the
-    /// inputs' element types): the outputs, in order.
+    /// inputs' element types): the outputs, in order. With `out` (one array or `None`
+    /// per output), an output whose array there has its shape and element type and is
+    /// C-contiguous and writeable is copied into it and that array returned; the
+    /// others are fresh arrays. The outputs of such runs are kept and written over by
+    /// the next (no fresh outputs to fault in).
+    #[pyo3(signature = (arrays, out=None))]
     fn run(
         &self,
         py: Python<'_>,
         arrays: Vec<Bound<'_, PyUntypedArray>>,
+        out: Option<Vec<Option<Bound<'_, PyUntypedArray>>>>,
     ) -> PyResult<Vec<Py<PyAny>>> {
         let specs = self.inner.inputs();
         if arrays.len() != specs.len() {
@@ -219,8 +272,45 @@ impl Model {
             })
             .collect::<PyResult<Vec<_>>>()?;
         let inner = &self.inner;
-        let outs = py.detach(|| inner.run(&given)).map_err(runtime_error)?;
-        outs.into_iter().map(|t| to_numpy(py, t)).collect()
+        let count = inner.outputs().len();
+        let Some(out) = out else {
+            let outs = py.detach(|| inner.run(&given)).map_err(runtime_error)?;
+            return outs.into_iter().map(|t| to_numpy(py, t)).collect();
+        };
+        if out.len() != count {
+            return Err(InvalidArgument::new_err(format!(
+                "{} arrays to write into for the model's {count} outputs",
+                out.len()
+            )));
+        }
+        // The kept outputs, or fresh ones where a run on another thread holds them.
+        let mut fresh = Vec::new();
+        let mut kept = self.kept.try_lock();
+        let outs = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut fresh,
+        };
+        outs.resize_with(count, || None);
+        py.detach(|| inner.run_into(&given, outs))
+            .map_err(runtime_error)?;
+        outs.iter_mut()
+            .zip(out)
+            .map(|(t, array)| {
+                let into = array.filter(|a| takes(a, t.as_ref()));
+                match (t, into) {
+                    (Some(t), Some(a)) => {
+                        write_into(&a, t)?;
+                        Ok(a.into_any().unbind())
+                    }
+                    (t, _) => match t.take() {
+                        Some(t) => to_numpy(py, t),
+                        None => Err(AnyshapeError::new_err(
+                            "internal error: a run left an output unwritten",
+                        )),
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Generate from `prompt` (int64 `[batch, length]`) with the model as a decoder

@@ -145,10 +145,19 @@ class Model:
             name: (lo, hi) for name, lo, hi in self._native.dims()
         }
 
-    def run(self, feeds: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, Any], out: Optional[Mapping[str, np.ndarray]] = None
+    ) -> Dict[str, np.ndarray]:
         """The outputs by name, for `feeds` (every input by name, arrays or anything
         `numpy.asarray` takes; arrays that are C-contiguous and of the input's dtype are
-        read in place)."""
+        read in place).
+
+        `out`: arrays to write the outputs into, by output name — typically the last
+        run's result, `outs = model.run(feeds, out=outs)` in a loop. An output whose
+        array has its shape and dtype (and is C-contiguous and writeable) is copied
+        into it and that array returned; the others come back as fresh arrays. Such
+        runs keep their outputs and write the next over them, so a large model's
+        outputs are not allocated and faulted in anew every run."""
         names = [i.name for i in self.inputs]
         unknown = [k for k in feeds if k not in names]
         if unknown:
@@ -163,7 +172,19 @@ class Model:
             if a.dtype != np.dtype(i.dtype):
                 raise InvalidArgument(f"input {i.name!r} is {a.dtype}, the model takes {i.dtype}")
             arrays.append(np.ascontiguousarray(a))
-        outs = self._native.run(arrays)
+        into = None
+        if out is not None:
+            outputs = [o.name for o in self.outputs]
+            unknown = [k for k in out if k not in outputs]
+            if unknown:
+                raise InvalidArgument(
+                    f"the model has no output {', '.join(map(repr, unknown))} (its outputs: {', '.join(outputs)})"
+                )
+            into = [out.get(name) for name in outputs]
+            wrong = [n for n, a in zip(outputs, into) if a is not None and not isinstance(a, np.ndarray)]
+            if wrong:
+                raise InvalidArgument(f"out[{wrong[0]!r}] is not a numpy array")
+        outs = self._native.run(arrays, into)
         return {o.name: v for o, v in zip(self.outputs, outs)}
 
     def generate(
