@@ -51,7 +51,7 @@ pub struct AnyshapeModel {
     model: Model,
     inputs: Vec<(CString, Vec<CString>)>,
     outputs: Vec<(CString, Vec<CString>)>,
-    kept: std::sync::Mutex<Vec<Option<anyshape_tensor::Tensor>>>,
+    kept: anyshape_runtime::KeptOutputs,
 }
 
 thread_local! {
@@ -377,14 +377,8 @@ pub unsafe extern "C" fn anyshape_model_run(
             };
             views.push((s.name.as_str(), TensorRef { shape, data }));
         }
-        let mut fresh = Vec::new();
-        let mut kept = m.kept.try_lock();
-        let outs = match kept.as_deref_mut() {
-            Ok(kept) => kept,
-            Err(_) => &mut fresh,
-        };
-        outs.resize_with(num_outputs, || None);
-        if let Err(e) = m.model.run_into(&views, outs) {
+        let mut outs = m.kept.take(&m.model);
+        if let Err(e) = m.model.run_into(&views, &mut outs) {
             return fail(code(&e), e);
         }
         let outs: Vec<&anyshape_tensor::Tensor> = outs.iter().flatten().collect();

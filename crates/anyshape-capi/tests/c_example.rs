@@ -66,6 +66,11 @@ fn module(dir: &Path, model: &str, dims: &[&str]) -> PathBuf {
     out
 }
 
+/// Tiny BERT compiled untuned for batch 1..2, sequence 1..64.
+fn bert(dir: &Path) -> PathBuf {
+    module(dir, "bert_tiny.ts.onnx", &["batch=1..2", "sequence=1..64"])
+}
+
 /// The example compiled against the header and the shared library into `dir`.
 fn example(dir: &Path) -> PathBuf {
     let exe = dir.join("run_model");
@@ -141,11 +146,7 @@ fn runs_as_the_runtime(exe: &Path, m: &Path, dims: &[&str], shapes: &[Vec<usize>
 #[test]
 fn the_c_example_runs_a_model() {
     let dir = tempfile::tempdir().unwrap();
-    let m = module(
-        dir.path(),
-        "bert_tiny.ts.onnx",
-        &["batch=1..2", "sequence=1..64"],
-    );
+    let m = bert(dir.path());
     let exe = example(dir.path());
     // In the range, and past it (batch 3, sequence 100).
     for (batch, seq) in [(1usize, 37usize), (3, 100)] {
@@ -209,11 +210,7 @@ fn a_handle_runs_again_at_other_shapes() {
     use anyshape::{anyshape_model_free, anyshape_model_load, anyshape_model_run};
     use anyshape::{AnyshapeModel, AnyshapeTensor, MAX_RANK, OK};
     let dir = tempfile::tempdir().unwrap();
-    let m = module(
-        dir.path(),
-        "bert_tiny.ts.onnx",
-        &["batch=1..2", "sequence=1..64"],
-    );
+    let m = bert(dir.path());
     let model = Model::load(&m).unwrap();
     let path = std::ffi::CString::new(m.to_str().unwrap()).unwrap();
     let mut handle: *mut AnyshapeModel = std::ptr::null_mut();

@@ -68,7 +68,7 @@ fn runtime_error(e: RuntimeError) -> PyErr {
 #[pyclass(frozen)]
 struct Model {
     inner: anyshape_runtime::Model,
-    kept: std::sync::Mutex<Vec<Option<Tensor>>>,
+    kept: anyshape_runtime::KeptOutputs,
 }
 
 /// A tensor's description as Python sees it: `(name, dtype, shape)` with each dim an
@@ -153,28 +153,19 @@ fn takes(array: &Bound<'_, PyUntypedArray>, t: Option<&Tensor>) -> bool {
 
 /// Copy `t` into `array` (which [`takes`] it).
 fn write_into(array: &Bound<'_, PyUntypedArray>, t: &Tensor) -> PyResult<()> {
-    let busy = |_| AnyshapeError::new_err("an output array is borrowed elsewhere");
-    match &t.data {
-        Data::F32(v) => array
-            .cast::<PyArrayDyn<f32>>()?
+    fn copy<T: numpy::Element + Copy>(array: &Bound<'_, PyUntypedArray>, v: &[T]) -> PyResult<()> {
+        let mut a = array
+            .cast::<PyArrayDyn<T>>()?
             .try_readwrite()
-            .map_err(busy)?
-            .as_slice_mut()?
-            .copy_from_slice(v),
-        Data::I64(v) => array
-            .cast::<PyArrayDyn<i64>>()?
-            .try_readwrite()
-            .map_err(busy)?
-            .as_slice_mut()?
-            .copy_from_slice(v),
-        Data::Bool(v) => array
-            .cast::<PyArrayDyn<bool>>()?
-            .try_readwrite()
-            .map_err(busy)?
-            .as_slice_mut()?
-            .copy_from_slice(v),
+            .map_err(|_| AnyshapeError::new_err("an output array is borrowed elsewhere"))?;
+        a.as_slice_mut()?.copy_from_slice(v);
+        Ok(())
     }
-    Ok(())
+    match &t.data {
+        Data::F32(v) => copy(array, v),
+        Data::I64(v) => copy(array, v),
+        Data::Bool(v) => copy(array, v),
+    }
 }
 
 /// An output tensor as a NumPy array, its elements moved, not copied.
@@ -283,14 +274,8 @@ impl Model {
                 out.len()
             )));
         }
-        // The kept outputs, or fresh ones where a run on another thread holds them.
-        let mut fresh = Vec::new();
-        let mut kept = self.kept.try_lock();
-        let outs = match kept.as_deref_mut() {
-            Ok(kept) => kept,
-            Err(_) => &mut fresh,
-        };
-        outs.resize_with(count, || None);
+        let mut kept = self.kept.take(inner);
+        let outs: &mut Vec<Option<Tensor>> = &mut kept;
         py.detach(|| inner.run_into(&given, outs))
             .map_err(runtime_error)?;
         outs.iter_mut()
