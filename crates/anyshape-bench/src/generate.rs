@@ -254,14 +254,10 @@ impl Report<'_> {
     }
 
     fn markdown(&self) -> String {
-        let mut s = String::new();
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let _ = writeln!(
-            s,
-            "# anyshape bench --model --generate: {}\n",
+        let mut s = crate::out::heading(format!(
+            "anyshape bench --model --generate: {}",
             self.dir.display()
-        );
-        let _ = writeln!(s, "Command: `{command}`\n");
+        ));
         let _ = writeln!(
             s,
             "Greedy generation of {} tokens after each prompt (batch 1), every system with its own decoder loop on the same prompt: anyshape's `Decoder`, onnxruntime with IO binding (the present caches bound as the next step's past), OpenVINO with the model made stateful, PyTorch eager with transformers' own cache (the model rebuilt by `models/export.py`). {} interleaved rounds (the order rotates); first token = the minimum over rounds of the prompt's step; decode = the minimum over rounds of the median step after it. Speedup > 1: anyshape is faster. Tokens: how many of the system's tokens equal anyshape's (a prefix).\n",

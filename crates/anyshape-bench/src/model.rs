@@ -415,10 +415,7 @@ impl ModelReport<'_> {
     }
 
     fn markdown(&self) -> String {
-        let mut s = String::new();
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let _ = writeln!(s, "# anyshape bench --model: {}\n", self.dir.display());
-        let _ = writeln!(s, "Command: `{command}`\n");
+        let mut s = crate::out::heading(format!("anyshape bench --model: {}", self.dir.display()));
         let _ = write!(
             s,
             "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores)",

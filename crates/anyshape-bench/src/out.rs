@@ -1,6 +1,7 @@
 //! Where a benchmark writes its reports: one directory, every file written atomically
 //! beside its path (`anyshape-files`), never over or inside what the benchmark reads
-//! (the module it measures), which the directory may hold.
+//! (the module it measures), which the directory may hold; and the heading its Markdown
+//! reports open with.
 use crate::error::{io, Result};
 use anyshape_files::Reads;
 use std::path::{Path, PathBuf};
@@ -26,4 +27,10 @@ impl<'a> OutDir<'a> {
         anyshape_files::write_bytes(&path, &self.reads, "--out-dir", bytes)?;
         Ok(path)
     }
+}
+
+/// The heading of a Markdown report: its title, then the command line that made it.
+pub(crate) fn heading(title: impl std::fmt::Display) -> String {
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    format!("# {title}\n\nCommand: `{command}`\n\n")
 }

@@ -377,7 +377,7 @@ pub unsafe extern "C" fn anyshape_model_run(
             };
             views.push((s.name.as_str(), TensorRef { shape, data }));
         }
-        let mut outs = m.kept.take(&m.model);
+        let mut outs = m.kept.for_run(&m.model);
         if let Err(e) = m.model.run_into(&views, &mut outs) {
             return fail(code(&e), e);
         }

@@ -274,7 +274,7 @@ impl Model {
                 out.len()
             )));
         }
-        let mut kept = self.kept.take(inner);
+        let mut kept = self.kept.for_run(inner);
         let outs: &mut Vec<Option<Tensor>> = &mut kept;
         py.detach(|| inner.run_into(&given, outs))
             .map_err(runtime_error)?;

@@ -23,7 +23,7 @@ pub enum Outputs<'a> {
 impl KeptOutputs {
     /// The outputs for one run of `model`: one per model output (`None` until a run
     /// writes it), the kept ones where no other run holds them.
-    pub fn take(&self, model: &Model) -> Outputs<'_> {
+    pub fn for_run(&self, model: &Model) -> Outputs<'_> {
         let mut outs = match self.0.try_lock() {
             Ok(kept) => Outputs::Kept(kept),
             Err(_) => Outputs::Fresh(Vec::new()),

@@ -59,14 +59,10 @@ impl Report<'_> {
     }
 
     pub(super) fn markdown(&self) -> String {
-        let mut s = String::new();
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let _ = writeln!(
-            s,
-            "# anyshape bench --model --conv-kernels: {}\n",
+        let mut s = crate::out::heading(format!(
+            "anyshape bench --model --conv-kernels: {}",
             self.dir.display()
-        );
-        let _ = writeln!(s, "Command: `{command}`\n");
+        ));
         let _ = writeln!(
             s,
             "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",

@@ -32,7 +32,7 @@
 //! `batch_matmul_nn` and host steps.
 use super::{Fuser, VIEWS};
 use crate::fact;
-use anyshape_ir::{Expr, Precision, Workload, CACHE_RESERVE};
+use anyshape_ir::{AxisKind, Expr, Precision, Workload, CACHE_RESERVE};
 use anyshape_tensor::{exact_quotient, DType, ValueId};
 
 /// An attention contraction found around a `MatMul`.
@@ -162,13 +162,16 @@ impl Fuser<'_> {
     /// The workload `op(args)`: in a bf16 fusion, scores whose reduction (the head dim)
     /// is an even constant in bf16 (`op` with `_bf16`).
     fn attention_workload(&self, op: &str, args: &[Expr]) -> Option<Workload> {
-        let head_dim = &args[if op.starts_with("grouped") { 5 } else { 4 }];
-        let paired = self.precision == Precision::Bf16
+        let w = Workload::of(op, args).ok()?;
+        let even = |a: &anyshape_ir::Axis| {
+            a.kind == AxisKind::Reduction && a.extent.as_const().is_some_and(|k| k % 2 == 0)
+        };
+        match self.precision == Precision::Bf16
             && op.ends_with("_scores")
-            && head_dim.as_const().is_some_and(|k| k % 2 == 0);
-        match paired {
+            && w.axes.iter().any(even)
+        {
             true => Workload::of(&format!("{op}_bf16"), args).ok(),
-            false => Workload::of(op, args).ok(),
+            false => Some(w),
         }
     }
 
