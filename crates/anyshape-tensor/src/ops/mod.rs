@@ -45,7 +45,10 @@
 //! - `grid.rs`: `GridSample`, `AffineGrid`;
 //! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
-//! - `rotary.rs`: `RotaryEmbedding` (opset 23).
+//! - `rotary.rs`: `RotaryEmbedding` (opset 23);
+//! - `winograd.rs`: the internal `anyshape.WinogradInput` and
+//!   `anyshape.WinogradOutput` around the batched matmul a 3 x 3 convolution of
+//!   stride 1 becomes (Winograd's F(2x2, 3x3)), and its filters' transform.
 mod activation;
 mod attention;
 mod causal_conv;
@@ -75,6 +78,7 @@ mod spectral;
 mod unary;
 mod walk;
 mod window;
+mod winograd;
 
 use crate::node::Node;
 use crate::{DType, Fact, Result, Tensor, TensorError, TensorRef, Workers};
@@ -86,6 +90,7 @@ pub(crate) use walk::{
     strided_walk, Pair,
 };
 pub use window::Window;
+pub use winograd::{winograd_filters, POSITIONS, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).
@@ -158,6 +163,7 @@ pub fn registry() -> impl Iterator<Item = &'static OpSpec> {
         .chain(space::OPS)
         .chain(spectral::OPS)
         .chain(unary::OPS)
+        .chain(winograd::OPS)
 }
 
 /// The operator named `op`.
