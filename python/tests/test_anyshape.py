@@ -165,6 +165,25 @@ def test_bf16_matches_onnxruntime_within_its_precision(tmp_path):
             assert 1e-6 < error <= 2e-2, (case, name, error)
 
 
+@pytest.mark.parametrize("winograd", [True, False])
+def test_convolutions_match_onnxruntime_either_way(tmp_path, winograd):
+    # A ResNet's 3 x 3 convolutions by Winograd's transforms (the default) or over
+    # their patches: the same answers, in the range and past it.
+    model = anyshape.compile(
+        MODELS / "resnet_tiny.ts.onnx",
+        dims={"batch": (1, 2), "height": (32, 96), "width": (32, 96)},
+        out=tmp_path / "resnet.module",
+        progress=False,
+        winograd=winograd,
+    )
+    for case in ["i64", "b2i96", "i97"]:
+        with np.load(MODELS / f"resnet_tiny.ts.{case}.npz") as f:
+            data = {k: f[k] for k in f.files}
+        outs = model.run({i.name: data[i.name] for i in model.inputs})
+        for name, got in outs.items():
+            assert relative_error(got, data[name]) <= 1e-4, (case, name)
+
+
 def test_tuning_runs_the_worker(tmp_path):
     def tune(records, db):
         return anyshape.compile(

@@ -1,7 +1,8 @@
 //! Whole models for anyshape: reading ONNX files ([`onnx`]) into a graph IR
 //! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), a reference
-//! executor ([`exec::run`]), fusion into steps and tasks ([`fuse`]) and lowering the
+//! executor ([`exec::run`]), 3 x 3 convolutions rewritten by Winograd's F(2x2, 3x3)
+//! ([`winograd`]), fusion into steps and tasks ([`fuse`]) and lowering the
 //! fused graph to a plan ([`lower`], `anyshape-plan`), what `anyshape compile` saves.
 //!
 //! It builds on `anyshape-ir` (expressions, shape vars) and `anyshape-tensor` (tensors,
@@ -17,9 +18,11 @@ mod graph;
 mod infer;
 mod lower;
 pub mod onnx;
+mod winograd;
 
 pub use error::{GraphError, Result};
 pub use fusion::{fuse, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};
 pub use graph::{Graph, Input};
 pub use infer::{fact, infer};
 pub use lower::lower;
+pub use winograd::winograd;

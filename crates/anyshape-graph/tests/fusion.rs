@@ -225,6 +225,53 @@ fn resnet_convolutions_become_kernels() {
     }
 }
 
+/// After the rewrite `anyshape compile` makes, a ResNet's 3 x 3 convolutions of stride
+/// 1 are Winograd's: an input transform, a `batch_matmul_nn` of the 16 positions over
+/// the transformed filters (a new constant `[16, co, ci]`) and an output transform
+/// that adds the bias and applies the ReLU that followed (no `Relu` node left for
+/// them); the stem (7 x 7), strided and 1 x 1 convolutions stay `conv_packed`.
+#[test]
+fn resnet_3x3_convolutions_become_winograd() {
+    use anyshape_tensor::ops::{WINOGRAD_INPUT, WINOGRAD_OUTPUT};
+    for file in ["resnet_tiny.ts.onnx", "resnet_tiny.dynamo18.onnx"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models")
+            .join(file);
+        let mut g = onnx::load(&path).unwrap();
+        let convs =
+            |g: &anyshape_graph::Graph, op: &str| g.nodes.iter().filter(|n| n.op == op).count();
+        let before = (convs(&g, "Conv"), convs(&g, "Relu"));
+        let facts = infer(&g).unwrap();
+        let facts = anyshape_graph::winograd(&mut g, facts).unwrap();
+        let rewritten = convs(&g, WINOGRAD_OUTPUT);
+        assert_eq!(rewritten, 3, "{file}: the two blocks' 3 x 3 and one more");
+        assert_eq!(convs(&g, WINOGRAD_INPUT), rewritten, "{file}");
+        assert_eq!(convs(&g, "Conv"), before.0 - rewritten, "{file}");
+        let fused_relus = g
+            .nodes
+            .iter()
+            .filter(|n| n.op == WINOGRAD_OUTPUT && n.int("relu", 0).unwrap() == 1)
+            .count();
+        assert_eq!(convs(&g, "Relu"), before.1 - fused_relus, "{file}");
+        assert!(fused_relus > 0, "{file}");
+        let f = fuse(&g, &facts, anyshape_ir::Precision::F32);
+        steps_cover_each_node_once(&f, g.nodes.len());
+        let t: Vec<String> = f.tasks().iter().map(|t| t.workload.to_string()).collect();
+        let products: Vec<_> = t
+            .iter()
+            .filter(|w| w.starts_with("batch_matmul_nn(B=16,"))
+            .collect();
+        assert!(!products.is_empty(), "{file}: {t:#?}");
+        assert!(
+            t.iter()
+                .all(|w| w.starts_with("conv_packed(") || w.starts_with("batch_matmul_nn(B=16,")),
+            "{file}: {t:#?}"
+        );
+        let steps = f.tasks().iter().map(|t| t.count).sum::<usize>();
+        assert_eq!(steps, before.0, "{file}: one kernel per convolution");
+    }
+}
+
 /// In bf16 every dense layer over a weight becomes `dense_bf16` and attention's scores
 /// `…_scores_bf16` (the same tasks otherwise: attention's context and softmax stay
 /// f32), the weights stored as words of bfloat16 pairs: half the bytes of the f32

@@ -117,3 +117,15 @@ fn vit_torchscript() {
 fn vit_dynamo() {
     check("vit_tiny.dynamo", &["i224", "b2i224", "i384", "i160x256"]);
 }
+
+const IMAGES: [&str; 4] = ["i64", "i97", "b2i96", "i160x224"];
+
+#[test]
+fn resnet_torchscript() {
+    check("resnet_tiny.ts", &IMAGES);
+}
+
+#[test]
+fn resnet_dynamo() {
+    check("resnet_tiny.dynamo18", &IMAGES);
+}

@@ -387,14 +387,15 @@ impl Observer for Quiet {
 
 /// Compile the ONNX model `model` for `dims` (`NAME=DOMAIN` texts) into the model
 /// module `out`, tuning each task with `trials` on average (0: untuned, seconds), its
-/// dense layers in `precision` (`f32` or `bf16`); tuning records its trials in the
+/// dense layers in `precision` (`f32` or `bf16`), 3 x 3 convolutions of stride 1 by
+/// Winograd's F(2x2, 3x3) where `winograd`; tuning records its trials in the
 /// tuning database `db` too (and starts from its earlier runs), where `use_db`: `db`,
 /// else `tuning.sqlite` in the kernel cache. The worker that measures candidates is
 /// `python` (the running interpreter) with `-m anyshape._worker`, or with `queue` (a
 /// Redis URL) the work queue's workers (`anyshape worker --queue URL`); `search` is
 /// `evolutionary` or `trust-region`. Returns the manifest's JSON.
 #[pyfunction]
-#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db, queue, search))]
+#[pyo3(signature = (model, dims, out, trials, records, resume, cache, python, progress, precision, db, use_db, queue, search, winograd))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -412,6 +413,7 @@ fn compile(
     use_db: bool,
     queue: Option<String>,
     search: String,
+    winograd: bool,
 ) -> PyResult<String> {
     let search: anyshape_tune::SearchStrategy = search.parse().map_err(InvalidArgument::new_err)?;
     let precision: anyshape_ir::Precision = precision.parse().map_err(InvalidArgument::new_err)?;
@@ -427,6 +429,7 @@ fn compile(
         records,
         resume,
         precision,
+        winograd,
         tune: anyshape_tune::TuneOptions {
             search,
             database: (use_db && trials > 0)

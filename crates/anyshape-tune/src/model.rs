@@ -15,7 +15,7 @@ use anyshape_abi::{
     sha256_hex, FileEntry, ModelManifest, ModelTask, Source, MODEL_FILE, MODEL_FORMAT, MODEL_PLAN,
 };
 use anyshape_codegen::{cpu_sketch, CpuTarget};
-use anyshape_graph::{fuse, infer, lower, onnx};
+use anyshape_graph::{fuse, infer, lower, onnx, winograd};
 use anyshape_ir::{Precision, ShapeVar, Workload, CACHE_RESERVE};
 use anyshape_measure::Measurer;
 use std::path::{Path, PathBuf};
@@ -45,6 +45,9 @@ pub struct ModelOptions {
     /// What dense layers over constant weights multiply in (see
     /// [`anyshape_graph::fuse`]).
     pub precision: Precision,
+    /// 3 x 3 convolutions of stride 1 by Winograd's F(2x2, 3x3) (see
+    /// [`anyshape_graph::winograd`]); else every convolution over its patches.
+    pub winograd: bool,
 }
 
 /// Seconds of timed calls per candidate and instance in a model's compile, beyond its
@@ -61,7 +64,8 @@ pub const MEASURE_SECONDS: f64 = 0.0;
 pub const MEASURE_REPEATS: usize = 3;
 
 impl Default for ModelOptions {
-    /// Untuned (0 trials: every task its sketch's default micro-kernel); when tuned,
+    /// Untuned (0 trials: every task its sketch's default micro-kernel), 3 x 3
+    /// convolutions by Winograd's transforms; when tuned,
     /// scheduled with families, each dim tuned on 24 values, candidates timed cold (a
     /// model's weights leave the caches between their layer's calls) for
     /// [`MEASURE_SECONDS`] each, at least [`MEASURE_REPEATS`] calls.
@@ -92,6 +96,7 @@ impl Default for ModelOptions {
                 dispatch: false,
             },
             precision: Precision::F32,
+            winograd: true,
         }
     }
 }
@@ -199,7 +204,13 @@ pub fn compile_model(
             .map_err(|e| TuneError::Output(e.to_string()))?;
         crate::TuningDb::open(db)?; // a file that is not one is refused before any work
     }
-    let facts = infer(&graph).map_err(TuneError::Model)?;
+    let mut graph = graph;
+    let facts = infer(&graph)
+        .and_then(|facts| match options.winograd {
+            true => winograd(&mut graph, facts),
+            false => Ok(facts),
+        })
+        .map_err(TuneError::Model)?;
     let plan = lower(&graph, &facts, &fuse(&graph, &facts, options.precision))
         .map_err(TuneError::Model)?;
     let tasks = &plan.plan().tasks;

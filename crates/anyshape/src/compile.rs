@@ -56,6 +56,12 @@ pub struct CompileArgs {
     /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     precision: Precision,
+    /// Compute every convolution over its patches (`Im2Col` and a `conv_packed`
+    /// kernel) instead of 3 x 3 ones of stride 1 by Winograd's F(2x2, 3x3): 2.25x fewer
+    /// multiply-adds, transforms of its tiles on the host, weights 16/9 the size (what
+    /// small images, whose layers read more weights than they compute, pay for).
+    #[arg(long)]
+    no_winograd: bool,
     /// Where the model module goes.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -135,6 +141,7 @@ pub fn compile(args: CompileArgs) -> Result<()> {
             ..defaults.pipeline
         },
         precision,
+        winograd: !args.no_winograd,
     };
     options
         .tune

@@ -196,17 +196,18 @@ pub fn inspect_model_module(dir: &Path) -> Result<()> {
 /// Print what an ONNX model is: inputs and outputs with their symbolic shapes, and the
 /// steps and tasks fusion makes of it.
 pub fn inspect_model(path: &Path) -> Result<()> {
-    print_graph(&anyshape_graph::onnx::load(path)?, path)
+    print_graph(&mut anyshape_graph::onnx::load(path)?, path)
 }
 
-fn print_graph(g: &anyshape_graph::Graph, path: &Path) -> Result<()> {
-    use anyshape_graph::{fact, fuse, infer};
-    let facts = infer(g)?;
+fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
+    use anyshape_graph::{fact, fuse, infer, winograd};
+    let nodes = g.nodes.len();
+    let facts = winograd(g, infer(g)?)?;
     println!(
         "model        {} (opset {}, {} nodes)",
         path.display(),
         g.opset,
-        g.nodes.len()
+        nodes
     );
     println!("shape vars   {}", g.dim_names().join(", "));
     for i in &g.inputs {

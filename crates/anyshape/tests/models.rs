@@ -25,6 +25,11 @@ impl Observer for Quiet {
 
 /// Compile `model` for `dims` into a model module in `dir` and load it.
 fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
+    compile_with(model, dims, dir, &ModelOptions::default())
+}
+
+/// [`compile`] with `options`.
+fn compile_with(model: &str, dims: &[&str], dir: &Path, options: &ModelOptions) -> Model {
     let out = dir.join("m");
     let measurer = Measurer {
         builder: Builder::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("anyshape-test-cache")),
@@ -37,14 +42,13 @@ fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
         },
         queue: None,
     };
-    let options = ModelOptions::default();
     let dims: Vec<ShapeVar> = dims.iter().map(|d| ShapeVar::parse(d).unwrap()).collect();
     compile_model(
         &models().join(format!("{model}.onnx")),
         &dims,
         &CpuTarget::detect(),
         &measurer,
-        &options,
+        options,
         &out,
         &mut Quiet,
     )
@@ -56,8 +60,13 @@ fn compile(model: &str, dims: &[&str], dir: &Path) -> Model {
 /// case again through `run_into` with the last case's outputs to write over (of
 /// other shapes from case to case), which must give the same.
 fn check(model: &str, dims: &[&str], cases: &[&str]) {
+    check_with(model, dims, cases, &ModelOptions::default())
+}
+
+/// [`check`] with `options`.
+fn check_with(model: &str, dims: &[&str], cases: &[&str], options: &ModelOptions) {
     let dir = tempfile::tempdir().unwrap();
-    let m = compile(model, dims, dir.path());
+    let m = compile_with(model, dims, dir.path(), options);
     let mut reused = vec![None; m.outputs().len()];
     for case in cases {
         let arrays =
@@ -143,13 +152,30 @@ fn llama_runs_compiled() {
 
 /// A ResNet (convolutions with batch norm, max pooling, residual adds, global average
 /// pooling) over any image size: 64x64, 96x96 at batch 2, 160x224, and 97x97 (odd, and
-/// past the range).
+/// past the range); its 3 x 3 convolutions by Winograd's transforms (the default) and
+/// over their patches (`--no-winograd`), whose plan has no Winograd step.
 #[test]
 fn resnet_runs_compiled() {
     let dims = ["batch=1..2", "height=32..96", "width=32..96"];
     let cases = ["i64", "b2i96", "i160x224", "i97"];
     check("resnet_tiny.ts", &dims, &cases);
     check("resnet_tiny.dynamo18", &dims, &cases);
+    let direct = ModelOptions {
+        winograd: false,
+        ..ModelOptions::default()
+    };
+    check_with("resnet_tiny.ts", &dims, &cases, &direct);
+    let winograd_steps = |options: &ModelOptions| {
+        let dir = tempfile::tempdir().unwrap();
+        let m = compile_with("resnet_tiny.ts", &dims, dir.path(), options);
+        m.plan()
+            .steps
+            .iter()
+            .filter(|s| matches!(s, anyshape_plan::Step::Host(n) if n.op.starts_with("anyshape.Winograd")))
+            .count()
+    };
+    assert_eq!(winograd_steps(&ModelOptions::default()), 6);
+    assert_eq!(winograd_steps(&direct), 0);
 }
 
 /// A model's host steps (the ResNet's patch layouts and max pool) split their work over

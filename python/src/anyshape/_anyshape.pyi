@@ -43,5 +43,6 @@ def compile(
     use_db: bool,
     queue: Optional[str],
     search: str,
+    winograd: bool,
 ) -> str: ...
 def serve_worker() -> int: ...

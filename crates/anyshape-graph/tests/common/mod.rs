@@ -1,5 +1,5 @@
 //! Helpers shared by the graph crate's tests.
-use anyshape_graph::{fuse, infer, lower, Graph};
+use anyshape_graph::{fuse, infer, lower, winograd, Graph};
 use anyshape_ir::{Bindings, Precision, Workload};
 use anyshape_runtime::{Executor, Result, TaskKernels};
 use anyshape_tensor::{Tensor, TensorRef};
@@ -40,14 +40,18 @@ impl TaskKernels for Reference {
     }
 }
 
-/// `g` fused (dense layers over weights in `precision`), lowered to a plan and run on
-/// `inputs`, kernel steps by the reference.
+/// `g` rewritten as `anyshape compile` does (3 x 3 convolutions by Winograd's
+/// transforms), fused (dense layers over weights in `precision`), lowered to a plan and
+/// run on `inputs`, kernel steps by the reference.
 pub fn run_plan(
     g: &Graph,
     inputs: &[(&str, Tensor)],
     precision: Precision,
 ) -> anyshape_runtime::Result<Vec<Tensor>> {
-    let facts = infer(g).unwrap();
+    let mut g = g.clone();
+    let facts = infer(&g).unwrap();
+    let facts = winograd(&mut g, facts).unwrap();
+    let g = &g;
     let plan = lower(g, &facts, &fuse(g, &facts, precision)).unwrap();
     let tasks = plan
         .plan()

@@ -1,0 +1,153 @@
+//! Convolutions by Winograd's minimal filtering F(2x2, 3x3), a rewrite of the graph
+//! before fusion: each `Conv` over constant 3 x 3 filters of stride 1, dilation 1 and
+//! one group (pads given, not `SAME_*`) becomes
+//!
+//! 1. `anyshape.WinogradInput(X)`: the image's tiles transformed, `[16, ci, tiles]`;
+//! 2. `MatMul(U, V)`: the filters transformed when the model is compiled (`U`
+//!    `[16, co, ci]`, a new constant) by those tiles, position by position — a
+//!    `batch_matmul_nn` kernel of 2.25x fewer multiply-adds than the convolution;
+//! 3. `anyshape.WinogradOutput(M, X, B)`: the products transformed back into the
+//!    convolution's output, its bias added, and the `Relu` that is the output's sole
+//!    use (where there is one) applied there too.
+//!
+//! The transforms and their arithmetic are `anyshape_tensor::ops`' (`winograd.rs`).
+//! Other convolutions stay `Conv`s (fusion makes `conv_packed` kernels of them).
+use crate::graph::Graph;
+use crate::infer::infer;
+use crate::Result;
+use anyshape_tensor::ops::{winograd_filters, Window, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
+use anyshape_tensor::{Attr, DType, Fact, Node, ValueId};
+use std::collections::BTreeSet;
+
+/// Rewrite every convolution of `g` that Winograd's F(2x2, 3x3) computes (see the
+/// module's doc), given the facts of `g`; the facts of the graph rewritten.
+pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fact>>> {
+    let mut nodes = Vec::with_capacity(g.nodes.len());
+    let mut absorbed = BTreeSet::new();
+    let old = std::mem::take(&mut g.nodes);
+    for (k, node) in old.iter().enumerate() {
+        if absorbed.contains(&k) {
+            continue;
+        }
+        let Some(conv) = Conv::of(&facts, node) else {
+            nodes.push(node.clone());
+            continue;
+        };
+        // The ReLU that is the output's sole use runs in the output transform.
+        let y = node.outputs[0];
+        let uses: Vec<usize> = (k + 1..old.len())
+            .filter(|&u| old[u].inputs.contains(&Some(y)))
+            .collect();
+        let (out, relu) = match uses.as_slice() {
+            [r] if old[*r].op == "Relu" && !g.outputs.contains(&y) => {
+                absorbed.insert(*r);
+                (old[*r].outputs[0], true)
+            }
+            _ => (y, false),
+        };
+        let name = g.values[y].clone();
+        let mut value = |suffix: &str| {
+            g.values.push(format!("{name}.winograd_{suffix}"));
+            g.values.len() - 1
+        };
+        let (u, v, m) = (value("filters"), value("tiles"), value("products"));
+        g.initializers.insert(u, conv.filters);
+        let pads = Attr::Ints(conv.pads.iter().map(|&p| p as i64).collect());
+        let internal = |name: String, op: &str, inputs: Vec<Option<ValueId>>, outputs| Node {
+            name,
+            op: op.into(),
+            inputs,
+            outputs,
+            attrs: Default::default(),
+        };
+        let mut input = internal(
+            format!("{} (tiles)", node.name),
+            WINOGRAD_INPUT,
+            vec![Some(conv.x)],
+            vec![v],
+        );
+        input.attrs.insert("pads".into(), pads.clone());
+        let products = internal(
+            format!("{} (products)", node.name),
+            "MatMul",
+            vec![Some(u), Some(v)],
+            vec![m],
+        );
+        let mut output = internal(
+            node.name.clone(),
+            WINOGRAD_OUTPUT,
+            vec![Some(m), Some(conv.x), conv.bias],
+            vec![out],
+        );
+        output.attrs.insert("pads".into(), pads);
+        output.attrs.insert("relu".into(), Attr::Int(relu as i64));
+        nodes.extend([input, products, output]);
+    }
+    g.nodes = nodes;
+    if absorbed.is_empty() && g.nodes.len() == old.len() {
+        return Ok(facts);
+    }
+    infer(g)
+}
+
+/// A convolution Winograd's F(2x2, 3x3) computes: its image, its filters transformed,
+/// its bias and its pads.
+struct Conv {
+    x: ValueId,
+    filters: anyshape_tensor::Tensor,
+    bias: Option<ValueId>,
+    pads: [usize; 4],
+}
+
+impl Conv {
+    /// `node` as such a convolution, where it is one.
+    fn of(facts: &[Option<Fact>], node: &Node) -> Option<Conv> {
+        if node.op != "Conv" || node.outputs.len() != 1 || node.int("group", 1).ok()? != 1 {
+            return None;
+        }
+        let fact = |v: ValueId| facts.get(v)?.as_ref();
+        let (x, w) = (node.input(0).ok()?, node.input(1).ok()?);
+        let (fx, fw) = (fact(x)?, fact(w)?);
+        let filters = fw.value.as_ref()?;
+        let &[co, ci, 3, 3] = &filters.shape[..] else {
+            return None;
+        };
+        if fx.dtype != DType::F32
+            || filters.dtype() != DType::F32
+            || fx.shape.len() != 4
+            || fx.shape[1].as_const() != Some(ci as i64)
+        {
+            return None;
+        }
+        let bias = node.optional_input(2);
+        if let Some(b) = bias {
+            let fb = fact(b)?;
+            if fb.dtype != DType::F32
+                || fb.shape.len() != 1
+                || fb.shape[0].as_const() != Some(co as i64)
+            {
+                return None;
+            }
+        }
+        let window = Window::of(node).ok()?;
+        if window.same.is_some()
+            || window.strides[..] != [1, 1]
+            || window.dilations[..] != [1, 1]
+            || window.pads.len() != 4
+        {
+            return None;
+        }
+        let pads = [
+            window.pads[0],
+            window.pads[1],
+            window.pads[2],
+            window.pads[3],
+        ];
+        Some(Conv {
+            x,
+            filters: winograd_filters(node, filters.view()).ok()?,
+            bias,
+            pads,
+        })
+    }
+}
