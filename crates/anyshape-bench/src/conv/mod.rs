@@ -2,7 +2,9 @@
 //! oneDNN's convolution primitive, layer by layer, at every combination of the dim
 //! values. anyshape's side is what its plan runs for the layer — the patches' layout
 //! (`anyshape.Im2Col`, a host step) where there is one, and the `conv_packed` kernel
-//! with its epilogue — timed step by step inside whole-model runs
+//! with its epilogue; or, for a 3 x 3 convolution of stride 1, Winograd's input
+//! transform, the `batch_matmul_nn` kernel of its products and its output transform —
+//! timed step by step inside whole-model runs
 //! ([`anyshape_runtime::Model::step_seconds`]); oneDNN's is its direct convolution
 //! (`onednn_conv.c`, built against the system's `libdnnl` and loaded in this process)
 //! over the same geometry, with the bias and, as post-ops, the residual sum and ReLU
@@ -53,8 +55,12 @@ pub struct ConvCompareOptions<'a> {
 
 /// One convolution of the plan: the steps that compute it and what it computes.
 struct Layer {
-    /// The plan's steps: the patches' layout (where there is one), then the kernel.
+    /// The plan's steps: the patches' layout (where there is one), then the kernel; or
+    /// Winograd's input transform, the kernel of its products and its output
+    /// transform.
     steps: Vec<usize>,
+    /// Which of `steps` is the kernel.
+    kernel: usize,
     /// The image it reads (`[n, ci, h, w]`).
     image: ValueId,
     /// The kernel's workload (its `M` is the output channels).
@@ -66,6 +72,9 @@ struct Layer {
     bias: bool,
     residual: bool,
     relu: bool,
+    /// Computed by Winograd's F(2x2, 3x3) (`anyshape.WinogradInput`, a
+    /// `batch_matmul_nn` kernel, `anyshape.WinogradOutput`).
+    winograd: bool,
 }
 
 /// A layer at one instance: everything oneDNN's convolution needs.
@@ -77,6 +86,7 @@ struct Geometry {
     bias: bool,
     residual: bool,
     relu: bool,
+    winograd: bool,
 }
 
 impl Geometry {
@@ -103,6 +113,9 @@ impl Geometry {
         }
         if self.relu {
             s.push_str(" +relu");
+        }
+        if self.winograd {
+            s.push_str(" (Winograd)");
         }
         s
     }
@@ -180,6 +193,7 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
             _ => (vec![k], columns, BTreeMap::new()),
         };
         out.push(Layer {
+            kernel: steps.len() - 1,
             steps,
             image,
             workload: w.clone(),
@@ -187,9 +201,58 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
             bias,
             residual,
             relu,
+            winograd: false,
         });
     }
+    out.extend(
+        plan.steps
+            .iter()
+            .enumerate()
+            .filter_map(|(k, s)| winograd(plan, k, s)),
+    );
+    out.sort_by_key(|l| l.steps[l.kernel]);
     (out, skipped)
+}
+
+/// The convolution that step `k` ends where it is Winograd's output transform: its
+/// products' kernel and the input transform before that.
+fn winograd(plan: &anyshape_plan::Plan, k: usize, step: &Step) -> Option<Layer> {
+    use anyshape_tensor::ops::{WINOGRAD_INPUT, WINOGRAD_OUTPUT};
+    let Step::Host(out) = step else { return None };
+    if out.op != WINOGRAD_OUTPUT {
+        return None;
+    }
+    let made = |v: ValueId| {
+        plan.steps[..k].iter().rposition(|s| match s {
+            Step::Host(n) => n.outputs.contains(&v),
+            Step::Kernel { output, .. } => *output == v,
+        })
+    };
+    let products = made((*out.inputs.first()?)?)?;
+    let Step::Kernel { task, inputs, .. } = &plan.steps[products] else {
+        return None;
+    };
+    let tiles = made(*inputs.get(1)?)?;
+    let Step::Host(input) = &plan.steps[tiles] else {
+        return None;
+    };
+    if input.op != WINOGRAD_INPUT {
+        return None;
+    }
+    let mut attrs = BTreeMap::new();
+    attrs.insert("pads".to_string(), out.attrs.get("pads")?.clone());
+    attrs.insert("kernel_shape".to_string(), Attr::Ints(vec![3, 3]));
+    Some(Layer {
+        steps: vec![tiles, products, k],
+        kernel: 1,
+        image: (*input.inputs.first()?)?,
+        workload: plan.tasks[*task].workload.clone(),
+        attrs,
+        bias: matches!(out.inputs.get(2), Some(Some(_))),
+        residual: false,
+        relu: out.int("relu", 0).ok()? != 0,
+        winograd: true,
+    })
 }
 
 impl Layer {
@@ -249,6 +312,7 @@ impl Layer {
             bias: self.bias,
             residual: self.residual,
             relu: self.relu,
+            winograd: self.winograd,
         })
     }
 
@@ -386,11 +450,11 @@ pub fn compare_convolutions(
                 bindings: b.clone(),
                 geom: g.clone(),
                 calls,
-                layout: sum(&|l| match layers[l].steps[..] {
-                    [a, _] => steps[a],
-                    _ => 0.0,
+                layout: sum(&|l| {
+                    let (all, k) = (&layers[l].steps, layers[l].kernel);
+                    all.iter().map(|&s| steps[s]).sum::<f64>() - steps[all[k]]
                 }),
-                kernel: sum(&|l| steps[*layers[l].steps.last().expect("a kernel")]),
+                kernel: sum(&|l| steps[layers[l].steps[layers[l].kernel]]),
                 in_order: sum(&|l| in_order[l]),
                 repeated: repeated[u] * calls as f64,
                 error: members[u].iter().map(|&l| convs[l].1).fold(0.0, f64::max),
