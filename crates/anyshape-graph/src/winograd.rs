@@ -6,9 +6,10 @@
 //! 2. `MatMul(U, V)`: the filters transformed when the model is compiled (`U`
 //!    `[16, co, ci]`, a new constant) by those tiles, position by position — a
 //!    `batch_matmul_nn` kernel of 2.25x fewer multiply-adds than the convolution;
-//! 3. `anyshape.WinogradOutput(M, X, B)`: the products transformed back into the
-//!    convolution's output, its bias added, and the `Relu` that is the output's sole
-//!    use (where there is one) applied there too.
+//! 3. `anyshape.WinogradOutput(M, X, B, R)`: the products transformed back into the
+//!    convolution's output, its bias added, then the residual `Add` (of the output's
+//!    shape) and the `Relu` that follow it, each the sole use of what it reads, where
+//!    there are such (those nodes are gone).
 //!
 //! The transforms and their arithmetic are `anyshape_tensor::ops`' (`winograd.rs`).
 //! Other convolutions stay `Conv`s (fusion makes `conv_packed` kernels of them).
@@ -17,34 +18,59 @@ use crate::infer::infer;
 use crate::Result;
 use anyshape_tensor::ops::{winograd_filters, Window, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
 use anyshape_tensor::{Attr, DType, Fact, Node, ValueId};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 /// Rewrite every convolution of `g` that Winograd's F(2x2, 3x3) computes (see the
 /// module's doc), given the facts of `g`; the facts of the graph rewritten.
 pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fact>>> {
     let mut nodes = Vec::with_capacity(g.nodes.len());
-    let mut absorbed = BTreeSet::new();
+    // The nodes an output transform absorbed, each with what takes its place: the
+    // output transform itself at the last of them (where the residual it reads is
+    // written), nothing at the others.
+    let mut absorbed: BTreeMap<usize, Option<Node>> = BTreeMap::new();
     let old = std::mem::take(&mut g.nodes);
     for (k, node) in old.iter().enumerate() {
-        if absorbed.contains(&k) {
+        if let Some(place) = absorbed.remove(&k) {
+            nodes.extend(place);
             continue;
         }
         let Some(conv) = Conv::of(&facts, node) else {
             nodes.push(node.clone());
             continue;
         };
-        // The ReLU that is the output's sole use runs in the output transform.
-        let y = node.outputs[0];
-        let uses: Vec<usize> = (k + 1..old.len())
-            .filter(|&u| old[u].inputs.contains(&Some(y)))
-            .collect();
-        let (out, relu) = match uses.as_slice() {
-            [r] if old[*r].op == "Relu" && !g.outputs.contains(&y) => {
-                absorbed.insert(*r);
-                (old[*r].outputs[0], true)
+        // A residual `Add` of the output's shape that is its sole use, then a `Relu`
+        // that is the sole use of what came before it, run in the output transform.
+        let sole_use = |v: ValueId| -> Option<usize> {
+            let uses: Vec<usize> = (k + 1..old.len())
+                .filter(|&u| old[u].inputs.contains(&Some(v)))
+                .collect();
+            match uses[..] {
+                [u] if !g.outputs.contains(&v) => Some(u),
+                _ => None,
             }
-            _ => (y, false),
         };
+        let shape = |v: ValueId| facts.get(v).and_then(Option::as_ref).map(|f| &f.shape);
+        let (mut out, mut residual, mut last) = (node.outputs[0], None, None);
+        if let Some(a) = sole_use(out).filter(|&a| old[a].op == "Add") {
+            let other = match old[a].inputs[..] {
+                [Some(p), Some(q)] if p == out && q != out => Some(q),
+                [Some(p), Some(q)] if q == out && p != out => Some(p),
+                _ => None,
+            };
+            if let Some(r) = other.filter(|&r| shape(r).is_some() && shape(r) == shape(out)) {
+                absorbed.insert(a, None);
+                (out, residual, last) = (old[a].outputs[0], Some(r), Some(a));
+            }
+        }
+        let relu = match sole_use(out).filter(|&r| old[r].op == "Relu") {
+            Some(r) => {
+                absorbed.insert(r, None);
+                (out, last) = (old[r].outputs[0], Some(r));
+                true
+            }
+            None => false,
+        };
+        let y = node.outputs[0];
         let name = g.values[y].clone();
         let mut value = |suffix: &str| {
             g.values.push(format!("{name}.winograd_{suffix}"));
@@ -76,15 +102,19 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
         let mut output = internal(
             node.name.clone(),
             WINOGRAD_OUTPUT,
-            vec![Some(m), Some(conv.x), conv.bias],
+            vec![Some(m), Some(conv.x), conv.bias, residual],
             vec![out],
         );
         output.attrs.insert("pads".into(), pads);
         output.attrs.insert("relu".into(), Attr::Int(relu as i64));
-        nodes.extend([input, products, output]);
+        nodes.extend([input, products]);
+        match last {
+            Some(l) => drop(absorbed.insert(l, Some(output))),
+            None => nodes.push(output),
+        }
     }
     g.nodes = nodes;
-    if absorbed.is_empty() && g.nodes.len() == old.len() {
+    if g.nodes.len() == old.len() && g.nodes.iter().zip(&old).all(|(a, b)| a.op == b.op) {
         return Ok(facts);
     }
     infer(g)

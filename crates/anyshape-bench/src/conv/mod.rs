@@ -249,7 +249,7 @@ fn winograd(plan: &anyshape_plan::Plan, k: usize, step: &Step) -> Option<Layer> 
         workload: plan.tasks[*task].workload.clone(),
         attrs,
         bias: matches!(out.inputs.get(2), Some(Some(_))),
-        residual: false,
+        residual: matches!(out.inputs.get(3), Some(Some(_))),
         relu: out.int("relu", 0).ok()? != 0,
         winograd: true,
     })

@@ -11,9 +11,10 @@
 //!   `V` `[16, ci, n·th·tw]` (`th`, `tw`: the output's extents over 2, rounded up);
 //! - `U · V` per position (`MatMul` of `[16, co, ci]` by `[16, ci, n·th·tw]`);
 //! - `anyshape.WinogradOutput` ([`WINOGRAD_OUTPUT`]): that product `[16, co,
-//!   n·th·tw]`, the image (for its shape) and the bias `[co]` (optional) to the
-//!   convolution's output `[n, co, oh, ow]`, each tile `Aᵀ m A` plus the bias, then a
-//!   ReLU where its `relu` attribute is 1.
+//!   n·th·tw]`, the image (for its shape), the bias `[co]` and a residual `[n, co, oh,
+//!   ow]` (both optional) to the convolution's output `[n, co, oh, ow]`, each tile
+//!   `Aᵀ m A` plus the bias and the residual, then a ReLU where its `relu` attribute
+//!   is 1.
 //!
 //! The internal ops are no ONNX ops: a model that names them is refused at import.
 use super::{fail, req, shaped, sized, OpSpec};
@@ -339,13 +340,34 @@ fn eval_output_into(
     let relu = node.int("relu", 0)? != 0;
     let mv = m.as_f32().map_err(|e| node.error(e))?;
     let (oh, ow, tw) = (t.oh, t.ow, t.tw);
+    let residual = match ins.get(3).copied().flatten() {
+        Some(r) if r.shape == [n, co, oh, ow] => Some(r.as_f32().map_err(|e| node.error(e))?),
+        Some(r) => {
+            return fail(
+                node,
+                format!(
+                    "a residual {:?} for an output {:?}",
+                    r.shape,
+                    [n, co, oh, ow]
+                ),
+            )
+        }
+        None => None,
+    };
     let y = shaped(node, outs, 0, &[n, co, oh, ow])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
     workers.chunks_mut(y, oh * ow, |plane, out| {
         let (b, o) = (plane / co, plane % co);
         let add = bias.map_or(0.0, |v| v[o]);
-        let act = |v: f32| if relu { v.max(0.0) } else { v };
+        // With a residual the ReLU follows its add, a pass over the plane at the end.
+        let act = |v: f32| {
+            if relu && residual.is_none() {
+                v.max(0.0)
+            } else {
+                v
+            }
+        };
         SCRATCH.with_borrow_mut(|r| {
             r.clear();
             r.resize(8 * tw, 0.0);
@@ -387,7 +409,16 @@ fn eval_output_into(
                     }
                 }
             }
-        })
+        });
+        if let Some(r) = residual {
+            let r = &r[plane * oh * ow..][..oh * ow];
+            for (y, &v) in out.iter_mut().zip(r) {
+                *y += v;
+                if relu {
+                    *y = y.max(0.0);
+                }
+            }
+        }
     });
     Ok(())
 }
@@ -417,10 +448,10 @@ mod tests {
     }
 
     /// The filters' transform, the input tiles', the products per position and the
-    /// output's equal `Conv` (then the ReLU) within rounding: images of one pixel up,
-    /// odd and even extents (a last tile half outside the output), pads none, ONNX's
-    /// usual 1 and uneven, a batch of 2, with and without bias and ReLU, serial and
-    /// over two threads.
+    /// output's equal `Conv` (then a residual add and the ReLU) within rounding: images
+    /// of one pixel up, odd and even extents (a last tile half outside the output),
+    /// pads none, ONNX's usual 1 and uneven, a batch of 2, with and without bias,
+    /// residual and ReLU, serial and over two threads.
     #[test]
     fn winograd_equals_the_convolution() {
         /// Image `[n, ci, h, w]`, output channels, pads, with a bias, with a ReLU.
@@ -459,8 +490,19 @@ mod tests {
             )
             .unwrap()
             .remove(0);
-            if relu {
-                for v in want.f32_mut().unwrap() {
+            // A residual where there is a bias and a ReLU (a ResNet block's end).
+            let residual = (with_bias && relu).then(|| {
+                let len = want.len();
+                let r: Vec<f32> = (0..len)
+                    .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+                    .collect();
+                Tensor::f32(want.shape.clone(), r).unwrap()
+            });
+            for (i, v) in want.f32_mut().unwrap().iter_mut().enumerate() {
+                if let Some(r) = &residual {
+                    *v += r.as_f32().unwrap()[i];
+                }
+                if relu {
                     *v = v.max(0.0);
                 }
             }
@@ -497,6 +539,7 @@ mod tests {
                     Some(mt.view()),
                     Some(xt.view()),
                     with_bias.then(|| bt.view()),
+                    residual.as_ref().map(Tensor::view),
                 ];
                 let mut y = [Tensor::zeros(DType::F32, want.shape.clone()).unwrap()];
                 eval_output_into(&output, &ins, &mut y, workers).unwrap();
