@@ -29,6 +29,7 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
     // written), nothing at the others.
     let mut absorbed: BTreeMap<usize, Option<Node>> = BTreeMap::new();
     let old = std::mem::take(&mut g.nodes);
+    let mut rewritten = false;
     for (k, node) in old.iter().enumerate() {
         if let Some(place) = absorbed.remove(&k) {
             nodes.extend(place);
@@ -108,16 +109,17 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
         output.attrs.insert("pads".into(), pads);
         output.attrs.insert("relu".into(), Attr::Int(relu as i64));
         nodes.extend([input, products]);
+        rewritten = true;
         match last {
             Some(l) => drop(absorbed.insert(l, Some(output))),
             None => nodes.push(output),
         }
     }
     g.nodes = nodes;
-    if g.nodes.len() == old.len() && g.nodes.iter().zip(&old).all(|(a, b)| a.op == b.op) {
-        return Ok(facts);
+    match rewritten {
+        true => infer(g),
+        false => Ok(facts),
     }
-    infer(g)
 }
 
 /// A convolution Winograd's F(2x2, 3x3) computes: its image, its filters transformed,
