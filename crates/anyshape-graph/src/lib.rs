@@ -2,7 +2,7 @@
 //! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), a reference
 //! executor ([`exec::run`]), 3 x 3 convolutions rewritten by Winograd's F(2x2, 3x3)
-//! ([`winograd`]), fusion into steps and tasks ([`fuse`]) and lowering the
+//! or F(4x4, 3x3) ([`winograd`]), fusion into steps and tasks ([`fuse`]) and lowering the
 //! fused graph to a plan ([`lower`], `anyshape-plan`), what `anyshape compile` saves.
 //!
 //! It builds on `anyshape-ir` (expressions, shape vars) and `anyshape-tensor` (tensors,

@@ -1,28 +1,51 @@
-//! Convolutions by Winograd's minimal filtering F(2x2, 3x3), a rewrite of the graph
+//! Convolutions by Winograd's minimal filtering F(m x m, 3x3), a rewrite of the graph
 //! before fusion: each `Conv` over constant 3 x 3 filters of stride 1, dilation 1 and
 //! one group (pads given, not `SAME_*`) becomes
 //!
-//! 1. `anyshape.WinogradInput(X)`: the image's tiles transformed, `[16, ci, tiles]`;
+//! 1. `anyshape.WinogradInput(X)`: the image's tiles transformed, `[α², ci, tiles]`
+//!    (`α` = `m + 2`);
 //! 2. `MatMul(U, V)`: the filters transformed when the model is compiled (`U`
-//!    `[16, co, ci]`, a new constant) by those tiles, position by position — a
-//!    `batch_matmul_nn` kernel of 2.25x fewer multiply-adds than the convolution;
+//!    `[α², co, ci]`, a new constant) by those tiles, position by position — a
+//!    `batch_matmul_nn` kernel of 2.25x (m = 2) or 4x (m = 4) fewer multiply-adds
+//!    than the convolution;
 //! 3. `anyshape.WinogradOutput(M, X, B, R)`: the products transformed back into the
 //!    convolution's output, its bias added, then the residual `Add` (of the output's
 //!    shape) and the `Relu` that follow it, each the sole use of what it reads, where
 //!    there are such (those nodes are gone).
+//!
+//! Which `m`: 4 where the output is at least [`F4_FROM`] pixels each way at the dims'
+//! smallest values (then its tiles are many and few of them overhang the output), 2
+//! elsewhere — and where those values are not known.
 //!
 //! The transforms and their arithmetic are `anyshape_tensor::ops`' (`winograd.rs`).
 //! Other convolutions stay `Conv`s (fusion makes `conv_packed` kernels of them).
 use crate::graph::Graph;
 use crate::infer::infer;
 use crate::Result;
-use anyshape_tensor::ops::{winograd_filters, Window, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
+use anyshape_ir::Bindings;
+use anyshape_tensor::ops::{
+    winograd_filters, Window, WinogradTile, WINOGRAD_INPUT, WINOGRAD_OUTPUT,
+};
 use anyshape_tensor::{Attr, DType, Fact, Node, ValueId};
 use std::collections::BTreeMap;
 
-/// Rewrite every convolution of `g` that Winograd's F(2x2, 3x3) computes (see the
-/// module's doc), given the facts of `g`; the facts of the graph rewritten.
-pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fact>>> {
+/// The least output extent (each way) at which a convolution takes F(4x4, 3x3).
+/// ResNet-50 compiled for 96..320 (Zen 3, untuned, per-step minima over 6 runs in
+/// alternating order): its first two stages' images (24..80, 12..40) take it — the
+/// run 83 against 89 ms at 224 x 224 with F(2x2, 3x3) everywhere, 150 against 157 ms
+/// at 320 x 320, 25.2 against 24.3 ms at 96 x 96, where the second stage's 3 x 3
+/// tiles make a product kernel of 9 columns; the third stage's (6..20) keep F(2x2).
+pub const F4_FROM: i64 = 12;
+
+/// Rewrite every convolution of `g` that Winograd's filtering computes (see the
+/// module's doc), given the facts of `g` and each dim's smallest value (`least`; none
+/// known: F(2x2, 3x3) everywhere but at constant extents); the facts of the graph
+/// rewritten.
+pub fn winograd(
+    g: &mut Graph,
+    facts: Vec<Option<Fact>>,
+    least: &Bindings,
+) -> Result<Vec<Option<Fact>>> {
     let mut nodes = Vec::with_capacity(g.nodes.len());
     // The nodes an output transform absorbed, each with what takes its place: the
     // output transform itself at the last of them (where the residual it reads is
@@ -35,7 +58,7 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
             nodes.extend(place);
             continue;
         }
-        let Some(conv) = Conv::of(&facts, node) else {
+        let Some(conv) = Conv::of(&facts, node, least) else {
             nodes.push(node.clone());
             continue;
         };
@@ -80,6 +103,7 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
         let (u, v, m) = (value("filters"), value("tiles"), value("products"));
         g.initializers.insert(u, conv.filters);
         let pads = Attr::Ints(conv.pads.iter().map(|&p| p as i64).collect());
+        let tile = Attr::Int(conv.tile.m as i64);
         let internal = |name: String, op: &str, inputs: Vec<Option<ValueId>>, outputs| Node {
             name,
             op: op.into(),
@@ -94,6 +118,7 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
             vec![v],
         );
         input.attrs.insert("pads".into(), pads.clone());
+        input.attrs.insert("tile".into(), tile.clone());
         let products = internal(
             format!("{} (products)", node.name),
             "MatMul",
@@ -107,6 +132,7 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
             vec![out],
         );
         output.attrs.insert("pads".into(), pads);
+        output.attrs.insert("tile".into(), tile);
         output.attrs.insert("relu".into(), Attr::Int(relu as i64));
         nodes.extend([input, products]);
         rewritten = true;
@@ -122,18 +148,20 @@ pub fn winograd(g: &mut Graph, facts: Vec<Option<Fact>>) -> Result<Vec<Option<Fa
     }
 }
 
-/// A convolution Winograd's F(2x2, 3x3) computes: its image, its filters transformed,
-/// its bias and its pads.
+/// A convolution Winograd's filtering computes: its image, its tile, its filters
+/// transformed, its bias and its pads.
 struct Conv {
     x: ValueId,
+    tile: &'static WinogradTile,
     filters: anyshape_tensor::Tensor,
     bias: Option<ValueId>,
     pads: [usize; 4],
 }
 
 impl Conv {
-    /// `node` as such a convolution, where it is one.
-    fn of(facts: &[Option<Fact>], node: &Node) -> Option<Conv> {
+    /// `node` as such a convolution, where it is one, its tile chosen by its output's
+    /// extents at the dims' values `least`.
+    fn of(facts: &[Option<Fact>], node: &Node, least: &Bindings) -> Option<Conv> {
         if node.op != "Conv" || node.outputs.len() != 1 || node.int("group", 1).ok()? != 1 {
             return None;
         }
@@ -175,9 +203,22 @@ impl Conv {
             window.pads[2],
             window.pads[3],
         ];
+        // The output's extents at the smallest dims (the padded image less 2).
+        let smallest = |axis: usize, before: usize, after: usize| {
+            let extent = fx.shape[2 + axis].eval(least).ok()?;
+            Some(extent + (before + after) as i64 - 2)
+        };
+        let wide = [smallest(0, pads[0], pads[2]), smallest(1, pads[1], pads[3])]
+            .iter()
+            .all(|e| e.is_some_and(|e| e >= F4_FROM));
+        let tile = match wide {
+            true => &WinogradTile::F4,
+            false => &WinogradTile::F2,
+        };
         Some(Conv {
             x,
-            filters: winograd_filters(node, filters.view()).ok()?,
+            tile,
+            filters: winograd_filters(node, filters.view(), tile).ok()?,
             bias,
             pads,
         })

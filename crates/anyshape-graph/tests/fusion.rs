@@ -242,7 +242,8 @@ fn resnet_3x3_convolutions_become_winograd() {
             |g: &anyshape_graph::Graph, op: &str| g.nodes.iter().filter(|n| n.op == op).count();
         let before = (convs(&g, "Conv"), convs(&g, "Relu"));
         let facts = infer(&g).unwrap();
-        let facts = anyshape_graph::winograd(&mut g, facts).unwrap();
+        let least = anyshape_ir::Bindings::default();
+        let facts = anyshape_graph::winograd(&mut g, facts, &least).unwrap();
         let rewritten = convs(&g, WINOGRAD_OUTPUT);
         assert_eq!(rewritten, 3, "{file}: the two blocks' 3 x 3 and one more");
         assert_eq!(convs(&g, WINOGRAD_INPUT), rewritten, "{file}");
@@ -269,6 +270,47 @@ fn resnet_3x3_convolutions_become_winograd() {
         );
         let steps = f.tasks().iter().map(|t| t.count).sum::<usize>();
         assert_eq!(steps, before.0, "{file}: one kernel per convolution");
+    }
+}
+
+/// Given the dims' smallest values, a convolution whose output is 12 pixels or more
+/// each way there takes F(4x4, 3x3) (36 positions): the tiny ResNet's first stage
+/// from 45 x 45 images up (12 x 12), its second from 89 x 89 up; from 44 x 44 up
+/// (11 x 11), neither stage takes it.
+#[test]
+fn wide_images_take_the_larger_winograd_tiles() {
+    use anyshape_tensor::ops::WINOGRAD_OUTPUT;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/resnet_tiny.ts.onnx");
+    for (least, want) in [
+        (89, [4, 4, 4]),
+        (88, [4, 4, 2]),
+        (45, [4, 4, 2]),
+        (44, [2, 2, 2]),
+    ] {
+        let mut g = onnx::load(&path).unwrap();
+        let b =
+            anyshape_ir::Bindings::from_pairs([("batch", 1), ("height", least), ("width", 300)]);
+        let facts = infer(&g).unwrap();
+        let facts = anyshape_graph::winograd(&mut g, facts, &b).unwrap();
+        let tiles: Vec<i64> = g
+            .nodes
+            .iter()
+            .filter(|n| n.op == WINOGRAD_OUTPUT)
+            .map(|n| n.int("tile", 0).unwrap())
+            .collect();
+        assert_eq!(tiles, want, "images from {least}");
+        let f = fuse(&g, &facts, anyshape_ir::Precision::F32);
+        let wide = f
+            .tasks()
+            .iter()
+            .filter(|t| t.workload.to_string().starts_with("batch_matmul_nn(B=36,"))
+            .map(|t| t.count)
+            .sum::<usize>();
+        assert_eq!(
+            wide,
+            want.iter().filter(|&&m| m == 4).count(),
+            "images from {least}"
+        );
     }
 }
 

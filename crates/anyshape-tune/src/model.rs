@@ -16,7 +16,7 @@ use anyshape_abi::{
 };
 use anyshape_codegen::{cpu_sketch, CpuTarget};
 use anyshape_graph::{fuse, infer, lower, onnx, winograd};
-use anyshape_ir::{Precision, ShapeVar, Workload, CACHE_RESERVE};
+use anyshape_ir::{Bindings, Precision, ShapeVar, Workload, CACHE_RESERVE};
 use anyshape_measure::Measurer;
 use std::path::{Path, PathBuf};
 
@@ -45,8 +45,9 @@ pub struct ModelOptions {
     /// What dense layers over constant weights multiply in (see
     /// [`anyshape_graph::fuse`]).
     pub precision: Precision,
-    /// 3 x 3 convolutions of stride 1 by Winograd's F(2x2, 3x3) (see
-    /// [`anyshape_graph::winograd`]); else every convolution over its patches.
+    /// 3 x 3 convolutions of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3), by
+    /// the dims' smallest values (see [`anyshape_graph::winograd`]); else every
+    /// convolution over its patches.
     pub winograd: bool,
 }
 
@@ -207,7 +208,14 @@ pub fn compile_model(
     let mut graph = graph;
     let facts = infer(&graph)
         .and_then(|facts| match options.winograd {
-            true => winograd(&mut graph, facts),
+            true => {
+                // Each dim's smallest value: where the larger Winograd tiles pay.
+                let least = Bindings::from_pairs(
+                    dims.iter()
+                        .filter_map(|d| Some((d.name.as_str(), d.domain.bounds()?.0))),
+                );
+                winograd(&mut graph, facts, &least)
+            }
             false => Ok(facts),
         })
         .map_err(TuneError::Model)?;

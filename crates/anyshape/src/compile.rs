@@ -57,9 +57,11 @@ pub struct CompileArgs {
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     precision: Precision,
     /// Compute every convolution over its patches (`Im2Col` and a `conv_packed`
-    /// kernel) instead of 3 x 3 ones of stride 1 by Winograd's F(2x2, 3x3): 2.25x fewer
-    /// multiply-adds, transforms of its tiles on the host, weights 16/9 the size (what
-    /// small images, whose layers read more weights than they compute, pay for).
+    /// kernel) instead of 3 x 3 ones of stride 1 by Winograd's F(2x2, 3x3) — or
+    /// F(4x4, 3x3) where the layer's output is 12 pixels or more each way at the dims'
+    /// smallest values: 2.25x (4x) fewer multiply-adds, transforms of its tiles on the
+    /// host, weights 16/9 (4x) the size (what small images, whose layers read more
+    /// weights than they compute, pay for).
     #[arg(long)]
     no_winograd: bool,
     /// Where the model module goes.

@@ -202,7 +202,8 @@ pub fn inspect_model(path: &Path) -> Result<()> {
 fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
     use anyshape_graph::{fact, fuse, infer, winograd};
     let nodes = g.nodes.len();
-    let facts = winograd(g, infer(g)?)?;
+    // No dims' values here: F(2x2, 3x3) where the image's extents are symbolic.
+    let facts = winograd(g, infer(g)?, &Default::default())?;
     println!(
         "model        {} (opset {}, {} nodes)",
         path.display(),

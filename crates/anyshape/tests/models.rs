@@ -152,8 +152,9 @@ fn llama_runs_compiled() {
 
 /// A ResNet (convolutions with batch norm, max pooling, residual adds, global average
 /// pooling) over any image size: 64x64, 96x96 at batch 2, 160x224, and 97x97 (odd, and
-/// past the range); its 3 x 3 convolutions by Winograd's transforms (the default) and
-/// over their patches (`--no-winograd`), whose plan has no Winograd step.
+/// past the range); its 3 x 3 convolutions by Winograd's transforms (the default: 2 x 2
+/// tiles for images from 32 up, 4 x 4 ones in the first stage for images from 48 up)
+/// and over their patches (`--no-winograd`), whose plan has no Winograd step.
 #[test]
 fn resnet_runs_compiled() {
     let dims = ["batch=1..2", "height=32..96", "width=32..96"];
@@ -176,6 +177,29 @@ fn resnet_runs_compiled() {
     };
     assert_eq!(winograd_steps(&ModelOptions::default()), 6);
     assert_eq!(winograd_steps(&direct), 0);
+    // From 48 x 48 images up, the first stage's outputs are 12 x 12 or more: its two
+    // convolutions take F(4x4, 3x3), the second stage's (6 x 6 up) F(2x2, 3x3).
+    let wide = ["batch=1..2", "height=48..224", "width=48..224"];
+    check("resnet_tiny.ts", &wide, &cases);
+    let dir = tempfile::tempdir().unwrap();
+    let m = compile_with(
+        "resnet_tiny.ts",
+        &wide,
+        dir.path(),
+        &ModelOptions::default(),
+    );
+    let tiles: Vec<i64> = m
+        .plan()
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            anyshape_plan::Step::Host(n) if n.op == "anyshape.WinogradOutput" => {
+                n.int("tile", 2).ok()
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tiles, [4, 4, 2]);
 }
 
 /// A model's host steps (the ResNet's patch layouts and max pool) split their work over

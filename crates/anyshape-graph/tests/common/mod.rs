@@ -41,7 +41,8 @@ impl TaskKernels for Reference {
 }
 
 /// `g` rewritten as `anyshape compile` does (3 x 3 convolutions by Winograd's
-/// transforms), fused (dense layers over weights in `precision`), lowered to a plan and
+/// transforms, their tiles chosen as if the dims' smallest values were those of
+/// `inputs`), fused (dense layers over weights in `precision`), lowered to a plan and
 /// run on `inputs`, kernel steps by the reference.
 pub fn run_plan(
     g: &Graph,
@@ -50,7 +51,9 @@ pub fn run_plan(
 ) -> anyshape_runtime::Result<Vec<Tensor>> {
     let mut g = g.clone();
     let facts = infer(&g).unwrap();
-    let facts = winograd(&mut g, facts).unwrap();
+    let views: Vec<(&str, TensorRef)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
+    let (_, least) = anyshape_tensor::bind(&g.input_specs(), &views).unwrap();
+    let facts = winograd(&mut g, facts, &least).unwrap();
     let g = &g;
     let plan = lower(g, &facts, &fuse(g, &facts, precision)).unwrap();
     let tasks = plan
@@ -59,6 +62,5 @@ pub fn run_plan(
         .iter()
         .map(|t| t.workload.clone())
         .collect();
-    let views: Vec<(&str, TensorRef)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
     Executor::new(plan).run(&Reference(tasks), &views, None)
 }

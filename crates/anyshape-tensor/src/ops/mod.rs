@@ -48,7 +48,8 @@
 //! - `rotary.rs`: `RotaryEmbedding` (opset 23);
 //! - `winograd.rs`: the internal `anyshape.WinogradInput` and
 //!   `anyshape.WinogradOutput` around the batched matmul a 3 x 3 convolution of
-//!   stride 1 becomes (Winograd's F(2x2, 3x3)), and its filters' transform.
+//!   stride 1 becomes (Winograd's F(2x2, 3x3) or F(4x4, 3x3)), and its filters'
+//!   transform.
 mod activation;
 mod attention;
 mod causal_conv;
@@ -90,7 +91,7 @@ pub(crate) use walk::{
     strided_walk, Pair,
 };
 pub use window::Window;
-pub use winograd::{winograd_filters, POSITIONS, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
+pub use winograd::{winograd_filters, WinogradTile, WINOGRAD_INPUT, WINOGRAD_OUTPUT};
 
 /// What a node's outputs are, from what is known of its inputs (`None`: an optional
 /// input left out).

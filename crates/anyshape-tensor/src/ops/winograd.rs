@@ -1,26 +1,31 @@
-//! Winograd's minimal filtering F(2x2, 3x3) (Lavin and Gray, 2016): a 3 x 3 convolution
-//! of stride 1 as 16 matrix products, one per position of a 4 x 4 input tile, each 2 x 2
-//! output tile costing 16 multiplications instead of 36. Three parts, which fusion
-//! runs as a host step, a batched matmul kernel and a host step:
+//! Winograd's minimal filtering F(m x m, 3 x 3) (Lavin and Gray, 2016), for output
+//! tiles of `m` = 2 or 4: a 3 x 3 convolution of stride 1 as `α²` matrix products (`α`
+//! = `m + 2`), one per position of an `α x α` input tile; an `m x m` output tile costs
+//! `α²` multiplications instead of `9·m²` (2.25x fewer for m = 2, 4x for m = 4, whose
+//! transforms round a little more). Three parts, which fusion runs as a host step, a
+//! batched matmul kernel and a host step:
 //!
 //! - [`winograd_filters`]: the filters `g` `[co, ci, 3, 3]` transformed once, when the
-//!   model is compiled, into `U = G g Gᵀ` `[16, co, ci]`;
+//!   model is compiled, into `U = G g Gᵀ` `[α², co, ci]`;
 //! - `anyshape.WinogradInput` ([`WINOGRAD_INPUT`]): the image `x` `[n, ci, h, w]`,
 //!   zero-padded by its `pads` attribute (`[top, left, bottom, right]`), cut into
-//!   overlapping 4 x 4 tiles two apart, each transformed into `Bᵀ d B`:
-//!   `V` `[16, ci, n·th·tw]` (`th`, `tw`: the output's extents over 2, rounded up);
-//! - `U · V` per position (`MatMul` of `[16, co, ci]` by `[16, ci, n·th·tw]`);
-//! - `anyshape.WinogradOutput` ([`WINOGRAD_OUTPUT`]): that product `[16, co,
+//!   overlapping `α x α` tiles `m` apart (its `tile` attribute: `m`, 2 where absent),
+//!   each transformed into `Bᵀ d B`: `V` `[α², ci, n·th·tw]` (`th`, `tw`: the output's
+//!   extents over `m`, rounded up);
+//! - `U · V` per position (`MatMul` of `[α², co, ci]` by `[α², ci, n·th·tw]`);
+//! - `anyshape.WinogradOutput` ([`WINOGRAD_OUTPUT`]): that product `[α², co,
 //!   n·th·tw]`, the image (for its shape), the bias `[co]` and a residual `[n, co, oh,
 //!   ow]` (both optional) to the convolution's output `[n, co, oh, ow]`, each tile
 //!   `Aᵀ m A` plus the bias and the residual, then a ReLU where its `relu` attribute
-//!   is 1.
+//!   is 1 (its `pads` and `tile` as the input transform's).
 //!
 //! The internal ops are no ONNX ops: a model that names them is refused at import.
 use super::{fail, req, shaped, sized, OpSpec};
 use crate::node::Node;
 use crate::{DType, Data, Fact, Result, Tensor, TensorRef, Workers};
 use anyshape_ir::Expr;
+
+mod passes;
 
 pub(super) static OPS: &[OpSpec] = &[
     OpSpec {
@@ -45,64 +50,114 @@ pub const WINOGRAD_INPUT: &str = "anyshape.WinogradInput";
 /// The internal op that transforms the products back into the convolution's output.
 pub const WINOGRAD_OUTPUT: &str = "anyshape.WinogradOutput";
 
-/// Positions of a transformed tile (4 x 4): the batch of the matrix products.
-pub const POSITIONS: usize = 16;
+/// One of the minimal filterings F(m x m, 3 x 3): its tile and its filters'
+/// transform (the input's and the output's are passes of `passes.rs`).
+#[derive(Debug)]
+pub struct WinogradTile {
+    /// The output tile's extent `m`.
+    pub m: usize,
+    /// `G` (`α x 3`): the filters' transform (exact in `f64` where `f32` is not: 1/6,
+    /// 1/24).
+    g: &'static [[f64; 3]],
+}
 
-/// `Bᵀ`'s rows as their two nonzero taps `(offset, sign)`: row `i` of the input tile
-/// transform reads input rows (and columns) `offset` of the 4 x 4 tile.
-const BT_TAPS: [[(usize, f32); 2]; 4] = [
-    [(0, 1.0), (2, -1.0)],
-    [(1, 1.0), (2, 1.0)],
-    [(1, -1.0), (2, 1.0)],
-    [(1, 1.0), (3, -1.0)],
-];
+impl WinogradTile {
+    /// F(2x2, 3x3): 4 x 4 input tiles, 16 products per 4 outputs.
+    pub const F2: WinogradTile = WinogradTile {
+        m: 2,
+        g: &[
+            [1.0, 0.0, 0.0],
+            [0.5, 0.5, 0.5],
+            [0.5, -0.5, 0.5],
+            [0.0, 0.0, 1.0],
+        ],
+    };
 
-/// The filter transform `G` (4 x 3).
-const G: [[f32; 3]; 4] = [
-    [1.0, 0.0, 0.0],
-    [0.5, 0.5, 0.5],
-    [0.5, -0.5, 0.5],
-    [0.0, 0.0, 1.0],
-];
+    /// F(4x4, 3x3) (points 0, ±1, ±2): 6 x 6 input tiles, 36 products per 16 outputs.
+    pub const F4: WinogradTile = WinogradTile {
+        m: 4,
+        g: &[
+            [0.25, 0.0, 0.0],
+            [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+            [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+            [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+            [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+            [0.0, 0.0, 1.0],
+        ],
+    };
 
-/// The filters `[co, ci, 3, 3]` transformed for F(2x2, 3x3): `[16, co, ci]`, position
-/// `(i, j)` (row-major) holding `(G g Gᵀ)[i][j]` of every filter.
-pub fn winograd_filters(node: &Node, g: TensorRef) -> Result<Tensor> {
+    /// The filtering of output tiles `m` x `m`, where there is one.
+    pub fn of(m: usize) -> Option<&'static WinogradTile> {
+        match m {
+            2 => Some(&Self::F2),
+            4 => Some(&Self::F4),
+            _ => None,
+        }
+    }
+
+    /// The input tile's extent `α` = `m + 2`.
+    pub fn alpha(&self) -> usize {
+        self.m + 2
+    }
+
+    /// Positions of a transformed tile, `α²`: the batch of the matrix products.
+    pub fn positions(&self) -> usize {
+        self.alpha() * self.alpha()
+    }
+}
+
+/// A node's `tile` attribute (2 where absent, as before there were two).
+fn tile(node: &Node) -> Result<&'static WinogradTile> {
+    match node.int("tile", 2)? {
+        m if m == 2 || m == 4 => Ok(WinogradTile::of(m as usize).expect("2 or 4")),
+        m => fail(
+            node,
+            format!("tile {m}: F(2x2, 3x3) or F(4x4, 3x3) (2 or 4)"),
+        ),
+    }
+}
+
+/// The filters `[co, ci, 3, 3]` transformed for `t`: `[α², co, ci]`, position `(i, j)`
+/// (row-major) holding `(G g Gᵀ)[i][j]` of every filter, summed in `f64`.
+pub fn winograd_filters(node: &Node, g: TensorRef, t: &WinogradTile) -> Result<Tensor> {
     let &[co, ci, 3, 3] = g.shape else {
         return fail(
             node,
             format!(
-                "filters {:?}: a Winograd F(2x2, 3x3) needs [co, ci, 3, 3]",
+                "filters {:?}: a Winograd F(m x m, 3x3) needs [co, ci, 3, 3]",
                 g.shape
             ),
         );
     };
     let gv = g.as_f32().map_err(|e| node.error(e))?;
-    let len = sized(node, &[POSITIONS, co, ci])?;
+    let (alpha, positions) = (t.alpha(), t.positions());
+    let len = sized(node, &[positions, co, ci])?;
     let mut u = vec![0f32; len];
     for (f, taps) in gv.chunks_exact(9).enumerate() {
         for (p, pos) in u.chunks_exact_mut(co * ci).enumerate() {
-            let (i, j) = (p / 4, p % 4);
+            let (gi, gj) = (t.g[p / alpha], t.g[p % alpha]);
             let mut acc = 0f64;
             for a in 0..3 {
                 for b in 0..3 {
-                    acc += f64::from(G[i][a] * G[j][b]) * f64::from(taps[a * 3 + b]);
+                    acc += gi[a] * gj[b] * f64::from(taps[a * 3 + b]);
                 }
             }
             pos[f] = acc as f32;
         }
     }
-    Tensor::new(vec![POSITIONS, co, ci], Data::F32(u)).map_err(|e| node.error(e))
+    Tensor::new(vec![positions, co, ci], Data::F32(u)).map_err(|e| node.error(e))
 }
 
 /// The geometry of one convolution's tiles.
 struct Tiles {
+    /// The filtering.
+    tile: &'static WinogradTile,
     /// Pads `[top, left, bottom, right]`.
     pads: [usize; 4],
     /// The output's extents.
     oh: usize,
     ow: usize,
-    /// Tiles down and across.
+    /// Tiles down and across (the output's extents over `m`, rounded up).
     th: usize,
     tw: usize,
 }
@@ -133,12 +188,14 @@ impl Tiles {
             );
         }
         let (oh, ow) = (ph - 2, pw - 2);
+        let tile = tile(node)?;
         Ok(Tiles {
+            tile,
             pads,
             oh,
             ow,
-            th: oh.div_ceil(2),
-            tw: ow.div_ceil(2),
+            th: oh.div_ceil(tile.m),
+            tw: ow.div_ceil(tile.m),
         })
     }
 
@@ -147,8 +204,8 @@ impl Tiles {
         let p = pads(node)?;
         let oh = (h.clone() + (p[0] + p[2]) as i64 - 2).simplify();
         let ow = (w.clone() + (p[1] + p[3]) as i64 - 2).simplify();
-        let two = Expr::Const(2);
-        let tiles = Expr::ceil_div(oh.clone(), two.clone()) * Expr::ceil_div(ow.clone(), two);
+        let m = Expr::Const(tile(node)?.m as i64);
+        let tiles = Expr::ceil_div(oh.clone(), m.clone()) * Expr::ceil_div(ow.clone(), m);
         Ok((oh, ow, tiles.simplify()))
     }
 }
@@ -171,7 +228,7 @@ fn infer_input(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let cols = (n.clone() * tiles).simplify();
     Ok(vec![Fact::new(
         x.dtype,
-        vec![Expr::Const(POSITIONS as i64), c.clone(), cols],
+        vec![Expr::Const(tile(node)?.positions() as i64), c.clone(), cols],
     )])
 }
 
@@ -179,12 +236,9 @@ fn eval_input(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     super::eval_via(node, ins, eval_input_into)
 }
 
-/// The transformed tiles, one channel per part (its 16 rows of `V`, one per
-/// position). Each row of tiles is passes that vectorize: `Bᵀ` down the tiles' four
-/// image rows (`u_i`, a padded row each, zeros past the image), each `u_i` split into
-/// its even and odd columns, then `Bᵀ` across — tile `tx`'s columns `2·tx .. 2·tx + 3`
-/// are the even and odd ones `tx` and `tx + 1` — into the 16 rows. (Measured against
-/// one tile at a time, whole, ResNet-50 at 224 x 224: 9.7 against 12.9 ms for both
+/// The transformed tiles, one channel per part (its `α²` rows of `V`, one per
+/// position; the passes are [`passes::input_channel`]'s). (Measured against one tile
+/// at a time, whole, ResNet-50 at 224 x 224: 9.7 against 12.9 ms for both
 /// transforms; 3.5 against 3.3 ms at 96 x 96.)
 fn eval_input_into(
     node: &Node,
@@ -197,86 +251,36 @@ fn eval_input_into(
         return fail(node, "an NCHW image");
     };
     let t = Tiles::of(node, h, w)?;
-    let (th, tw) = (t.th, t.tw);
-    let cols = n * th * tw;
-    let xv = x.as_f32().map_err(|e| node.error(e))?;
-    let v = shaped(node, outs, 0, &[POSITIONS, c, cols])?
+    let cols = n * t.th * t.tw;
+    let img = passes::Image {
+        x: x.as_f32().map_err(|e| node.error(e))?,
+        n,
+        c,
+        h,
+        w,
+    };
+    let positions = t.tile.positions();
+    let v = shaped(node, outs, 0, &[positions, c, cols])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
     if cols == 0 {
         return Ok(());
     }
-    // Each channel's 16 rows, one per position.
+    // Each channel's rows, one per position.
     let mut rows = v.chunks_mut(cols);
-    let mut by_position: Vec<_> = (0..POSITIONS)
+    let mut by_position: Vec<_> = (0..positions)
         .map(|_| rows.by_ref().take(c).collect::<Vec<_>>().into_iter())
         .collect();
-    let mut channels: Vec<[&mut [f32]; POSITIONS]> = (0..c)
-        .map(|_| std::array::from_fn(|p| by_position[p].next().unwrap_or_default()))
-        .collect();
-    let [pt, pl, ..] = t.pads;
-    // A padded row: the columns a row of tiles reads (`2·tw + 2`), and two more.
-    let half = tw + 2;
-    // Where the image's columns lie in it.
-    let (x0, x1) = (pl.min(2 * half), (pl + w).min(2 * half));
-    workers.chunks_mut_weighted(&mut channels, 1, POSITIONS * cols, |ch, dst| {
-        let dst = &mut dst[0];
-        SCRATCH.with_borrow_mut(|scratch| {
-            scratch.clear();
-            scratch.resize(4 * half, 0.0);
-            let (u, split) = scratch.split_at_mut(2 * half);
-            let (even, odd) = split.split_at_mut(half);
-            for b in 0..n {
-                let plane = &xv[(b * c + ch) * h * w..][..h * w];
-                let row = |y: usize| {
-                    (y.checked_sub(pt))
-                        .filter(|&y| y < h)
-                        .map(|y| &plane[y * w..][..x1 - x0])
-                };
-                for ty in 0..th {
-                    let d: [Option<&[f32]>; 4] = std::array::from_fn(|a| row(2 * ty + a));
-                    let start = (b * th + ty) * tw;
-                    for (i, [(a0, s0), (a1, s1)]) in BT_TAPS.into_iter().enumerate() {
-                        let inside = &mut u[x0..x1];
-                        match (d[a0], d[a1]) {
-                            (Some(r0), Some(r1)) => {
-                                for ((o, &p), &q) in inside.iter_mut().zip(r0).zip(r1) {
-                                    *o = s0 * p + s1 * q;
-                                }
-                            }
-                            (Some(r0), None) => {
-                                inside.iter_mut().zip(r0).for_each(|(o, &p)| *o = s0 * p)
-                            }
-                            (None, Some(r1)) => {
-                                inside.iter_mut().zip(r1).for_each(|(o, &q)| *o = s1 * q)
-                            }
-                            (None, None) => inside.fill(0.0),
-                        }
-                        for ((e, o), two) in
-                            even.iter_mut().zip(odd.iter_mut()).zip(u.chunks_exact(2))
-                        {
-                            *e = two[0];
-                            *o = two[1];
-                        }
-                        let (e0, e1, o0, o1) =
-                            (&even[..tw], &even[1..=tw], &odd[..tw], &odd[1..=tw]);
-                        // Bᵀ across: c0 - c2, c1 + c2, c2 - c1, c1 - c3.
-                        let across: [(&[f32], &[f32], f32); 4] = [
-                            (e0, e1, -1.0),
-                            (o0, e1, 1.0),
-                            (e1, o0, -1.0),
-                            (o0, o1, -1.0),
-                        ];
-                        for (j, (l, r, sign)) in across.into_iter().enumerate() {
-                            let out = &mut dst[4 * i + j][start..][..tw];
-                            for ((y, &a), &b2) in out.iter_mut().zip(l).zip(r) {
-                                *y = a + sign * b2;
-                            }
-                        }
-                    }
-                }
-            }
+    let mut channels: Vec<Vec<&mut [f32]>> = (0..c)
+        .map(|_| {
+            by_position
+                .iter_mut()
+                .map(|p| p.next().unwrap_or_default())
+                .collect()
         })
+        .collect();
+    workers.chunks_mut_weighted(&mut channels, 1, positions * cols, |ch, dst| {
+        SCRATCH.with_borrow_mut(|scratch| passes::input_channel(&img, &t, ch, &mut dst[0], scratch))
     });
     Ok(())
 }
@@ -302,11 +306,8 @@ fn eval_output(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     super::eval_via(node, ins, eval_output_into)
 }
 
-/// The output, one plane `(image, channel)` per part: each tile's `Aᵀ m A` (`Aᵀ` =
-/// `[[1, 1, 1, 0], [0, 1, -1, -1]]`) plus the bias, then the ReLU, its rows and
-/// columns past the output's extents left out. A row of tiles is passes over its
-/// tiles that vectorize: `Aᵀ` down the 16 positions' rows, then across, then the two
-/// output rows written as pairs.
+/// The output, one plane `(image, channel)` per part (the passes are
+/// [`passes::output_plane`]'s).
 fn eval_output_into(
     node: &Node,
     ins: &[Option<TensorRef>],
@@ -320,16 +321,17 @@ fn eval_output_into(
     };
     let t = Tiles::of(node, h, w)?;
     let cols = n * t.th * t.tw;
-    let &[POSITIONS, co, got] = m.shape else {
+    let positions = t.tile.positions();
+    let &[p, co, got] = m.shape else {
         return fail(
             node,
-            format!("products {:?}: need [16, co, tiles]", m.shape),
+            format!("products {:?}: need [{positions}, co, tiles]", m.shape),
         );
     };
-    if got != cols || m.dtype() != DType::F32 {
+    if p != positions || got != cols || m.dtype() != DType::F32 {
         return fail(
             node,
-            format!("products of {got} tiles where the image makes {cols} (f32)"),
+            format!("products of {p} positions and {got} tiles where the image makes {positions} and {cols} (f32)"),
         );
     }
     let bias = match ins.get(2).copied().flatten() {
@@ -337,9 +339,7 @@ fn eval_output_into(
         Some(b) => return fail(node, format!("a bias {:?} for {co} channels", b.shape)),
         None => None,
     };
-    let relu = node.int("relu", 0)? != 0;
-    let mv = m.as_f32().map_err(|e| node.error(e))?;
-    let (oh, ow, tw) = (t.oh, t.ow, t.tw);
+    let (oh, ow) = (t.oh, t.ow);
     let residual = match ins.get(3).copied().flatten() {
         Some(r) if r.shape == [n, co, oh, ow] => Some(r.as_f32().map_err(|e| node.error(e))?),
         Some(r) => {
@@ -354,71 +354,19 @@ fn eval_output_into(
         }
         None => None,
     };
+    let products = passes::Products {
+        m: m.as_f32().map_err(|e| node.error(e))?,
+        co,
+        cols,
+        bias,
+        residual,
+        relu: node.int("relu", 0)? != 0,
+    };
     let y = shaped(node, outs, 0, &[n, co, oh, ow])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
     workers.chunks_mut(y, oh * ow, |plane, out| {
-        let (b, o) = (plane / co, plane % co);
-        let add = bias.map_or(0.0, |v| v[o]);
-        // With a residual the ReLU follows its add, a pass over the plane at the end.
-        let act = |v: f32| {
-            if relu && residual.is_none() {
-                v.max(0.0)
-            } else {
-                v
-            }
-        };
-        SCRATCH.with_borrow_mut(|r| {
-            r.clear();
-            r.resize(8 * tw, 0.0);
-            let (sums, diffs) = r.split_at_mut(4 * tw);
-            for ty in 0..t.th {
-                let start = (b * t.th + ty) * tw;
-                let pos = |p: usize| &mv[(p * co + o) * cols + start..][..tw];
-                // Down: s_j = m0j + m1j + m2j, d_j = m1j - m2j - m3j.
-                for j in 0..4 {
-                    let (s, d) = (&mut sums[j * tw..][..tw], &mut diffs[j * tw..][..tw]);
-                    let rows = pos(j)
-                        .iter()
-                        .zip(pos(4 + j))
-                        .zip(pos(8 + j))
-                        .zip(pos(12 + j));
-                    for ((s, d), (((&a, &b), &c), &e)) in s.iter_mut().zip(d).zip(rows) {
-                        *s = a + b + c;
-                        *d = b - c - e;
-                    }
-                }
-                // Across, and out: the even and odd columns of the tile's two rows.
-                for (k, half) in [&*sums, &*diffs].into_iter().enumerate() {
-                    let yy = 2 * ty + k;
-                    if yy >= oh {
-                        break;
-                    }
-                    let line = &mut out[yy * ow..][..ow];
-                    let [q0, q1, q2, q3] = [0, 1, 2, 3].map(|j| &half[j * tw..][..tw]);
-                    let terms = q0.iter().zip(q1).zip(q2).zip(q3);
-                    let mut pairs = line.chunks_exact_mut(2);
-                    for (pair, (((&a, &b), &c), &d)) in (&mut pairs).zip(terms) {
-                        pair[0] = act(a + b + c + add);
-                        pair[1] = act(b - c - d + add);
-                    }
-                    // An odd width: the last tile's left column only.
-                    if let [last] = pairs.into_remainder() {
-                        let k = tw - 1;
-                        *last = act(q0[k] + q1[k] + q2[k] + add);
-                    }
-                }
-            }
-        });
-        if let Some(r) = residual {
-            let r = &r[plane * oh * ow..][..oh * ow];
-            for (y, &v) in out.iter_mut().zip(r) {
-                *y += v;
-                if relu {
-                    *y = y.max(0.0);
-                }
-            }
-        }
+        SCRATCH.with_borrow_mut(|r| passes::output_plane(&products, &t, plane, out, r))
     });
     Ok(())
 }
@@ -430,7 +378,13 @@ mod tests {
     use crate::workers::Two;
 
     fn node(op: &str, pads: [usize; 4], relu: bool) -> Node {
+        tiled(op, pads, relu, 2)
+    }
+
+    /// An op node of `m` x `m` output tiles.
+    fn tiled(op: &str, pads: [usize; 4], relu: bool, m: i64) -> Node {
         let mut attrs = std::collections::BTreeMap::new();
+        attrs.insert("tile".to_string(), Attr::Int(m));
         attrs.insert(
             "pads".to_string(),
             Attr::Ints(pads.iter().map(|&p| p as i64).collect()),
@@ -448,8 +402,9 @@ mod tests {
     }
 
     /// The filters' transform, the input tiles', the products per position and the
-    /// output's equal `Conv` (then a residual add and the ReLU) within rounding: images
-    /// of one pixel up, odd and even extents (a last tile half outside the output),
+    /// output's equal `Conv` (then a residual add and the ReLU) within rounding, for
+    /// both tiles (2 x 2 and 4 x 4): images of one pixel up, odd and even extents and
+    /// extents one past a multiple of 4 (a last tile partly outside the output),
     /// pads none, ONNX's usual 1 and uneven, a batch of 2, with and without bias,
     /// residual and ReLU, serial and over two threads.
     #[test]
@@ -466,8 +421,13 @@ mod tests {
             ([1, 1, 3, 3], 1, [0, 0, 0, 0], false, false),
             ([1, 6, 14, 14], 8, [1, 1, 1, 1], true, true),
             ([1, 2, 1, 5], 2, [2, 0, 2, 3], true, false),
+            ([1, 3, 13, 10], 4, [1, 1, 1, 1], true, true),
+            ([2, 2, 11, 17], 3, [1, 0, 1, 1], false, false),
         ];
-        for &([n, ci, h, w], co, pads, with_bias, relu) in cases {
+        for (&([n, ci, h, w], co, pads, with_bias, relu), m) in
+            cases.iter().flat_map(|c| [(c, 2), (c, 4)])
+        {
+            let tile = WinogradTile::of(m).unwrap();
             let x: Vec<f32> = (0..n * ci * h * w)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
                 .collect();
@@ -506,9 +466,10 @@ mod tests {
                     *v = v.max(0.0);
                 }
             }
-            let u = winograd_filters(&conv, gt.view()).unwrap();
-            let input = node(WINOGRAD_INPUT, pads, false);
-            let output = node(WINOGRAD_OUTPUT, pads, relu);
+            let u = winograd_filters(&conv, gt.view(), tile).unwrap();
+            let input = tiled(WINOGRAD_INPUT, pads, false, m as i64);
+            let output = tiled(WINOGRAD_OUTPUT, pads, relu, m as i64);
+            let positions = tile.positions();
             for parallel in [false, true] {
                 let workers = if parallel {
                     Workers::new(&Two)
@@ -523,18 +484,19 @@ mod tests {
                 eval_input_into(&input, &[Some(xt.view())], &mut v, workers).unwrap();
                 let cols = shape[2];
                 let (vv, uv) = (v[0].as_f32().unwrap(), u.as_f32().unwrap());
-                let mut m = vec![0f32; POSITIONS * co * cols];
-                for p in 0..POSITIONS {
+                let mut products = vec![0f32; positions * co * cols];
+                for p in 0..positions {
                     for o in 0..co {
                         for k in 0..ci {
                             let a = uv[(p * co + o) * ci + k];
                             for t in 0..cols {
-                                m[(p * co + o) * cols + t] += a * vv[(p * ci + k) * cols + t];
+                                products[(p * co + o) * cols + t] +=
+                                    a * vv[(p * ci + k) * cols + t];
                             }
                         }
                     }
                 }
-                let mt = Tensor::f32(vec![POSITIONS, co, cols], m).unwrap();
+                let mt = Tensor::f32(vec![positions, co, cols], products).unwrap();
                 let ins = [
                     Some(mt.view()),
                     Some(xt.view()),
@@ -548,7 +510,7 @@ mod tests {
                 for (i, (g, e)) in got.iter().zip(want).enumerate() {
                     assert!(
                         (g - e).abs() <= 1e-5 * scale,
-                        "{n}x{ci}x{h}x{w} -> {co}, pads {pads:?}: element {i} {g} where {e}"
+                        "F({m}x{m}) {n}x{ci}x{h}x{w} -> {co}, pads {pads:?}: element {i} {g} where {e}"
                     );
                 }
             }
@@ -571,6 +533,12 @@ mod tests {
         let m = Tensor::f32(vec![16, 2, 5], vec![1.0; 160]).unwrap();
         assert!(eval_output(&output, &[Some(m.view()), Some(x.view()), None]).is_err());
         let g = Tensor::f32(vec![1, 1, 5, 5], vec![1.0; 25]).unwrap();
-        assert!(winograd_filters(&output, g.view()).is_err());
+        assert!(winograd_filters(&output, g.view(), &WinogradTile::F2).is_err());
+        // Products of 2 x 2 tiles read as 4 x 4 ones; a tile of neither size.
+        let m = Tensor::f32(vec![16, 2, 4], vec![1.0; 128]).unwrap();
+        let four = tiled(WINOGRAD_OUTPUT, [1, 1, 1, 1], false, 4);
+        assert!(eval_output(&four, &[Some(m.view()), Some(x.view()), None]).is_err());
+        let three = tiled(WINOGRAD_INPUT, [1, 1, 1, 1], false, 3);
+        assert!(eval_input(&three, &[Some(x.view())]).is_err());
     }
 }
