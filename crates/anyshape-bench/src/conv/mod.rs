@@ -72,9 +72,9 @@ struct Layer {
     bias: bool,
     residual: bool,
     relu: bool,
-    /// Computed by Winograd's F(2x2, 3x3) (`anyshape.WinogradInput`, a
-    /// `batch_matmul_nn` kernel, `anyshape.WinogradOutput`).
-    winograd: bool,
+    /// Computed by Winograd's F(m x m, 3x3) (`anyshape.WinogradInput`, a
+    /// `batch_matmul_nn` kernel, `anyshape.WinogradOutput`): its `m`.
+    winograd: Option<i64>,
 }
 
 /// A layer at one instance: everything oneDNN's convolution needs.
@@ -86,7 +86,7 @@ struct Geometry {
     bias: bool,
     residual: bool,
     relu: bool,
-    winograd: bool,
+    winograd: Option<i64>,
 }
 
 impl Geometry {
@@ -114,8 +114,8 @@ impl Geometry {
         if self.relu {
             s.push_str(" +relu");
         }
-        if self.winograd {
-            s.push_str(" (Winograd)");
+        if let Some(m) = self.winograd {
+            let _ = write!(s, " (Winograd F({m}x{m}))");
         }
         s
     }
@@ -201,7 +201,7 @@ fn layers(plan: &anyshape_plan::Plan) -> (Vec<Layer>, Vec<String>) {
             bias,
             residual,
             relu,
-            winograd: false,
+            winograd: None,
         });
     }
     out.extend(
@@ -251,7 +251,7 @@ fn winograd(plan: &anyshape_plan::Plan, k: usize, step: &Step) -> Option<Layer> 
         bias: matches!(out.inputs.get(2), Some(Some(_))),
         residual: matches!(out.inputs.get(3), Some(Some(_))),
         relu: out.int("relu", 0).ok()? != 0,
-        winograd: true,
+        winograd: Some(out.int("tile", 2).ok()?),
     })
 }
 
