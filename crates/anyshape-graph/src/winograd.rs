@@ -31,10 +31,12 @@ use std::collections::BTreeMap;
 
 /// The least output extent (each way) at which a convolution takes F(4x4, 3x3).
 /// ResNet-50 compiled for 96..320 (Zen 3, untuned, per-step minima over 6 runs in
-/// alternating order): its first two stages' images (24..80, 12..40) take it — the
-/// run 83 against 89 ms at 224 x 224 with F(2x2, 3x3) everywhere, 150 against 157 ms
-/// at 320 x 320, 25.2 against 24.3 ms at 96 x 96, where the second stage's 3 x 3
-/// tiles make a product kernel of 9 columns; the third stage's (6..20) keep F(2x2).
+/// alternating order, `benchmarks/results/resnet50.ts/zen3/f4-step-minima.txt`): its
+/// first two stages' images (24..80, 12..40) take it, and their Winograd steps
+/// (transforms and products) took 10.7 against 14.0 ms with F(2x2, 3x3) at 224 x 224,
+/// 14.0 against 18.0 ms at 320 x 320, but 5.3 against 4.4 ms at 96 x 96, where the
+/// second stage's 3 x 3 tiles make a product kernel of 9 columns; the third stage's
+/// (6..20) keep F(2x2).
 pub const F4_FROM: i64 = 12;
 
 /// Rewrite every convolution of `g` that Winograd's filtering computes (see the
