@@ -84,8 +84,10 @@ impl Nest<'_> {
             });
         }
         // A narrower tile, or one at the edge, is the last of its row: there is no
-        // next panel to fetch.
-        if mk.pf && nv == mk.nr / lanes && !masked {
+        // next panel to fetch. Where A is the weight in panels (a convolution's
+        // filters), B's micro-panels are activations packed by the task, in L2: the next
+        // one would evict from L1 the one the row blocks still read.
+        if mk.pf && nv == mk.nr / lanes && !masked && a.panels.is_none() {
             step.splice(0..0, self.prefetch_next_panel(b, &mut s));
         }
         // A weight in panels read in place (a convolution's filters, `conv_packed`) comes
@@ -93,7 +95,7 @@ impl Nest<'_> {
         // (row-major rows are a stream each, which the hardware runs in parallel): with
         // `pf`, the lines `A_AHEAD` steps on of the tile's first and last rows' panels
         // are prefetched.
-        let a_ahead = mk.pf && mk.ia && a.panels.is_some();
+        let a_ahead = self.prefetch_a;
         for i in 0..rows {
             let a = if self.mk.ia {
                 // Rows past the tensor's last read that row instead: the tile's rows
