@@ -54,9 +54,18 @@ fn seeds_are_valid_and_distinct() {
     assert!(!ContractionKernel::default_for_workload(&avx2, &dense).pf);
     // Filters in panels (the first operand): prefetched first too, no dot seeds, and
     // the transposed variant reading them in place (prefetched, the patches in place).
-    let conv = Workload::parse("conv_packed(B=1,M=64,N=T,K=27,P=16)").unwrap();
+    let conv = Workload::parse("conv_packed(B=1,M=256,N=T,K=27,P=16)").unwrap();
     let conv_seeds = ContractionKernel::seeds(&avx2, &conv);
     assert!(ContractionKernel::default_for_workload(&avx2, &conv).pf);
+    assert!(!ContractionKernel::default_for_workload(&avx2, &conv).ib);
+    // Few output channels: the patches read in place first, and the seeds the same.
+    let narrow = Workload::parse("conv_packed(B=1,M=64,N=T,K=27,P=16)").unwrap();
+    assert!(ContractionKernel::default_for_workload(&avx2, &narrow).ib);
+    let mut sorted = ContractionKernel::seeds(&avx2, &narrow);
+    let mut wide = conv_seeds.clone();
+    sorted.sort();
+    wide.sort();
+    assert_eq!(sorted, wide);
     assert!(!conv_seeds.iter().any(|mk| mk.dot));
     assert_eq!(
         conv_seeds
