@@ -28,8 +28,10 @@ use std::io::Write;
 use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// The plan file's format number; bump when the layout or the header's meaning changes.
-pub const PLAN_FORMAT: u32 = 2;
+/// The plan file's format number; bump when the layout or the header's meaning changes
+/// (3: Winograd's transforms carry their tile, F(4x4, 3x3) where `tile` is 4, which a
+/// reader of format 2 took for F(2x2, 3x3) and failed on at run time).
+pub const PLAN_FORMAT: u32 = 3;
 const MAGIC: &[u8; 8] = b"ANYPLAN\0";
 const PREAMBLE: usize = 64;
 

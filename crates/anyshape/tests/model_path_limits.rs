@@ -294,7 +294,8 @@ fn case11_external_data_travels_with_the_module() {
     failed_with(&o, &["outside the model's directory"]);
 }
 
-/// Case 12: messages say what is wrong — a module missing a file, a records path that
+/// Case 12: messages say what is wrong — a module missing a file, a plan of another
+/// format (an older compile's), a records path that
 /// is a file, an index out of range (as given), a run at a dim of 0 with nothing to pool, arrays the model
 /// does not know, trailing bytes after an array, operator options given to a model
 /// module, and a changed `model.json` (covered by the checksums `inspect` verifies).
@@ -315,6 +316,19 @@ fn case12_messages_say_what_is_wrong() {
         failed_with(&o, &["incomplete module", file]);
         std::fs::remove_dir_all(&c).unwrap();
     }
+    let c = copy("old.module");
+    let mut plan = std::fs::read(c.join("plan.bin")).unwrap();
+    let older = anyshape_plan::PLAN_FORMAT - 1;
+    plan[8..12].copy_from_slice(&older.to_le_bytes());
+    std::fs::write(c.join("plan.bin"), plan).unwrap();
+    let o = anyshape(
+        d,
+        &["run", "--module", "old.module", "--inputs", "case.npz"],
+    );
+    failed_with(
+        &o,
+        &[&format!("plan format {older}"), "compile the model again"],
+    );
     let onnx = models().join("bert_tiny.ts.onnx");
     let onnx = onnx.to_str().unwrap();
     std::fs::write(d.join("m.onnx"), "mine").unwrap();
