@@ -77,12 +77,11 @@ pub(super) struct Nest<'a> {
     /// With `pf`, A's lines further along its panels are prefetched (A is a weight in
     /// panels read in place: a convolution's filters). Only the first column of
     /// register tiles of a slice does (`jb = 0`): it brings the task's block of A from
-    /// memory, and the others find that block in L2. ResNet-50's untuned module at
-    /// 224 x 224 (Zen 3, per-step minima): its `conv_packed` steps 15 % faster than
+    /// memory, and the others find that block in L2. ResNet-50's untuned module (Zen 3,
+    /// per-step minima), its `conv_packed` steps: at 224 x 224 20 % less time than
     /// prefetching on every column (which also prefetched B's next packed micro-panel
-    /// into L1), and as fast as not prefetching; at 96 x 96, where stage 4's images are
-    /// 3 x 3 pixels and the filters stream from memory, as fast as prefetching
-    /// everywhere and 8 % faster than not prefetching.
+    /// into L1) and as much as not prefetching; at 96 x 96, where stage 4's images are
+    /// 3 x 3 pixels and the filters stream from memory, 11 % and 9 % less.
     pub prefetch_a: bool,
 }
 

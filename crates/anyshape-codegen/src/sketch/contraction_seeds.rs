@@ -181,8 +181,8 @@ impl ContractionKernel {
 /// place rather than packing them: each packed element would serve only as many rows.
 /// ResNet-50's untuned module (Zen 3, per-step minima in alternating order): the 7 x 7
 /// stem (64 channels, 147 taps) 0.78x the time at 224 x 224 and 0.84x at 96 x 96, the
-/// other 64-channel layers 0.92-0.97x; the 128-channel ones 0.80-1.0x at 96 x 96 and
-/// 0.97-1.03x at 224 x 224.
+/// other 64-channel layers 0.91-0.96x; the 128-channel ones 0.80-1.0x at 96 x 96 and
+/// 1.00-1.03x at 224 x 224.
 const FEW_CHANNELS: i64 = 128;
 
 /// The usual default (A read in place) and the wide one, then those for small M, which
