@@ -1,7 +1,8 @@
 //! Lowering: a [`Program`] to a loop-IR [`Func`], by the sketch of its workload's class.
 //!
 //! - `contraction.rs`: the CPU contraction sketch's loop nest (tasks, cache tiles,
-//!   register tiles), whose stages each have a file: `fetch.rs` (packing),
+//!   register tiles), whose stages each have a file: `tiles.rs` (the usual variant's
+//!   task body: reduction slices and register tiles), `fetch.rs` (packing),
 //!   `compute.rs` (register tiles), `writeback.rs` (stores), `global_pad.rs` (the
 //!   copies of global padding), `epilogue.rs` (the fused epilogue), `dot.rs` (the
 //!   dot variant's task body: vectors along K, operands read in place);
@@ -18,6 +19,7 @@ pub(crate) mod fetch;
 mod global_pad;
 mod gpu;
 mod rows;
+mod tiles;
 mod writeback;
 
 use crate::loop_ir::{shape_var_name, Func};

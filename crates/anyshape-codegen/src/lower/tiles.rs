@@ -1,0 +1,204 @@
+//! The usual variant's task body (the packed one: vectors along N): B's panel packed
+//! once per task (unless read in place), the reduction slices, and each slice's
+//! register tiles — as wide and as high as the columns and rows left need, split by
+//! the compute policy, and with the filters prefetched by the first column only
+//! ([`Nest::prefetch_a`]). The nest around it is `contraction.rs`'s.
+use super::contraction::{Nest, Operand};
+use super::{c, v};
+use crate::loop_ir::{for_, if_, let_, Cond, LoopKind, Scope, Stmt};
+use crate::padding::Compute;
+use anyshape_ir::Expr;
+
+impl Nest<'_> {
+    /// The usual variant: both operands packed, vectors along N.
+    pub(super) fn packed_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mk = self.mk;
+        let mut s = Vec::new();
+        if !self.mk.ia {
+            s.push(Stmt::Alloc {
+                buf: "Ap".into(),
+                len: c(mk.mc * mk.kc),
+                scope: Scope::Scratch(0),
+            });
+        }
+        let kt_lets = self.slice_lets();
+        if self.b_in_place.is_none() {
+            // The whole K x nc panel of B is packed once per thread and (batch, N tile).
+            s.push(Stmt::Alloc {
+                buf: "Bp".into(),
+                len: v("tiles_k") * c(mk.kc * mk.nc),
+                scope: Scope::Scratch(1),
+            });
+            let pack_b = [kt_lets.clone(), vec![self.pack(1, &ops[1])]].concat();
+            let claim = Cond::Claim {
+                slot: 1,
+                key: v("bt") * v("tiles_n") + v("jt"),
+            };
+            s.push(if_(
+                claim,
+                vec![for_("kt", v("tiles_k"), LoopKind::Serial, pack_b)],
+            ));
+        }
+        let mut kt_body = kt_lets;
+        if !self.mk.ia {
+            kt_body.push(self.pack(0, &ops[0]));
+        }
+        let mut tile = vec![
+            let_("mi", v("m0") + v("ib") * c(mk.mr)),
+            let_("nj", v("n0") + v("jb") * c(mk.nr)),
+        ];
+        // The checked tile prefetches nothing: one body serves every column.
+        if self.prefetch_a && self.policy.compute != Compute::Checked {
+            let later = Nest {
+                prefetch_a: false,
+                ..self.clone()
+            };
+            tile.push(Stmt::If {
+                cond: Cond::Lt(v("jb"), c(1)),
+                then: self.packed_tile(ops),
+                otherwise: later.packed_tile(ops),
+            });
+        } else {
+            tile.extend(self.packed_tile(ops));
+        }
+        if self.whole_k {
+            s.push(self.register_tiles(tile));
+        } else {
+            kt_body.push(self.register_tiles(tile));
+            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        }
+        s
+    }
+
+    /// The usual variant's register tile at (`mi`, `nj`), by the compute policy.
+    fn packed_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mk = self.mk;
+        match self.policy.compute {
+            // B read in place: a tile past its last panel loads B masked.
+            Compute::Unchecked if self.b_in_place.is_some() => {
+                let nv = mk.nr / self.lanes;
+                vec![Stmt::If {
+                    cond: Cond::Le(v("nj") + c(mk.nr), v("e_np")),
+                    then: self.by_height(&|rows| self.fast_tile(ops, rows, nv, false)),
+                    otherwise: self.edge_tiles(ops, nv, true),
+                }]
+            }
+            Compute::Unchecked => self.fast_tiles_by_width(ops),
+            Compute::Checked => self.checked_tile(ops),
+            Compute::Partitioned => vec![Stmt::If {
+                cond: self.full_tile(mk.nr),
+                then: self.fast_tile(ops, mk.mr, mk.nr / self.lanes, false),
+                otherwise: self.checked_tile(ops),
+            }],
+        }
+    }
+
+    /// The names of reduction slice `kt`: its origin `k0`, length `klen`, length padded
+    /// to the unroll `kp` (zero-filled blocks are, so the compute has no tail), and
+    /// the offset of its part of the packed B panel `bofs`.
+    fn slice_lets(&self) -> Vec<Stmt> {
+        let mk = self.mk;
+        let klen = Expr::max(Expr::Const(0), Expr::min(c(mk.kc), v("p_k") - v("k0")));
+        let kp = if self.policy.fetch == crate::padding::Fetch::ZeroFill {
+            Expr::round_up(v("klen"), mk.uk as i64)
+        } else {
+            v("klen")
+        };
+        vec![
+            let_("k0", v("kt") * c(mk.kc)),
+            let_("klen", klen),
+            let_("kp", kp),
+            let_("bofs", v("kt") * c(mk.kc * mk.nc)),
+        ]
+    }
+
+    /// `tile` on every register tile of the task's cache tile: N blocks outer, M blocks
+    /// inner (a B micro-panel stays in L1 across the M blocks).
+    pub(super) fn register_tiles(&self, tile: Vec<Stmt>) -> Stmt {
+        for_(
+            "jb",
+            v("nnb"),
+            LoopKind::Serial,
+            vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
+        )
+    }
+
+    /// Whether the register tile at (`mi`, `nj`), `width` columns wide, lies wholly
+    /// inside the output.
+    pub fn full_tile(&self, width: usize) -> Cond {
+        Cond::and(
+            Cond::Le(v("mi") + c(self.mk.mr), v("e_m")),
+            Cond::Le(v("nj") + c(width), v("e_n")),
+        )
+    }
+
+    /// A register tile of `rows` rows of `nv` vectors with unchecked vectorized
+    /// compute (B read in place loaded `masked` to the columns inside, at its edge),
+    /// stored by the policy.
+    fn fast_tile(&self, ops: &[Operand; 3], rows: usize, nv: usize, masked: bool) -> Vec<Stmt> {
+        let (mut s, slice) = self.vector_accumulate(ops, rows, nv, masked);
+        if self.whole_k {
+            let body = [self.slice_lets(), slice].concat();
+            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, body));
+        } else {
+            s.extend(slice);
+        }
+        s.extend(self.vector_store(&ops[2], rows, nv));
+        s
+    }
+
+    /// The unchecked register tile, as many vectors wide as the columns left need: a
+    /// tile at the N edge computes only the vectors that hold output columns, not the
+    /// zeros its packed panel is padded with (`batch_matmul_nt` with N = 65 and a
+    /// 16-column tile would compute 80 columns; this computes 72), and as high as
+    /// [`Nest::by_height`] says.
+    fn fast_tiles_by_width(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let nv = self.mk.nr / self.lanes;
+        if nv == 1 {
+            return self.by_height(&|rows| self.fast_tile(ops, rows, nv, false));
+        }
+        // Tiles that need every vector (all but the edge's) first.
+        vec![Stmt::If {
+            cond: Cond::Lt(c((nv - 1) * self.lanes), v("p_n") - v("nj")),
+            then: self.by_height(&|rows| self.fast_tile(ops, rows, nv, false)),
+            otherwise: self.edge_tiles(ops, nv - 1, false),
+        }]
+    }
+
+    /// The register tile at the N edge: the fewest vectors (up to `widest`) that cover
+    /// the columns left, B loaded masked where read in place (`masked`).
+    fn edge_tiles(&self, ops: &[Operand; 3], widest: usize, masked: bool) -> Vec<Stmt> {
+        let mut edge = self.fast_tile(ops, self.mk.mr, widest, masked);
+        for q in (1..widest).rev() {
+            edge = vec![Stmt::If {
+                cond: Cond::Le(v("p_n") - v("nj"), c(q * self.lanes)),
+                then: self.fast_tile(ops, self.mk.mr, q, masked),
+                otherwise: edge,
+            }];
+        }
+        edge
+    }
+
+    /// `tile(rows)` for the register tile at `mi`: `mr` rows, or half as many at the M
+    /// edge where those cover the rows left (one tile body more: `batch_matmul_nt` with
+    /// M = 33 and 8-row tiles computes 36 rows, not 40; a model's dense at sequence 8
+    /// with 6-row tiles, 9 rather than 12).
+    fn by_height(&self, tile: &dyn Fn(usize) -> Vec<Stmt>) -> Vec<Stmt> {
+        let mr = self.mk.mr;
+        if mr < 2 {
+            return tile(mr);
+        }
+        vec![Stmt::If {
+            cond: Cond::Lt(c(mr / 2), v("p_m") - v("mi")),
+            then: tile(mr),
+            otherwise: tile(mr / 2),
+        }]
+    }
+
+    /// A register tile with a boundary check on every element in the compute stage.
+    fn checked_tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
+        let mut s = self.checked_accumulate(ops);
+        s.push(self.checked_store(&ops[2]));
+        s
+    }
+}
