@@ -93,8 +93,8 @@ impl Nest<'_> {
         // A weight in panels read in place (a convolution's filters, `conv_packed`) comes
         // from memory a cache line per reduction step and panel, one stream per panel
         // (row-major rows are a stream each, which the hardware runs in parallel): with
-        // `pf`, the lines `A_AHEAD` steps on of the tile's first and last rows' panels
-        // are prefetched.
+        // `pf`, the first column of register tiles (`Nest::prefetch_a`) prefetches the
+        // lines `A_AHEAD` steps on of the tile's first and last rows' panels.
         let a_ahead = self.prefetch_a;
         for i in 0..rows {
             let a = if self.mk.ia {

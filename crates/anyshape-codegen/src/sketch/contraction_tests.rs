@@ -61,11 +61,11 @@ fn seeds_are_valid_and_distinct() {
     // Few output channels: the patches read in place first, and the seeds the same.
     let narrow = Workload::parse("conv_packed(B=1,M=64,N=T,K=27,P=16)").unwrap();
     assert!(ContractionKernel::default_for_workload(&avx2, &narrow).ib);
-    let mut sorted = ContractionKernel::seeds(&avx2, &narrow);
-    let mut wide = conv_seeds.clone();
-    sorted.sort();
-    wide.sort();
-    assert_eq!(sorted, wide);
+    let mut narrow_seeds = ContractionKernel::seeds(&avx2, &narrow);
+    let mut conv_set = conv_seeds.clone();
+    narrow_seeds.sort();
+    conv_set.sort();
+    assert_eq!(narrow_seeds, conv_set);
     assert!(!conv_seeds.iter().any(|mk| mk.dot));
     assert_eq!(
         conv_seeds
