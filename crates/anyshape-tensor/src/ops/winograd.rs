@@ -236,8 +236,8 @@ fn eval_input(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     super::eval_via(node, ins, eval_input_into)
 }
 
-/// The transformed tiles, one channel per part (its `α²` rows of `V`, one per
-/// position; the passes are [`passes::input_channel`]'s).
+/// The transformed tiles, a group of channels per part (their stretch of each of the
+/// `α²` rows of `V`, one per position; the passes are [`passes::input_channels`]'s).
 fn eval_input_into(
     node: &Node,
     ins: &[Option<TensorRef>],
@@ -264,12 +264,17 @@ fn eval_input_into(
     if cols == 0 {
         return Ok(());
     }
-    // Each channel's rows, one per position.
-    let mut rows = v.chunks_mut(cols);
+    // Channels in groups of at least `L` lanes' worth of tiles (all of them if fewer),
+    // each group's stretch of every position's row its own.
+    let group = passes::BLOCK.div_ceil(cols).min(c);
+    let mut rows = v.chunks_mut(c * cols);
     let mut by_position: Vec<_> = (0..positions)
-        .map(|_| rows.by_ref().take(c).collect::<Vec<_>>().into_iter())
+        .map(|_| {
+            let row = rows.next().unwrap_or_default();
+            row.chunks_mut(group * cols).collect::<Vec<_>>().into_iter()
+        })
         .collect();
-    let mut channels: Vec<Vec<&mut [f32]>> = (0..c)
+    let mut groups: Vec<Vec<&mut [f32]>> = (0..c.div_ceil(group))
         .map(|_| {
             by_position
                 .iter_mut()
@@ -277,8 +282,10 @@ fn eval_input_into(
                 .collect()
         })
         .collect();
-    workers.chunks_mut_weighted(&mut channels, 1, positions * cols, |ch, dst| {
-        SCRATCH.with_borrow_mut(|scratch| passes::input_channel(&img, &t, ch, &mut dst[0], scratch))
+    workers.chunks_mut_weighted(&mut groups, 1, group * positions * cols, |g, dst| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            passes::input_channels(&img, &t, g * group, &mut dst[0], scratch)
+        })
     });
     Ok(())
 }
@@ -304,8 +311,8 @@ fn eval_output(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     super::eval_via(node, ins, eval_output_into)
 }
 
-/// The output, one plane `(image, channel)` per part (the passes are
-/// [`passes::output_plane`]'s).
+/// The output, a plane `(image, channel)` per part where rows of tiles are wide
+/// ([`passes::output_rows`]), else a group of planes ([`passes::output_planes`]).
 fn eval_output_into(
     node: &Node,
     ins: &[Option<TensorRef>],
@@ -363,9 +370,18 @@ fn eval_output_into(
     let y = shaped(node, outs, 0, &[n, co, oh, ow])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
-    workers.chunks_mut(y, oh * ow, |plane, out| {
-        SCRATCH.with_borrow_mut(|r| passes::output_plane(&products, &t, plane, out, r))
-    });
+    if t.tw >= passes::ROW_TILES {
+        workers.chunks_mut(y, oh * ow, |plane, out| {
+            SCRATCH.with_borrow_mut(|r| passes::output_rows(&products, &t, plane, out, r))
+        });
+    } else {
+        // Planes in groups of at least a block of lanes' worth of tiles.
+        let group = passes::BLOCK.div_ceil(t.th * t.tw);
+        let weight = positions.div_ceil(t.tile.m * t.tile.m);
+        workers.chunks_mut_weighted(y, group * oh * ow, weight, |g, out| {
+            passes::output_planes(&products, &t, g * group, out)
+        });
+    }
     Ok(())
 }
 
@@ -402,7 +418,8 @@ mod tests {
     /// The filters' transform, the input tiles', the products per position and the
     /// output's equal `Conv` (then a residual add and the ReLU) within rounding, for
     /// both tiles (2 x 2 and 4 x 4): images of one pixel up, odd and even extents and
-    /// extents one past a multiple of 4 (a last tile partly outside the output),
+    /// extents one past a multiple of 4 (a last tile partly outside the output), rows
+    /// of tiles narrow and wide (the output transform's two forms),
     /// pads none, ONNX's usual 1 and uneven, a batch of 2, with and without bias,
     /// residual and ReLU, serial and over two threads.
     #[test]
@@ -421,6 +438,8 @@ mod tests {
             ([1, 2, 1, 5], 2, [2, 0, 2, 3], true, false),
             ([1, 3, 13, 10], 4, [1, 1, 1, 1], true, true),
             ([2, 2, 11, 17], 3, [1, 0, 1, 1], false, false),
+            // Rows of at least `ROW_TILES` tiles across for both tiles.
+            ([2, 3, 5, 22], 4, [1, 1, 1, 1], true, true),
         ];
         for (&([n, ci, h, w], co, pads, with_bias, relu), m) in
             cases.iter().flat_map(|c| [(c, 2), (c, 4)])
