@@ -454,3 +454,79 @@ fn eval_global(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
     shape[2..].fill(1);
     Ok(vec![Tensor::f32(shape, out)?])
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::node::Attr;
+    use crate::{Node, Tensor};
+
+    /// A 2-D `MaxPool` node.
+    fn max_pool(k: [i64; 2], s: [i64; 2], d: [i64; 2], pads: [i64; 4]) -> Node {
+        let mut attrs = std::collections::BTreeMap::new();
+        attrs.insert("kernel_shape".to_string(), Attr::Ints(k.to_vec()));
+        attrs.insert("strides".to_string(), Attr::Ints(s.to_vec()));
+        attrs.insert("dilations".to_string(), Attr::Ints(d.to_vec()));
+        attrs.insert("pads".to_string(), Attr::Ints(pads.to_vec()));
+        Node {
+            name: "p".into(),
+            op: "MaxPool".into(),
+            inputs: vec![],
+            outputs: vec![0],
+            attrs,
+        }
+    }
+
+    /// `MaxPool` equals each window's maximum taken tap by tap (a NaN in the window
+    /// wins; padding never does) — windows whole inside, cut by the pads on either
+    /// side, strides 1 to 3, dilations 1 and 2, rows with and without a NaN.
+    #[test]
+    fn max_pool_is_each_windows_maximum() {
+        let (h, w) = (9, 13);
+        for nan in [false, true] {
+            let x: Vec<f32> = (0..2 * h * w)
+                .map(|i| match nan && i % 37 == 5 {
+                    true => f32::NAN,
+                    false => ((i * 29 % 71) as f32 - 35.0) / 7.0,
+                })
+                .collect();
+            let xt = Tensor::f32(vec![1, 2, h, w], x.clone()).unwrap();
+            for (k, s, d, p) in [
+                ([3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+                ([3, 3], [1, 1], [1, 1], [0, 0, 0, 0]),
+                ([2, 4], [1, 3], [1, 1], [0, 2, 1, 1]),
+                ([3, 3], [2, 1], [2, 2], [2, 1, 0, 2]),
+                ([1, 5], [1, 2], [1, 1], [0, 0, 0, 0]),
+            ] {
+                let node = max_pool(k, s, d, p);
+                let got = (super::super::op("MaxPool").unwrap().eval)(&node, &[Some(xt.view())])
+                    .unwrap()
+                    .remove(0);
+                let [oh, ow] = [got.shape[2], got.shape[3]];
+                let at = |a: usize, o: usize, u: usize, extent: usize| {
+                    let i = (o * s[a] as usize + u * d[a] as usize) as i64 - p[a];
+                    (0..extent as i64).contains(&i).then_some(i as usize)
+                };
+                for (i, &g) in got.as_f32().unwrap().iter().enumerate() {
+                    let (plane, y, xo) = (i / (oh * ow), i / ow % oh, i % ow);
+                    let mut want = f32::NEG_INFINITY;
+                    for u in 0..k[0] as usize {
+                        for v in 0..k[1] as usize {
+                            if let (Some(iy), Some(ix)) = (at(0, y, u, h), at(1, xo, v, w)) {
+                                let e = x[(plane * h + iy) * w + ix];
+                                want = if e.is_nan() || want.is_nan() {
+                                    f32::NAN
+                                } else {
+                                    want.max(e)
+                                };
+                            }
+                        }
+                    }
+                    assert!(
+                        g == want || (g.is_nan() && want.is_nan()),
+                        "k {k:?} s {s:?} d {d:?} pads {p:?} nan {nan}: output {i} {g} where {want}"
+                    );
+                }
+            }
+        }
+    }
+}
