@@ -22,7 +22,7 @@ mod lanes;
 mod rows;
 
 pub(super) use lanes::BLOCK;
-pub(super) use rows::ROW_TILES;
+pub(super) use rows::{output_rows, ROW_TILES};
 
 /// The image an input transform reads: `[n, c, h, w]`, row-major.
 pub(super) struct Image<'a> {
@@ -44,6 +44,14 @@ pub(super) struct Products<'a> {
     /// `[n, co, oh, ow]`, added after the bias.
     pub(super) residual: Option<&'a [f32]>,
     pub(super) relu: bool,
+}
+
+impl Products<'_> {
+    /// Output plane `plane`'s image, channel and bias.
+    fn plane(&self, plane: usize) -> (usize, usize, f32) {
+        let (b, o) = (plane / self.co, plane % self.co);
+        (b, o, self.bias.map_or(0.0, |v| v[o]))
+    }
 }
 
 /// The transformed tiles of channels `c0 ..` into `dst`: `α²` rows, one per position,
@@ -72,25 +80,6 @@ pub(super) fn output_planes(p: &Products, t: &Tiles, first: usize, out: &mut [f3
         2 => lanes::output_lanes::<4, 2, F2>(p, t, first, out),
         _ => lanes::output_lanes::<6, 4, F4>(p, t, first, out),
     }
-}
-
-/// Output plane `plane` (image `plane / co`, channel `plane % co`) into `out`
-/// (`oh·ow`), a row of tiles at a time (the passes for wide planes, see
-/// [`ROW_TILES`]): each tile's `Aᵀ m A` plus the bias, then the residual and the ReLU,
-/// its rows and columns past the output's extents left out.
-#[multiversion(targets("x86_64+avx2+fma"))]
-pub(super) fn output_rows(
-    p: &Products,
-    t: &Tiles,
-    plane: usize,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
-) {
-    match t.tile.m {
-        2 => rows::output_f2(p, t, plane, out, scratch),
-        _ => rows::output_f4(p, t, plane, out, scratch),
-    }
-    residual(p, plane * t.oh * t.ow, out);
 }
 
 /// The ReLU of an output transform where no residual follows (with one, it follows

@@ -1,16 +1,36 @@
 //! The output transforms of wide rows of tiles (see the parent's doc): a plane a row of
 //! tiles at a time, vectorized along the row (its tiles side by side), the columns of
 //! each tile's rows written interleaved.
-use super::{clamps, load, store, Filtering, Products, Tiles, F4, L, V};
+use super::{clamps, load, residual, store, Filtering, Products, Tiles, F4, L, V};
+use multiversion::multiversion;
 
 /// Tiles across from which an output transform runs a row of tiles at a time
-/// ([`output_rows`](super::output_rows): its tiles side by side, the columns of a tile's rows written
-/// interleaved) rather than lanes of tiles ([`output_planes`](super::output_planes)). Measured serially on a
-/// Zen 3, ResNet-50's output transforms, rows against lanes: 300 against 470 µs for
-/// 64 planes of 56 x 56 (14 tiles across), 200 against 245 for 28 x 28 (7), 80
-/// against 87 for 24 x 24 (6); 175 against 146 for 14 x 14 (4), 70 against 44 for 12
-/// x 12 (3), 64 against 32 for 512 planes of 3 x 3 (2).
+/// ([`output_rows`]: its tiles side by side, the columns of a tile's rows written
+/// interleaved) rather than lanes of tiles ([`output_planes`](super::output_planes)).
+/// Measured serially on a Zen 3, ResNet-50's output transforms, rows against lanes:
+/// 300 against 470 µs for 64 planes of 56 x 56 (14 tiles across), 200 against 245 for
+/// 28 x 28 (7), 80 against 87 for 24 x 24 (6); 175 against 146 for 14 x 14 (4), 70
+/// against 44 for 12 x 12 (3), 64 against 32 for 512 planes of 3 x 3 (2).
 pub(in super::super) const ROW_TILES: usize = 5;
+
+/// Output plane `plane` (image `plane / co`, channel `plane % co`) into `out`
+/// (`oh·ow`), a row of tiles at a time (the passes for wide planes, see
+/// [`ROW_TILES`]): each tile's `Aᵀ m A` plus the bias, then the residual and the ReLU,
+/// its rows and columns past the output's extents left out.
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub(in super::super) fn output_rows(
+    p: &Products,
+    t: &Tiles,
+    plane: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    match t.tile.m {
+        2 => output_f2(p, t, plane, out, scratch),
+        _ => output_f4(p, t, plane, out, scratch),
+    }
+    residual(p, plane * t.oh * t.ow, out);
+}
 
 /// `[f(0), .., f(5)]`, spelled out: `std::array::from_fn` left a call per element in
 /// the passes, compiled without their CPU features (the output pass took 2.5x the
@@ -24,17 +44,10 @@ fn six(f: impl Fn(usize) -> V) -> [V; 6] {
 /// vectorize: `Aᵀ` (`[[1, 1, 1, 0], [0, 1, -1, -1]]`) down the 16 positions' rows,
 /// then across, then the two output rows written as pairs.
 #[inline(always)]
-pub(super) fn output_f2(
-    p: &Products,
-    t: &Tiles,
-    plane: usize,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
-) {
+fn output_f2(p: &Products, t: &Tiles, plane: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
     let (oh, ow, th, tw) = (t.oh, t.ow, t.th, t.tw);
     let (co, cols, mv) = (p.co, p.cols, p.m);
-    let (b, o) = (plane / co, plane % co);
-    let add = p.bias.map_or(0.0, |v| v[o]);
+    let (b, o, add) = p.plane(plane);
     let clamp = clamps(p);
     let act = |v: f32| if clamp { v.max(0.0) } else { v };
     scratch.clear();
@@ -85,17 +98,10 @@ pub(super) fn output_f2(
 /// for each row of tiles `Aᵀ` across each of those four rows, its four columns a row
 /// each, interleaved into the output's row.
 #[inline(always)]
-pub(super) fn output_f4(
-    p: &Products,
-    t: &Tiles,
-    plane: usize,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
-) {
+fn output_f4(p: &Products, t: &Tiles, plane: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
     let (oh, ow, th, tw) = (t.oh, t.ow, t.th, t.tw);
     let (co, cols, mv) = (p.co, p.cols, p.m);
-    let (b, o) = (plane / co, plane % co);
-    let add = p.bias.map_or(0.0, |v| v[o]);
+    let (b, o, add) = p.plane(plane);
     let clamp = clamps(p);
     let tws = tw.next_multiple_of(L);
     // The plane's tiles, and room for a chunk read past them.
