@@ -261,11 +261,11 @@ fn eval_input_into(
     let v = shaped(node, outs, 0, &[positions, c, cols])?
         .f32_mut()
         .map_err(|e| node.error(e))?;
-    if cols == 0 {
+    if cols == 0 || c == 0 {
         return Ok(());
     }
-    // Channels in groups of at least `L` lanes' worth of tiles (all of them if fewer),
-    // each group's stretch of every position's row its own.
+    // Channels in groups of at least a block of lanes' worth of tiles (all of them if
+    // fewer), each group's stretch of every position's row its own.
     let group = passes::BLOCK.div_ceil(cols).min(c);
     let mut rows = v.chunks_mut(c * cols);
     let mut by_position: Vec<_> = (0..positions)
@@ -535,10 +535,12 @@ mod tests {
     }
 
     /// A window larger than the padded image, a bias of the wrong length and products
-    /// of another image's tiles are errors, not panics.
+    /// of another image's tiles are errors, not panics; an image of no channels or a
+    /// batch of none transforms to nothing.
     #[test]
     fn bad_geometry_is_refused() {
         let input = node(WINOGRAD_INPUT, [0, 0, 0, 0], false);
+        let input_one = node(WINOGRAD_INPUT, [1, 1, 1, 1], false);
         let x = Tensor::f32(vec![1, 1, 2, 5], vec![1.0; 10]).unwrap();
         assert!(eval_input(&input, &[Some(x.view())]).is_err());
         let output = node(WINOGRAD_OUTPUT, [1, 1, 1, 1], false);
@@ -552,6 +554,15 @@ mod tests {
         let g = Tensor::f32(vec![1, 1, 5, 5], vec![1.0; 25]).unwrap();
         assert!(winograd_filters(&output, g.view(), &WinogradTile::F2).is_err());
         // Products of 2 x 2 tiles read as 4 x 4 ones; a tile of neither size.
+        // No channels, no images: empty results, not a panic.
+        for shape in [[1, 0, 4, 4], [0, 2, 4, 4]] {
+            let x = Tensor::f32(shape.to_vec(), vec![]).unwrap();
+            let v = eval_input(&input_one, &[Some(x.view())]).unwrap().remove(0);
+            assert_eq!(v.len(), 0);
+            let m = Tensor::f32(v.shape.clone(), vec![]).unwrap();
+            let y = eval_output(&output, &[Some(m.view()), Some(x.view()), None]).unwrap();
+            assert_eq!(y[0].len(), 0);
+        }
         let m = Tensor::f32(vec![16, 2, 4], vec![1.0; 128]).unwrap();
         let four = tiled(WINOGRAD_OUTPUT, [1, 1, 1, 1], false, 4);
         assert!(eval_output(&four, &[Some(m.view()), Some(x.view()), None]).is_err());
