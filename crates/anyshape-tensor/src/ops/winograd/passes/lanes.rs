@@ -133,8 +133,8 @@ pub(super) fn input_lanes<const A: usize, const M: usize, F: Filtering<A, M>>(
                 *ea = F::bt(da);
             }
         }
-        // Down each column j into positions (i, j): a column's `α` rows at a time,
-        // which the caches' prefetchers follow (all `α²` at once they did not).
+        // Down each column j into positions (i, j), over the block's chunks: `α` of
+        // the `α²` rows written at a time.
         for j in 0..A {
             for (k, e) in across.iter().enumerate().take(chunks) {
                 let mut column = [ZERO; A];
