@@ -204,14 +204,32 @@ fn eval_pool_into(
     // per window column instead of one per window element (ResNet-50's stem pool
     // 1.5 -> 0.5 ms).
     let row_len = dims[n - 1];
+    // A NaN-free plane's folded row may lie in a buffer with its pads as -inf, where
+    // each output's taps are a fixed stride apart from `c * stride` (no range of taps
+    // per output): where the pads and the window add little to the row.
+    // (Saturating: a model's attributes may be huge.)
+    let (lead, span) = (pd3[2], (k_last - 1).saturating_mul(dl3[2]) + 1);
+    let padded_len = ((cols.max(1) - 1).saturating_mul(st3[2]))
+        .saturating_add(span)
+        .max(lead.saturating_add(row_len));
+    let padded = padded_len <= 4 * row_len.max(16);
+    let padded_len = if padded { padded_len } else { row_len };
     let plane = |img: usize, values: &mut [f32], mut indices: Option<&mut [i64]>| {
         let image = &v[img * area..][..area];
         let fold = max && !with_indices;
+        // A plane without NaN (nearly always) folds with plain comparisons, one max
+        // instruction per vector, no NaN noted per element, and takes each output's
+        // taps from the padded row (ResNet-50's stem pool, Zen 3, per-step minima of
+        // 6 alternating runs, three repeats: 0.82-1.03 -> 0.55-0.62 ms at 224 x 224,
+        // 0.27-0.30 -> 0.18-0.20 ms at 96 x 96).
+        let nan_free = fold && !image.iter().fold(false, |any, e| any | e.is_nan());
+        // Where the folded row starts in `row_max`.
+        let lead = if nan_free && padded { lead } else { 0 };
         let mut best = vec![(f32::NEG_INFINITY, None::<usize>); cols];
         let mut sums = vec![0f64; cols];
         let mut nans = vec![false; cols];
         let (mut row_max, mut row_nan) = match fold {
-            true => (vec![f32::NEG_INFINITY; row_len], vec![false; row_len]),
+            true => (vec![f32::NEG_INFINITY; padded_len], vec![false; row_len]),
             false => (Vec::new(), Vec::new()),
         };
         let mut at = 0;
@@ -221,23 +239,46 @@ fn eval_pool_into(
                 let pos = |i: usize, o: usize, u: usize| o * st3[i] + u * dl3[i] - pd3[i];
                 if fold {
                     row_max.fill(f32::NEG_INFINITY);
-                    row_nan.fill(false);
+                    if !nan_free {
+                        row_nan.fill(false);
+                    }
                     for ua in ra.clone() {
                         for ub in rb.clone() {
                             let start = pos(0, a, ua) * s3[0] + pos(1, b, ub) * s3[1];
                             let src = &image[start..][..row_len];
+                            if nan_free {
+                                for (m, &e) in row_max[lead..].iter_mut().zip(src) {
+                                    *m = if e > *m { e } else { *m };
+                                }
+                                continue;
+                            }
                             for ((m, f), &e) in row_max.iter_mut().zip(&mut row_nan).zip(src) {
                                 *m = m.max(e);
                                 *f |= e.is_nan();
                             }
                         }
                     }
+                    if nan_free && padded {
+                        let (step, dilation) = (st3[2], dl3[2]);
+                        for (c, value) in values[at..at + cols].iter_mut().enumerate() {
+                            let taps = row_max[c * step..].iter().step_by(dilation);
+                            *value = taps.take(k_last).fold(f32::NEG_INFINITY, |m, &e| {
+                                if e > m {
+                                    e
+                                } else {
+                                    m
+                                }
+                            });
+                        }
+                        at += cols;
+                        continue;
+                    }
                     for (c, value) in values[at..at + cols].iter_mut().enumerate() {
                         let (mut m, mut nan) = (f32::NEG_INFINITY, false);
                         for uc in inside3[2][c].clone() {
                             let x = pos(2, c, uc);
                             m = m.max(row_max[x]);
-                            nan |= row_nan[x];
+                            nan |= !nan_free && row_nan[x];
                         }
                         *value = if nan { f32::NAN } else { m };
                     }
@@ -478,7 +519,8 @@ mod tests {
 
     /// `MaxPool` equals each window's maximum taken tap by tap (a NaN in the window
     /// wins; padding never does) — windows whole inside, cut by the pads on either
-    /// side, strides 1 to 3, dilations 1 and 2, rows with and without a NaN.
+    /// side or wholly in them, strides 1 to 30, dilations 1 and 2, planes with and
+    /// without a NaN (the latter fold with plain comparisons).
     #[test]
     fn max_pool_is_each_windows_maximum() {
         let (h, w) = (9, 13);
@@ -496,6 +538,10 @@ mod tests {
                 ([2, 4], [1, 3], [1, 1], [0, 2, 1, 1]),
                 ([3, 3], [2, 1], [2, 2], [2, 1, 0, 2]),
                 ([1, 5], [1, 2], [1, 1], [0, 0, 0, 0]),
+                // Pads of several rows' length (the NaN-free row then keeps the
+                // taps' ranges per output), windows wholly in the pads.
+                ([3, 3], [1, 20], [1, 1], [0, 0, 0, 80]),
+                ([1, 3], [1, 30], [1, 1], [0, 70, 0, 0]),
             ] {
                 let node = max_pool(k, s, d, p);
                 let got = (super::super::op("MaxPool").unwrap().eval)(&node, &[Some(xt.view())])
