@@ -3,7 +3,7 @@
 //! shared by the compiles and tunes that run at once.
 //!
 //! - A **run** is one tuner's trials of one key: (workload, target, padding strategy,
-//!   anyshape version). A run's trials are its records, in order, as its records file
+//!   anyshape version and the caches' state its calls found). A run's trials are its records, in order, as its records file
 //!   holds them (`Record` in JSON: the database is a file boundary), so a run taken
 //!   from the database is a run resumed ([`Tuner::with_backend`](crate::Tuner); a
 //!   tuner's run here is its journal's `DbRun`).
@@ -50,8 +50,9 @@ pub struct RunKey {
     pub target: String,
     /// The padding strategy, as JSON.
     pub strategy: String,
-    /// The version that measured it, anyshape's and its kernels' generation
-    /// ([`anyshape_codegen::kernels_version`]: other kernels' measurements differ).
+    /// The version and caches' state its trials were measured under
+    /// ([`measured_under`](crate::measured_under): other kernels' measurements, and
+    /// those timed with other caches, differ).
     pub anyshape: String,
 }
 

@@ -33,7 +33,8 @@ pub struct ResumeSummary {
     pub trials: usize,
     /// Of `trials`, those taken from the tuning database (the file held none).
     pub reused: usize,
-    /// Records of another workload, target or padding strategy: ignored.
+    /// Records of another workload, target, padding strategy, version or caches'
+    /// state: ignored.
     pub other_runs: usize,
     /// Records of instances outside the domain: ignored.
     pub outside_domain: usize,
@@ -135,7 +136,7 @@ impl DbRun {
                 family: family_of(workload),
                 target: serde_json::to_string(target).expect("targets serialize"),
                 strategy: serde_json::to_string(&options.strategy).expect("strategies serialize"),
-                anyshape: anyshape_codegen::kernels_version(),
+                anyshape: crate::measured_under(&options.measure),
             },
             run: None,
         }))

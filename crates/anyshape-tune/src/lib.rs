@@ -53,7 +53,7 @@ pub use model::{compile_model, CompiledModel, ModelOptions, MEASURE_REPEATS, MEA
 pub use module::{write_module, ModuleSpec, Specialize};
 pub use output::{check_distinct, check_out_dir, check_outputs};
 pub use pipeline::{tune_workload, Observer, Packaged, PipelineOptions, Stage, Tuned};
-pub use records::{Record, RecordLog, TrialResult};
+pub use records::{measured_under, Record, RecordLog, TrialResult};
 pub use report::{
     InstanceBest, RoundSummary, SearchStrategy, StopReason, TimeBreakdown, TuneOptions, TuneReport,
 };

@@ -77,11 +77,21 @@ impl TrialResult {
     }
 }
 
+/// What a trial measured with `measure` is recorded under, and a tuning database's run
+/// keyed by: the kernels' version ([`anyshape_codegen::kernels_version`]) and the
+/// caches' state a call found (`+cold`: a model's, its weights evicted; `+warm`), so
+/// that a run never resumes or reuses trials timed otherwise — a model's cold
+/// latencies as an operator's warm ones, or an older generation's kernels (`0.1.0+k4+cold`).
+pub fn measured_under(measure: &anyshape_measure::MeasureOptions) -> String {
+    let caches = if measure.cold { "cold" } else { "warm" };
+    format!("{}+{caches}", anyshape_codegen::kernels_version())
+}
+
 /// One trial: a program measured on an instance (on the CPU unless `K`, the
 /// micro-kernel, and `T`, the target, say otherwise).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Record<K = ContractionKernel, T = CpuTarget> {
-    /// The version that measured it ([`anyshape_codegen::kernels_version`]).
+    /// The version and caches' state it was measured under ([`measured_under`]).
     pub anyshape: String,
     /// The workload, in its textual form.
     pub workload: String,

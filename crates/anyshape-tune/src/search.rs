@@ -114,11 +114,17 @@ impl<B: Backend> Tuner<B> {
         }
         backend.restrict_to_workload(workload);
         let round_floor = previous.iter().map(|r| r.round + 1).max().unwrap_or(0);
+        // Records measured by other kernels, or with the caches otherwise, are another
+        // run's.
+        let measured = crate::measured_under(&options.measure);
         let mut resumed = ResumeSummary::default();
         let mut transient_seconds = 0.0;
         let mut records: Vec<BackendRecord<B>> = Vec::new();
         for r in previous {
-            if r.workload != name || &r.target != backend.target() || r.strategy != options.strategy
+            if r.workload != name
+                || &r.target != backend.target()
+                || r.strategy != options.strategy
+                || r.anyshape != measured
             {
                 resumed.other_runs += 1;
             } else if !index.contains_key(&r.bindings) {
@@ -339,6 +345,7 @@ impl<B: Backend> Tuner<B> {
         let mut append_error = None;
         let batch = trial_batch(&self.workload, &self.options, &self.instances, &list, vote);
         let target = self.backend.target();
+        let measured = crate::measured_under(&self.options.measure);
         let journal = &mut self.journal;
         let mut on_result = |n: usize, result: TrialResult| {
             match &result {
@@ -353,7 +360,7 @@ impl<B: Backend> Tuner<B> {
             }
             let t = &list[n];
             let record = Record {
-                anyshape: anyshape_codegen::kernels_version(),
+                anyshape: measured.clone(),
                 workload: batch.workload.to_string(),
                 target: target.clone(),
                 strategy: batch.strategy,

@@ -701,3 +701,59 @@ fn the_last_round_measures_the_winners_neighbours() {
         "the winner of {most} instances got no neighbour"
     );
 }
+
+/// Records timed with the caches in another state (a model's cold calls against an
+/// operator's warm ones) are another run's: a resumed run leaves them aside and
+/// measures again, while one timed the same way takes them all.
+#[test]
+fn records_timed_with_other_caches_are_not_resumed() {
+    let options = TuneOptions {
+        trials: 24,
+        ..TuneOptions::default()
+    };
+    let mut f = Fixture::new("T=1..8", options);
+    drop(f.searched());
+    let measured = f.measured.get();
+    assert!(measured >= 24, "{measured} measurements");
+    let same = f.tuner(true);
+    assert_eq!(
+        same.trials(),
+        measured,
+        "the same caches' records are resumed"
+    );
+    assert_eq!(same.resumed().other_runs, 0);
+    drop(same);
+    f.tune.measure.cold = true;
+    let mut cold = f.tuner(true);
+    assert_eq!(cold.trials(), 0, "warm records are not a cold run's");
+    assert_eq!(cold.resumed().other_runs, measured);
+    cold.run(&mut |_| {}, &mut |_| {}).unwrap();
+    assert!(
+        f.measured.get() >= measured + 24,
+        "the cold run measured its own trials"
+    );
+}
+
+/// The tuning database keys a run by the caches' state too: a new run timed as the
+/// earlier one starts from its trials, one timed otherwise starts afresh.
+#[test]
+fn the_database_reuses_only_runs_timed_with_the_same_caches() {
+    let db = tempfile::tempdir().unwrap();
+    let options = TuneOptions {
+        trials: 24,
+        database: Some(db.path().join("tuning.sqlite")),
+        ..TuneOptions::default()
+    };
+    let mut f = Fixture::new("T=1..8", options);
+    drop(f.searched());
+    let measured = f.measured.get();
+    // Fresh records each time: only the database holds the earlier trials.
+    f.records = f.records.with_file_name("warm-again.jsonl");
+    let same = f.tuner(false);
+    assert_eq!(same.trials(), measured, "a warm run reuses the warm run");
+    drop(same);
+    f.tune.measure.cold = true;
+    f.records = f.records.with_file_name("cold.jsonl");
+    let cold = f.tuner(false);
+    assert_eq!(cold.trials(), 0, "a cold run does not reuse the warm run");
+}

@@ -198,7 +198,7 @@ pub fn report_resumed(r: &ResumeSummary) {
     }];
     if r.other_runs > 0 {
         parts.push(format!(
-            "{} records of another workload, target or strategy ignored",
+            "{} records of another workload, target, strategy, version or caches' state ignored",
             r.other_runs
         ));
     }
