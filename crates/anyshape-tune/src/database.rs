@@ -3,10 +3,11 @@
 //! shared by the compiles and tunes that run at once.
 //!
 //! - A **run** is one tuner's trials of one key: (workload, target, padding strategy,
-//!   anyshape version and the caches' state its calls found). A run's trials are its records, in order, as its records file
-//!   holds them (`Record` in JSON: the database is a file boundary), so a run taken
-//!   from the database is a run resumed ([`Tuner::with_backend`](crate::Tuner); a
-//!   tuner's run here is its journal's `DbRun`).
+//!   anyshape version and the caches' state its calls found). A run's trials are its
+//!   records, in order, as its records file holds them (`Record` in JSON: the database
+//!   is a file boundary), so a run taken from the database is a run resumed
+//!   ([`Tuner::with_backend`](crate::Tuner); a tuner's run here is its journal's
+//!   `DbRun`).
 //! - A new tuner whose records file holds nothing of its key starts from the
 //!   database's **best earlier run** of that key: the one with the most trials on the
 //!   tuner's instances. Its trials, votes included, are reused as if resumed (marked
