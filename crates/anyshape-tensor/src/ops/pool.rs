@@ -208,10 +208,10 @@ fn eval_pool_into(
     // each output's taps are a fixed stride apart from `c * stride` (no range of taps
     // per output): where the pads and the window add little to the row.
     // (Saturating: a model's attributes may be huge.)
-    let (lead, span) = (pd3[2], (k_last - 1).saturating_mul(dl3[2]) + 1);
+    let (pad, span) = (pd3[2], (k_last - 1).saturating_mul(dl3[2]) + 1);
     let padded_len = ((cols.max(1) - 1).saturating_mul(st3[2]))
         .saturating_add(span)
-        .max(lead.saturating_add(row_len));
+        .max(pad.saturating_add(row_len));
     let padded = padded_len <= 4 * row_len.max(16);
     let padded_len = if padded { padded_len } else { row_len };
     let plane = |img: usize, values: &mut [f32], mut indices: Option<&mut [i64]>| {
@@ -223,8 +223,8 @@ fn eval_pool_into(
         // 6 alternating runs, three repeats: 0.82-1.03 -> 0.55-0.62 ms at 224 x 224,
         // 0.27-0.30 -> 0.18-0.20 ms at 96 x 96).
         let nan_free = fold && !image.iter().fold(false, |any, e| any | e.is_nan());
-        // Where the folded row starts in `row_max`.
-        let lead = if nan_free && padded { lead } else { 0 };
+        // Where the folded row starts in `row_max`: after the pad where it is padded.
+        let lead = if nan_free && padded { pad } else { 0 };
         let mut best = vec![(f32::NEG_INFINITY, None::<usize>); cols];
         let mut sums = vec![0f64; cols];
         let mut nans = vec![false; cols];

@@ -553,7 +553,6 @@ mod tests {
         assert!(eval_output(&output, &[Some(m.view()), Some(x.view()), None]).is_err());
         let g = Tensor::f32(vec![1, 1, 5, 5], vec![1.0; 25]).unwrap();
         assert!(winograd_filters(&output, g.view(), &WinogradTile::F2).is_err());
-        // Products of 2 x 2 tiles read as 4 x 4 ones; a tile of neither size.
         // No channels, no images: empty results, not a panic.
         for shape in [[1, 0, 4, 4], [0, 2, 4, 4]] {
             let x = Tensor::f32(shape.to_vec(), vec![]).unwrap();
@@ -563,6 +562,7 @@ mod tests {
             let y = eval_output(&output, &[Some(m.view()), Some(x.view()), None]).unwrap();
             assert_eq!(y[0].len(), 0);
         }
+        // Products of 2 x 2 tiles read as 4 x 4 ones; a tile of neither size.
         let m = Tensor::f32(vec![16, 2, 4], vec![1.0; 128]).unwrap();
         let four = tiled(WINOGRAD_OUTPUT, [1, 1, 1, 1], false, 4);
         assert!(eval_output(&four, &[Some(m.view()), Some(x.view()), None]).is_err());
