@@ -74,7 +74,8 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
                             width,
                             transposed,
                             precision,
-                        } => l.panels(v, width, transposed, precision),
+                            batched,
+                        } => l.panels(v, width, transposed, precision, batched),
                         Layout::Columns { conv } => l.columns(v, &g.nodes[conv]),
                     })
                     .collect::<Result<_>>()?;
@@ -161,8 +162,8 @@ struct Lowering<'a> {
     /// The plan's value of each graph value lowered so far.
     ids: HashMap<ValueId, usize>,
     /// The plan's value of each weight laid out in panels: (graph value, width,
-    /// transposed).
-    panels: HashMap<(ValueId, usize, bool, Precision), usize>,
+    /// transposed, precision, batched).
+    panels: HashMap<(ValueId, usize, bool, Precision, bool), usize>,
 }
 
 impl Lowering<'_> {
@@ -273,16 +274,17 @@ impl Lowering<'_> {
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows
     /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`; in `bf16` as words of
     /// two bfloat16 along K; a convolution's filters `[co, ci, kh, kw]` as `[co,
-    /// ci·kh·kw]`), made once: written straight into the plan's data, rows past `N`
-    /// zero.
+    /// ci·kh·kw]`; `batched`: a batch `[B, N, K]` of such matrices, one after another),
+    /// made once: written straight into the plan's data, rows past `N` zero.
     fn panels(
         &mut self,
         v: ValueId,
         width: usize,
         transposed: bool,
         precision: Precision,
+        batched: bool,
     ) -> Result<usize> {
-        let key = (v, width, transposed, precision);
+        let key = (v, width, transposed, precision, batched);
         if let Some(&id) = self.panels.get(&key) {
             return Ok(id);
         }
@@ -290,10 +292,18 @@ impl Lowering<'_> {
         let t = fact(self.facts, v).value.as_ref().ok_or_else(|| {
             GraphError::Format(format!("`{name}` is laid out in panels but not a constant"))
         })?;
-        // Rows, and the rest of the dims as the columns (a convolution's filters).
-        let (r, c) = match t.shape[..] {
-            [r, c] => (r, c),
-            [r, _, ..] if !transposed => (r, t.shape[1..].iter().product()),
+        // Matrices, rows, and the rest of the dims as the columns (a convolution's
+        // filters).
+        let (items, r, c) = match t.shape[..] {
+            [b, r, c] if batched && !transposed && precision == Precision::F32 => (b, r, c),
+            _ if batched => {
+                return Err(internal(&format!(
+                    "`{name}`: a batch of f32 matrices [B, N, K] in panels, not {:?}",
+                    t.shape
+                )))
+            }
+            [r, c] => (1, r, c),
+            [r, _, ..] if !transposed => (1, r, t.shape[1..].iter().product()),
             _ => {
                 return Err(GraphError::Format(format!(
                     "`{name}`: a weight of shape {:?} is not 2-D",
@@ -313,7 +323,11 @@ impl Lowering<'_> {
                 )))
             }
         };
-        let shape = vec![n.div_ceil(width), cols, width];
+        let matrix = [n.div_ceil(width), cols, width];
+        let shape = match batched {
+            true => [&[items][..], &matrix].concat(),
+            false => matrix.to_vec(),
+        };
         let c = PlanFile::add_constant(
             &mut self.plan,
             &mut self.data,
@@ -323,19 +337,23 @@ impl Lowering<'_> {
             ConstantLayout::Panels { width, precision },
             shape.iter().product::<usize>() * 4,
             |out| {
-                let at = |row: usize, col: usize| match transposed {
-                    true => w[col * n + row],
-                    false => w[row * k + col],
-                };
-                match precision {
-                    Precision::F32 => panels(at, n, cols, width, out),
-                    Precision::Bf16 => panels(
-                        |row, col| bf16_pair(at(row, 2 * col), at(row, 2 * col + 1)),
-                        n,
-                        cols,
-                        width,
-                        out,
-                    ),
+                let bytes = matrix.iter().product::<usize>() * 4;
+                for (item, out) in out.chunks_exact_mut(bytes).enumerate() {
+                    let w = &w[item * n * k..];
+                    let at = |row: usize, col: usize| match transposed {
+                        true => w[col * n + row],
+                        false => w[row * k + col],
+                    };
+                    match precision {
+                        Precision::F32 => panels(at, n, cols, width, out),
+                        Precision::Bf16 => panels(
+                            |row, col| bf16_pair(at(row, 2 * col), at(row, 2 * col + 1)),
+                            n,
+                            cols,
+                            width,
+                            out,
+                        ),
+                    }
                 }
             },
         );

@@ -260,16 +260,29 @@ fn resnet_3x3_convolutions_become_winograd() {
         let t: Vec<String> = f.tasks().iter().map(|t| t.workload.to_string()).collect();
         let products: Vec<_> = t
             .iter()
-            .filter(|w| w.starts_with("batch_matmul_nn(B=16,"))
+            .filter(|w| w.starts_with("batch_matmul_packed(B=16,"))
             .collect();
         assert!(!products.is_empty(), "{file}: {t:#?}");
         assert!(
-            t.iter()
-                .all(|w| w.starts_with("conv_packed(") || w.starts_with("batch_matmul_nn(B=16,")),
+            t.iter().all(
+                |w| w.starts_with("conv_packed(") || w.starts_with("batch_matmul_packed(B=16,")
+            ),
             "{file}: {t:#?}"
         );
         let steps = f.tasks().iter().map(|t| t.count).sum::<usize>();
         assert_eq!(steps, before.0, "{file}: one kernel per convolution");
+        // The products read the transformed filters from panels, item by item.
+        for s in &f.steps {
+            if let StepKind::Kernel(w) = &s.kind {
+                if w.to_string().starts_with("batch_matmul_packed(") {
+                    assert!(
+                        matches!(s.inputs[0].1, Layout::Panels { batched: true, .. }),
+                        "{file}: {:?}",
+                        s.inputs
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -303,7 +316,11 @@ fn wide_images_take_the_larger_winograd_tiles() {
         let wide = f
             .tasks()
             .iter()
-            .filter(|t| t.workload.to_string().starts_with("batch_matmul_nn(B=36,"))
+            .filter(|t| {
+                t.workload
+                    .to_string()
+                    .starts_with("batch_matmul_packed(B=36,")
+            })
             .map(|t| t.count)
             .sum::<usize>();
         assert_eq!(
@@ -480,6 +497,7 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
                     width: 16,
                     transposed: false,
                     precision: anyshape_ir::Precision::F32,
+                    batched: false,
                 }
             )
         ]

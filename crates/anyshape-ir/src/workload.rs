@@ -83,7 +83,8 @@ pub struct TensorRef {
     /// Stored in panels (pre-packed weights): a 2-D tensor `[R, C]` whose rows are
     /// grouped by this many, each group stored column by column, so element `(r, c)`
     /// lies at `(r / w)·w·C + c·w + r % w` and the rows are padded to a multiple of `w`
-    /// (the padding is zero). `None`: row-major.
+    /// (the padding is zero); or a 3-D `[B, R, C]`, each of its `B` matrices so, one
+    /// after another (`⌈R/w⌉·w·C` apart). `None`: row-major.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub panels: Option<i64>,
 }
@@ -101,10 +102,18 @@ impl TensorRef {
 
     /// Strides of each dimension, in elements: row-major, or for a tensor in panels
     /// those inside one panel (`1` along the rows, the panel width along the columns;
-    /// a row's panel is [`TensorRef::panel_stride`] apart).
+    /// a row's panel is [`TensorRef::panel_stride`] apart), a batch's matrices whole
+    /// panels apart.
     pub fn strides(&self) -> Vec<Expr> {
         if let Some(w) = self.panels {
-            return vec![Expr::Const(1), Expr::Const(w)];
+            let inside = [Expr::Const(1), Expr::Const(w)];
+            return match self.shape.as_slice() {
+                [_, rows, cols] => {
+                    let matrix = Expr::round_up(rows.clone(), w) * cols.clone();
+                    [vec![matrix], inside.to_vec()].concat()
+                }
+                _ => inside.to_vec(),
+            };
         }
         let mut strides = vec![Expr::Const(1); self.shape.len()];
         for d in (0..self.shape.len().saturating_sub(1)).rev() {
@@ -113,10 +122,23 @@ impl TensorRef {
         strides
     }
 
+    /// The dimensions it is stored in: its shape, or for a tensor in panels `[⌈R/w⌉, C,
+    /// w]` (`[B, ⌈R/w⌉, C, w]` for a batch).
+    pub fn stored_shape(&self) -> Vec<Expr> {
+        match self.panels {
+            Some(w) if self.shape.len() >= 2 => {
+                let (batch, matrix) = self.shape.split_at(self.shape.len() - 2);
+                let panels = Expr::ceil_div(matrix[0].clone(), Expr::Const(w));
+                [batch, &[panels, matrix[1].clone(), Expr::Const(w)]].concat()
+            }
+            _ => self.shape.clone(),
+        }
+    }
+
     /// For a tensor in panels: the elements from one panel to the next (`w·C`).
     pub fn panel_stride(&self) -> Option<Expr> {
         let w = self.panels?;
-        Some(&self.shape[1] * &Expr::Const(w))
+        Some(self.shape.last()? * &Expr::Const(w))
     }
 
     /// How far one step along `axis` moves in memory, in elements (inside a panel for a
@@ -326,9 +348,10 @@ impl Workload {
         }
         for t in self.inputs.iter().chain([&self.output]) {
             if let Some(w) = t.panels {
-                if w < 1 || t.shape.len() != 2 || t.index[0].plain_axis().is_none() {
+                let rank = t.shape.len();
+                if w < 1 || !(2..=3).contains(&rank) || t.index[rank - 2].plain_axis().is_none() {
                     return bad(format!(
-                        "tensor {} in panels of {w} rows must be 2-D, its rows a plain axis, the width at least 1",
+                        "tensor {} in panels of {w} rows must be 2-D (or a batch of 2-D), its rows a plain axis, the width at least 1",
                         t.name
                     ));
                 }
@@ -503,26 +526,29 @@ impl Workload {
             for (d, e) in t.shape.iter().enumerate() {
                 shape.push(nonneg(&|| format!("{}.shape[{d}]", t.name), e)?);
             }
+            // A batch of matrices in panels: the rows and columns are the last two
+            // dimensions (validation allows no other rank).
+            let rows_dim = shape.len().saturating_sub(2);
             let bound_panels = match t.panels {
                 Some(width) => Some(BoundPanels {
-                    axis: t.index[0].plain_axis().unwrap_or(0),
+                    axis: t.index[rows_dim].plain_axis().unwrap_or(0),
                     width,
                     stride: width
-                        .checked_mul(shape[1])
+                        .checked_mul(shape[rows_dim + 1])
                         .ok_or_else(|| IrError::TooLarge(t.name.clone()))?,
                 }),
                 None => None,
             };
-            let len = match bound_panels {
-                // Whole panels: ⌈rows / width⌉ (without overflow for any width).
-                Some(p) => {
-                    let tiles = if shape[0] == 0 {
-                        0
-                    } else {
-                        (shape[0] - 1) / p.width + 1
-                    };
-                    product(&t.name, &[tiles, p.stride])?
-                }
+            // Whole panels: ⌈rows / width⌉ (without overflow for any width).
+            let panels_of = |p: &BoundPanels| match shape[rows_dim] {
+                0 => 0,
+                rows => (rows - 1) / p.width + 1,
+            };
+            let len = match &bound_panels {
+                Some(p) => product(
+                    &t.name,
+                    &[&shape[..rows_dim], &[panels_of(p), p.stride]].concat(),
+                )?,
                 None => product(&t.name, shape)?,
             };
             for (d, ix) in t.index.iter().enumerate() {
@@ -552,8 +578,15 @@ impl Workload {
             let rank = shape.len();
             strides_of.clear();
             strides_of.resize(rank, 1);
-            match bound_panels {
-                Some(p) => strides_of[1] = p.width,
+            match &bound_panels {
+                Some(p) => {
+                    strides_of[rows_dim + 1] = p.width;
+                    if rows_dim == 1 {
+                        strides_of[0] = panels_of(p)
+                            .checked_mul(p.stride)
+                            .ok_or_else(|| IrError::TooLarge(t.name.clone()))?;
+                    }
+                }
                 None => {
                     for d in (0..rank.saturating_sub(1)).rev() {
                         strides_of[d] = strides_of[d + 1] * shape[d + 1];

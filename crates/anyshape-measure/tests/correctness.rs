@@ -421,6 +421,18 @@ fn conv_packed_all_strategies_and_modes() {
     contraction("conv_packed(B=2,M=12,N=T+2,K=20,P=5)", 3);
 }
 
+/// A batch of matrices in panels (`batch_matmul_packed`: Winograd's transformed
+/// filters): each item's rows padded (19), read in place or packed, with a residual;
+/// and of a width that is not whole vectors.
+#[test]
+fn batch_matmul_packed_all_strategies_and_modes() {
+    contraction(
+        "batch_matmul_packed(B=4,M=19,N=T*T,K=T+5,P=16)+add(b,m,n)+relu",
+        3,
+    );
+    contraction("batch_matmul_packed(B=2,M=12,N=T,K=20,P=5)", 3);
+}
+
 /// A transformer block's epilogues fused into the matmul: bias, GELU (exact and tanh),
 /// a residual input, scaling; on every strategy and mode.
 #[test]
@@ -520,6 +532,7 @@ fn every_seed_is_correct() {
         "batch_matmul_nt(B=3,M=T,N=T,K=67)",
         "batch_matmul_nn(B=3,M=T,N=64,K=T)+relu",
         "conv_packed(B=2,M=40,N=T*T,K=T+5,P=16)+add(m)+relu",
+        "batch_matmul_packed(B=3,M=40,N=T*T,K=T+5,P=16)+add(b,m,n)",
     ] {
         let w = Workload::parse(w).unwrap();
         for mk in ContractionKernel::seeds(&target, &w) {

@@ -61,7 +61,9 @@ pub enum ConstantLayout {
     /// A 2-D weight `W[n, k]` in panels of `width` rows (`dense_packed`'s layout: stored
     /// `[⌈N/width⌉, K, width]`, the last panel's rows past `N` zero); in `bf16`,
     /// `dense_bf16`'s: each element a word of two bfloat16 along K (`[⌈N/width⌉, K/2,
-    /// width]` words, see `anyshape_ir::Precision::Bf16`).
+    /// width]` words, see `anyshape_ir::Precision::Bf16`); a batch of f32 matrices `[B,
+    /// N, K]` (Winograd's transformed filters) each so, one after another (`[B,
+    /// ⌈N/width⌉, K, width]`).
     Panels {
         /// Rows per panel.
         width: usize,
@@ -78,7 +80,8 @@ pub struct Constant {
     pub name: String,
     /// Its element type.
     pub dtype: DType,
-    /// The shape of its stored elements (for panels: `[⌈N/width⌉, K, width]`).
+    /// The shape of its stored elements (for panels: `[⌈N/width⌉, K, width]`, a batch's
+    /// `[B, ⌈N/width⌉, K, width]`).
     pub shape: Vec<usize>,
     /// How its elements are laid out.
     pub layout: ConstantLayout,

@@ -170,11 +170,8 @@ pub fn verify(plan: &Plan, data_bytes: u64) -> Result<()> {
                 for (i, (&v, t)) in inputs.iter().zip(&w.inputs).enumerate() {
                     let value = &plan.values[v];
                     let want = match t.panels {
-                        // Panels hold whole panels of rows: ⌈R/w⌉·w·C.
-                        Some(p) => numel(&[
-                            Expr::ceil_div(t.shape[0].clone(), Expr::Const(p)) * Expr::Const(p),
-                            t.shape[1].clone(),
-                        ]),
+                        // Panels hold whole panels of rows: ⌈R/w⌉·w·C (per item).
+                        Some(_) => numel(&t.stored_shape()),
                         // A plain run's caches have no room to spare.
                         None => numel(&t.shape).substitute(&plain),
                     };

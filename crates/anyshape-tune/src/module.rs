@@ -247,10 +247,13 @@ fn header_text(
     for (i, t) in w.inputs.iter().enumerate() {
         let shape: Vec<String> = t.shape.iter().map(|e| e.to_string()).collect();
         let layout = match t.panels {
-            Some(p) => format!(
-                "f32 in panels of {p} rows: [ceil({}/{p}), {}, {p}], rows padded",
-                shape[0], shape[1]
-            ),
+            Some(p) => {
+                let stored: Vec<String> = t.stored_shape().iter().map(|e| e.to_string()).collect();
+                format!(
+                    "f32 in panels of {p} rows: [{}], rows padded",
+                    stored.join(", ")
+                )
+            }
             None => "row-major f32".into(),
         };
         h.push_str(&format!(

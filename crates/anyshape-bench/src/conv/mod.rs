@@ -73,7 +73,7 @@ struct Layer {
     residual: bool,
     relu: bool,
     /// Computed by Winograd's F(m x m, 3x3) (`anyshape.WinogradInput`, a
-    /// `batch_matmul_nn` kernel, `anyshape.WinogradOutput`): its `m`.
+    /// `batch_matmul_packed` kernel, `anyshape.WinogradOutput`): its `m`.
     winograd: Option<i64>,
 }
 

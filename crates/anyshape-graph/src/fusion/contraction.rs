@@ -1,6 +1,7 @@
 //! Contractions (`MatMul`, `Gemm`, `Conv`) as backbones: which operand is a weight laid
-//! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`, or
-//! `conv_packed` over the input's patches), and the elementwise ops after it that
+//! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`,
+//! `batch_matmul_packed` over a constant batch of matrices, or `conv_packed` over the
+//! input's patches), and the elementwise ops after it that
 //! become its epilogue while they fit (a bias, GELU, SiLU and a gate, a mask or a
 //! residual, scales, tanh, ReLU).
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
@@ -151,16 +152,21 @@ impl Fuser<'_> {
         {
             let r = sa.len();
             inputs.push((b, Layout::AsIs));
-            Workload::of(
-                "batch_matmul_nn",
-                &[
-                    numel(&sa[..r - 2]),
-                    sa[r - 2].clone(),
-                    sb[r - 1].clone(),
-                    sa[r - 1].clone(),
-                ],
-            )
-            .ok()?
+            let args = [
+                numel(&sa[..r - 2]),
+                sa[r - 2].clone(),
+                sb[r - 1].clone(),
+                sa[r - 1].clone(),
+            ];
+            // A constant batch of matrices (Winograd's transformed filters) is read
+            // from panels, as a convolution's filters are.
+            if r == 3 && self.constant(a).is_some() {
+                inputs[0].1 = Layout::batch_panels();
+                let panel = Expr::Const(PANEL_WIDTH as i64);
+                Workload::of("batch_matmul_packed", &[&args[..], &[panel]].concat()).ok()?
+            } else {
+                Workload::of("batch_matmul_nn", &args).ok()?
+            }
         } else {
             return None;
         };

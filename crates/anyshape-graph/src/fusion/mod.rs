@@ -85,6 +85,10 @@ pub enum Layout {
         transposed: bool,
         /// `f32` elements or words of two `bf16`.
         precision: Precision,
+        /// Whether it is a batch of matrices `[B, N, K]`, each in panels (what
+        /// `batch_matmul_packed` reads: Winograd's transformed filters), one after
+        /// another.
+        batched: bool,
     },
     /// An NCHW image tensor's patches as the columns of a matrix per image
     /// (`[n, ci·kh·kw, oh·ow]`), laid out at run time by a host step before the kernel:
@@ -103,6 +107,17 @@ impl Layout {
             width: PANEL_WIDTH,
             transposed,
             precision,
+            batched: false,
+        }
+    }
+
+    /// The constant batch of matrices `[B, M, K]` of a `batch_matmul_packed` kernel.
+    fn batch_panels() -> Layout {
+        Layout::Panels {
+            width: PANEL_WIDTH,
+            transposed: false,
+            precision: Precision::F32,
+            batched: true,
         }
     }
 }

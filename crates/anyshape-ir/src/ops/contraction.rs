@@ -134,6 +134,20 @@ pub fn batch_matmul_nn(a: &[Expr]) -> Workload {
     )
 }
 
+/// `batch_matmul_packed(B, M, N, K, P)`: `batch_matmul_nn` whose first operand is a
+/// constant pre-packed in panels of `P` rows per batch item (stored `[B, ⌈M/P⌉, K, P]`,
+/// see [`TensorRef::panels`]): Winograd's transformed filters `[α², co, ci]`, laid out
+/// so once when a model is compiled, which the kernels read in place as `conv_packed`
+/// reads its filters (one stream per panel, prefetched) instead of one per row.
+pub fn batch_matmul_packed(a: &[Expr]) -> Workload {
+    let mut w = batch_matmul_nn(&a[..4]);
+    w.op = "batch_matmul_packed".into();
+    w.args.push(("P".into(), a[4].clone()));
+    // A panel width that is not a positive constant fails validation.
+    w.inputs[0].panels = Some(a[4].as_const().unwrap_or(0));
+    w
+}
+
 /// `conv_columns(B, M, N, K)`: `Y[b,m,n] = Σ_k X[m,k] · W[b,k,n]`, a 2-D convolution
 /// on its input's columns: `X` the filters `[out channels, in channels·kh·kw]` (shared
 /// by the batch), `W` each image's patches as columns `[in channels·kh·kw, out pixels]`

@@ -69,6 +69,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::batch_matmul_nn,
     },
     OpDef {
+        name: "batch_matmul_packed",
+        args: &["B", "M", "N", "K", "P"],
+        doc: "batch_matmul_nn with X pre-packed in panels of P rows per batch item: stored [B, ceil(M/P), K, P]",
+        class: "contraction",
+        build: contraction::batch_matmul_packed,
+    },
+    OpDef {
         name: "conv_columns",
         args: &["B", "M", "N", "K"],
         doc: "Y[b,m,n] = sum_k X[m,k] * W[b,k,n] (a 2-D convolution: X the filters [out channels, in channels*kh*kw], W each image's columns [in channels*kh*kw, out pixels] (im2col), Y in NCHW)",
@@ -270,5 +277,35 @@ mod tests {
         ] {
             assert!(crate::Workload::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A batch of matrices in panels: each item's rows padded to whole panels, the
+    /// items one after another, symbolically as when bound.
+    #[test]
+    fn batched_weights_lie_in_panels_item_after_item() {
+        let w = crate::Workload::parse("batch_matmul_packed(B=2,M=5,N=2,K=3,P=4)").unwrap();
+        assert_eq!(w.to_string(), "batch_matmul_packed(B=2,M=5,N=2,K=3,P=4)");
+        let b = w.bind(&crate::Bindings::default()).unwrap();
+        // Per item two panels of 4 rows (the 5 padded to 8) by 3 columns: 24 elements.
+        assert_eq!(b.lens, vec![48, 12, 20]);
+        // X[b, m, k] at b·24 + (m / 4)·12 + k·4 + m % 4; axes are b, m, n, k.
+        for (i, m, k, at) in [
+            (0, 0, 0, 0),
+            (0, 4, 2, 20),
+            (1, 0, 0, 24),
+            (1, 3, 1, 31),
+            (1, 4, 2, 44),
+        ] {
+            assert_eq!(b.offset(0, &[i, m, 0, k]), at, "X[{i},{m},{k}]");
+        }
+        let x = &w.inputs[0];
+        let strides: Vec<i64> = x
+            .strides()
+            .iter()
+            .map(|s| s.simplify().as_const().unwrap())
+            .collect();
+        assert_eq!(strides, vec![24, 1, 4]);
+        assert_eq!(x.panel_stride().unwrap().simplify().as_const(), Some(12));
+        assert!(crate::Workload::parse("batch_matmul_packed(B=2,M=5,N=2,K=3,P=0)").is_err());
     }
 }
