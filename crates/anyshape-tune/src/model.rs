@@ -3,7 +3,7 @@
 //! model's dims — the tasks' searches sharing one trial budget, given out by the task
 //! scheduler (`schedule.rs`), the members of a family sharing their cost model and best
 //! candidates (`family.rs`) — then voted and packaged by the compile pipeline (or, with
-//! no trials, given its sketch's default micro-kernel), each into a module of its own
+//! no trials, given its sketch's defaults per instance), each into a module of its own
 //! (`task.rs`), and the model module written: `plan.bin`, `tasks/tNN/`, the tuning log
 //! `tuning.json` (`curve.rs`) and `model.json` listing them all — replaced whole, as a
 //! module is (`output.rs`).
@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
     /// Trials per task, on average: the tasks share `trials × tasks`, given out by the
-    /// task scheduler; 0: every task gets its sketch's default micro-kernel (a quick,
-    /// untuned module).
+    /// task scheduler; 0: every task gets its sketch's default micro-kernel for each
+    /// instance (a quick, untuned module).
     pub trials: usize,
     /// Give every task `trials` (equal shares) instead of scheduling the budget.
     pub equal_shares: bool,
@@ -65,7 +65,7 @@ pub const MEASURE_SECONDS: f64 = 0.0;
 pub const MEASURE_REPEATS: usize = 3;
 
 impl Default for ModelOptions {
-    /// Untuned (0 trials: every task its sketch's default micro-kernel), 3 x 3
+    /// Untuned (0 trials: every task its sketch's defaults per instance), 3 x 3
     /// convolutions by Winograd's transforms; when tuned,
     /// scheduled with families, each dim tuned on 24 values, candidates timed cold (a
     /// model's weights leave the caches between their layer's calls) for

@@ -3,11 +3,11 @@
 //! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's default
 //! micro-kernel for every instance.
 use crate::{
-    instances, tune_workload, write_module, DatabaseQuality, ModelOptions, ModuleSpec, Observer,
-    Offer, Packaged, PipelineOptions, RecordLog, Result, SketchBackend, Specialize, StopReason,
-    TimeBreakdown, TuneError, TuneOptions, Tuner, Votes,
+    instances, train_tree, tune_workload, write_module, DatabaseQuality, ModelOptions, ModuleSpec,
+    Observer, Offer, Packaged, PipelineOptions, RecordLog, Result, SketchBackend, Specialize,
+    StopReason, TimeBreakdown, TuneError, TuneOptions, Tuner, Votes,
 };
-use anyshape_abi::{DispatchTree, Vote};
+use anyshape_abi::Vote;
 use anyshape_codegen::{CpuTarget, Sketch};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
@@ -24,22 +24,40 @@ pub(crate) struct TaskJob<'a> {
     pub(crate) dir: PathBuf,
 }
 
-/// A task's module with its sketch's default micro-kernel for every instance.
+/// A task's module with its sketch's default micro-kernel at every instance
+/// ([`Sketch::default_for_instance`]), dispatched by a tree trained on them where they
+/// differ.
 pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
     job: &TaskJob,
 ) -> Result<()> {
     let domain = instances(job.workload, job.vars)?;
-    let votes = Votes {
-        micro_kernels: vec![K::default_for_workload(job.target, job.workload)],
-        votes: domain
-            .iter()
-            .map(|x| Vote {
+    let mut micro_kernels: Vec<K> = Vec::new();
+    let votes = domain
+        .iter()
+        .map(|x| {
+            let mk = K::default_for_instance(job.target, job.workload, &x.bound);
+            let micro_kernel = match micro_kernels.iter().position(|k| *k == mk) {
+                Some(i) => i,
+                None => {
+                    micro_kernels.push(mk);
+                    micro_kernels.len() - 1
+                }
+            };
+            Vote {
                 bindings: x.bindings.clone(),
-                micro_kernel: 0,
+                micro_kernel,
                 latency_seconds: None,
                 measured: false,
-            })
-            .collect(),
+            }
+        })
+        .collect::<Vec<_>>();
+    if micro_kernels.is_empty() {
+        micro_kernels.push(K::default_for_workload(job.target, job.workload));
+    }
+    let (tree, tree_accuracy) = train_tree(&job.workload.shape_vars(), &votes)?;
+    let votes = Votes {
+        micro_kernels,
+        votes,
     };
     write_module(
         &ModuleSpec {
@@ -48,8 +66,8 @@ pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
             target: job.target,
             strategy: job.options.tune.strategy,
             votes: &votes,
-            tree: &DispatchTree::Leaf { kernel: 0 },
-            tree_accuracy: 1.0,
+            tree: &tree,
+            tree_accuracy,
             specialize: &[],
             tuning: None,
             reads: &job.options.pipeline.reads,

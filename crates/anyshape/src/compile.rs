@@ -26,7 +26,7 @@ pub struct CompileArgs {
     dims: Vec<String>,
     /// Trials per task on average: the tasks' joint searches share trials × tasks,
     /// which the task scheduler gives out where they cut the model's latency most; 0
-    /// gives a quick untuned module (every task with its sketch's default micro-kernel).
+    /// gives a quick untuned module (every task with its sketch's defaults per instance).
     #[arg(long, default_value_t = 0)]
     trials: u64,
     /// Give every task the same trials instead of scheduling them (for comparison).

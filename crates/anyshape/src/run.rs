@@ -168,7 +168,7 @@ fn run_program<K: Sketch<Target = CpuTarget>>(
     let bound = workload.bind(&bindings)?;
     let micro_kernel = match &args.micro_kernel {
         Some(text) => K::parse(text)?,
-        None => K::default_for_workload(target, workload),
+        None => K::default_for_instance(target, workload, &bound),
     };
     micro_kernel.validate(target)?;
     let strategy: PaddingStrategy = args

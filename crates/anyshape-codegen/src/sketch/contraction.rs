@@ -363,6 +363,11 @@ impl Sketch for ContractionKernel {
         super::contraction_seeds::seeds(target, w)
     }
 
+    /// See `contraction_seeds.rs`.
+    fn default_for_instance(target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Self {
+        super::contraction_seeds::default_for_instance(target, w, bound)
+    }
+
     fn parse(text: &str) -> Result<Self> {
         ContractionKernel::parse(text)
     }

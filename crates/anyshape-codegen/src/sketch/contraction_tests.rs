@@ -270,3 +270,48 @@ fn rejects_what_breaks_the_target() {
         assert!(ContractionKernel::parse(text).is_err(), "{text}");
     }
 }
+
+/// An untuned module's micro-kernel at an instance: the workload's default, except
+/// over a first operand in panels (filters, Winograd's transformed ones) where N is
+/// narrower than that default's tile: there the transposed one reading the panels in
+/// place. Not for weights in panels as B (dense layers), nor at a wide N.
+#[test]
+fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
+    let avx2 = CpuTarget {
+        simd: Simd::Avx2,
+        vector_registers: 16,
+        l1d_bytes: 32 << 10,
+        ..avx512()
+    };
+    for target in [avx2, avx512()] {
+        for text in [
+            "batch_matmul_packed(B=16,M=512,N=T,K=512,P=16)",
+            "conv_packed(B=1,M=2048,N=T,K=512,P=16)+add(m)+relu",
+        ] {
+            let w = Workload::parse(text).unwrap();
+            let default = ContractionKernel::default_for_workload(&target, &w);
+            assert!(!default.vm, "{text}");
+            let at = |t: i64| {
+                let b = w
+                    .bind(&anyshape_ir::Bindings::from_pairs([("T", t)]))
+                    .unwrap();
+                ContractionKernel::default_for_instance(&target, &w, &b)
+            };
+            let narrow = at(default.nr as i64 - 1);
+            assert!(narrow.vm && narrow.ia && narrow.pf, "{text}: {narrow}");
+            narrow.validate(&target).unwrap();
+            assert_eq!(at(1), narrow, "{text}");
+            assert_eq!(at(default.nr as i64), default, "{text}");
+            assert_eq!(at(100), default, "{text}");
+        }
+        // Weights in panels as the second operand keep the default at any N.
+        let dense = Workload::parse("dense_packed(M=T,N=4,K=64,P=16)").unwrap();
+        let b = dense
+            .bind(&anyshape_ir::Bindings::from_pairs([("T", 3)]))
+            .unwrap();
+        assert_eq!(
+            ContractionKernel::default_for_instance(&target, &dense, &b),
+            ContractionKernel::default_for_workload(&target, &dense)
+        );
+    }
+}

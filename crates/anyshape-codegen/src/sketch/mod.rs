@@ -106,13 +106,18 @@ pub trait Sketch:
     fn fit(self, _target: &Self::Target, _w: &Workload) -> Self {
         self
     }
-    /// The default as it runs `w` (what an untuned module and `anyshape run` without
-    /// `--micro-kernel` use): the first of `w`'s seeds, fitted.
+    /// The default as it runs `w`: the first of `w`'s seeds, fitted.
     fn default_for_workload(target: &Self::Target, w: &Workload) -> Self {
         let first = Self::seeds(target, w).into_iter().next();
         first
             .unwrap_or_else(|| Self::default_for(target))
             .fit(target, w)
+    }
+    /// The default at one instance `bound` of `w` (what an untuned module dispatches
+    /// to, and `anyshape run` without `--micro-kernel` runs): the workload's default,
+    /// unless the sketch knows a variant that suits such instances better.
+    fn default_for_instance(target: &Self::Target, w: &Workload, _bound: &BoundWorkload) -> Self {
+        Self::default_for_workload(target, w)
     }
     /// Parse the text form (what `Display` writes) or JSON.
     fn parse(text: &str) -> Result<Self>;
