@@ -544,11 +544,12 @@ impl Workload {
                 0 => 0,
                 rows => (rows - 1) / p.width + 1,
             };
+            // (Binding runs before every kernel call: nothing here allocates.)
             let len = match &bound_panels {
-                Some(p) => product(
-                    &t.name,
-                    &[&shape[..rows_dim], &[panels_of(p), p.stride]].concat(),
-                )?,
+                Some(p) => product(&t.name, &shape[..rows_dim])?
+                    .checked_mul(product(&t.name, &[panels_of(p), p.stride])?)
+                    .filter(|&n| n <= (isize::MAX as usize) / 16)
+                    .ok_or_else(|| IrError::TooLarge(t.name.clone()))?,
                 None => product(&t.name, shape)?,
             };
             for (d, ix) in t.index.iter().enumerate() {
