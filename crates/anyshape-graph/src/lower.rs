@@ -338,6 +338,9 @@ impl Lowering<'_> {
             shape.iter().product::<usize>() * 4,
             |out| {
                 let bytes = matrix.iter().product::<usize>() * 4;
+                if bytes == 0 {
+                    return; // no rows or columns: nothing to lay out
+                }
                 for (item, out) in out.chunks_exact_mut(bytes).enumerate() {
                     let w = &w[item * n * k..];
                     let at = |row: usize, col: usize| match transposed {

@@ -514,3 +514,39 @@ fn a_transposed_constant_weight_is_laid_out_from_its_source() {
         assert!(err < 1e-4, "m={m}: {err}");
     }
 }
+
+/// A constant weight with no output columns (`W` `[k, 0]`, or `[0, k]` transposed by a
+/// `Gemm`) lowers to empty panels: the plan runs and gives an empty output, as the
+/// reference does, instead of failing to lay the panels out.
+#[test]
+fn an_empty_weight_lowers_to_empty_panels() {
+    use anyshape_graph::{exec, Graph, Input};
+    use anyshape_ir::Expr;
+    use anyshape_tensor::{DType, Node, Tensor};
+    let k = 4usize;
+    let g = Graph {
+        values: ["x", "w", "y"].map(String::from).to_vec(),
+        nodes: vec![Node {
+            name: "mm".into(),
+            op: "MatMul".into(),
+            inputs: vec![Some(0), Some(1)],
+            outputs: vec![2],
+            attrs: Default::default(),
+        }],
+        inputs: vec![Input {
+            value: 0,
+            dtype: DType::F32,
+            dims: vec![Expr::var("m"), Expr::Const(k as i64)],
+        }],
+        outputs: vec![2],
+        initializers: [(1, Tensor::f32(vec![k, 0], vec![]).unwrap())].into(),
+        opset: 17,
+        ..Graph::default()
+    };
+    let x: Vec<f32> = (0..3 * k).map(|i| i as f32).collect();
+    let inputs = [("x", Tensor::f32(vec![3, k], x).unwrap())];
+    let want = exec::run(&g, &inputs).unwrap();
+    let got = common::run_plan(&g, &inputs, anyshape_ir::Precision::F32).unwrap();
+    assert_eq!(got[0].shape, want[0].shape);
+    assert_eq!(got[0].shape, vec![3, 0]);
+}
