@@ -1,7 +1,7 @@
 //! One task of a model's compilation: its job (workload, dims, records, directory),
 //! its search run slice by slice as the task scheduler gives out the budget
-//! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's default
-//! micro-kernel for every instance.
+//! ([`TaskSearch`]), then its votes and module — or, untuned, its sketch's defaults
+//! for each instance, dispatched by a tree.
 use crate::{
     instances, train_tree, tune_workload, write_module, DatabaseQuality, ModelOptions, ModuleSpec,
     Observer, Offer, Packaged, PipelineOptions, RecordLog, Result, SketchBackend, Specialize,

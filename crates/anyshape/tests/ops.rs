@@ -734,7 +734,7 @@ fn convolutions_match_their_loop_nest_at_every_n() {
     // The 3 x 3 one by Winograd's transforms (its residual add and ReLU in the output
     // transform), the others over their patches.
     assert_eq!(t.matches("conv_packed(").count(), 2, "{t}");
-    assert_eq!(t.matches("batch_matmul_nn(B=16,").count(), 1, "{t}");
+    assert_eq!(t.matches("batch_matmul_packed(B=16,").count(), 1, "{t}");
     for n in [1usize, 3, 4, 7] {
         let x: Vec<f32> = (0..n * ci * h * wd)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
