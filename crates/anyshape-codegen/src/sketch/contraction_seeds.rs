@@ -218,7 +218,7 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
     // A convolution's filters in panels (`conv_packed`): the transposed variant reads
     // them in place, as the usual one reads B's.
-    let a_panels = w.inputs.first().is_some_and(|a| a.panels.is_some());
+    let a_panels = filters_in_panels(w);
     let view = GemmView::of(w);
     let n_contiguous = !panels && view.as_ref().is_ok_and(|g| g.n_contiguous(w, 1));
     let k_contiguous = !panels && view.as_ref().is_ok_and(|g| g.k_contiguous(w, 1));
@@ -310,6 +310,12 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     seeds
 }
 
+/// Whether the first operand is a weight in panels (`conv_packed`'s filters,
+/// `batch_matmul_packed`'s transformed ones).
+fn filters_in_panels(w: &Workload) -> bool {
+    w.inputs.first().is_some_and(|a| a.panels.is_some())
+}
+
 /// `mk` transposed, reading a first operand in panels (filters) in place and
 /// prefetching it, the second (patches, tiles) broadcast in place.
 fn transposed_filters(mk: ContractionKernel) -> ContractionKernel {
@@ -336,14 +342,13 @@ pub(super) fn default_for_instance(
     bound: &BoundWorkload,
 ) -> ContractionKernel {
     let default = ContractionKernel::default_for_workload(target, w);
-    let a_panels = w.inputs.first().is_some_and(|a| a.panels.is_some());
     let narrow = GemmView::of(w).is_ok_and(|g| {
         bound
             .extents
             .get(g.n)
             .is_some_and(|&n| n < default.nr as i64)
     });
-    if a_panels && narrow && !default.vm && w.precision == Precision::F32 {
+    if filters_in_panels(w) && narrow && !default.vm && w.precision == Precision::F32 {
         transposed_filters(ContractionKernel::default_for(target)).fit(target, w)
     } else {
         default
