@@ -1,7 +1,7 @@
 //! Joint tuning of a dynamic-shape workload for all its instances at once (DietCode):
 //! the shape-generic search space, program features, the micro-kernel cost model, the
 //! joint evolutionary search and the records it appends to,
-//! the votes and the dispatch tree, and writing the module (kernels + dispatcher +
+//! the votes and the dispatch tree (trained by our own CART), and writing the module (kernels + dispatcher +
 //! manifest) that the runtime loads.
 //!
 //! The search is generic over a [`Backend`]: one implementation ([`SketchBackend`]) serves
@@ -34,6 +34,7 @@ mod scores;
 mod search;
 mod space;
 mod task;
+mod tree;
 mod trust_region;
 mod vote_round;
 mod votes;
@@ -61,4 +62,5 @@ pub use schedule::{Allotment, Scheduler, Slice};
 pub use scores::ScoreTable;
 pub use search::Tuner;
 pub use space::SearchSpace;
-pub use votes::{cover, elect, train_tree, vote, VoteOptions, Votes};
+pub use tree::train_tree;
+pub use votes::{cover, elect, vote, VoteOptions, Votes};

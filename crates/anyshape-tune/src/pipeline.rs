@@ -189,7 +189,7 @@ where
         let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
         tuned.vote_seconds = start.elapsed().as_secs_f64();
         observer.stage(&Stage::Tree);
-        let (tree, accuracy) = train_tree(&tuner.workload().shape_vars(), &votes.votes)?;
+        let (tree, accuracy) = train_tree(&tuner.workload().shape_vars(), &votes.votes);
         if let Some(out) = &options.out {
             let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
             let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();

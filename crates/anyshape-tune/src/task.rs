@@ -54,7 +54,7 @@ pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
     if micro_kernels.is_empty() {
         micro_kernels.push(K::default_for_workload(job.target, job.workload));
     }
-    let (tree, tree_accuracy) = train_tree(&job.workload.shape_vars(), &votes)?;
+    let (tree, tree_accuracy) = train_tree(&job.workload.shape_vars(), &votes);
     let votes = Votes {
         micro_kernels,
         votes,

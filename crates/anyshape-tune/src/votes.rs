@@ -1,14 +1,10 @@
 //! Votes and the dispatch tree (DietCode §4.3): every instance votes for a micro-kernel,
 //! a micro-kernel within a tolerance of an instance's best may take its vote so that few
-//! are chosen, and a decision tree learns shape-var values → vote.
+//! are chosen; the dispatch tree learns shape-var values → vote from them (`tree.rs`).
 use crate::{Backend, Result, ScoreTable, TuneError, Tuner};
-use anyshape_abi::{DispatchTree, Vote};
+use anyshape_abi::Vote;
 use anyshape_codegen::ContractionKernel;
 use anyshape_ir::Bindings;
-use smartcore::linalg::basic::matrix::DenseMatrix;
-use smartcore::tree::decision_tree_classifier::{
-    DecisionTreeClassifier, DecisionTreeClassifierParameters,
-};
 
 /// The outcome of voting.
 #[derive(Clone, Debug)]
@@ -252,88 +248,11 @@ pub fn vote<K: Copy>(
     })
 }
 
-/// Train a decision tree (smartcore's CART classifier, at most
-/// [`DispatchTree::MAX_DEPTH`] deep) on shape-var values → vote and export it as a
-/// [`DispatchTree`]; returns it with its training accuracy.
-pub fn train_tree(vars: &[String], votes: &[Vote]) -> Result<(DispatchTree, f64)> {
-    let labels: Vec<i32> = votes.iter().map(|v| v.micro_kernel as i32).collect();
-    let tree = if labels.iter().all(|&l| Some(l) == labels.first().copied()) {
-        DispatchTree::Leaf {
-            kernel: labels.first().copied().unwrap_or(0) as usize,
-        }
-    } else {
-        let rows: Vec<Vec<f64>> = votes
-            .iter()
-            .map(|v| {
-                vars.iter()
-                    .map(|n| v.bindings.get(n).unwrap_or(0) as f64)
-                    .collect()
-            })
-            .collect();
-        let fail = |e: smartcore::error::Failed| TuneError::Internal(format!("decision tree: {e}"));
-        let x = DenseMatrix::from_2d_vec(&rows).map_err(fail)?;
-        let model: DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>> =
-            DecisionTreeClassifier::fit(
-                &x,
-                &labels,
-                DecisionTreeClassifierParameters::default()
-                    .with_max_depth(DispatchTree::MAX_DEPTH as u16),
-            )
-            .map_err(fail)?;
-        export(&model, vars)?
-    };
-    let hits = votes
-        .iter()
-        .filter(|v| tree.select(&v.bindings) == v.micro_kernel)
-        .count();
-    Ok((tree, hits as f64 / votes.len().max(1) as f64))
-}
-
-/// smartcore keeps its nodes private; their serialized form has what a dispatcher needs
-/// (`split_feature`, `split_value`, `true_child` for `x <= value`, `false_child`, `output`).
-fn export(
-    model: &DecisionTreeClassifier<f64, i32, DenseMatrix<f64>, Vec<i32>>,
-    vars: &[String],
-) -> Result<DispatchTree> {
-    let bad = || TuneError::Internal("decision tree: unexpected serialized form".into());
-    let json = serde_json::to_value(model).map_err(|_| bad())?;
-    let nodes = json["nodes"].as_array().ok_or_else(bad)?;
-    let classes: Vec<i64> = json["classes"]
-        .as_array()
-        .ok_or_else(bad)?
-        .iter()
-        .map(|c| c.as_i64().ok_or_else(bad))
-        .collect::<Result<_>>()?;
-    fn node(
-        nodes: &[serde_json::Value],
-        classes: &[i64],
-        vars: &[String],
-        at: usize,
-        depth: usize,
-    ) -> Option<DispatchTree> {
-        let n = nodes.get(at)?;
-        if depth > DispatchTree::MAX_DEPTH {
-            return None;
-        }
-        match (n["true_child"].as_u64(), n["false_child"].as_u64()) {
-            (Some(t), Some(f)) => Some(DispatchTree::Split {
-                var: vars.get(n["split_feature"].as_u64()? as usize)?.clone(),
-                // Integer values: x <= 37.5 is x <= 37.
-                at: n["split_value"].as_f64()?.floor() as i64,
-                le: Box::new(node(nodes, classes, vars, t as usize, depth + 1)?),
-                gt: Box::new(node(nodes, classes, vars, f as usize, depth + 1)?),
-            }),
-            _ => Some(DispatchTree::Leaf {
-                kernel: usize::try_from(*classes.get(n["output"].as_u64()? as usize)?).ok()?,
-            }),
-        }
-    }
-    node(nodes, &classes, vars, 0, 0).ok_or_else(bad)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train_tree;
+    use anyshape_abi::DispatchTree;
 
     fn table(lat: Vec<Vec<f64>>) -> ScoreTable {
         let n = lat[0].len();
@@ -378,7 +297,7 @@ mod tests {
             .collect();
         let v = vote(&t, &strict, &inst, 0.0).unwrap();
         assert_eq!(v.micro_kernels.len(), 2);
-        let (tree, acc) = train_tree(&["T".into()], &v.votes).unwrap();
+        let (tree, acc) = train_tree(&["T".into()], &v.votes);
         assert_eq!(acc, 1.0);
         assert_eq!(tree.depth(), 1);
         // Past the range, the tree extends its last region.
@@ -386,28 +305,8 @@ mod tests {
         assert_eq!(tree.select(&Bindings::from_pairs([("T", 1000)])), last);
         // One kernel: a single leaf.
         let one = vote(&t, &[1], &inst, 0.02).unwrap();
-        let (leaf, acc) = train_tree(&["T".into()], &one.votes).unwrap();
+        let (leaf, acc) = train_tree(&["T".into()], &one.votes);
         assert_eq!((leaf, acc), (DispatchTree::Leaf { kernel: 0 }, 1.0));
-    }
-
-    /// Votes that alternate from one value to the next need a split between every pair:
-    /// the tree is cut at its depth limit (so the module's loader reads it) and still
-    /// dispatches every instance to one of the voted kernels.
-    #[test]
-    fn alternating_votes_give_a_bounded_tree() {
-        let votes: Vec<Vote> = (1..=1000)
-            .map(|t| Vote {
-                bindings: Bindings::from_pairs([("T", t)]),
-                micro_kernel: (t % 2) as usize,
-                latency_seconds: Some(1.0),
-                measured: true,
-            })
-            .collect();
-        let (tree, accuracy) = train_tree(&["T".into()], &votes).unwrap();
-        assert!(tree.depth() <= DispatchTree::MAX_DEPTH, "{}", tree.depth());
-        assert!(tree.max_kernel() <= 1 && accuracy > 0.5, "{accuracy}");
-        let json = serde_json::to_string(&tree).unwrap();
-        assert_eq!(serde_json::from_str::<DispatchTree>(&json).unwrap(), tree);
     }
 
     #[test]

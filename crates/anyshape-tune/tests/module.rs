@@ -62,7 +62,7 @@ fn build_voted(
             })
             .collect(),
     };
-    let (tree, accuracy) = train_tree(&["T".into()], &votes.votes).unwrap();
+    let (tree, accuracy) = train_tree(&["T".into()], &votes.votes);
     let weights = vec![1.0; bindings.len()];
     let chosen = specialize.pick(&bindings, &weights);
     write_module(
