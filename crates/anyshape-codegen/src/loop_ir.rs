@@ -348,6 +348,8 @@ pub enum Stmt {
         /// many steps later, which would evict what L1 holds for the steps between;
         /// otherwise into every level (`prefetcht0`).
         l2: bool,
+        /// For a line about to be written (`prefetchw`: fetched ready to be modified).
+        write: bool,
     },
     /// Transpose a tile of at most `lanes x lanes` elements in vector registers (CPU;
     /// `lanes` the target's vector width): see [`Transpose`].

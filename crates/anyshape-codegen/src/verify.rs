@@ -372,6 +372,7 @@ mod tests {
                     buf: "Bp".into(),
                     index: Expr::Const(0),
                     l2: false,
+                    write: false,
                 }]),
                 "allocated",
             ),

@@ -8,7 +8,7 @@ use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, Value}
 use anyshape_ir::{Expr, Precision};
 
 /// Floats in a cache line: what one prefetch request brings.
-const CACHE_LINE_FLOATS: usize = 16;
+pub(super) const CACHE_LINE_FLOATS: usize = 16;
 
 /// Reduction steps ahead that a weight read in place from panels as A is prefetched: a
 /// step is a cache line of a panel of 16 rows, so 8 KB ahead along the panel, across
@@ -113,6 +113,7 @@ impl Nest<'_> {
                             buf: a.buf.into(),
                             index: v(&name) + (v("kk") + c(A_AHEAD)) * a.s_col.clone(),
                             l2: true,
+                            write: false,
                         },
                     );
                 }
@@ -198,6 +199,7 @@ impl Nest<'_> {
                     buf: buf.into(),
                     index,
                     l2: weight,
+                    write: false,
                 }
             })
             .collect()

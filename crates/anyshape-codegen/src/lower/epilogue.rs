@@ -32,7 +32,7 @@ pub(super) fn chain_value(epilogue: &Epilogue, x: Value, at: &dyn Fn(usize) -> E
 
 impl Nest<'_> {
     /// The epilogue inputs (their indices among the workload's inputs).
-    fn epilogue_inputs(&self) -> impl Iterator<Item = usize> + '_ {
+    pub(super) fn epilogue_inputs(&self) -> impl Iterator<Item = usize> + '_ {
         self.w.class.operands()..self.w.inputs.len()
     }
 

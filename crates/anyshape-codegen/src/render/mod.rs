@@ -294,9 +294,15 @@ impl Printer {
             Stmt::Barrier => self.line("__syncthreads();"),
             // Integer arithmetic: the address may lie past the buffer, which a pointer
             // may not.
-            Stmt::Prefetch { buf, index, l2 } => self.line(&format!(
-                "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)), 0, {});",
+            Stmt::Prefetch {
+                buf,
+                index,
+                l2,
+                write,
+            } => self.line(&format!(
+                "__builtin_prefetch((const void *)((uintptr_t){buf} + (uintptr_t)({}) * sizeof(float)), {}, {});",
                 expr(index),
+                u8::from(*write),
                 if *l2 { 2 } else { 3 }
             )),
             Stmt::Transpose(t) => self.line(&format!(

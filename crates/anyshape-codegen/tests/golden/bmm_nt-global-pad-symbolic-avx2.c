@@ -211,6 +211,16 @@ int32_t as_25f95b053221c0aa(const int64_t *restrict vars, const float *const *re
               as_vf acc_3_1 = (as_vf){0};
               as_vf acc_4_0 = (as_vf){0};
               as_vf acc_4_1 = (as_vf){0};
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
               for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
                 #pragma GCC unroll 2
                 for (int64_t u = 0; u < 2; u++) {
@@ -257,6 +267,16 @@ int32_t as_25f95b053221c0aa(const int64_t *restrict vars, const float *const *re
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
               as_vf acc_1_1 = (as_vf){0};
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
               for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
                 #pragma GCC unroll 2
                 for (int64_t u = 0; u < 2; u++) {
@@ -287,6 +307,16 @@ int32_t as_25f95b053221c0aa(const int64_t *restrict vars, const float *const *re
             as_vf acc_2_0 = (as_vf){0};
             as_vf acc_3_0 = (as_vf){0};
             as_vf acc_4_0 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
             for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
               #pragma GCC unroll 2
               for (int64_t u = 0; u < 2; u++) {

@@ -188,6 +188,16 @@ int32_t as_80ffdbe085a74025(const int64_t *restrict vars, const float *const *re
               as_vf acc_3_1 = (as_vf){0};
               as_vf acc_4_0 = (as_vf){0};
               as_vf acc_4_1 = (as_vf){0};
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
               for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
                 #pragma GCC unroll 2
                 for (int64_t u = 0; u < 2; u++) {
@@ -360,6 +370,16 @@ int32_t as_80ffdbe085a74025(const int64_t *restrict vars, const float *const *re
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
               as_vf acc_1_1 = (as_vf){0};
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
               for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
                 #pragma GCC unroll 2
                 for (int64_t u = 0; u < 2; u++) {
@@ -444,6 +464,16 @@ int32_t as_80ffdbe085a74025(const int64_t *restrict vars, const float *const *re
             as_vf acc_2_0 = (as_vf){0};
             as_vf acc_3_0 = (as_vf){0};
             as_vf acc_4_0 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
             for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
               #pragma GCC unroll 2
               for (int64_t u = 0; u < 2; u++) {

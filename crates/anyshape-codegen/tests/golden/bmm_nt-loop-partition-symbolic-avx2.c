@@ -187,6 +187,16 @@ int32_t as_6ef04e4524cdfef2(const int64_t *restrict vars, const float *const *re
             as_vf acc_3_1 = (as_vf){0};
             as_vf acc_4_0 = (as_vf){0};
             as_vf acc_4_1 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
             #pragma GCC unroll 2
             for (int64_t kk = 0; kk < klen; kk++) {
               as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
