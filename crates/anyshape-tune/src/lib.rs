@@ -1,7 +1,7 @@
 //! Joint tuning of a dynamic-shape workload for all its instances at once (DietCode):
 //! the shape-generic search space, program features, the micro-kernel cost model, the
-//! joint evolutionary search and the records it appends to,
-//! the votes and the dispatch tree (trained by our own CART), and writing the module (kernels + dispatcher +
+//! joint evolutionary search and the records it appends to, the votes and the dispatch
+//! tree (trained by our own CART), and writing the module (kernels + dispatcher +
 //! manifest) that the runtime loads.
 //!
 //! The search is generic over a [`Backend`]: one implementation ([`SketchBackend`]) serves

@@ -1,6 +1,6 @@
-//! Votes and the dispatch tree (DietCode §4.3): every instance votes for a micro-kernel,
-//! a micro-kernel within a tolerance of an instance's best may take its vote so that few
-//! are chosen; the dispatch tree learns shape-var values → vote from them (`tree.rs`).
+//! Votes (DietCode §4.3): every instance votes for a micro-kernel, a micro-kernel within
+//! a tolerance of an instance's best may take its vote so that few are chosen; the
+//! dispatch tree learns shape-var values → vote from them (`tree.rs`).
 use crate::{Backend, Result, ScoreTable, TuneError, Tuner};
 use anyshape_abi::Vote;
 use anyshape_codegen::ContractionKernel;

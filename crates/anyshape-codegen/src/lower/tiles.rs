@@ -5,7 +5,7 @@
 //! ([`Nest::prefetch_a`]). The nest around it is `contraction.rs`'s.
 use super::compute::CACHE_LINE_FLOATS;
 use super::contraction::{Nest, Operand};
-use super::{c, renamed, v};
+use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, Cond, LoopKind, Scope, Stmt};
 use crate::padding::Compute;
 use anyshape_ir::Expr;
@@ -186,11 +186,17 @@ impl Nest<'_> {
             cols.push(self.mk.nr - 1);
         }
         let row = |i: usize| v("mi") + c(self.mk.mr + i);
-        let mut lines: Vec<(String, Expr, bool)> = Vec::new();
+        let prefetch = |buf: String, index: Expr, write: bool| Stmt::Prefetch {
+            buf,
+            index,
+            l2: true,
+            write,
+        };
+        let mut s = Vec::new();
         for i in 0..self.mk.mr {
             for &j in &cols {
                 let at = v("base2") + row(i) * out.s_row.clone() + v("nj") + c(j);
-                lines.push((out.buf.to_string(), at, true));
+                s.push(prefetch(out.buf.to_string(), at, true));
             }
         }
         // Under global padding the epilogue runs as the output is copied back, apart.
@@ -200,28 +206,18 @@ impl Nest<'_> {
                 self.tensor_stride(t, self.g.m),
                 self.tensor_stride(t, self.g.n),
             );
-            let along_rows = s_m.simplify().as_const() != Some(0);
-            if !along_rows || !contiguous(&renamed(&self.w.inputs[t].axis_stride(self.g.n))) {
+            // Laid out like the output: along its rows, each row contiguous.
+            if s_m.simplify().as_const() == Some(0) || !contiguous(&s_n) {
                 continue;
             }
             for i in 0..self.mk.mr {
                 for &j in &cols {
-                    let at = v(&format!("ebase{t}"))
-                        + row(i) * s_m.clone()
-                        + (v("nj") + c(j)) * s_n.clone();
-                    lines.push((format!("in{t}"), at, false));
+                    let at = v(&format!("ebase{t}")) + row(i) * s_m.clone() + v("nj") + c(j);
+                    s.push(prefetch(format!("in{t}"), at, false));
                 }
             }
         }
-        lines
-            .into_iter()
-            .map(|(buf, index, write)| Stmt::Prefetch {
-                buf,
-                index,
-                l2: true,
-                write,
-            })
-            .collect()
+        s
     }
 
     /// The unchecked register tile, as many vectors wide as the columns left need: a
