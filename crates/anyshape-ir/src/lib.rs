@@ -11,6 +11,7 @@
 //! `anyshape-codegen`, which depends on this crate and never the other way round.
 #![deny(missing_docs)]
 
+mod bound;
 mod build;
 mod dtype;
 mod epilogue;
@@ -22,6 +23,7 @@ mod shape;
 mod text;
 mod workload;
 
+pub use bound::{BoundPanels, BoundWorkload};
 pub use dtype::{bf16_bits, bf16_pair, bf16_unpair, bf16_value, DType, Precision};
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
@@ -29,7 +31,4 @@ pub use expr::{is_runtime_dim, Expr, RUNTIME_DIM};
 pub use ops::{operator, OpDef, CACHE_RESERVE, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
-pub use workload::{
-    AffineIndex, Axis, AxisKind, BoundPanels, BoundWorkload, Normalization, OpClass, TensorRef,
-    Workload,
-};
+pub use workload::{AffineIndex, Axis, AxisKind, Normalization, OpClass, TensorRef, Workload};
