@@ -56,7 +56,7 @@ impl Row {
 
 /// Measure, on every tuned instance of `module`, the entry point and every kernel the
 /// module holds for it (interleaved, minimum over `seconds` of calls each), then twice
-/// more ([`RETIMES`]) where the dispatched program lost more than [`RETIME_PAST`];
+/// more (`RETIMES`) where the dispatched program lost more than `RETIME_PAST`;
 /// such an instance keeps the pass with its median loss. A pass compares kernels timed
 /// side by side; the median pass holds against a fast or slow spell of a shared machine
 /// in one kernel's turns, which a minimum over passes would keep (a lucky few calls of

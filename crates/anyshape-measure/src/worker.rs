@@ -25,7 +25,7 @@ use std::time::Instant;
 pub type PreparedKernel = Box<dyn FnMut(&[*const f32], *mut f32) -> Result<(), String>>;
 
 /// A kernel compiled into the worker executable, found by its symbol when a job names
-/// [`BUILTIN_LIBRARY`]. `prepare` runs once per instance, outside the timed calls.
+/// [`Kernels::Builtin`]. `prepare` runs once per instance, outside the timed calls.
 #[derive(Clone, Copy)]
 pub struct Builtin {
     /// The name jobs use for it.

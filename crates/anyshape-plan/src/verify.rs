@@ -280,7 +280,7 @@ fn caches(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Check one cache of `plan` (see [`caches`]); lowering keeps the caches that pass.
+/// Check one cache of `plan` (see `caches`); lowering keeps the caches that pass.
 pub fn check_cache(plan: &Plan, c: &crate::Cache) -> Result<()> {
     {
         let bad = |why: &str| invalid(why.to_string());

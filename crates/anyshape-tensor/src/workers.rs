@@ -78,7 +78,7 @@ impl<'a> Workers<'a> {
 
     /// `f(i, chunk)` for each of `data`'s chunks of `len` elements (the last may be
     /// shorter; `len` 0 counts as 1), each chunk written by one thread; consecutive
-    /// chunks go to one thread together up to [`MIN_PART`] elements, so that work too
+    /// chunks go to one thread together up to `MIN_PART` (16K) elements, so that work too
     /// small to share stays on the caller's.
     pub fn chunks_mut<T: Send>(
         &self,

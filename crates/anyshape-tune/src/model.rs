@@ -145,7 +145,7 @@ fn check_dims(names: &[String], dims: &[ShapeVar]) -> Result<()> {
 }
 
 /// Compile the model at `source` for the dims' domains into the model module `out`
-/// (what [`output`] allows: never over what the command reads — the model and its
+/// (what the `output` module allows: never over what the command reads — the model and its
 /// external data included — nor over a directory holding files anyshape did not
 /// write). A model without symbolic dims takes no `dims`.
 pub fn compile_model(

@@ -157,7 +157,7 @@ impl<B: Backend> Tuner<B> {
         }
     }
 
-    /// The latency table of [`Tuner::scores_with`] under a model trained on every record.
+    /// The latency table of `Tuner::scores_with` under a model trained on every record.
     pub fn scores(&mut self, kernels: Option<&[B::MicroKernel]>) -> ScoreTable<B::MicroKernel> {
         let records = self.journal.records.clone();
         let model = self.train(&records, self.options.seed);
@@ -165,7 +165,7 @@ impl<B: Backend> Tuner<B> {
     }
 
     /// The latency table of `kernels` from the trials of one `round` only: measurements
-    /// taken side by side, each pair's median (see [`Tuner::scores_with`]), not the
+    /// taken side by side, each pair's median (see `Tuner::scores_with`), not the
     /// minimum over every time a program ran, which favours programs measured more
     /// often.
     pub fn scores_in_round(
@@ -178,7 +178,7 @@ impl<B: Backend> Tuner<B> {
         self.scores_with(&model, Some(kernels), Some(round))
     }
 
-    /// Best latency per instance over the known kernels (see [`Tuner::scores_with`]),
+    /// Best latency per instance over the known kernels (see `Tuner::scores_with`),
     /// with the micro-kernel and whether it was measured.
     pub(crate) fn best_per_instance(
         &mut self,

@@ -170,7 +170,7 @@ impl<B: Backend> Tuner<B> {
     /// Xeon, where such a kernel took the vote and ran 15-18 % slower than the best),
     /// it and the instance's close calls are timed `times` more times side by side.
     /// The trials join the round, whose table takes each pair's median (see
-    /// [`Tuner::scores_with`]); they are told apart from the first measurement by their
+    /// `Tuner::scores_with`); they are told apart from the first measurement by their
     /// order and count, so a resumed run computes the same close calls and measures
     /// only the re-timings that are missing. Returns how many trials it measured.
     pub fn retime(

@@ -110,7 +110,7 @@ pub struct BenchArgs {
     samples: Option<String>,
     /// Trials per sample for per-shape tuning (factor-only tiles, specialized kernels);
     /// Nimble-style runs the largest sample's micro-kernel everywhere with loop
-    /// partitioning. 0: no tuned baselines [default]. Records go to --out-dir/records
+    /// partitioning. 0 (the default): no tuned baselines. Records go to --out-dir/records
     /// (resumable).
     #[arg(long)]
     per_shape_trials: Option<usize>,

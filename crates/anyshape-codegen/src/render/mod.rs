@@ -1,7 +1,7 @@
 //! The renderer: loop IR to C-style source, in one of two dialects: C (GCC/Clang vector
 //! extensions, OpenMP; the kernel ABI of `anyshape_abi`) or CUDA C (one `__global__`
 //! function per kernel, its inputs and shape vars as parameters). Everything dialects
-//! share is written once; what differs is in [`Table`] and the function's head.
+//! share is written once; what differs is in `Table` and the function's head.
 //! `prelude.rs` holds the helpers every translation unit starts with.
 mod prelude;
 

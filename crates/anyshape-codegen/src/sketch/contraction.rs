@@ -558,7 +558,7 @@ impl Sketch for ContractionKernel {
     }
 
     /// M, N rounded up to the vector (a vector register is never split), K; then N
-    /// and M so rounded, for the transposed variant (see [`ContractionKernel::tiled_axes`]).
+    /// and M so rounded, for the transposed variant (see `ContractionKernel::tiled_axes`).
     fn factors(target: &CpuTarget, w: &Workload, bound: &BoundWorkload) -> Factors {
         let lanes = target.lanes_f32();
         let (m, n, k) = match GemmView::of(w) {

@@ -130,7 +130,7 @@ pub struct OpSpec {
     /// Evaluation.
     pub eval: EvalFn,
     /// Evaluation into given outputs, for the ops that have it (those on a decoder's
-    /// step); their `eval` is this on outputs shaped by `infer` ([`eval_via`]).
+    /// step); their `eval` is this on outputs shaped by `infer` (`eval_via`).
     pub eval_into: Option<EvalIntoFn>,
 }
 
