@@ -3,9 +3,10 @@
 //! with a CSV, a Markdown report and plots.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
+use crate::peak::{Ceiling, Peak};
 use crate::report::{median, Report};
 use crate::tuned::{buckets, tuned_baselines, PerShapeTuner};
-use crate::{build_vendors, peak, Harness};
+use crate::{build_vendors, Harness};
 use anyshape_abi::{Manifest, ENTRY_SYMBOL};
 use anyshape_codegen::{ContractionKernel, Sketch, Target as _};
 use anyshape_files::Reads;
@@ -211,9 +212,7 @@ pub fn compare(
         }
     }
     progress.note("measuring the FMA peak ...");
-    let peak = peak::measure(target, builder, 0.3)?
-        .last()
-        .map_or(f64::NAN, |p| p.1);
+    let mut peak = Ceiling::measure(Peak::Fma, target, builder)?;
     let options = MeasureOptions {
         // At least 5 calls: a minimum over fewer can be all stalled by a neighbour.
         min_repeats: 5,
@@ -289,12 +288,14 @@ pub fn compare(
         progress.note(&format!("warning: {f}"));
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
+    progress.note("measuring the FMA peak again ...");
+    peak.remeasure(target, builder)?;
     let report = Report {
         module: dir,
         command: &command,
         workload: &m.workload,
         target: &target.describe(),
-        peak,
+        peak: peak.gflops,
         seconds: o.seconds,
         rounds,
         first_vendor,

@@ -5,10 +5,11 @@
 //! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
+use crate::peak::{Ceiling, Peak};
 use crate::peers::{Anyshape, Case, Peer, PeerKind, PeerOptions, PeerStart, Started};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
-use crate::{peak, Harness};
+use crate::Harness;
 use anyshape_codegen::Target;
 use anyshape_files::Reads;
 use anyshape_ir::{Bindings, Precision};
@@ -240,20 +241,16 @@ pub fn compare_model(
         .map_err(|e| BenchError::Environment(format!("a temporary directory: {e}")))?;
     let case_dir = scratch.path().to_path_buf();
     progress.note("measuring the FMA peak ...");
-    let peak = peak::measure(&h.target, &h.builder, 0.3)?
-        .last()
-        .map_or(f64::NAN, |p| p.1);
+    let mut peak = Ceiling::measure(Peak::Fma, &h.target, &h.builder)?;
     // A bf16 module's dense layers run on bf16 pair products: their peak too.
-    let bf16 = peak::Peak::DotBf16;
-    let peak_bf16 = match model.manifest().precision == Precision::Bf16 && bf16.available() {
-        true => {
-            progress.note("measuring the bf16 pair-product peak ...");
-            peak::measure_kind(bf16, &h.target, &h.builder, 0.3)?
-                .last()
-                .map(|p| p.1)
-        }
-        false => None,
-    };
+    let mut peak_bf16 =
+        match model.manifest().precision == Precision::Bf16 && Peak::DotBf16.available() {
+            true => {
+                progress.note("measuring the bf16 pair-product peak ...");
+                Some(Ceiling::measure(Peak::DotBf16, &h.target, &h.builder)?)
+            }
+            false => None,
+        };
     let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape::new(model))];
@@ -352,11 +349,15 @@ pub fn compare_model(
     for f in &failures {
         progress.note(&format!("warning: {f}"));
     }
+    progress.note("measuring the peaks again ...");
+    for ceiling in std::iter::once(&mut peak).chain(peak_bf16.as_mut()) {
+        ceiling.remeasure(&h.target, &h.builder)?;
+    }
     let report = ModelReport {
         dir,
         target: &h.target.describe(),
-        peak,
-        peak_bf16,
+        peak: peak.gflops,
+        peak_bf16: peak_bf16.map(|c| c.gflops),
         load_seconds,
         o,
         names: &names,
@@ -418,7 +419,7 @@ impl ModelReport<'_> {
         let mut s = crate::out::heading(format!("anyshape bench --model: {}", self.dir.display()));
         let _ = write!(
             s,
-            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores)",
+            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores; the better of a measurement before the runs and one after)",
             self.target, self.peak
         );
         match self.peak_bf16 {

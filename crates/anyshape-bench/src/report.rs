@@ -324,7 +324,7 @@ impl Report<'_> {
         let _ = writeln!(s, "- module: `{}`", self.module.display());
         let _ = writeln!(
             s,
-            "- machine: {}; FMA peak on all cores measured in this run: {:.1} GFLOP/s",
+            "- machine: {}; FMA peak on all cores measured in this run: {:.1} GFLOP/s (the better of a measurement before the runs and one after)",
             self.target, self.peak
         );
         let _ = writeln!(

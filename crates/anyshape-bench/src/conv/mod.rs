@@ -23,8 +23,9 @@ mod report;
 use crate::error::{BenchError, Result};
 use crate::model::{inputs, instances};
 use crate::out::OutDir;
+use crate::peak::{Ceiling, Peak};
 use crate::report::significant;
-use crate::{peak, Harness};
+use crate::Harness;
 use anyshape_codegen::Target;
 use anyshape_files::Reads;
 use anyshape_ir::{Binary, Bindings, EpilogueOp, Unary, Workload};
@@ -368,9 +369,7 @@ pub fn compare_convolutions(
     progress.note("building the oneDNN convolution ...");
     let dnn = OneDnn::load(h)?;
     progress.note("measuring the FMA peak ...");
-    let peak = peak::measure(&h.target, &h.builder, 0.3)?
-        .last()
-        .map_or(f64::NAN, |p| p.1);
+    let mut peak = Ceiling::measure(Peak::Fma, &h.target, &h.builder)?;
     let mut rows = Vec::new();
     progress.start("instances", instances.len());
     for b in &instances {
@@ -475,10 +474,12 @@ pub fn compare_convolutions(
         progress.inc(1);
     }
     progress.finish();
+    progress.note("measuring the FMA peak again ...");
+    peak.remeasure(&h.target, &h.builder)?;
     let report = Report {
         dir,
         target: &h.target.describe(),
-        peak,
+        peak: peak.gflops,
         o,
         rows: &rows,
         skipped: &skipped,

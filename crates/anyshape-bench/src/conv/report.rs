@@ -65,7 +65,7 @@ impl Report<'_> {
         ));
         let _ = writeln!(
             s,
-            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores).\n",
+            "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores; the better of a measurement before the runs and one after).\n",
             self.target, self.peak
         );
         let _ = writeln!(
