@@ -322,6 +322,14 @@ fn peak(common: &Common, seconds: f64) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // An error is the user's input or the environment, told in its message and its
+    // causes: no backtrace of where anyhow caught it, which RUST_BACKTRACE=1 (common in
+    // a Rust developer's shell) otherwise prints after every error, 80 lines of this
+    // binary's frames. Panics, anyshape's own bugs, keep RUST_BACKTRACE; an error's
+    // backtrace is still there with RUST_LIB_BACKTRACE=1, as anyhow documents.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     // Output piped into `head` ends quietly, as command-line tools do, instead of
     // panicking on the broken pipe.
     // SAFETY: at the start of main, before any thread; SIG_DFL is a valid disposition.

@@ -2,7 +2,8 @@
 //! and a non-zero exit, never a panic.
 mod support;
 
-use support::{anyshape_cached, text};
+use std::process::Command;
+use support::{anyshape_cached, bin, text};
 
 #[test]
 fn run_checks_and_reports() {
@@ -334,9 +335,20 @@ fn bad_input_is_a_clear_error() {
         ),
     ];
     for (args, needle) in cases {
-        let o = anyshape_cached(args, dir.path());
+        // As from a Rust developer's shell: still the message alone, no backtrace.
+        let o = Command::new(bin())
+            .args(*args)
+            .env("ANYSHAPE_CACHE", dir.path())
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .unwrap();
         let out = text(&o);
         assert!(!o.status.success(), "{args:?} succeeded: {out}");
+        assert!(
+            !out.contains("backtrace"),
+            "{args:?}: a backtrace in:\n{out}"
+        );
         assert!(
             !dir.path().join("r").exists(),
             "{args:?}: refused after work began"
