@@ -107,23 +107,29 @@ fn check_programs<K: Sketch<Target = CpuTarget>>(
         "kernels failed to compile: {:#?}",
         lib.failed
     );
-    let mut candidates = Vec::new();
-    let mut labels = Vec::new();
-    for (p, instances) in &runs {
-        for b in instances {
-            candidates.push(Candidate {
-                symbol: p.symbol(target),
-                workload: p.workload.clone(),
-                bindings: b.clone(),
-                check: true,
-                gpu: None,
-            });
-            labels.push(format!(
-                "{} {} {} {} [{b}]",
-                p.workload, p.micro_kernel, p.strategy, p.mode
-            ));
-        }
-    }
+    let mut runs: Vec<(Candidate, String)> = runs
+        .iter()
+        .flat_map(|(p, instances)| {
+            instances.iter().map(move |b| {
+                let candidate = Candidate {
+                    symbol: p.symbol(target),
+                    workload: p.workload.clone(),
+                    bindings: b.clone(),
+                    check: true,
+                    gpu: None,
+                };
+                let label = format!(
+                    "{} {} {} {} [{b}]",
+                    p.workload, p.micro_kernel, p.strategy, p.mode
+                );
+                (candidate, label)
+            })
+        })
+        .collect();
+    // One instance's candidates one after another: the worker makes an instance's
+    // inputs and reference output once for the candidates that follow on it.
+    runs.sort_by_cached_key(|(c, _)| (c.workload.to_string(), c.bindings.to_string()));
+    let (candidates, labels): (Vec<Candidate>, Vec<String>) = runs.into_iter().unzip();
     let outcomes = runner().measure(&lib.kernels(), &candidates).unwrap();
     let failures: Vec<String> = outcomes
         .iter()
