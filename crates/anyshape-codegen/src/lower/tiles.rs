@@ -1,8 +1,10 @@
 //! The usual variant's task body (the packed one: vectors along N): B's panel packed
 //! once per task (unless read in place), the reduction slices, and each slice's
 //! register tiles — as wide and as high as the columns and rows left need, split by
-//! the compute policy, and with the filters prefetched by the first column only
-//! ([`Nest::prefetch_a`]). The nest around it is `contraction.rs`'s.
+//! the compute policy, with the filters prefetched by the first column only
+//! ([`Nest::prefetch_a`]) and, over a short reduction, the next tile's output and
+//! residual lines by every tile ([`Nest::prefetch_next_tile`]). The nest around it is
+//! `contraction.rs`'s.
 use super::compute::CACHE_LINE_FLOATS;
 use super::contraction::{Nest, Operand};
 use super::{c, v};
