@@ -41,6 +41,9 @@ pub const STATUS_WRONG_SHAPE: i32 = 1;
 pub const STATUS_NO_MEMORY: i32 = 2;
 /// Status of a module's entry point: the dispatcher chose no kernel (a corrupted module).
 pub const STATUS_NO_KERNEL: i32 = 3;
+/// Status: a kernel on AMX tiles found no tiles: the operating system refused this
+/// process their state, or the kernel was built for a CPU without them.
+pub const STATUS_NO_TILES: i32 = 4;
 
 /// What a kernel's status means, in words.
 pub fn status_message(status: i32) -> String {
@@ -51,6 +54,10 @@ pub fn status_message(status: i32) -> String {
         }
         STATUS_NO_MEMORY => format!("status {status}: out of scratch memory"),
         STATUS_NO_KERNEL => format!("status {status}: the dispatcher found no kernel"),
+        STATUS_NO_TILES => format!(
+            "status {status}: AMX tiles are unavailable to this process (the OS refused their \
+             state, or the CPU lacks them): compile the model again on this machine"
+        ),
         s => format!("status {s}"),
     }
 }

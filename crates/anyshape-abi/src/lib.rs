@@ -26,7 +26,7 @@ pub use error::ModuleError;
 pub use kernel::{
     load_library, status_message, KernelFn, LoadError, ParallelFn, SelectFn, ENTRY_SYMBOL,
     KERNEL_SIGNATURE, PARALLEL_SYMBOL, SELECT_SYMBOL, STATUS_NO_KERNEL, STATUS_NO_MEMORY,
-    STATUS_OK, STATUS_WRONG_SHAPE,
+    STATUS_NO_TILES, STATUS_OK, STATUS_WRONG_SHAPE,
 };
 pub use manifest::{
     sha256_hex, FileEntry, HashingWriter, Manifest, SpecializedKernel, TuningInfo, Vote,

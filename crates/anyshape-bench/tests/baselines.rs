@@ -115,6 +115,7 @@ fn bucketing_pads_any_smaller_instance_to_the_bucket() {
         ia: false,
         ib: false,
         vm: false,
+        amx: false,
     };
     for (n, w) in WORKLOADS.iter().enumerate() {
         let w = Workload::parse(w).unwrap();

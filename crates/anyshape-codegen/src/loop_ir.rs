@@ -354,6 +354,39 @@ pub enum Stmt {
     /// Transpose a tile of at most `lanes x lanes` elements in vector registers (CPU;
     /// `lanes` the target's vector width): see [`Transpose`].
     Transpose(Box<Transpose>),
+    /// Products of bfloat16 tiles on AMX (CPU with AMX-BF16): see [`TileProduct`].
+    TileProduct(Box<TileProduct>),
+}
+
+/// A register tile of AMX output tiles (CPU with AMX-BF16): `a_index.len() x
+/// b_index.len()` tiles of 16 x 16 f32, each the sum over `steps` reduction steps of an
+/// A tile times a B tile, every buffer read and written as 32-bit words. A tile `i` at
+/// step `s` is 16 rows of 16 words (32 bfloat16 along the reduction), row `r` at
+/// `a[a_index[i] + r * a_stride + 16 * s ..]`; B tile `j` at step `s` is 16 rows (pairs
+/// along the reduction) of 16 words (two bfloat16 of one column), row `r` at
+/// `b[b_index[j] + 256 * s + 16 * r ..]` (a weight panel of 16 columns). Output tile
+/// `(i, j)` is stored, not added, row `r` at `c[c_index + (16 * i + r) * c_stride + 16
+/// * j ..]`. At most eight tiles in all (outputs, A's and B's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileProduct {
+    /// A's buffer.
+    pub a: String,
+    /// Where each A tile starts (one per row of output tiles).
+    pub a_index: Vec<Expr>,
+    /// Words between A's rows.
+    pub a_stride: Expr,
+    /// B's buffer.
+    pub b: String,
+    /// Where each B tile starts (one per column of output tiles).
+    pub b_index: Vec<Expr>,
+    /// Reduction steps of 16 words.
+    pub steps: Expr,
+    /// The output's buffer.
+    pub c: String,
+    /// Where output tile `(0, 0)` starts.
+    pub c_index: Expr,
+    /// Elements between the output's rows.
+    pub c_stride: Expr,
 }
 
 /// A register-level transpose (CPU): element `(r, k)` of the source, at

@@ -277,6 +277,30 @@ impl Verifier<'_> {
                 .into_iter()
                 .try_for_each(|e| self.expr(e))
             }
+            Stmt::TileProduct(_) if self.gpu => {
+                self.fail("an AMX tile product in a GPU kernel".into())
+            }
+            Stmt::TileProduct(t) => {
+                if t.a_index.is_empty()
+                    || t.b_index.is_empty()
+                    || t.a_index.len() * t.b_index.len() + t.a_index.len() + t.b_index.len() > 8
+                {
+                    return self.fail(format!(
+                        "an AMX tile product of {} x {} output tiles: they, an A tile per row \
+                         and a B tile per column must fit eight tile registers",
+                        t.a_index.len(),
+                        t.b_index.len()
+                    ));
+                }
+                self.written(&t.c, "tile product")?;
+                self.buffer(&t.a)?;
+                self.buffer(&t.b)?;
+                t.a_index
+                    .iter()
+                    .chain(&t.b_index)
+                    .chain([&t.a_stride, &t.steps, &t.c_index, &t.c_stride])
+                    .try_for_each(|e| self.expr(e))
+            }
             Stmt::Alloc { buf, len, scope } => {
                 self.expr(len)?;
                 match (scope, self.gpu) {

@@ -18,6 +18,7 @@ fn target(simd: Simd) -> CpuTarget {
         l1d_bytes: 32 << 10,
         l2_bytes: 1 << 20,
         l3_bytes: 32 << 20,
+        amx: false,
     }
 }
 

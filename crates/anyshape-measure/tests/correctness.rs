@@ -54,6 +54,7 @@ fn small_micro_kernel(target: &CpuTarget) -> ContractionKernel {
         ia: false,
         ib: false,
         vm: false,
+        amx: false,
     }
 }
 
@@ -73,6 +74,7 @@ fn small_dot_micro_kernel(target: &CpuTarget) -> ContractionKernel {
         ia: false,
         ib: false,
         vm: false,
+        amx: false,
     }
 }
 
@@ -335,6 +337,42 @@ fn dense_bf16_all_strategies_modes_and_vectors() {
     }
 }
 
+/// AMX tiles (`amx=1`, where this machine has AMX-BF16; skipped elsewhere): dense
+/// layers over weights in panels (edge tiles at M and at N, a last panel narrower than
+/// the register tile, epilogues with inputs) and attention's scores in their three forms
+/// (keys packed in groups of 16), a one-row and a square register tile, both modes.
+/// The variant handles tiles that overhang the tensors itself, so one strategy.
+#[test]
+fn bf16_on_amx_tiles() {
+    let target = CpuTarget::detect();
+    if !target.amx {
+        eprintln!("skipped: this CPU has no AMX-BF16 tiles (or the OS refuses them)");
+        return;
+    }
+    for &(workload, every) in &[
+        ("dense_bf16(M=T,N=80,K=64,P=16)+bias+gelu", 1),
+        ("dense_bf16(M=2*T,N=T+3,K=96,P=16)+add(n)+add(m,n)", 3),
+        (
+            "attention_scores_bf16(B=2,H=3,M=T,N=T,K=32)+scale(0.25)+add(b,m,n)",
+            3,
+        ),
+        ("cache_attention_scores_bf16(B=2,H=3,M=T,N=T+1,K=64,R=5)", 3),
+        (
+            "grouped_cache_attention_scores_bf16(B=1,H=2,G=3,M=T,N=T+1,K=32,R=0)+add(b,m,n)",
+            3,
+        ),
+    ] {
+        let w = Workload::parse(workload).unwrap();
+        let square = ContractionKernel::parse("mr=32,nr=32,mc=64,nc=64,kc=16,uk=1,amx=1").unwrap();
+        let mks = [ContractionKernel::default_amx_for(&target), square];
+        assert!(
+            mks.iter().all(|mk| mk.fit(&target, &w) == *mk),
+            "{workload}: tiles run it"
+        );
+        matrix_on(&target, workload, mks, every, &[PaddingStrategy::LocalPad]);
+    }
+}
+
 /// Targets with narrower vectors than this machine's (their partial loads and stores
 /// at the N edge are masked AVX ones for 8 lanes, element by element for 4).
 #[test]
@@ -497,6 +535,7 @@ fn random_micro_kernels_are_correct() {
             ia: !dot && rng.random_bool(0.5),
             ib: !dot && rng.random_bool(0.5),
             vm: !dot && rng.random_bool(0.5),
+            amx: false,
         };
         let mk = ContractionKernel {
             mc: mk.mr * rng.random_range(1..=5usize),

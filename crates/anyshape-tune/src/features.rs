@@ -271,6 +271,21 @@ impl Walk {
                 self.access(&t.src, &t.src_index, (rows * cols) as usize, false);
                 self.access(&t.dst, &t.dst_index, outs * t.width, true);
             }
+            // Counted as the words its tiles load and store, and its products (two
+            // bfloat16 per word, a multiply and an add each).
+            Stmt::TileProduct(t) => {
+                let steps = self.eval(&t.steps).max(0) as usize;
+                let tile = 16 * 16;
+                for i in &t.a_index {
+                    self.access(&t.a, i, tile * steps, false);
+                }
+                for j in &t.b_index {
+                    self.access(&t.b, j, tile * steps, false);
+                }
+                let outputs = t.a_index.len() * t.b_index.len();
+                self.access(&t.c, &t.c_index, outputs * tile, true);
+                self.arith((outputs * tile * 16 * steps * 4) as f64);
+            }
             Stmt::GpuIndex { var, .. } => self.env.set(var.clone(), 0),
             Stmt::Reg { init, .. } => self.value(init),
             Stmt::Assign { value, .. } => self.value(value),
@@ -462,6 +477,7 @@ mod tests {
             ia: false,
             ib: false,
             vm: false,
+            amx: false,
         };
         let fa = a.features(&w, PaddingStrategy::LocalPad, &target, &b);
         let fs = small.features(&w, PaddingStrategy::LocalPad, &target, &b);

@@ -339,6 +339,7 @@ mod tests {
                 ia: false,
                 ib: false,
                 vm: false,
+                amx: false,
             },
             bindings: Bindings::from_pairs([("T", i as i64)]),
             result: TrialResult::Measured {

@@ -270,6 +270,7 @@ mod tests {
                     ia: false,
                     ib: false,
                     vm: false,
+                    amx: false,
                 })
                 .collect(),
             measured: vec![vec![true; n]; lat.len()],

@@ -44,6 +44,7 @@ fn build_voted(
         ia: false,
         ib: false,
         vm: false,
+        amx: false,
     };
     let micro_kernels = vec![mk(2, 1, 8), mk(4, 2, 16), mk(3, 1, 12)];
     let var = ShapeVar::parse("T=1..128").unwrap();

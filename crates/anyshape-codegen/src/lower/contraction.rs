@@ -16,7 +16,8 @@
 //!   [epilogue over the task's output tile]                             (epilogue.rs)
 //! [global padding: copy the padded output back, with the epilogue]   (global_pad.rs)
 //! ```
-//! The dot variant replaces the task's body below the cache tile (dot.rs). The
+//! The dot variant replaces the task's body below the cache tile (dot.rs), as the AMX
+//! variant does (amx.rs: tiles over the whole reduction; its tasks N tiles fastest). The
 //! transposed variant (`vm=1`) is this nest on `Cᵀ = B · Aᵀ`: the view's M and N and
 //! the operands' roles swapped ([`Nest::roles`]); everything below reads the operands
 //! by role (A: broadcast, B: vectors) and the output through its strides.
@@ -144,6 +145,16 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
             ),
         });
     }
+    if mk.amx && !crate::sketch::amx_runs(w) {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: format!(
+                "AMX tiles run a bf16 contraction over weights in panels of 16, its first \
+                 operand's pairs contiguous, its output contiguous along N and its \
+                 reduction whole tiles of 16 pairs; not this one ({mk})"
+            ),
+        });
+    }
     let nest = Nest {
         w,
         g: g.clone(),
@@ -232,12 +243,20 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         "tiles_k",
         Expr::max(Expr::Const(1), Expr::ceil_div(v("p_k"), c(mk.kc))),
     ));
-    let mut task = vec![
+    let mut task = if mk.amx {
+        // N tiles vary fastest, so consecutive tasks of a thread share the packed A rows.
+        vec![
+            let_("jt", v("t") % v("tiles_n")),
+            let_("it", v("t") / v("tiles_n") % v("tiles_m")),
+        ]
+    } else {
         // M tiles vary fastest, so consecutive tasks of a thread share the packed B panel.
-        let_("it", v("t") % v("tiles_m")),
-        let_("jt", v("t") / v("tiles_m") % v("tiles_n")),
-        let_("bt", v("t") / (v("tiles_n") * v("tiles_m"))),
-    ];
+        vec![
+            let_("it", v("t") % v("tiles_m")),
+            let_("jt", v("t") / v("tiles_m") % v("tiles_n")),
+        ]
+    };
+    task.push(let_("bt", v("t") / (v("tiles_n") * v("tiles_m"))));
     let mut epilogue_bases = Vec::new();
     let operands = if nest.policy.copy {
         nest.padded_operands()
@@ -322,7 +341,9 @@ impl Nest<'_> {
             let_("nmb", Expr::ceil_div(v("mlen"), c(mk.mr))),
             let_("nnb", Expr::ceil_div(v("nlen"), c(mk.nr))),
         ];
-        if mk.dot {
+        if mk.amx {
+            s.extend(self.amx_task_body(ops));
+        } else if mk.dot {
             s.extend(self.dot_task_body(ops));
         } else {
             s.extend(self.packed_task_body(ops));

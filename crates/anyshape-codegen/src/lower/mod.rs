@@ -5,12 +5,14 @@
 //!   task body: reduction slices and register tiles), `fetch.rs` (packing),
 //!   `compute.rs` (register tiles), `writeback.rs` (stores), `global_pad.rs` (the
 //!   copies of global padding), `epilogue.rs` (the fused epilogue), `dot.rs` (the
-//!   dot variant's task body: vectors along K, operands read in place);
+//!   dot variant's task body: vectors along K, operands read in place), `amx.rs` (the
+//!   AMX variant's task body: products of bf16 tiles);
 //! - `rows.rs`: the row-wise (normalization) sketch;
 //! - what a padding strategy does in each stage comes from its policy
 //!   ([`crate::padding`]), never from matching the strategy here.
 //!
 //! Every lowered function passes the loop-IR verifier in debug builds and tests.
+mod amx;
 mod compute;
 mod contraction;
 mod dot;

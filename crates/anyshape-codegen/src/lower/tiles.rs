@@ -293,6 +293,7 @@ mod tests {
             l1d_bytes: 32 << 10,
             l2_bytes: 1 << 20,
             l3_bytes: 32 << 20,
+            amx: false,
         };
         let source = Program {
             workload: Workload::parse(w).unwrap(),

@@ -318,6 +318,23 @@ impl Printer {
                 expr(&t.outs),
                 t.width
             )),
+            Stmt::TileProduct(t) => {
+                let ptr = |buf: &str, i: &Expr| format!("&{buf}[{}]", expr(i));
+                let args: Vec<String> = t
+                    .a_index
+                    .iter()
+                    .map(|i| ptr(&t.a, i))
+                    .chain([expr(&t.a_stride)])
+                    .chain(t.b_index.iter().map(|j| ptr(&t.b, j)))
+                    .chain([expr(&t.steps), ptr(&t.c, &t.c_index), expr(&t.c_stride)])
+                    .collect();
+                self.line(&format!(
+                    "{{ int32_t as_st = as_amx_{}x{}(as_call, {}); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }}",
+                    t.a_index.len(),
+                    t.b_index.len(),
+                    args.join(", ")
+                ));
+            }
             Stmt::Alloc {
                 buf,
                 len,

@@ -84,7 +84,22 @@ pub struct ContractionKernel {
     /// text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub vm: bool,
+    /// AMX tiles (a bf16 contraction over weights in panels, on a target with
+    /// AMX-BF16): each register tile is `mr/16 x nr/16` output tiles of 16 x 16 (at
+    /// most eight tiles in all, with one A tile per 16 rows and one B tile per 16
+    /// columns), summed over the whole reduction by `tdpbf16ps` from A's rows rounded
+    /// into words once per M tile and B's panels read in place; `kc` and `uk` are 16
+    /// and 1. See `lower/amx.rs`. Absent from the text and JSON forms when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub amx: bool,
 }
+
+/// The shapes (`mr/16`, `nr/16`) of an AMX register tile: its output tiles, one A tile
+/// per row of them and one B tile per column, within the eight tile registers.
+pub const AMX_TILES: [(usize, usize); 6] = [(1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (2, 2)];
+
+/// Rows (and columns, and reduction words) of one AMX tile.
+pub const AMX_EDGE: usize = 16;
 
 impl ContractionKernel {
     /// The other variant (dot or usual), the register tile keeping its registers and
@@ -97,6 +112,7 @@ impl ContractionKernel {
         m.ia = false;
         m.ib = false;
         m.vm = false;
+        m.amx = false;
         let nr = m.nr / col * m.column_granule(lanes);
         m.nc = (m.nc / m.nr).max(1) * nr;
         m.nr = nr;
@@ -122,6 +138,32 @@ impl ContractionKernel {
             nr,
             nc: (self.nc / self.nr).max(1) * nr,
             ..*self
+        }
+    }
+
+    /// As an AMX register tile: the allowed shape nearest `mr x nr` (in tiles of 16),
+    /// the cache tiles keeping their counts of register tiles, `kc` 16 and `uk` 1, the
+    /// other variants' flags cleared.
+    pub(super) fn fit_amx(&self) -> Self {
+        let (rows, cols) = (self.mr.div_ceil(AMX_EDGE), self.nr.div_ceil(AMX_EDGE));
+        let (r, c) = AMX_TILES
+            .into_iter()
+            .min_by_key(|&(r, c)| r.abs_diff(rows) + c.abs_diff(cols))
+            .expect("AMX tile shapes");
+        let (mr, nr) = (r * AMX_EDGE, c * AMX_EDGE);
+        ContractionKernel {
+            mr,
+            nr,
+            mc: (self.mc / self.mr).max(1) * mr,
+            nc: (self.nc / self.nr).max(1) * nr,
+            kc: AMX_EDGE,
+            uk: 1,
+            dot: false,
+            pf: false,
+            ia: false,
+            ib: false,
+            vm: false,
+            amx: true,
         }
     }
 
@@ -233,11 +275,27 @@ impl ContractionKernel {
                 ));
             }
         }
-        if self.uk > 16 || self.mr > 32 {
+        if self.uk > 16 || (self.mr > 32 && !self.amx) {
             return fail("uk must be <= 16 and mr <= 32 (code size)".into());
         }
+        if self.amx {
+            if !target.amx {
+                return fail(
+                    "AMX tiles (amx=1) need a CPU with AMX-BF16; this target has none".into(),
+                );
+            }
+            if *self != self.fit_amx() {
+                return fail(format!(
+                    "AMX tiles (amx=1) take mr x nr of 16 x 16 output tiles, {}, kc = 16, \
+                     uk = 1 and no other variant",
+                    AMX_TILES
+                        .map(|(r, c)| format!("{}x{}", r * 16, c * 16))
+                        .join(", ")
+                ));
+            }
+        }
         let limits = Limits(target);
-        if !limits.registers(self.mr, self.nr / self.column_granule(lanes)) {
+        if !self.amx && !limits.registers(self.mr, self.nr / self.column_granule(lanes)) {
             return fail(format!(
                 "the {}x{} register tile needs {} vector registers; the target has {}",
                 self.mr,
@@ -293,6 +351,11 @@ impl Limits<'_> {
         mr * nv + nv < self.0.vector_registers
     }
 
+    /// The most rows a register tile of `nv` vectors may have (at least 1).
+    pub fn max_rows(&self, nv: usize) -> usize {
+        max_multiple(1, |mr| self.registers(mr, nv.max(1))).clamp(1, 32)
+    }
+
     /// A packed `kc x nr` micro-panel of B fits L1d.
     pub fn l1(&self, kc: usize, nr: usize) -> bool {
         kc.saturating_mul(nr).saturating_mul(4) <= self.0.l1d_bytes
@@ -307,6 +370,36 @@ impl Limits<'_> {
     pub fn l3(&self, kc: usize, nc: usize) -> bool {
         kc.saturating_mul(nc).saturating_mul(4) <= self.0.l3_bytes
     }
+}
+
+/// Whether `w` can run on AMX tiles (`ContractionKernel::amx`): a bf16 contraction whose
+/// second operand is a weight in panels of 16 words along N, each panel `[K, 16]` (a
+/// tile's rows 64 bytes apart), or is read in pairs (attention's keys, packed so), whose
+/// first operand's pairs are contiguous along K, whose reduction is a constant number of
+/// whole tiles (16 words, 32 bfloat16), and whose output is contiguous along N.
+pub fn amx_runs(w: &Workload) -> bool {
+    let Ok(g) = GemmView::of(w) else {
+        return false;
+    };
+    let stride =
+        |t: &anyshape_ir::TensorRef, axis: usize| t.axis_stride(axis).simplify().as_const();
+    let (a, b) = (&w.inputs[0], &w.inputs[1]);
+    let b_tiles = match b.panels {
+        Some(p) => {
+            p == AMX_EDGE as i64
+                && stride(b, g.n) == Some(1)
+                && stride(b, g.k) == Some(AMX_EDGE as i64)
+        }
+        None => stride(b, g.k) == Some(2),
+    };
+    w.precision == Precision::Bf16
+        && b_tiles
+        && stride(a, g.k) == Some(2)
+        && stride(&w.output, g.n) == Some(1)
+        && w.axes[g.k]
+            .extent
+            .as_const()
+            .is_some_and(|k| k > 0 && k % AMX_EDGE as i64 == 0)
 }
 
 /// How far a mutation moves the register tile's rows.
@@ -477,8 +570,14 @@ impl Sketch for ContractionKernel {
             ia: !dot && rng.random_bool(0.5),
             ib: !dot && rng.random_bool(0.5),
             vm: !dot && rng.random_bool(0.5),
+            amx: false,
         };
         debug_assert!(mk.validate(target).is_ok(), "{mk}");
+        // Half the samples on a target with AMX are tiles (`fit` keeps them only where
+        // a workload can run them).
+        if target.amx && rng.random_bool(0.5) {
+            return mk.fit_amx();
+        }
         mk
     }
 
@@ -502,12 +601,27 @@ impl Sketch for ContractionKernel {
             7 if !m.dot => m.ia = !m.ia,
             8 if !m.dot => m.ib = !m.ib,
             9 if !m.dot => m.vm = !m.vm,
+            _ if target.amx && !m.amx && rng.random_bool(0.5) => m = self.fit_amx(),
             _ => m = self.switched(lanes),
+        }
+        if m.amx {
+            m = m.fit_amx();
         }
         m
     }
 
     fn fit(self, target: &CpuTarget, w: &Workload) -> Self {
+        if self.amx {
+            if target.amx && amx_runs(w) {
+                return self.fit_amx();
+            }
+            // Tiles are for the contractions that can run them; the rest runs the
+            // register tile the AMX one has, in vectors.
+            let mut m = ContractionKernel { amx: false, ..self };
+            m.mr = m.mr.min(Limits(target).max_rows(m.nr / target.lanes_f32()));
+            m.mc = (self.mc / self.mr).max(1) * m.mr;
+            return m.fit(target, w);
+        }
         if w.precision != Precision::Bf16 {
             return self;
         }
@@ -554,6 +668,7 @@ impl Sketch for ContractionKernel {
             ia: reg.ia,
             ib: reg.ib,
             vm: reg.vm,
+            amx: reg.amx,
         }
     }
 
@@ -603,6 +718,7 @@ impl Sketch for ContractionKernel {
             ia: self.ia,
             ib: self.ib,
             vm: self.vm,
+            amx: self.amx,
         }
     }
 

@@ -2,7 +2,7 @@
 //! runs, and the micro-kernels a search measures first), which of them a workload gets
 //! as seeds, and which an untuned module runs at an instance. Each is derived from the
 //! target's registers and caches, never from a shape.
-use super::contraction::{max_multiple, ContractionKernel, Limits};
+use super::contraction::{amx_runs, max_multiple, ContractionKernel, Limits};
 use super::Sketch;
 use crate::{CpuTarget, GemmView};
 use anyshape_ir::{BoundWorkload, Precision, Workload};
@@ -32,7 +32,26 @@ impl ContractionKernel {
             ia: true,
             ib: false,
             vm: false,
+            amx: false,
         }
+    }
+
+    /// The AMX default (`amx`): one row of three output tiles of 16 x 16 (16 x 48),
+    /// cache tiles of 8 x 2 such tiles (128 x 96). Warm, 2 threads, dense_bf16 (Emerald
+    /// Rapids class): 1.7 TFLOP/s at 128 x 768 x 768 and 512 x 768 x 3072, where 32 x
+    /// 32 tiles in 128 x 256 ran 0.85-0.9; 3.7x and 2.2x those at 8 x 3072 x 768 and 1 x
+    /// 768 x 768 (its edge tiles: a row of tiles wastes less of a single row); 5-10x
+    /// the usual variant's `vdpbf16ps`.
+    pub fn default_amx_for(target: &CpuTarget) -> ContractionKernel {
+        ContractionKernel {
+            mr: 16,
+            nr: 48,
+            mc: 128,
+            nc: 96,
+            amx: true,
+            ..ContractionKernel::default_for(target)
+        }
+        .fit_amx()
     }
 
     /// The usual variant's wide default: four rows by as many vectors (up to four) as
@@ -77,6 +96,7 @@ impl ContractionKernel {
             ia: true,
             ib: false,
             vm: false,
+            amx: false,
         }
     }
 
@@ -116,6 +136,7 @@ impl ContractionKernel {
             ia: false,
             ib: false,
             vm: false,
+            amx: false,
         }
     }
 
@@ -146,6 +167,7 @@ impl ContractionKernel {
             ia: false,
             ib: false,
             vm: false,
+            amx: false,
         }
     }
 
@@ -174,6 +196,7 @@ impl ContractionKernel {
             ia: false,
             ib: false,
             vm: false,
+            amx: false,
         }
     }
 }
@@ -306,6 +329,9 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
             let mk = seeds.remove(i);
             seeds.insert(0, mk);
         }
+    }
+    if target.amx && amx_runs(w) {
+        seeds.insert(0, ContractionKernel::default_amx_for(target));
     }
     seeds
 }

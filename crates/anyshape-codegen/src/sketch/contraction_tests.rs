@@ -16,6 +16,7 @@ fn avx512() -> CpuTarget {
         l1d_bytes: 48 << 10,
         l2_bytes: 2 << 20,
         l3_bytes: 32 << 20,
+        amx: false,
     }
 }
 
@@ -314,4 +315,91 @@ fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
             ContractionKernel::default_for_workload(&target, &dense)
         );
     }
+}
+
+/// AMX tiles: the text form, the shapes a target with AMX-BF16 takes (none on one
+/// without), what `fit` makes of them on each workload, the seeds, and the space.
+#[test]
+fn amx_tiles_text_form_fit_and_seeds() {
+    let amx = CpuTarget {
+        amx: true,
+        ..avx512()
+    };
+    let text = "mr=16,nr=48,mc=128,nc=96,kc=16,uk=1,amx=1";
+    let mk = ContractionKernel::parse(text).unwrap();
+    assert!(mk.amx);
+    assert_eq!(mk.to_string(), text);
+    let json = serde_json::to_string(&mk).unwrap();
+    assert_eq!(ContractionKernel::parse(&json).unwrap(), mk);
+    assert!(ContractionKernel::parse(&text.replace("amx=1", "amx=2")).is_err());
+    mk.validate(&amx).unwrap();
+    let err = mk.validate(&avx512()).unwrap_err().to_string();
+    assert!(err.contains("AMX-BF16"), "{err}");
+    // Only whole tiles within the eight tile registers, kc 16, uk 1, no other flag.
+    for bad in [
+        "mr=32,nr=48,mc=128,nc=96,kc=16,uk=1,amx=1",
+        "mr=20,nr=48,mc=120,nc=96,kc=16,uk=1,amx=1",
+        "mr=16,nr=48,mc=128,nc=96,kc=32,uk=1,amx=1",
+        "mr=16,nr=48,mc=128,nc=96,kc=16,uk=1,pf=1,amx=1",
+    ] {
+        let e = ContractionKernel::parse(bad).unwrap().validate(&amx);
+        assert!(e.is_err(), "{bad}");
+    }
+    for (r, c) in AMX_TILES {
+        assert!(r * c + r + c <= 8);
+        let mk = ContractionKernel {
+            mr: 16 * r,
+            nr: 16 * c,
+            mc: 32 * r,
+            nc: 32 * c,
+            ..mk
+        };
+        mk.validate(&amx).unwrap();
+    }
+    // Fit: tiles where the workload can run them (bf16 over panels of 16, whole tiles
+    // of reduction); elsewhere the register tile in vectors, valid.
+    let runs = Workload::parse("dense_bf16(M=T,N=80,K=64,P=16)+bias").unwrap();
+    let odd_k = Workload::parse("dense_bf16(M=T,N=80,K=42,P=16)").unwrap();
+    let f32 = Workload::parse("dense_packed(M=T,N=80,K=64,P=16)").unwrap();
+    assert!(amx_runs(&runs) && !amx_runs(&odd_k) && !amx_runs(&f32));
+    let wide = ContractionKernel {
+        mr: 32,
+        nr: 32,
+        mc: 64,
+        nc: 64,
+        ..mk
+    };
+    assert_eq!(wide.fit(&amx, &runs), wide);
+    for (target, w) in [(&amx, &odd_k), (&amx, &f32), (&avx512(), &runs)] {
+        let m = wide.fit(target, w);
+        assert!(!m.amx, "{w}: {m}");
+        m.validate(target).unwrap();
+    }
+    // Seeds: the AMX default first where tiles run, none elsewhere or without AMX.
+    let seeds = ContractionKernel::seeds(&amx, &runs);
+    assert_eq!(seeds[0], ContractionKernel::default_amx_for(&amx));
+    assert_eq!(
+        ContractionKernel::default_for_workload(&amx, &runs),
+        seeds[0].fit(&amx, &runs)
+    );
+    assert!(!ContractionKernel::seeds(&amx, &odd_k).iter().any(|m| m.amx));
+    assert!(!ContractionKernel::seeds(&avx512(), &runs)
+        .iter()
+        .any(|m| m.amx));
+    // The space: about half the samples on a target with AMX are tiles, every one valid;
+    // none without.
+    let mut rng = rand::rng();
+    let mut tiles = 0;
+    for _ in 0..300 {
+        let m = ContractionKernel::sample(&amx, &mut rng);
+        m.validate(&amx).unwrap();
+        tiles += usize::from(m.amx);
+        let n = m.neighbour(&amx, &mut rng).fit(&amx, &runs);
+        assert!(!n.amx || n.validate(&amx).is_ok(), "{n}");
+        assert!(!ContractionKernel::sample(&avx512(), &mut rng).amx);
+    }
+    assert!(
+        (75..225).contains(&tiles),
+        "{tiles} of 300 samples are tiles"
+    );
 }

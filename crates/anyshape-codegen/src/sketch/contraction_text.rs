@@ -1,19 +1,19 @@
 //! The contraction micro-kernel's text form: `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4`
 //! (`,dot=1` for the dot variant, `,pf=1` for software prefetch, `,ia=1` for A read in
-//! place, `,ib=1` for B read in place, `,vm=1` for the transposed variant), as the
-//! command line
+//! place, `,ib=1` for B read in place, `,vm=1` for the transposed variant, `,amx=1` for AMX
+//! tiles), as the command line
 //! takes it and messages print it, or the JSON form of records.
 use super::contraction::ContractionKernel;
 use crate::{CodegenError, Result};
 use std::fmt;
 
-const FIELDS: [&str; 11] = [
-    "mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf", "ia", "ib", "vm",
+const FIELDS: [&str; 12] = [
+    "mr", "nr", "mc", "nc", "kc", "uk", "dot", "pf", "ia", "ib", "vm", "amx",
 ];
 
 impl ContractionKernel {
     /// Every parameter in [`FIELDS`] order (the flags as 0 or 1).
-    pub(super) fn values(&self) -> [usize; 11] {
+    pub(super) fn values(&self) -> [usize; 12] {
         [
             self.mr,
             self.nr,
@@ -26,12 +26,14 @@ impl ContractionKernel {
             usize::from(self.ia),
             usize::from(self.ib),
             usize::from(self.vm),
+            usize::from(self.amx),
         ]
     }
 
     /// Parse the compact form `mr=12,nr=32,mc=96,nc=384,kc=256,uk=4` (with `,dot=1` for
     /// the dot variant, `,pf=1` for software prefetch, `,ia=1` for A in place, `,ib=1`
-    /// for B in place, `,vm=1` for the transposed variant) or the JSON form.
+    /// for B in place, `,vm=1` for the transposed variant, `,amx=1` for AMX tiles) or the
+    /// JSON form.
     pub fn parse(text: &str) -> Result<ContractionKernel> {
         let bad = |reason: String| CodegenError::BadMicroKernelText {
             text: text.into(),
@@ -47,6 +49,7 @@ impl ContractionKernel {
             Some(other) => Err(bad(format!("{} = {other} is neither 0 nor 1", FIELDS[i]))),
         };
         let (dot, pf, ia, ib, vm) = (flag(6)?, flag(7)?, flag(8)?, flag(9)?, flag(10)?);
+        let amx = flag(11)?;
         let missing: Vec<_> = FIELDS[..6]
             .iter()
             .zip(&v)
@@ -69,6 +72,7 @@ impl ContractionKernel {
             ia,
             ib,
             vm,
+            amx,
         })
     }
 }

@@ -20,7 +20,7 @@ mod gemm;
 mod gpu;
 mod rows;
 
-pub use contraction::ContractionKernel;
+pub use contraction::{amx_runs, ContractionKernel, AMX_EDGE, AMX_TILES};
 pub use gemm::{GemmOperand, GemmView, StridedGemm};
 pub use gpu::{launch_config, GpuContractionKernel, LaunchConfig, SHARED_PAD};
 pub use rows::RowKernel;

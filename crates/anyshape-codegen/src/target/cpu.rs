@@ -50,6 +50,11 @@ pub struct CpuTarget {
     pub l2_bytes: usize,
     /// Last-level cache (shared), bytes.
     pub l3_bytes: usize,
+    /// AMX with bfloat16 tiles (`amx_tile`, `amx_bf16`), and the OS grants this process
+    /// their state: a bf16 contraction may run its products on tiles
+    /// (`ContractionKernel::amx`). Absent from the JSON form when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub amx: bool,
 }
 
 impl CpuTarget {
@@ -71,6 +76,7 @@ impl CpuTarget {
             l1d_bytes: cache("1", 32 << 10),
             l2_bytes: cache("2", 1 << 20),
             l3_bytes: cache("3", 8 << 20),
+            amx: simd == Simd::Avx512 && detect_amx(),
         }
     }
 
@@ -110,6 +116,34 @@ fn detect_simd() -> Simd {
     }
 }
 
+/// Whether the CPU has AMX's bfloat16 tiles and Linux grants this process their state
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: once per process, what a
+/// kernel's first tile instruction needs; the kernels ask again, in whichever process
+/// runs them).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect_amx() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    let flags = anyshape_abi::host_cpu_features();
+    let has = |f: &str| flags.iter().any(|x| x == f);
+    // SAFETY: arch_prctl with this request reads two integers and changes only the
+    // process's permitted extended state.
+    has("amx_tile")
+        && has("amx_bf16")
+        && unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        } == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect_amx() -> bool {
+    false
+}
+
 #[cfg(target_arch = "aarch64")]
 fn detect_simd() -> Simd {
     Simd::Neon
@@ -128,11 +162,12 @@ impl super::Target for CpuTarget {
     }
 
     fn describe(&self) -> String {
-        format!("{} ({} cores, {:?})", self.name, self.cores, self.simd)
+        let amx = if self.amx { ", AMX-BF16" } else { "" };
+        format!("{} ({} cores, {:?}{amx})", self.name, self.cores, self.simd)
     }
 
     fn prelude(&self) -> String {
-        crate::render::prelude(crate::render::Dialect::C, self.lanes_f32())
+        crate::render::prelude(crate::render::Dialect::C, self.lanes_f32(), self.amx)
     }
 
     fn render(&self, f: &Func) -> String {

@@ -92,7 +92,7 @@ impl super::Target for GpuTarget {
     }
 
     fn prelude(&self) -> String {
-        prelude(Dialect::Cuda, 1)
+        prelude(Dialect::Cuda, 1, false)
     }
 
     fn render(&self, f: &Func) -> String {

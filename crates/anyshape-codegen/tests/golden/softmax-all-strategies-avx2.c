@@ -101,7 +101,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_5db5902f2d5ab3ac(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_bae44b1fe97bc114(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -177,7 +177,7 @@ int32_t as_5db5902f2d5ab3ac(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_51623c394a6a39c5(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_f4d5a021d14d40ed(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -244,7 +244,7 @@ int32_t as_51623c394a6a39c5(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_fd350e7af87eccc3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_644e8ba636a40e29(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -305,7 +305,7 @@ int32_t as_fd350e7af87eccc3(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_90cb773801198050(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_2826ba34508d9670(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
