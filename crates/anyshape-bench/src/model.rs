@@ -242,15 +242,15 @@ pub fn compare_model(
     let case_dir = scratch.path().to_path_buf();
     progress.note("measuring the FMA peak ...");
     let mut peak = Ceiling::measure(Peak::Fma, &h.target, &h.builder)?;
-    // A bf16 module's dense layers run on bf16 pair products: their peak too.
-    let mut peak_bf16 =
-        match model.manifest().precision == Precision::Bf16 && Peak::DotBf16.available() {
-            true => {
-                progress.note("measuring the bf16 pair-product peak ...");
-                Some(Ceiling::measure(Peak::DotBf16, &h.target, &h.builder)?)
-            }
-            false => None,
-        };
+    // A bf16 module's dense layers run on bf16 tiles (AMX) or pair products: their
+    // peak too.
+    let mut peak_bf16 = match Peak::of_bf16(&h.target) {
+        Some(kind) if model.manifest().precision == Precision::Bf16 => {
+            progress.note(&format!("measuring the {} ...", kind.describe()));
+            Some(Ceiling::measure(kind, &h.target, &h.builder)?)
+        }
+        _ => None,
+    };
     let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
     let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape::new(model))];
@@ -357,7 +357,7 @@ pub fn compare_model(
         dir,
         target: &h.target.describe(),
         peak: peak.gflops,
-        peak_bf16: peak_bf16.map(|c| c.gflops),
+        peak_bf16: peak_bf16.map(|c| (c.kind, c.gflops)),
         load_seconds,
         o,
         names: &names,
@@ -393,8 +393,9 @@ struct ModelReport<'a> {
     dir: &'a Path,
     target: &'a str,
     peak: f64,
-    /// A bf16 module's: the bf16 pair-product peak (where the CPU has it).
-    peak_bf16: Option<f64>,
+    /// A bf16 module's: the bf16 peak (tile products where the CPU has AMX-BF16, pair
+    /// products where it has AVX512_BF16), and which.
+    peak_bf16: Option<(Peak, f64)>,
     load_seconds: f64,
     o: &'a ModelCompareOptions<'a>,
     names: &'a [String],
@@ -423,11 +424,8 @@ impl ModelReport<'_> {
             self.target, self.peak
         );
         match self.peak_bf16 {
-            Some(p) => {
-                let _ = writeln!(
-                    s,
-                    "; bf16 pair-product peak (`vdpbf16ps`): {p:.1} GFLOP/s.\n"
-                );
+            Some((kind, p)) => {
+                let _ = writeln!(s, "; {}: {p:.1} GFLOP/s.\n", kind.describe());
             }
             None => s.push_str(".\n\n"),
         }
@@ -493,7 +491,7 @@ impl ModelReport<'_> {
                         rate.map_or("-".into(), significant),
                         share(self.peak)
                     );
-                    if let Some(pb) = self.peak_bf16 {
+                    if let Some((_, pb)) = self.peak_bf16 {
                         let _ = write!(s, " {} |", share(pb));
                     }
                 }

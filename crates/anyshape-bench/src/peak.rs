@@ -1,11 +1,13 @@
 //! The machine's peaks, the ceilings kernels are compared to (`anyshape peak`, and
-//! every comparison measures them in the same run): FP32 FMAs, and where the CPU has
+//! every comparison measures them in the same run): FP32 FMAs, where the CPU has
 //! AVX512_BF16 the bf16 pair products (`vdpbf16ps`) that a `--precision bf16` module's
-//! dense layers run on.
+//! dense layers run on, and where it has AMX-BF16 the tile products (`tdpbf16ps`) they
+//! run on there.
 //!
 //! The kernel runs independent vector chains (enough to cover the instruction's latency
-//! times its ports) for `iters` iterations on every core with OpenMP; GFLOP/s = flops
-//! per instruction * lanes * chains * iters * threads / seconds, best of several runs.
+//! times its ports), or four independent output tiles, for `iters` iterations on every
+//! core with OpenMP; GFLOP/s = flops per iteration * iters * threads / seconds, best of
+//! several runs.
 use crate::error::{BenchError, Result};
 use anyshape_abi::KernelFn;
 use anyshape_codegen::CpuTarget;
@@ -23,6 +25,10 @@ pub enum Peak {
     /// `vdpbf16ps`: two bf16 products and their sum added, 4 flops a lane. Its latency
     /// is longer: measured (Zen 5) 12 chains reach 89 % of what 24 do.
     DotBf16,
+    /// AMX's `tdpbf16ps`: a 16 x 16 f32 tile plus a 16 x 32 by 32 x 16 product of
+    /// bf16 tiles, 16,384 flops; four independent output tiles (2 x 2, as a register
+    /// tile of the AMX variant holds).
+    TileBf16,
 }
 
 impl Peak {
@@ -31,23 +37,47 @@ impl Peak {
         match self {
             Peak::Fma => CHAINS,
             Peak::DotBf16 => 2 * CHAINS,
+            Peak::TileBf16 => 4,
         }
     }
 
-    fn flops_per_lane(self) -> f64 {
-        match self {
-            Peak::Fma => 2.0,
-            Peak::DotBf16 => 4.0,
-        }
+    /// Flops of one iteration of the kernel's loop on one thread.
+    fn flops_per_iteration(self, lanes: usize) -> f64 {
+        let per_chain = match self {
+            Peak::Fma => 2.0 * lanes as f64,
+            Peak::DotBf16 => 4.0 * lanes as f64,
+            Peak::TileBf16 => 2.0 * 16.0 * 16.0 * 32.0,
+        };
+        per_chain * self.chains() as f64
     }
 
-    /// Whether this machine can run it (bf16 products need AVX512_BF16).
-    pub fn available(self) -> bool {
+    /// Whether `target` can run it (bf16 products need AVX512_BF16, tiles AMX-BF16
+    /// and the OS's leave).
+    pub fn available(self, target: &CpuTarget) -> bool {
         match self {
             Peak::Fma => true,
             Peak::DotBf16 => anyshape_abi::host_cpu_features()
                 .iter()
                 .any(|f| f == "avx512_bf16"),
+            Peak::TileBf16 => target.amx,
+        }
+    }
+
+    /// The peak a `--precision bf16` module's dense layers on `target` run against:
+    /// tiles where it has AMX-BF16, pair products where it has AVX512_BF16, none
+    /// elsewhere.
+    pub fn of_bf16(target: &CpuTarget) -> Option<Peak> {
+        [Peak::TileBf16, Peak::DotBf16]
+            .into_iter()
+            .find(|p| p.available(target))
+    }
+
+    /// How reports name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Peak::Fma => "FP32 FMA peak",
+            Peak::DotBf16 => "bf16 pair-product peak (`vdpbf16ps`)",
+            Peak::TileBf16 => "bf16 tile-product peak (AMX `tdpbf16ps`)",
         }
     }
 
@@ -59,6 +89,11 @@ impl Peak {
                     "    __asm__(\"vdpbf16ps %1, %2, %0\" : \"+v\"(a{i}) : \"v\"(m), \"v\"(d));\n"
                 )
             }
+            Peak::TileBf16 => format!(
+                "    __asm__ volatile(\"tdpbf16ps %%tmm{}, %%tmm{}, %%tmm{i}\" ::: \"memory\");\n",
+                6 + i % 2,
+                4 + i / 2
+            ),
         }
     }
 
@@ -66,11 +101,15 @@ impl Peak {
         match self {
             Peak::Fma => format!("as_peak_{threads}"),
             Peak::DotBf16 => format!("as_peak_bf16_{threads}"),
+            Peak::TileBf16 => format!("as_peak_amx_{threads}"),
         }
     }
 }
 
 fn source(kind: Peak, threads: usize) -> String {
+    if kind == Peak::TileBf16 {
+        return tile_source(threads);
+    }
     let chains = kind.chains();
     let decl: String = (0..chains)
         .map(|i| format!("  as_vf a{i} = (as_vf){{0}} + (float)(t + {i});\n"))
@@ -86,6 +125,32 @@ fn source(kind: Peak, threads: usize) -> String {
          as_vf m = (as_vf){{0}} + ins[0][0], d = (as_vf){{0}} + ins[0][1];\n{decl}\
          for (int64_t i = 0; i < iters; i++) {{\n{body}    __asm__ volatile(\"\" ::: \"memory\");\n  }}\n\
          as_vf s = (as_vf){{0}}{sum};\n  memcpy(&outs[0][t * 16], &s, sizeof(float));\n}}\n  return 0;\n}}\n"
+    )
+}
+
+/// The tile-product kernel: on each thread, with the tiles configured as the kernels'
+/// prelude does (`as_amx_ready`, which returns a status where the OS refuses them),
+/// four output tiles from zero, A and B tiles loaded once from zeros (the products'
+/// speed does not depend on the values), `iters` rounds of the four products.
+fn tile_source(threads: usize) -> String {
+    let symbol = Peak::TileBf16.symbol(threads);
+    let body: String = (0..4).map(|i| Peak::TileBf16.step(i)).collect();
+    format!(
+        "int32_t {symbol}(const int64_t *vars, const float *const *ins, float *const *outs) {{\n\
+         const int64_t iters = vars[0];\n\
+         int32_t status = 0;\n\
+         (void)ins;\n\
+         #pragma omp parallel for num_threads({threads}) schedule(static)\n\
+         for (int t = 0; t < {threads}; t++) {{\n\
+         static const float zeros[256] __attribute__((aligned(64)));\n\
+         float c[256] __attribute__((aligned(64)));\n\
+         int32_t st = as_amx_ready(__atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED));\n\
+         if (st) {{ __atomic_store_n(&status, st, __ATOMIC_RELAXED); continue; }}\n\
+         __asm__ volatile(\"tilezero %%tmm0\\ntilezero %%tmm1\\ntilezero %%tmm2\\ntilezero %%tmm3\" ::: \"memory\");\n\
+         __asm__ volatile(\"tileloadd (%0,%1,1), %%tmm4\\ntileloadd (%0,%1,1), %%tmm5\\ntileloadd (%0,%1,1), %%tmm6\\ntileloadd (%0,%1,1), %%tmm7\" :: \"r\"(zeros), \"r\"((int64_t)64) : \"memory\");\n\
+         for (int64_t i = 0; i < iters; i++) {{\n{body}  }}\n\
+         __asm__ volatile(\"tilestored %%tmm0, (%0,%1,1)\" :: \"r\"(c), \"r\"((int64_t)64) : \"memory\");\n\
+         outs[0][t * 16] = c[0];\n}}\n  return status;\n}}\n"
     )
 }
 
@@ -112,7 +177,8 @@ pub fn measure_kind(
 /// of it).
 #[derive(Clone, Copy, Debug)]
 pub struct Ceiling {
-    kind: Peak,
+    /// What it is the peak of.
+    pub kind: Peak,
     /// GFLOP/s: the best measurement so far.
     pub gflops: f64,
 }
@@ -175,13 +241,20 @@ fn measure_threads(
             let outs = [out.as_mut_ptr()];
             let t0 = Instant::now();
             // SAFETY: `ins[0]` has 2 elements, `outs[0]` 16 per thread.
-            unsafe { f([iters].as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+            let status = unsafe { f([iters].as_ptr(), ins.as_ptr(), outs.as_ptr()) };
+            if status != anyshape_abi::STATUS_OK {
+                return Err(BenchError::Environment(format!(
+                    "the {} kernel: {}",
+                    kind.describe(),
+                    anyshape_abi::status_message(status)
+                )));
+            }
             let dt = t0.elapsed().as_secs_f64();
             if dt < seconds / 4.0 {
                 iters *= 2;
                 continue;
             }
-            let flops = kind.flops_per_lane() * (lanes * kind.chains()) as f64;
+            let flops = kind.flops_per_iteration(lanes);
             best = best.max(flops * iters as f64 * t as f64 / dt / 1e9);
         }
         peaks.push((t, best));

@@ -306,16 +306,27 @@ fn peak(common: &Common, seconds: f64) -> Result<()> {
     for (t, best) in anyshape_bench::peak::measure(&target, &common.builder(), seconds)? {
         println!("  {t} thread(s): {best:.1} GFLOP/s");
     }
-    let bf16 = Peak::DotBf16;
-    if bf16.available() {
-        println!(
-            "bf16 pair-product peak (AVX512_BF16's vdpbf16ps, 4 flops a lane; what a --precision bf16 module's dense layers run on): {} chains per thread:",
-            bf16.chains()
-        );
-        for (t, best) in
-            anyshape_bench::peak::measure_kind(bf16, &target, &common.builder(), seconds)?
-        {
-            println!("  {t} thread(s): {best:.1} GFLOP/s");
+    for (kind, what) in [
+        (
+            Peak::DotBf16,
+            "4 flops a lane; what a --precision bf16 module's dense layers run on without AMX",
+        ),
+        (
+            Peak::TileBf16,
+            "16,384 flops a tile product; what a --precision bf16 module's dense layers run on with AMX",
+        ),
+    ] {
+        if kind.available(&target) {
+            println!(
+                "{} ({what}): {} chains per thread:",
+                kind.describe(),
+                kind.chains()
+            );
+            for (t, best) in
+                anyshape_bench::peak::measure_kind(kind, &target, &common.builder(), seconds)?
+            {
+                println!("  {t} thread(s): {best:.1} GFLOP/s");
+            }
         }
     }
     Ok(())
