@@ -190,8 +190,11 @@ fn run_program<K: Sketch<Target = CpuTarget>>(
         mode,
         bindings: bindings.clone(),
     };
+    // Lowered here first: a micro-kernel the sketch refuses for this workload (AMX
+    // tiles over a reduction of no whole tiles, say) is the user's to change, told why.
+    let source = program.source(target)?;
     if args.print_c {
-        print!("{}\n{}", target.prelude(), program.source(target)?);
+        print!("{}\n{source}", target.prelude());
         return Ok(());
     }
     let lib = args
