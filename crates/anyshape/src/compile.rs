@@ -48,9 +48,10 @@ pub struct CompileArgs {
     #[arg(long)]
     resume: bool,
     /// What dense layers over constant weights multiply in: `bf16` stores their weights
-    /// as bfloat16 pairs (half the bytes) and multiplies with AVX512_BF16's
-    /// `vdpbf16ps`, summing in f32 (on a CPU without it the products are widened by
-    /// shifts: the bytes still halve, the products are slower, and compile says so);
+    /// as bfloat16 pairs (half the bytes) and multiplies with AMX's `tdpbf16ps` tiles
+    /// where the CPU has AMX-BF16, else with AVX512_BF16's `vdpbf16ps`, summing in f32
+    /// (on a CPU without either the products are widened by shifts: the bytes still
+    /// halve, the products are slower, and compile says so);
     /// attention's scores too (queries and keys rounded); attention's context,
     /// softmax, normalizations and residual adds stay f32. Outputs move by
     /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
@@ -106,7 +107,12 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
     let precision = args.precision;
-    if precision == Precision::Bf16
+    if precision == Precision::Bf16 && target.amx {
+        eprintln!(
+            "note: this CPU has AMX-BF16: the dense layers and attention's scores multiply \
+             on its tiles (tdpbf16ps) where their reduction is whole tiles of 32"
+        );
+    } else if precision == Precision::Bf16
         && !anyshape_abi::host_cpu_features()
             .iter()
             .any(|f| f == "avx512_bf16")

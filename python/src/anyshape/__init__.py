@@ -91,9 +91,10 @@ def compile(
     task (0: untuned, in seconds); tuning writes each task's trials under `records`, from
     which `resume=True` continues. `progress` prints a line per step on standard error.
     `precision="bf16"` stores the dense layers' weights as bfloat16 pairs (half the
-    bytes) and multiplies them in bfloat16 with f32 sums (AVX512_BF16's `vdpbf16ps`;
-    emulated where the CPU lacks it); everything else stays f32, and outputs move by up
-    to ~1e-2 of their range.
+    bytes) and multiplies them in bfloat16 with f32 sums (on AMX tiles, `tdpbf16ps`,
+    where the CPU has AMX-BF16; else AVX512_BF16's `vdpbf16ps`; emulated where the CPU
+    lacks both); everything else stays f32, and outputs move by up to ~1e-2 of their
+    range.
     Tuning records every trial in a tuning database too, and a task starts from the
     database's best earlier run of its workload (this model's or another's with the same
     layers): `db=True` is `tuning.sqlite` in the kernel cache, a path names another,
