@@ -24,28 +24,40 @@ use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, TilePr
 use crate::sketch::AMX_EDGE;
 use anyshape_ir::Expr;
 
+/// `for var in 0..count: for kk in 0..e_k: dst[at(var)] = value`: `count` rows (A's) or
+/// columns (B's) of the reduction's pairs, each rounded into a word as it is copied (or
+/// zero).
+fn pairs_of(var: &str, count: Expr, dst: &str, at: impl Fn(Expr) -> Expr, value: Value) -> Stmt {
+    for_(
+        var,
+        count,
+        LoopKind::Serial,
+        vec![for_(
+            "kk",
+            v("e_k"),
+            LoopKind::Serial,
+            vec![store(dst, at(v(var)), value)],
+        )],
+    )
+}
+
 impl Nest<'_> {
     /// The task body of the AMX variant (after the task's tile lets).
     pub(super) fn amx_task_body(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mk = self.mk;
         let (a, b) = (&ops[0], &ops[1]);
         let edge = c(AMX_EDGE);
-        let row = |r: Expr| r * v("e_k") + v("kk");
         let pair = Value::PairBf16 {
             buf: a.buf.into(),
             index: v("base0") + a.row(v("m0") + v("r")) + v("kk") * a.s_col.clone(),
         };
         let rows = |count: Expr, first: Expr, value: Value| {
-            for_(
+            pairs_of(
                 "r",
                 count,
-                LoopKind::Serial,
-                vec![for_(
-                    "kk",
-                    v("e_k"),
-                    LoopKind::Serial,
-                    vec![store("Ap", row(first + v("r")), value)],
-                )],
+                "Ap",
+                |r| (first.clone() + r) * v("e_k") + v("kk"),
+                value,
             )
         };
         let pack = vec![
@@ -157,19 +169,9 @@ impl Nest<'_> {
     /// `k` of the group its 16 columns' words of pair `k`), the columns past N zero.
     fn amx_pack_b(&self, b: &Operand) -> Vec<Stmt> {
         let edge = c(AMX_EDGE);
-        let at = |col: Expr| (v("g") * v("e_k") + v("kk")) * edge.clone() + col;
         let column = |count: Expr, first: Expr, value: Value| {
-            for_(
-                "cc",
-                count,
-                LoopKind::Serial,
-                vec![for_(
-                    "kk",
-                    v("e_k"),
-                    LoopKind::Serial,
-                    vec![store("Bq", at(first + v("cc")), value)],
-                )],
-            )
+            let at = |cc: Expr| (v("g") * v("e_k") + v("kk")) * c(AMX_EDGE) + first.clone() + cc;
+            pairs_of("cc", count, "Bq", at, value)
         };
         let pair = Value::PairBf16 {
             buf: b.buf.into(),
