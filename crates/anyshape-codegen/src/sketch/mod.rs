@@ -101,8 +101,9 @@ pub trait Sketch:
         vec![Self::default_for(target)]
     }
     /// `self` as it runs `w`: the parameters `w` fixes set (a bf16 contraction runs
-    /// only the usual variant, B in its panels or packed); the search space of `w` holds only
-    /// micro-kernels it leaves unchanged. Validity is the caller's to check.
+    /// only the usual variant, B in its panels or packed, or AMX tiles where `w` and
+    /// the target allow them); the search space of `w` holds only micro-kernels it
+    /// leaves unchanged. Validity is the caller's to check.
     fn fit(self, _target: &Self::Target, _w: &Workload) -> Self {
         self
     }
