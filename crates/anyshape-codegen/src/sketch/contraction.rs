@@ -84,7 +84,7 @@ pub struct ContractionKernel {
     /// text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub vm: bool,
-    /// AMX tiles (a bf16 contraction that [`amx_runs`]: over weights in panels, or
+    /// AMX tiles (a bf16 contraction that `amx_runs`: over weights in panels, or
     /// attention's keys read in pairs; on a target with AMX-BF16): each register tile is `mr/16 x nr/16` output tiles of 16 x 16 (at
     /// most eight tiles in all, with one A tile per 16 rows and one B tile per 16
     /// columns), summed over the whole reduction by `tdpbf16ps` from A's rows rounded
