@@ -215,7 +215,7 @@ impl Nest<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program, Simd, Target};
+    use crate::{ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program, Target};
     use anyshape_ir::{Bindings, Workload};
 
     /// An AMX kernel lowers (verified) and renders to calls of its tile shape's helper,
@@ -224,14 +224,8 @@ mod tests {
     #[test]
     fn lowers_to_tile_products_where_tiles_run() {
         let target = CpuTarget {
-            name: "test".into(),
-            cores: 2,
-            simd: Simd::Avx512,
-            vector_registers: 32,
-            l1d_bytes: 48 << 10,
-            l2_bytes: 2 << 20,
-            l3_bytes: 32 << 20,
             amx: true,
+            ..CpuTarget::avx512_for_tests()
         };
         let program = |w: &str, mk: &str| Program {
             workload: Workload::parse(w).unwrap(),

@@ -149,9 +149,10 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: format!(
-                "AMX tiles run a bf16 contraction over weights in panels of 16, its first \
-                 operand's pairs contiguous, its output contiguous along N and its \
-                 reduction whole tiles of 16 pairs; not this one ({mk})"
+                "AMX tiles run a bf16 contraction over weights in panels of 16 or a second \
+                 operand read in pairs, its first operand's pairs contiguous, its output \
+                 contiguous along N and its reduction whole tiles of 16 pairs; not this \
+                 one ({mk})"
             ),
         });
     }

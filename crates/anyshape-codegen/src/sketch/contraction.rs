@@ -29,7 +29,8 @@
 //! (registers, caches), never on a shape: any tile size is allowed, factor or not. The
 //! space of micro-kernels is bounded by the same limits ([`Limits`]). Its text form is
 //! in `contraction_text.rs`, its defaults and the search's seeds in
-//! `contraction_seeds.rs`.
+//! `contraction_seeds.rs`, its AMX variant's shapes and workloads in `contraction_amx.rs`.
+use super::contraction_amx::{amx_runs, AMX_TILES};
 use crate::sketch::{Adaptation, Factors, Sketch};
 use crate::{CodegenError, CpuTarget, GemmView, Program, Result};
 use anyshape_ir::{BoundWorkload, Precision, Workload};
@@ -84,23 +85,14 @@ pub struct ContractionKernel {
     /// text and JSON forms when false (older records).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub vm: bool,
-    /// AMX tiles (a bf16 contraction that `amx_runs`: over weights in panels, or
-    /// attention's keys read in pairs; on a target with AMX-BF16): each register tile is `mr/16 x nr/16` output tiles of 16 x 16 (at
-    /// most eight tiles in all, with one A tile per 16 rows and one B tile per 16
-    /// columns), summed over the whole reduction by `tdpbf16ps` from A's rows rounded
-    /// into words once per M tile and B's panels read in place (or its pairs packed
-    /// per N tile); `kc` and `uk` are 16 and 1. See `lower/amx.rs`. Absent from the
-    /// text and JSON forms when false.
+    /// AMX tiles (a bf16 contraction that `amx_runs`, on a target with AMX-BF16):
+    /// each register tile is `mr/16 x nr/16` output tiles of 16 x 16 summed over the
+    /// whole reduction by `tdpbf16ps`; `kc` and `uk` are 16 and 1. See
+    /// `contraction_amx.rs` and `lower/amx.rs`. Absent from the text and JSON forms
+    /// when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub amx: bool,
 }
-
-/// The shapes (`mr/16`, `nr/16`) of an AMX register tile: its output tiles, one A tile
-/// per row of them and one B tile per column, within the eight tile registers.
-pub const AMX_TILES: [(usize, usize); 6] = [(1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (2, 2)];
-
-/// Rows (and columns, and reduction words) of one AMX tile.
-pub const AMX_EDGE: usize = 16;
 
 impl ContractionKernel {
     /// The other variant (dot or usual), the register tile keeping its registers and
@@ -139,32 +131,6 @@ impl ContractionKernel {
             nr,
             nc: (self.nc / self.nr).max(1) * nr,
             ..*self
-        }
-    }
-
-    /// As an AMX register tile: the allowed shape nearest `mr x nr` (in tiles of 16),
-    /// the cache tiles keeping their counts of register tiles, `kc` 16 and `uk` 1, the
-    /// other variants' flags cleared.
-    pub(super) fn fit_amx(&self) -> Self {
-        let (rows, cols) = (self.mr.div_ceil(AMX_EDGE), self.nr.div_ceil(AMX_EDGE));
-        let (r, c) = AMX_TILES
-            .into_iter()
-            .min_by_key(|&(r, c)| r.abs_diff(rows) + c.abs_diff(cols))
-            .expect("AMX tile shapes");
-        let (mr, nr) = (r * AMX_EDGE, c * AMX_EDGE);
-        ContractionKernel {
-            mr,
-            nr,
-            mc: (self.mc / self.mr).max(1) * mr,
-            nc: (self.nc / self.nr).max(1) * nr,
-            kc: AMX_EDGE,
-            uk: 1,
-            dot: false,
-            pf: false,
-            ia: false,
-            ib: false,
-            vm: false,
-            amx: true,
         }
     }
 
@@ -373,36 +339,6 @@ impl Limits<'_> {
     }
 }
 
-/// Whether `w` can run on AMX tiles (`ContractionKernel::amx`): a bf16 contraction whose
-/// second operand is a weight in panels of 16 words along N, each panel `[K, 16]` (a
-/// tile's rows 64 bytes apart), or is read in pairs (attention's keys, packed so), whose
-/// first operand's pairs are contiguous along K, whose reduction is a constant number of
-/// whole tiles (16 words, 32 bfloat16), and whose output is contiguous along N.
-pub fn amx_runs(w: &Workload) -> bool {
-    let Ok(g) = GemmView::of(w) else {
-        return false;
-    };
-    let stride =
-        |t: &anyshape_ir::TensorRef, axis: usize| t.axis_stride(axis).simplify().as_const();
-    let (a, b) = (&w.inputs[0], &w.inputs[1]);
-    let b_tiles = match b.panels {
-        Some(p) => {
-            p == AMX_EDGE as i64
-                && stride(b, g.n) == Some(1)
-                && stride(b, g.k) == Some(AMX_EDGE as i64)
-        }
-        None => stride(b, g.k) == Some(2),
-    };
-    w.precision == Precision::Bf16
-        && b_tiles
-        && stride(a, g.k) == Some(2)
-        && stride(&w.output, g.n) == Some(1)
-        && w.axes[g.k]
-            .extent
-            .as_const()
-            .is_some_and(|k| k > 0 && k % AMX_EDGE as i64 == 0)
-}
-
 /// How far a mutation moves the register tile's rows.
 const ROW_STEPS: [i64; 4] = [-2, -1, 1, 2];
 /// Unroll factors of the reduction loop the space uses.
@@ -549,7 +485,7 @@ impl Sketch for ContractionKernel {
         };
         let nv = rng.random_range(1..=max_nv);
         let nr = if dot { nv } else { nv * lanes };
-        let max_mr = max_multiple(1, |mr| limits.registers(mr, nv)).clamp(1, 32);
+        let max_mr = limits.max_rows(nv);
         let mr = rng.random_range(1..=max_mr);
         let uk = UNROLLS[rng.random_range(0..UNROLLS.len())];
         let k_unit = if dot { uk * lanes } else { uk };

@@ -2,22 +2,14 @@
 //! and what breaks a target.
 
 use super::contraction::*;
+use super::contraction_amx::{amx_runs, AMX_TILES};
 use crate::sketch::Sketch;
 use crate::Simd;
 use crate::{CodegenError, CpuTarget};
 use anyshape_ir::Workload;
 
 fn avx512() -> CpuTarget {
-    CpuTarget {
-        name: "test".into(),
-        cores: 2,
-        simd: Simd::Avx512,
-        vector_registers: 32,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        l3_bytes: 32 << 20,
-        amx: false,
-    }
+    CpuTarget::avx512_for_tests()
 }
 
 /// Every seed is valid on AVX2 (16 registers), AVX-512 and this machine, and they

@@ -5,13 +5,15 @@
 //! micro-kernels, how a program lowers, and how an instance maps onto a micro-kernel.
 //!
 //! - `contraction.rs`: contractions on the CPU ([`ContractionKernel`], BLIS-like; its text
-//!   form in `contraction_text.rs`, its defaults and seeds in `contraction_seeds.rs`);
+//!   form in `contraction_text.rs`, its defaults and seeds in `contraction_seeds.rs`,
+//!   its AMX variant's shapes and workloads in `contraction_amx.rs`);
 //! - `rows.rs`: normalizations on the CPU ([`RowKernel`]);
 //! - `gpu.rs`: contractions on CUDA GPUs ([`GpuContractionKernel`]).
 //!
 //! A new class needs its sketch file here, its lowering in `lower/`, and the renderer's
 //! table where it uses something new.
 mod contraction;
+mod contraction_amx;
 mod contraction_seeds;
 #[cfg(test)]
 mod contraction_tests;
@@ -20,7 +22,8 @@ mod gemm;
 mod gpu;
 mod rows;
 
-pub use contraction::{amx_runs, ContractionKernel, AMX_EDGE, AMX_TILES};
+pub use contraction::ContractionKernel;
+pub use contraction_amx::{amx_runs, AMX_EDGE, AMX_TILES};
 pub use gemm::{GemmOperand, GemmView, StridedGemm};
 pub use gpu::{launch_config, GpuContractionKernel, LaunchConfig, SHARED_PAD};
 pub use rows::RowKernel;

@@ -101,6 +101,22 @@ impl CpuTarget {
     pub fn lanes_f32(&self) -> usize {
         self.simd.vector_bytes() / 4
     }
+
+    /// A fixed AVX-512 target of 2 cores (48 KB L1d, 2 MB L2, 32 MB L3, no AMX) for
+    /// the crate's tests, whatever the machine running them.
+    #[cfg(test)]
+    pub(crate) fn avx512_for_tests() -> CpuTarget {
+        CpuTarget {
+            name: "test".into(),
+            cores: 2,
+            simd: Simd::Avx512,
+            vector_registers: 32,
+            l1d_bytes: 48 << 10,
+            l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+            amx: false,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
