@@ -85,6 +85,8 @@ pub enum UnaryOp {
     GeluTanh,
     /// `exp(x)`.
     Exp,
+    /// `√x`.
+    Sqrt,
     /// `0` where `x` is NaN, else `x`.
     NanToZero,
     /// SiLU: `x · sigmoid(x)`.
@@ -164,6 +166,9 @@ pub enum Value {
     },
     /// One lane of a vector register.
     Lane(String, Expr),
+    /// An integer expression's value as a float scalar (a row's length, to divide a
+    /// sum by).
+    Count(Expr),
     /// A function of one value, lane by lane.
     Unary(UnaryOp, Box<Value>),
     /// A function of two values, lane by lane (a scalar operand is broadcast).
@@ -251,7 +256,9 @@ impl Value {
             | Value::Const { lanes, .. }
             | Value::Load { lanes, .. }
             | Value::Reg { lanes, .. } => *lanes,
-            Value::Lane(..) | Value::Horizontal(..) | Value::PairBf16 { .. } => 1,
+            Value::Lane(..) | Value::Count(..) | Value::Horizontal(..) | Value::PairBf16 { .. } => {
+                1
+            }
             Value::Binary(_, a, b)
             | Value::Fma(a, _, b)
             | Value::DotBf16(a, _, b)

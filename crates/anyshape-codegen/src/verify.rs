@@ -18,7 +18,7 @@
 //! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated;
 //! 8. a load or store with a count (of the lanes it touches) is a vector access in a
 //!    CPU function.
-use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, Value};
+use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value};
 use anyshape_ir::Expr;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -175,6 +175,10 @@ impl Verifier<'_> {
             Value::Lane(r, l) => {
                 self.reg(r)?;
                 self.expr(l)
+            }
+            Value::Count(e) => self.expr(e),
+            Value::Unary(UnaryOp::Sqrt, x) if x.lanes() > 1 => {
+                self.fail("the square root of a vector (only scalars have one)".into())
             }
             Value::Unary(_, x) | Value::Horizontal(_, x) => self.value(x),
             Value::PairBf16 { .. } | Value::DotBf16(..) if self.gpu => {

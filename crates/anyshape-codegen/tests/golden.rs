@@ -217,22 +217,35 @@ fn cuda_kernels_are_unchanged() {
     check("bmm_nn-relu-all-strategies.cu", &text);
 }
 
-/// The row-wise sketch (softmax), every strategy.
+/// The row-wise sketch (softmax; layer norm and RMSNorm with their scale and bias),
+/// every strategy.
 #[test]
 fn row_kernels_are_unchanged() {
     let target = target(Simd::Avx2);
-    let w = Workload::parse("softmax(M=12*T,N=T)").unwrap();
-    let mut text = target.prelude();
-    for s in PADDING_STRATEGIES {
-        let p = Program::symbolic(
-            &w,
-            RowKernel {
-                rows: 4,
-                vectors: 2,
-            },
-            s,
-        );
-        text.push_str(&p.source(&target).unwrap());
+    for (workload, file) in [
+        ("softmax(M=12*T,N=T)", "softmax-all-strategies-avx2.c"),
+        (
+            "layer_norm(M=T,N=768,eps=1e-12)+mul(n)+add(n)",
+            "layer_norm-all-strategies-avx2.c",
+        ),
+        (
+            "rms_norm(M=T,N=D,eps=1e-6)+mul(n)",
+            "rms_norm-all-strategies-avx2.c",
+        ),
+    ] {
+        let w = Workload::parse(workload).unwrap();
+        let mut text = target.prelude();
+        for s in PADDING_STRATEGIES {
+            let p = Program::symbolic(
+                &w,
+                RowKernel {
+                    rows: 4,
+                    vectors: 2,
+                },
+                s,
+            );
+            text.push_str(&p.source(&target).unwrap());
+        }
+        check(file, &text);
     }
-    check("softmax-all-strategies-avx2.c", &text);
 }

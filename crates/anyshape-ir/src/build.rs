@@ -2,7 +2,10 @@
 //! epilogue ops one by one — what the text form reads into and what fusion builds,
 //! so a workload never travels as text between stages.
 use crate::ops::known_operator;
-use crate::{Binary, EpilogueOp, Expr, IrError, Result, Scalar, TensorRef, Unary, Workload};
+use crate::{
+    Binary, EpilogueOp, Expr, IrError, Normalization, OpClass, Result, Scalar, TensorRef, Unary,
+    Workload,
+};
 
 impl Workload {
     /// The operator `name` of the registry over `args` (in the operator's order),
@@ -42,18 +45,33 @@ impl Workload {
         Ok(self)
     }
 
-    /// Append `op` with a new input indexed by the output axes `axes` (axis positions,
-    /// in the input's dimension order; broadcast along the others) to the epilogue:
-    /// a bias is the output's last axis, a residual all of them. Only contractions take
-    /// such inputs.
-    pub fn then_with(mut self, op: Binary, axes: &[usize]) -> Result<Workload> {
-        if self.class.operands() != 2 {
+    /// The layer norm or RMSNorm with `epsilon` added under its square root (finite,
+    /// not negative).
+    pub fn with_epsilon(mut self, epsilon: f64) -> Result<Workload> {
+        let none = || IrError::InvalidWorkload(format!("{} has no epsilon", self.op));
+        let OpClass::Normalization { kind, axis } = self.class else {
+            return Err(none());
+        };
+        let e = Scalar(epsilon);
+        let kind = match kind {
+            Normalization::LayerNorm { .. } => Normalization::LayerNorm { epsilon: e },
+            Normalization::RmsNorm { .. } => Normalization::RmsNorm { epsilon: e },
+            Normalization::Softmax => return Err(none()),
+        };
+        if !(epsilon.is_finite() && epsilon >= 0.0) {
             return Err(IrError::InvalidWorkload(format!(
-                "a {} takes epilogue ops without inputs only ({}, scale(C))",
-                self.class.name(),
-                Unary::ALL.map(|u| u.name()).join(", ")
+                "eps={epsilon}: the epsilon must be finite and not negative"
             )));
         }
+        self.class = OpClass::Normalization { kind, axis };
+        Ok(self)
+    }
+
+    /// Append `op` with a new input indexed by the output axes `axes` (axis positions,
+    /// in the input's dimension order; broadcast along the others) to the epilogue:
+    /// a bias is the output's last axis, a residual all of them (a layer norm's scale
+    /// and bias are along its row).
+    pub fn then_with(mut self, op: Binary, axes: &[usize]) -> Result<Workload> {
         let outputs = self.output_axes();
         if let Some(a) = axes.iter().find(|a| !outputs.contains(a)) {
             return Err(IrError::InvalidWorkload(format!(
@@ -101,8 +119,28 @@ mod tests {
         assert_eq!(w, parsed);
         assert!(Workload::of("dense", std::slice::from_ref(&t)).is_err());
         assert!(Workload::of("conv9d", &[]).is_err());
-        let s = Workload::of("softmax", &[t.clone(), t]).unwrap();
-        assert!(s.clone().then_with(Binary::Add, &[1]).is_err());
+        let s = Workload::of("softmax", &[t.clone(), t.clone()]).unwrap();
+        assert!(s.clone().then_with(Binary::Add, &[1]).is_ok());
+        assert!(s.clone().then_with(Binary::Add, &[2]).is_err());
+        assert!(s.clone().with_epsilon(1e-5).is_err());
         assert!(s.then_scale(f64::NAN).is_err());
+        // A layer norm's epsilon, and its scale and bias along the row.
+        let ln = Workload::of("layer_norm", &[t.clone(), Expr::Const(768)])
+            .unwrap()
+            .with_epsilon(1e-12)
+            .unwrap()
+            .then_with(Binary::Mul, &[1])
+            .unwrap()
+            .then_with(Binary::Add, &[1])
+            .unwrap();
+        assert_eq!(
+            ln,
+            Workload::parse("layer_norm(M=T,N=768,eps=1e-12)+mul(n)+add(n)").unwrap()
+        );
+        assert_eq!(ln.inputs[1].shape, vec![Expr::Const(768)]);
+        for bad in [f64::NAN, f64::INFINITY, -1e-5] {
+            let rms = Workload::of("rms_norm", &[t.clone(), t.clone()]).unwrap();
+            assert!(rms.with_epsilon(bad).is_err(), "{bad}");
+        }
     }
 }

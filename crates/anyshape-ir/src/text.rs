@@ -3,17 +3,18 @@
 //!
 //! - `OP` is an operator of the registry; `ARGS` are its arguments by name
 //!   (`dense(M=16*T,N=2304,K=768)`) or position (`dense(16*T,2304,768)`), each an
-//!   integer expression over shape vars;
+//!   integer expression over shape vars; a layer norm or RMSNorm also takes `eps=C`,
+//!   a number (`layer_norm(M=T,N=768,eps=1e-12)`);
 //! - epilogues: `relu`, `tanh`, `gelu` (erf form), `gelu_tanh`, `nan_to_zero`,
-//!   `scale(C)`; for contractions also `add(AXES)` and `mul(AXES)` with a new input
-//!   indexed by the named output axes (`add(n)`: a bias along `n`); `bias` is `add` of
-//!   the output's last axis and `residual` is `add` of all its axes.
+//!   `scale(C)`; `add(AXES)` and `mul(AXES)` with a new input indexed by the named
+//!   output axes (`add(n)`: a bias along `n`); `bias` is `add` of the output's last
+//!   axis and `residual` is `add` of all its axes.
 //!
 //! [`Workload`]'s `Display` writes the form [`Workload::parse`] reads back.
 use crate::ops::known_operator;
 use crate::{
-    parse_expr, split_top_level, Binary, EpilogueOp, Expr, IrError, ParseError, Result, Unary,
-    Workload,
+    parse_expr, split_top_level, Binary, EpilogueOp, Expr, IrError, OpClass, ParseError, Result,
+    Unary, Workload,
 };
 use std::fmt;
 
@@ -46,10 +47,19 @@ impl Workload {
         let def = known_operator(name)?;
         let arg_names = def.args;
         let mut values: Vec<Option<Expr>> = vec![None; arg_names.len()];
+        let mut epsilon = None;
         let inner = &call[open + 1..close];
         if !inner.trim().is_empty() {
             for (i, (at, part)) in split_top_level(inner, ',').into_iter().enumerate() {
                 let at = open + 1 + at;
+                if let Some(("eps", c)) = part.split_once('=').map(|(k, c)| (k.trim(), c)) {
+                    let e = c
+                        .trim()
+                        .parse::<f64>()
+                        .map_err(|_| perr(at, format!("`eps={}`: expected a number", c.trim())))?;
+                    epsilon = Some(e);
+                    continue;
+                }
                 let (slot, expr_text, expr_at) = match part.split_once('=') {
                     Some((k, v)) => {
                         let k = k.trim();
@@ -96,6 +106,9 @@ impl Workload {
         }
         let args: Vec<Expr> = values.into_iter().flatten().collect();
         let mut w = Workload::of(name, &args)?;
+        if let Some(e) = epsilon {
+            w = w.with_epsilon(e)?;
+        }
         for &(at, piece) in &pieces[1..] {
             w = add_epilogue(w, piece.trim()).map_err(|m| perr(at, m))?;
         }
@@ -174,7 +187,13 @@ impl fmt::Display for Workload {
             .iter()
             .map(|(k, v)| format!("{k}={}", v.to_string().replace(' ', "")))
             .collect();
-        write!(f, "{}({})", self.op, args.join(","))?;
+        write!(f, "{}({}", self.op, args.join(","))?;
+        if let OpClass::Normalization { kind, .. } = self.class {
+            if let Some(e) = kind.epsilon() {
+                write!(f, ",eps={e:e}")?;
+            }
+        }
+        write!(f, ")")?;
         for op in self.epilogue.ops() {
             match op {
                 EpilogueOp::Unary(u) => write!(f, "+{}", u.name())?,
@@ -243,15 +262,33 @@ mod tests {
             "dense(1,2,3)+scale(inf)",
             "dense(1,2,3)+add(q)",
             "dense(1,2,3)+scale(2",
-            "softmax(T,8)+bias",
-            "softmax(T,8)+mul(m)",
+            "softmax(T,8)+add(q)",
+            "softmax(T,8,eps=1e-5)",
+            "layer_norm(T,8,eps=x)",
+            "layer_norm(T,8,eps=-1)",
+            "layer_norm(T,8,eps=inf)",
+            "rms_norm(T,8,eps=nan)",
         ] {
             let e = Workload::parse(bad).unwrap_err();
             assert!(!e.to_string().is_empty(), "{bad}");
         }
-        // A normalization takes the ops without inputs.
         let w = Workload::parse("softmax(T,8)+nan_to_zero+scale(0.5)").unwrap();
         assert_eq!(w.to_string(), "softmax(M=T,N=8)+nan_to_zero+scale(0.5)");
+        // A layer norm's epsilon is written exactly; without one it is ONNX's default.
+        for (text, form) in [
+            (
+                "layer_norm(T,768,eps=9.999999960041972e-13)+mul(n)+add(n)",
+                "layer_norm(M=T,N=768,eps=9.999999960041972e-13)+mul(n)+add(n)",
+            ),
+            (
+                "rms_norm(N=64,M=T)+mul(n)",
+                "rms_norm(M=T,N=64,eps=1e-5)+mul(n)",
+            ),
+        ] {
+            let w = Workload::parse(text).unwrap();
+            assert_eq!(w.to_string(), form);
+            assert_eq!(Workload::parse(form).unwrap(), w);
+        }
         let e = Workload::parse("dense(M=16*,N=1,K=1)").unwrap_err();
         match e {
             IrError::Parse(p) => assert_eq!(p.pos, 11),

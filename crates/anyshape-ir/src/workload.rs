@@ -16,7 +16,7 @@
 //!   first operand's last dimension, contiguous, twice the axis's constant extent and
 //!   read at twice its index; its second operand in panels of words, or read in pairs
 //!   as the first.
-use crate::{BoundWorkload, DType, Epilogue, Expr, IrError, Precision, Result};
+use crate::{BoundWorkload, DType, Epilogue, Expr, IrError, Precision, Result, Scalar};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -176,6 +176,31 @@ impl TensorRef {
 pub enum Normalization {
     /// `y = exp(x - max) / Σ exp(x - max)` along the axis.
     Softmax,
+    /// `y = (x - mean) / √(var + epsilon)` along the axis (the variance without
+    /// Bessel's correction): ONNX's `LayerNormalization` before its scale and bias,
+    /// which are epilogue inputs along the axis.
+    LayerNorm {
+        /// Added to the variance.
+        epsilon: Scalar,
+    },
+    /// `y = x / √(mean(x²) + epsilon)` along the axis: RMSNorm (Llama's) before its
+    /// scale, an epilogue input along the axis.
+    RmsNorm {
+        /// Added to the mean square.
+        epsilon: Scalar,
+    },
+}
+
+impl Normalization {
+    /// The constant added under the square root, for the kinds that have one.
+    pub fn epsilon(self) -> Option<f64> {
+        match self {
+            Normalization::Softmax => None,
+            Normalization::LayerNorm { epsilon } | Normalization::RmsNorm { epsilon } => {
+                Some(epsilon.0)
+            }
+        }
+    }
 }
 
 /// The class of an operator: what its axes and tensors mean, which sketch serves it.
@@ -187,7 +212,7 @@ pub enum OpClass {
     /// transposes as strides), convolutions as implicit GEMM.
     Contraction,
     /// A function of each row of the operand along one spatial axis (the output's
-    /// last), the same shape out as in: softmax; later layer norm and reductions.
+    /// last), the same shape out as in: softmax, layer norm, RMSNorm.
     Normalization {
         /// What it computes.
         kind: Normalization,
@@ -406,7 +431,9 @@ impl Workload {
 
     /// Useful floating-point operations of an instance: a multiply and an add per point
     /// of a contraction; five per element of a softmax (max, subtract, exp, sum,
-    /// divide); one per epilogue op and output element.
+    /// divide), six of a layer norm (sum; subtract, square, sum; subtract, multiply),
+    /// three of an RMSNorm (square, sum, multiply); one per epilogue op and output
+    /// element.
     pub fn flops(&self, bound: &BoundWorkload) -> f64 {
         let points: f64 = bound.extents.iter().map(|&e| e as f64).product();
         let out = *bound.lens.last().unwrap_or(&0) as f64;
@@ -414,10 +441,14 @@ impl Workload {
             // A bf16 contraction's reduction counts pairs.
             OpClass::Contraction if self.precision == Precision::Bf16 => 4.0 * points,
             OpClass::Contraction => 2.0 * points,
-            OpClass::Normalization {
-                kind: Normalization::Softmax,
-                ..
-            } => 5.0 * points,
+            OpClass::Normalization { kind, .. } => {
+                points
+                    * match kind {
+                        Normalization::Softmax => 5.0,
+                        Normalization::LayerNorm { .. } => 6.0,
+                        Normalization::RmsNorm { .. } => 3.0,
+                    }
+            }
         };
         core + self.epilogue.ops().len() as f64 * out
     }

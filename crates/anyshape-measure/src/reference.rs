@@ -47,10 +47,7 @@ pub struct Reference {
 pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> Reference {
     let (mut output, mut tolerance) = match w.class {
         OpClass::Contraction => contraction(w, bound, inputs),
-        OpClass::Normalization {
-            kind: Normalization::Softmax,
-            axis,
-        } => softmax(w, bound, inputs[0], axis),
+        OpClass::Normalization { kind, axis } => normalize(w, bound, inputs[0], axis, kind),
     };
     let spatial = w.output_axes();
     if !w.epilogue.is_empty() && !spatial.iter().any(|&a| bound.extents[a] == 0) {
@@ -175,7 +172,16 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
 /// max)` along it. The tolerance: the f32 sum's rounding (`n + 8` ulps of the result,
 /// counting the exponential's and the division's) and an absolute floor for results
 /// near zero.
-fn softmax(w: &Workload, bound: &BoundWorkload, x: &[f32], axis: usize) -> (Vec<f64>, Vec<f64>) {
+/// Each row of `x` along `axis` normalized by `kind`, with a bound on an f32 program's
+/// error per element: its sums' rounding (at most `n` roundings each, worst case) and
+/// the operations after them.
+fn normalize(
+    w: &Workload,
+    bound: &BoundWorkload,
+    x: &[f32],
+    axis: usize,
+    kind: Normalization,
+) -> (Vec<f64>, Vec<f64>) {
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
     let (mut output, mut tolerance) = (vec![0.0f64; len], vec![0.0f64; len]);
@@ -185,18 +191,45 @@ fn softmax(w: &Workload, bound: &BoundWorkload, x: &[f32], axis: usize) -> (Vec<
         return (output, tolerance);
     }
     let eps = f32::EPSILON as f64;
+    let sums = (n as f64 + 8.0) * eps;
     let mut point = vec![0i64; w.axes.len()];
     loop {
         let at =
             |t: usize, j: i64| (bound.offset(t, &point) + j * bound.axis_strides[t][axis]) as usize;
-        let max = (0..n)
-            .map(|j| x[at(0, j)] as f64)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = (0..n).map(|j| (x[at(0, j)] as f64 - max).exp()).sum();
-        for j in 0..n {
-            let y = (x[at(0, j)] as f64 - max).exp() / sum;
-            output[at(out_t, j)] = y;
-            tolerance[at(out_t, j)] = (n as f64 + 8.0) * eps * y + eps * 1e-3;
+        let row: Vec<f64> = (0..n).map(|j| x[at(0, j)] as f64).collect();
+        let mean = |f: &dyn Fn(f64) -> f64| row.iter().map(|&v| f(v)).sum::<f64>() / n as f64;
+        // Each element's value and its error bound.
+        let element: Box<dyn Fn(f64) -> (f64, f64)> = match kind {
+            Normalization::Softmax => {
+                let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = row.iter().map(|&v| (v - max).exp()).sum();
+                Box::new(move |v| {
+                    let y = (v - max).exp() / sum;
+                    (y, sums * y + eps * 1e-3)
+                })
+            }
+            Normalization::LayerNorm { epsilon } => {
+                let mu = mean(&|v| v);
+                let r = 1.0 / (mean(&|v| (v - mu) * (v - mu)) + epsilon.0).sqrt();
+                // The mean's own rounding shifts every element by up to n·ε·mean|x|.
+                let shift = n as f64 * eps * mean(&f64::abs) * r;
+                Box::new(move |v| {
+                    let y = (v - mu) * r;
+                    (y, sums * y.abs() + shift + eps * 1e-3)
+                })
+            }
+            Normalization::RmsNorm { epsilon } => {
+                let r = 1.0 / (mean(&|v| v * v) + epsilon.0).sqrt();
+                Box::new(move |v| {
+                    let y = v * r;
+                    (y, sums * y.abs() + eps * 1e-3)
+                })
+            }
+        };
+        for (j, &v) in row.iter().enumerate() {
+            let (y, tol) = element(v);
+            output[at(out_t, j as i64)] = y;
+            tolerance[at(out_t, j as i64)] = tol;
         }
         if !advance(&mut point, &rows, &bound.extents) {
             break;

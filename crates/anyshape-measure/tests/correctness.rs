@@ -502,6 +502,28 @@ fn softmax_all_strategies_and_modes() {
     );
 }
 
+/// Layer norm (BERT's, with its scale and bias) and RMSNorm (Llama's, with its scale)
+/// along rows of any length (1 to past the tile), every strategy and mode.
+#[test]
+fn layer_norm_and_rms_norm_all_strategies_and_modes() {
+    let target = CpuTarget::detect();
+    matrix(
+        "layer_norm(M=3*T,N=T,eps=1e-12)+mul(n)+add(n)",
+        small_row_kernels(),
+        1,
+    );
+    matrix(
+        "layer_norm(M=T,N=2*T+3)+residual",
+        [RowKernel::default_for(&target), small_row_kernels()[0]],
+        2,
+    );
+    matrix(
+        "rms_norm(M=T,N=T+5,eps=1e-6)+mul(n)",
+        [RowKernel::default_for(&target), small_row_kernels()[1]],
+        2,
+    );
+}
+
 /// Random valid micro-kernels on random shapes (with and without an epilogue), every
 /// strategy, symbolic mode; run on several instances each, including T = 0.
 #[test]

@@ -137,7 +137,11 @@ impl Walk {
     fn value(&mut self, v: &Value) {
         let lanes = v.lanes() as f64;
         match v {
-            Value::Zero { .. } | Value::Const { .. } | Value::Reg { .. } | Value::Lane(..) => {}
+            Value::Zero { .. }
+            | Value::Const { .. }
+            | Value::Reg { .. }
+            | Value::Lane(..)
+            | Value::Count(..) => {}
             Value::Load {
                 buf, index, lanes, ..
             } => self.access(buf, index, *lanes, false),

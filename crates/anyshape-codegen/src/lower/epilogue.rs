@@ -12,6 +12,12 @@ use anyshape_ir::{Epilogue, EpilogueOp, Expr};
 /// The value of `epilogue` applied to `x` (every sketch on every device lowers its
 /// chain so); `at(t)` is the element index of input `t` at the same output point.
 pub(super) fn chain_value(epilogue: &Epilogue, x: Value, at: &dyn Fn(usize) -> Expr) -> Value {
+    chain_with(epilogue, x, &|t| Value::load(&format!("in{t}"), at(t)))
+}
+
+/// The value of `epilogue` applied to `x`, where `input(t)` is the value of input `t`
+/// at the same output point (or points: a vector of them).
+pub(super) fn chain_with(epilogue: &Epilogue, x: Value, input: &dyn Fn(usize) -> Value) -> Value {
     epilogue.ops().iter().fold(x, |value, op| match *op {
         EpilogueOp::Unary(u) => Value::unary(UnaryOp::from(u), value),
         EpilogueOp::Scale(s) => Value::binary(
@@ -22,11 +28,7 @@ pub(super) fn chain_value(epilogue: &Epilogue, x: Value, at: &dyn Fn(usize) -> E
                 lanes: 1,
             },
         ),
-        EpilogueOp::With { op, input } => Value::binary(
-            BinaryOp::from(op),
-            value,
-            Value::load(&format!("in{input}"), at(input)),
-        ),
+        EpilogueOp::With { op, input: t } => Value::binary(BinaryOp::from(op), value, input(t)),
     })
 }
 

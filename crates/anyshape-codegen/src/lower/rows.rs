@@ -1,62 +1,85 @@
-//! The row-wise sketch's lowering (softmax; see `sketch/rows.rs`):
+//! The row-wise sketch's lowering (softmax, layer norm, RMSNorm; see `sketch/rows.rs`):
 //! ```text
-//! [global padding: copy X into rows padded to whole steps, filled with -inf]
+//! [global padding: copy X into rows padded to whole steps]
 //! parallel for task in ceil(rows / R):
 //!   for each of its rows:
-//!     max:   vector maxima over the row's whole steps; the tail by the policy
-//!     exp:   y = exp(x - max) over the row, summed (vectors, then the tail)
-//!     scale: y *= 1 / sum, then the epilogue        (checked stores for the tail)
-//! [global padding: copy the padded Y back]
+//!     softmax:    max over the row; y = exp(x - max), summed; y *= 1 / sum
+//!     layer norm: mean; variance of x - mean; y = (x - mean) / √(var + ε)
+//!     RMSNorm:    mean square; y = x / √(ms + ε)
+//!     then the epilogue (its inputs read along the row: a scale, a bias)
+//! [global padding: copy the padded Y back, the epilogue applied on the way]
 //! ```
-//! The tail of a row (what is left after its whole `vectors x lanes` steps), by the
-//! padding strategy's policy: local padding copies it into a step-sized buffer filled
-//! with -inf (the identity of the maximum, whose exponential is the identity of the
-//! sum) and runs it through the vector code, storing only its valid part; a guarded
-//! fetch with partitioned compute runs it as a scalar loop; checked compute runs the
-//! whole row element by element with a check on each.
-use super::epilogue::chain_value;
+//! Each pass sweeps the row's whole `vectors x lanes` steps, then its tail by the
+//! padding strategy's policy: local padding copies the tail into a step-sized buffer
+//! filled with the identity of the pass (-inf for the maximum, 0 for a sum, the mean
+//! for the centered squares) and runs it through the vector code, storing only its
+//! valid part; a guarded fetch with partitioned compute runs it as a scalar loop;
+//! checked compute runs the whole row element by element with a check on each. Under
+//! global padding a softmax sweeps the padded row (filled with -inf); the sums of a
+//! layer norm or RMSNorm stop at the row's end, its tail scalar.
+use super::epilogue::chain_with;
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
     for_, if_, let_, store, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value,
 };
 use crate::padding::{Compute, Fetch};
 use crate::{CodegenError, CpuTarget, Program, Result, RowKernel};
-use anyshape_ir::Expr;
+use anyshape_ir::{Epilogue, Expr, Normalization, OpClass};
 
 /// Lower a normalization program.
 pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> {
     p.micro_kernel.validate(target)?;
     let w = &p.workload;
+    let OpClass::Normalization { kind, .. } = w.class else {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: "the row-wise sketch serves normalizations".into(),
+        });
+    };
     let (shape_vars, specialized) = shape_vars(p)?;
     let axes = w.output_axes();
     let (n_axis, row_axes) = axes.split_last().expect("a normalization has axes");
     let (x, y) = (&w.inputs[0], &w.output);
-    let unit = |t: &anyshape_ir::TensorRef| renamed(&t.axis_stride(*n_axis)).as_const() == Some(1);
+    let stride = |t: &anyshape_ir::TensorRef, axis: usize| renamed(&t.axis_stride(axis)).simplify();
+    let unit = |t: &anyshape_ir::TensorRef| stride(t, *n_axis).as_const() == Some(1);
     if !unit(x) || !unit(y) || row_axes.len() != 1 {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: "the row-wise sketch needs one row axis and contiguous rows".into(),
         });
     }
-    if w.epilogue.ops().iter().any(|op| op.input().is_some()) {
-        return Err(CodegenError::SketchNotApplicable {
-            workload: w.to_string(),
-            reason: "the row-wise sketch fuses epilogue ops without inputs only".into(),
-        });
-    }
     let m_axis = row_axes[0];
+    // Epilogue inputs: along the row (contiguous, a scale or bias) or one per row.
+    let mut inputs = Vec::new();
+    let mut body = Vec::new();
+    for t in 1..w.inputs.len() {
+        let along = match stride(&w.inputs[t], *n_axis).as_const() {
+            Some(1) => true,
+            Some(0) => false,
+            _ => {
+                return Err(CodegenError::SketchNotApplicable {
+                    workload: w.to_string(),
+                    reason: "the row-wise sketch reads epilogue inputs contiguous along the row or one per row".into(),
+                })
+            }
+        };
+        body.push(let_(&format!("se{t}_m"), stride(&w.inputs[t], m_axis)));
+        body.push(let_(&format!("eb{t}"), renamed(&w.inputs[t].base_offset())));
+        inputs.push((t, along));
+    }
     let mk = p.micro_kernel;
     let lanes = target.lanes_f32();
     let step = mk.step(target);
     let policy = p.strategy.policy();
-    let mut body = vec![
+    let softmax = kind == Normalization::Softmax;
+    body.extend([
         let_("e_m", renamed(&w.axes[m_axis].extent)),
         let_("e_n", renamed(&w.axes[*n_axis].extent)),
         let_("sx_m", renamed(&x.axis_stride(m_axis))),
         let_("sy_m", renamed(&y.axis_stride(m_axis))),
         let_("bx0", renamed(&x.base_offset())),
         let_("by0", renamed(&y.base_offset())),
-    ];
+    ]);
     // Where the rows are read and written: the tensors, or their padded copies.
     let (xb, yb, xs, ys, bx, by) = if policy.copy {
         body.push(let_("p_n", Expr::round_up(v("e_n"), step as i64)));
@@ -67,10 +90,15 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
                 scope: Scope::Scratch(slot),
             });
         }
+        let fill = if softmax {
+            neg_inf(1)
+        } else {
+            Value::Zero { lanes: 1 }
+        };
         let src = Value::Select(
             Cond::Lt(v("j"), v("e_n")),
             Box::new(Value::load("in0", v("bx0") + v("r") * v("sx_m") + v("j"))),
-            Box::new(neg_inf(1)),
+            Box::new(fill),
         );
         body.push(for_(
             "r",
@@ -88,18 +116,32 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
         ("in0", "out0", v("sx_m"), v("sy_m"), v("bx0"), v("by0"))
     };
     // Whole vector steps of a row and what is left.
-    let n = if policy.copy { v("p_n") } else { v("e_n") };
+    let n = if policy.copy && softmax {
+        v("p_n")
+    } else {
+        v("e_n")
+    };
     body.push(let_("nfull", n / c(step)));
     body.push(let_("ntail", v("e_n") - v("nfull") * c(step)));
     let rows = Row {
         xb,
         yb,
-        epilogue: w.epilogue.clone(),
+        kind,
+        // Under global padding the epilogue runs as Y is copied back, on valid
+        // elements only.
+        epilogue: if policy.copy {
+            Epilogue::none()
+        } else {
+            w.epilogue.clone()
+        },
+        inputs: inputs.clone(),
         lanes,
         vectors: mk.vectors,
         step,
-        tail: if policy.copy {
+        tail: if policy.copy && softmax {
             Tail::None
+        } else if policy.copy {
+            Tail::Scalar
         } else if policy.compute == Compute::Checked {
             Tail::Checked
         } else if policy.fetch == Fetch::ZeroFill {
@@ -113,7 +155,7 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
         let_("bx", bx + v("row") * xs),
         let_("by", by + v("row") * ys),
     ];
-    row.extend(rows.softmax());
+    row.extend(rows.normalize());
     body.push(for_(
         "t",
         Expr::ceil_div(v("e_m"), c(mk.rows)),
@@ -126,6 +168,11 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
         )],
     ));
     if policy.copy {
+        let value = chain_with(
+            &w.epilogue,
+            Value::load("Yg", v("r") * v("p_n") + v("j")),
+            &|t| input_value(&inputs, t, v("r"), v("j"), 1),
+        );
         body.push(for_(
             "r",
             v("e_m"),
@@ -134,11 +181,7 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
                 "j",
                 v("e_n"),
                 LoopKind::Serial,
-                vec![store(
-                    "out0",
-                    v("by0") + v("r") * v("sy_m") + v("j"),
-                    Value::load("Yg", v("r") * v("p_n") + v("j")),
-                )],
+                vec![store("out0", v("by0") + v("r") * v("sy_m") + v("j"), value)],
             )],
         ));
     }
@@ -150,6 +193,19 @@ pub(crate) fn lower(p: &Program<RowKernel>, target: &CpuTarget) -> Result<Func> 
         threads: None,
         body,
     })
+}
+
+/// The value of epilogue input `t` at row `row`, element `j` (`lanes` of them from `j`
+/// where it runs along the row; one broadcast where it is one per row).
+fn input_value(inputs: &[(usize, bool)], t: usize, row: Expr, j: Expr, lanes: usize) -> Value {
+    let along = inputs.iter().any(|&(u, along)| u == t && along);
+    let base = v(&format!("eb{t}")) + row * v(&format!("se{t}_m"));
+    let buf = format!("in{t}");
+    match (along, lanes) {
+        (true, 1) => Value::load(&buf, base + j),
+        (true, _) => Value::vload(&buf, base + j, lanes),
+        (false, _) => Value::load(&buf, base),
+    }
 }
 
 /// -inf in `lanes` lanes: the identity of the maximum.
@@ -173,12 +229,15 @@ enum Tail {
     Checked,
 }
 
-/// One row's softmax, in the three passes.
+/// One row's normalization, in passes.
 struct Row {
     xb: &'static str,
     yb: &'static str,
-    /// Applied to each probability as it is scaled (ops without inputs).
-    epilogue: anyshape_ir::Epilogue,
+    kind: Normalization,
+    /// Applied to each result as it is stored.
+    epilogue: Epilogue,
+    /// The epilogue's inputs: their indices, and whether each runs along the row.
+    inputs: Vec<(usize, bool)>,
     lanes: usize,
     vectors: usize,
     step: usize,
@@ -197,6 +256,20 @@ impl Row {
     /// The offset of vector `u` of step `q` in the row.
     fn at(&self, u: usize) -> Expr {
         v("q") * c(self.step) + c(u * self.lanes)
+    }
+
+    /// The offset in the row of tail element `e`.
+    fn tail_j(&self) -> Expr {
+        v("nfull") * c(self.step) + v("e")
+    }
+
+    /// The whole steps the vector code sweeps (none where every element is checked).
+    fn whole_steps(&self) -> Expr {
+        if self.tail == Tail::Checked {
+            c(0)
+        } else {
+            v("nfull")
+        }
     }
 
     /// `for q in steps { for u (unrolled) { body(u) } }`.
@@ -219,91 +292,161 @@ impl Row {
         )
     }
 
-    fn softmax(&self) -> Vec<Stmt> {
-        let (lanes, step) = (self.lanes, self.step);
-        let vectors = if self.tail == Tail::Checked {
-            c(0)
-        } else {
-            v("nfull")
-        };
+    fn normalize(&self) -> Vec<Stmt> {
         let mut s = Vec::new();
-        // Pass 1: the maximum.
-        for u in 0..self.vectors {
-            s.push(Stmt::Reg {
-                name: format!("mx_{u}"),
-                lanes,
-                init: neg_inf(lanes),
-            });
+        if self.tail == Tail::Padded {
+            for buf in ["xt", "yt"] {
+                s.push(Stmt::Alloc {
+                    buf: buf.into(),
+                    len: c(self.step),
+                    scope: Scope::Stack,
+                });
+            }
         }
-        s.push(Stmt::Reg {
-            name: "mx_s".into(),
+        let zero = Value::Zero { lanes: 1 };
+        let scalar = |name: &str, init: Value| Stmt::Reg {
+            name: name.into(),
             lanes: 1,
-            init: neg_inf(1),
+            init,
+        };
+        let div = |a: Value, b: Value| Value::binary(BinaryOp::Div, a, b);
+        let one = Value::Const {
+            value: 1.0,
+            lanes: 1,
+        };
+        // 1 / √(sum / n + ε).
+        let inverse_root = |sum: &str, epsilon: f64| {
+            let mean = div(Value::reg(sum, 1), Value::Count(v("e_n")));
+            let eps = Value::Const {
+                value: epsilon,
+                lanes: 1,
+            };
+            div(
+                one.clone(),
+                Value::unary(UnaryOp::Sqrt, Value::sum(mean, eps)),
+            )
+        };
+        let times = |a: Value, b: &str| Value::binary(BinaryOp::Mul, a, Value::reg(b, 1));
+        match self.kind {
+            Normalization::Softmax => {
+                s.extend(self.reduce_pass("mx", BinaryOp::Max, neg_inf(1), &|x| x));
+                s.extend(self.exp_pass());
+                s.push(scalar(
+                    "inv",
+                    div(one.clone(), self.reduce("sm", BinaryOp::Add)),
+                ));
+                s.extend(self.map_pass(false, &|y| times(y, "inv")));
+            }
+            Normalization::LayerNorm { epsilon } => {
+                s.extend(self.reduce_pass("sm", BinaryOp::Add, zero, &|x| x));
+                s.push(scalar(
+                    "mean",
+                    div(Value::reg("sm", 1), Value::Count(v("e_n"))),
+                ));
+                let centered = |x: Value| Value::binary(BinaryOp::Sub, x, Value::reg("mean", 1));
+                // The tail's padding is the mean: its centered square is 0.
+                s.extend(
+                    self.reduce_pass("sq", BinaryOp::Add, Value::reg("mean", 1), &|x| {
+                        Value::binary(BinaryOp::Mul, centered(x.clone()), centered(x))
+                    }),
+                );
+                s.push(scalar("rs", inverse_root("sq", epsilon.0)));
+                s.extend(self.map_pass(true, &|x| times(centered(x), "rs")));
+            }
+            Normalization::RmsNorm { epsilon } => {
+                s.extend(self.reduce_pass("sq", BinaryOp::Add, zero, &|x| {
+                    Value::binary(BinaryOp::Mul, x.clone(), x)
+                }));
+                s.push(scalar("rs", inverse_root("sq", epsilon.0)));
+                s.extend(self.map_pass(true, &|x| times(x, "rs")));
+            }
+        }
+        s
+    }
+
+    /// The scalar register `name`: `op` over `f` of the row's elements, the tail
+    /// padded with `fill` where local padding runs it through the vector code (`f` of
+    /// `fill` must be the identity of `op`).
+    fn reduce_pass(
+        &self,
+        name: &str,
+        op: BinaryOp,
+        fill: Value,
+        f: &dyn Fn(Value) -> Value,
+    ) -> Vec<Stmt> {
+        let lanes = self.lanes;
+        let identity = |lanes: usize| match op {
+            BinaryOp::Max => neg_inf(lanes),
+            _ => Value::Zero { lanes },
+        };
+        let mut s: Vec<Stmt> = (0..self.vectors)
+            .map(|u| Stmt::Reg {
+                name: format!("{name}_{u}"),
+                lanes,
+                init: identity(lanes),
+            })
+            .collect();
+        s.push(Stmt::Reg {
+            name: format!("{name}_s"),
+            lanes: 1,
+            init: identity(1),
         });
-        let vmax = |u: usize, src: Value| Stmt::Assign {
-            reg: format!("mx_{u}"),
-            value: Value::binary(BinaryOp::Max, Value::reg(&format!("mx_{u}"), lanes), src),
+        let vector = |u: usize, src: Value| Stmt::Assign {
+            reg: format!("{name}_{u}"),
+            value: Value::binary(op, Value::reg(&format!("{name}_{u}"), lanes), f(src)),
         };
-        s.push(self.steps(vectors.clone(), &|u| {
-            vec![vmax(u, Value::vload(self.xb, self.x(self.at(u)), lanes))]
+        let scalar = |src: Value| Stmt::Assign {
+            reg: format!("{name}_s"),
+            value: Value::binary(op, Value::reg(&format!("{name}_s"), 1), f(src)),
+        };
+        s.push(self.steps(self.whole_steps(), &|u| {
+            vec![vector(u, Value::vload(self.xb, self.x(self.at(u)), lanes))]
         }));
-        let smax = |src: Value| Stmt::Assign {
-            reg: "mx_s".into(),
-            value: Value::binary(BinaryOp::Max, Value::reg("mx_s", 1), src),
-        };
         match self.tail {
             Tail::None => {}
             Tail::Padded => {
-                let j = v("nfull") * c(step) + v("e");
-                s.push(Stmt::Alloc {
-                    buf: "xt".into(),
-                    len: c(step),
-                    scope: Scope::Stack,
-                });
-                s.push(Stmt::Alloc {
-                    buf: "yt".into(),
-                    len: c(step),
-                    scope: Scope::Stack,
-                });
-                // Nothing to do where the row is whole steps (BERT's 512: two exps of
-                // 32 and a fill in every row).
+                // Nothing to do where the row is whole steps (BERT's 768: no tail).
                 let mut tail = vec![for_(
                     "e",
-                    c(step),
+                    c(self.step),
                     LoopKind::Serial,
                     vec![crate::lower::fetch::checked_copy(
                         Fetch::ZeroFill,
                         Cond::Lt(v("e"), v("ntail")),
                         "xt",
                         v("e"),
-                        Value::load(self.xb, self.x(j)),
-                        neg_inf(1),
+                        Value::load(self.xb, self.x(self.tail_j())),
+                        fill,
                     )],
                 )];
                 for u in 0..self.vectors {
-                    tail.push(vmax(u, Value::vload("xt", c(u * lanes), lanes)));
+                    tail.push(vector(u, Value::vload("xt", c(u * lanes), lanes)));
                 }
                 s.push(if_(Cond::Lt(c(0), v("ntail")), tail));
             }
-            Tail::Scalar => {
-                let j = v("nfull") * c(step) + v("e");
-                s.push(for_(
-                    "e",
-                    v("ntail"),
-                    LoopKind::Serial,
-                    vec![smax(Value::load(self.xb, self.x(j)))],
-                ));
-            }
+            Tail::Scalar => s.push(for_(
+                "e",
+                v("ntail"),
+                LoopKind::Serial,
+                vec![scalar(Value::load(self.xb, self.x(self.tail_j())))],
+            )),
             Tail::Checked => {
-                s.push(self.checked(vec![smax(Value::load(self.xb, self.x(v("j"))))]));
+                s.push(self.checked(vec![scalar(Value::load(self.xb, self.x(v("j"))))]))
             }
         }
         s.push(Stmt::Reg {
-            name: "mx".into(),
+            name: name.into(),
             lanes: 1,
-            init: self.reduce("mx", BinaryOp::Max),
+            init: self.reduce(name, op),
         });
-        // Pass 2: y = exp(x - max), summed.
+        s
+    }
+
+    /// A softmax's second pass: `y = exp(x - mx)` stored (the padded tail into `yt`)
+    /// and summed into `sm`.
+    fn exp_pass(&self) -> Vec<Stmt> {
+        let lanes = self.lanes;
+        let mut s = Vec::new();
         for u in 0..self.vectors {
             s.push(Stmt::Reg {
                 name: format!("sm_{u}"),
@@ -339,7 +482,7 @@ impl Row {
                 },
             ]
         };
-        s.push(self.steps(vectors.clone(), &|u| {
+        s.push(self.steps(self.whole_steps(), &|u| {
             vexp(
                 u,
                 Value::vload(self.xb, self.x(self.at(u)), lanes),
@@ -361,7 +504,7 @@ impl Row {
                 },
             ]
         };
-        let tail_j = v("nfull") * c(step) + v("e");
+        let tail_j = self.tail_j();
         match self.tail {
             Tail::None => {}
             Tail::Padded => {
@@ -379,68 +522,56 @@ impl Row {
                 "e",
                 v("ntail"),
                 LoopKind::Serial,
-                sexp(
-                    Value::load(self.xb, self.x(tail_j.clone())),
-                    self.y(tail_j.clone()),
-                ),
+                sexp(Value::load(self.xb, self.x(tail_j.clone())), self.y(tail_j)),
             )),
             Tail::Checked => {
                 s.push(self.checked(sexp(Value::load(self.xb, self.x(v("j"))), self.y(v("j")))))
             }
         }
-        s.push(Stmt::Reg {
-            name: "inv".into(),
-            lanes: 1,
-            init: Value::binary(
-                BinaryOp::Div,
-                Value::Const {
-                    value: 1.0,
-                    lanes: 1,
-                },
-                self.reduce("sm", BinaryOp::Add),
-            ),
-        });
-        // Pass 3: scale by 1 / sum, then the epilogue.
-        let scaled = |buf: &str, at: Expr, lanes: usize| {
-            let load = if lanes > 1 {
-                Value::vload(buf, at, lanes)
-            } else {
-                Value::load(buf, at)
-            };
-            let p = Value::binary(BinaryOp::Mul, load, Value::reg("inv", 1));
-            chain_value(&self.epilogue, p, &|_| c(0))
+        s
+    }
+
+    /// The last pass: `y = epilogue(f(value))` stored, the value read from X
+    /// (`from_x`; the padded tail from `xt`) or from what an earlier pass stored in Y
+    /// (the padded tail from `yt`).
+    fn map_pass(&self, from_x: bool, f: &dyn Fn(Value) -> Value) -> Vec<Stmt> {
+        let (src, tail_buf) = if from_x {
+            (self.xb, "xt")
+        } else {
+            (self.yb, "yt")
         };
-        s.push(self.steps(vectors, &|u| {
-            let at = self.y(self.at(u));
-            vec![store(self.yb, at.clone(), scaled(self.yb, at, lanes))]
-        }));
+        let at = |j: Expr| if from_x { self.x(j) } else { self.y(j) };
+        let value = |load: Value, j: Expr, lanes: usize| {
+            chain_with(&self.epilogue, f(load), &|t| {
+                input_value(&self.inputs, t, v("row"), j.clone(), lanes)
+            })
+        };
+        let lanes = self.lanes;
+        let mut s = vec![self.steps(self.whole_steps(), &|u| {
+            let j = self.at(u);
+            let load = Value::vload(src, at(j.clone()), lanes);
+            vec![store(self.yb, self.y(j.clone()), value(load, j, lanes))]
+        })];
+        let tail_j = self.tail_j();
+        let scalar_store =
+            |load: Value, j: Expr| store(self.yb, self.y(j.clone()), value(load, j, 1));
         match self.tail {
             Tail::None => {}
             Tail::Padded => s.push(for_(
                 "e",
                 v("ntail"),
                 LoopKind::Serial,
-                vec![store(
-                    self.yb,
-                    self.y(tail_j.clone()),
-                    scaled("yt", v("e"), 1),
-                )],
+                vec![scalar_store(Value::load(tail_buf, v("e")), tail_j)],
             )),
             Tail::Scalar => s.push(for_(
                 "e",
                 v("ntail"),
                 LoopKind::Serial,
-                vec![store(
-                    self.yb,
-                    self.y(tail_j.clone()),
-                    scaled(self.yb, self.y(tail_j.clone()), 1),
-                )],
+                vec![scalar_store(Value::load(src, at(tail_j.clone())), tail_j)],
             )),
-            Tail::Checked => s.push(self.checked(vec![store(
-                self.yb,
-                self.y(v("j")),
-                scaled(self.yb, self.y(v("j")), 1),
-            )])),
+            Tail::Checked => {
+                s.push(self.checked(vec![scalar_store(Value::load(src, at(v("j"))), v("j"))]))
+            }
         }
         s
     }

@@ -152,6 +152,7 @@ impl Printer {
             }
             Value::Lane(r, _) if self.lanes == 1 => r.clone(),
             Value::Lane(r, l) => format!("{r}[{}]", expr(l)),
+            Value::Count(e) => format!("((float)({}))", expr(e)),
             Value::Const { value, lanes } => {
                 let c = float_literal(*value);
                 if *lanes > 1 {
@@ -214,6 +215,7 @@ impl Printer {
                     UnaryOp::Silu => "as_silu",
                     UnaryOp::Exp if vector => "as_vexp",
                     UnaryOp::Exp => "expf",
+                    UnaryOp::Sqrt => "sqrtf",
                     UnaryOp::NanToZero if vector => "as_vnan0",
                     UnaryOp::NanToZero => "as_nan0",
                 };

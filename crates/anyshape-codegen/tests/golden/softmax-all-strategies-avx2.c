@@ -327,6 +327,8 @@ int32_t as_2826ba34508d9670(const int64_t *restrict vars, const float *const *re
       const int64_t row = ((t * 4) + r);
       const int64_t bx = (bx0 + (row * sx_m));
       const int64_t by = (by0 + (row * sy_m));
+      float xt[16] __attribute__((aligned(64)));
+      float yt[16] __attribute__((aligned(64)));
       as_vf mx_0 = ((as_vf){0} + (-INFINITY));
       as_vf mx_1 = ((as_vf){0} + (-INFINITY));
       float mx_s = (-INFINITY);
@@ -334,8 +336,6 @@ int32_t as_2826ba34508d9670(const int64_t *restrict vars, const float *const *re
         mx_0 = as_vmax(mx_0, as_vload(&in0[(bx + (q * 16))]));
         mx_1 = as_vmax(mx_1, as_vload(&in0[((bx + (q * 16)) + 8)]));
       }
-      float xt[16] __attribute__((aligned(64)));
-      float yt[16] __attribute__((aligned(64)));
       if (0 < ntail) {
         for (int64_t e = 0; e < 16; e++) {
           xt[e] = ((e < ntail) ? in0[(bx + ((nfull * 16) + e))] : (-INFINITY));

@@ -159,6 +159,20 @@ pub static OPERATORS: &[OpDef] = &[
         class: "normalization",
         build: normalization::softmax,
     },
+    OpDef {
+        name: "layer_norm",
+        args: &["M", "N"],
+        doc: "Y[m,n] = (X[m,n] - mean_n X[m,:]) / sqrt(var_n X[m,:] + eps) (eps=C after the arguments; 1e-5 if absent); its scale and bias are epilogue ops mul(n), add(n)",
+        class: "normalization",
+        build: normalization::layer_norm,
+    },
+    OpDef {
+        name: "rms_norm",
+        args: &["M", "N"],
+        doc: "Y[m,n] = X[m,n] / sqrt(mean_n X[m,:]^2 + eps) (eps=C after the arguments; 1e-5 if absent); its scale is an epilogue op mul(n)",
+        class: "normalization",
+        build: normalization::rms_norm,
+    },
 ];
 
 /// The operator named `name`.
