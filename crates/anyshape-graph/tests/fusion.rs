@@ -53,6 +53,11 @@ fn bert_fuses_alike_from_both_exporters() {
             2,
         ),
         ("softmax(M=4*batch*sequence,N=sequence)+nan_to_zero", 2),
+        // The embeddings' and each block's two, scale and bias fused (ε as f32 holds it).
+        (
+            "layer_norm(M=batch*sequence,N=64,eps=9.999999960041972e-13)+mul(n)+add(n)",
+            5,
+        ),
         ("dense_packed(M=batch,N=64,K=64,P=16)+add(n)+tanh", 1),
         // The heads read in place, the two scales folded into one, the mask added.
         (
@@ -70,12 +75,6 @@ fn bert_fuses_alike_from_both_exporters() {
             "{w} x {c} missing from {ts:#?}"
         );
     }
-    let norms = f
-        .steps
-        .iter()
-        .filter(|s| matches!(s.kind, StepKind::LayerNorm(_)))
-        .count();
-    assert_eq!(norms, 5);
     // No transpose or scaling of the heads, nor the softmax's NaN guard, is left to
     // run on the host.
     for (file, f) in [("ts", &f), ("dynamo", &f2)] {
@@ -149,7 +148,8 @@ fn gpt2_with_past_reads_its_cache_in_place() {
 /// its contractions read each cache head in place for its group of query heads — the
 /// repeat (`Unsqueeze`, `Expand`, `Reshape`) of the cache is no step at all — with the
 /// two scales (Llama scales queries and keys by √scale each) and the mask folded in; and
-/// its gated MLP's SiLU and gate fold into the gate projection.
+/// its gated MLP's SiLU and gate fold into the gate projection; its RMSNorms, as both
+/// exporters decompose them, are `rms_norm` kernels with their scale.
 #[test]
 fn llama_reads_its_cache_in_place_for_each_group() {
     let (ts, f, n) = tasks("llama_tiny_past.ts.onnx");
@@ -164,6 +164,13 @@ fn llama_reads_its_cache_in_place_for_each_group() {
         for (file, t) in [("ts", &ts), ("dynamo", &dynamo)] {
             assert!(t.contains(&(w.to_string(), 2)), "{file}: {w} missing from {t:#?}");
         }
+    }
+    let rms = "rms_norm(M=batch*sequence,N=64,eps=9.999999974752427e-7)+mul(n)";
+    for (file, t) in [("ts", &ts), ("dynamo", &dynamo)] {
+        assert!(
+            t.contains(&(rms.to_string(), 5)),
+            "{file}: {rms} missing from {t:#?}"
+        );
     }
     for (file, f) in [
         ("llama_tiny_past.ts.onnx", &f),

@@ -13,9 +13,10 @@
 //! - Multi-head attention's two contractions read the projections' `[batch, sequence,
 //!   heads, dim]` tensors in place, their transposes and constant scales folded in
 //!   (`attention_scores`, `attention_context`: see [`attention`]).
-//! - `Softmax` over the last axis is a `softmax` task (with `+nan_to_zero` where
-//!   `Where(IsNaN(p), 0, p)` follows it); `LayerNormalization` over the
-//!   last axis a layer-norm step (its sketch comes next).
+//! - Normalizations over the last axis are row-wise tasks (see [`normalization`]):
+//!   `softmax` (with `+nan_to_zero` where `Where(IsNaN(p), 0, p)` follows it),
+//!   `layer_norm` from `LayerNormalization`, `rms_norm` from `RMSNormalization` and
+//!   from RMSNorm's decomposition (`Pow` … `Mul`), their scale and bias fused.
 //! - Views cost nothing; everything else at run time (embedding gathers, other
 //!   transposes, the masks' own values, other elementwise chains) is a movement or
 //!   elementwise step.
@@ -25,10 +26,11 @@
 mod attention;
 mod contraction;
 mod epilogue;
+mod normalization;
 
 use crate::fact;
 use crate::graph::Graph;
-use anyshape_ir::{Expr, Precision, Unary, Workload};
+use anyshape_ir::{Expr, Precision, Workload};
 use anyshape_tensor::{DType, Fact, Node, ValueId};
 use std::collections::BTreeMap;
 
@@ -40,8 +42,6 @@ use std::collections::BTreeMap;
 pub enum StepKind {
     /// A compiled kernel of a task (its workload).
     Kernel(Workload),
-    /// Layer normalization over the last axis: `M` rows of `N`.
-    LayerNorm(String),
     /// Elementwise ops (their op types).
     Elementwise(String),
     /// Data movement (a copy, gather, concat, …).
@@ -175,7 +175,6 @@ impl Fusion {
         for s in &self.steps {
             let key = match &s.kind {
                 StepKind::Kernel(_) => continue,
-                StepKind::LayerNorm(w) => format!("layer norm {w}"),
                 StepKind::Elementwise(ops) => format!("elementwise {ops}"),
                 StepKind::Movement(op) => format!("movement {op}"),
                 StepKind::View => "view".to_string(),
@@ -299,14 +298,21 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
         let step = match node.op.as_str() {
             "MatMul" | "Gemm" | "Conv" => f.contraction(k),
             "Softmax" => f.softmax(k),
-            "LayerNormalization" => f.layer_norm(k),
-            // A `Concat` of one input is that input (PyTorch's cache of one tensor).
-            op if VIEWS.contains(&op) || (op == "Concat" && node.inputs.len() == 1) => Some(Step {
-                kind: StepKind::View,
-                nodes: vec![k],
-                inputs: vec![],
-                output: None,
-            }),
+            "LayerNormalization" | "RMSNormalization" => f.layer_norm(k),
+            "Pow" => f.rms_norm(k),
+            // A `Concat` of one input is that input (PyTorch's cache of one tensor), and
+            // a `Cast` to the type it has already is it too (PyTorch's `.float()`).
+            op if VIEWS.contains(&op)
+                || (op == "Concat" && node.inputs.len() == 1)
+                || (op == "Cast" && f.same_type(k)) =>
+            {
+                Some(Step {
+                    kind: StepKind::View,
+                    nodes: vec![k],
+                    inputs: vec![],
+                    output: None,
+                })
+            }
             _ => None,
         };
         let mut step = step.unwrap_or_else(|| f.loose(k));
@@ -368,6 +374,16 @@ impl Fuser<'_> {
         (v, views)
     }
 
+    /// Whether node `k`'s one output has its first input's element type (a `Cast` that
+    /// changes nothing).
+    fn same_type(&self, k: usize) -> bool {
+        let node = &self.g.nodes[k];
+        match (node.input(0), node.outputs.as_slice()) {
+            (Ok(x), [y]) => fact(self.facts, x).dtype == fact(self.facts, *y).dtype,
+            _ => false,
+        }
+    }
+
     /// The other operand of a binary node that reads `v`.
     fn operand(&self, node: &Node, v: ValueId) -> Option<ValueId> {
         match node.inputs.as_slice() {
@@ -400,44 +416,6 @@ impl Fuser<'_> {
             [(c, o)] if *o == op => Some(*c),
             _ => None,
         }
-    }
-
-    fn softmax(&self, k: usize) -> Option<Step> {
-        let node = &self.g.nodes[k];
-        let s = self.shape(node.outputs[0]);
-        let r = s.len();
-        let a = node.int("axis", -1).ok()?;
-        if r == 0 || !(a == -1 || a == r as i64 - 1) {
-            return None;
-        }
-        let w = Workload::of("softmax", &[numel(&s[..r - 1]), s[r - 1].clone()]).ok()?;
-        let (w, mut nodes, y) = match self.nan_to_zero(node.outputs[0]) {
-            Some((guard, y)) => (w.then(Unary::NanToZero), guard, y),
-            None => (w, vec![], node.outputs[0]),
-        };
-        nodes.insert(0, k);
-        Some(Step {
-            kind: StepKind::Kernel(w),
-            nodes,
-            inputs: vec![(node.input(0).ok()?, Layout::AsIs)],
-            output: Some(y),
-        })
-    }
-
-    fn layer_norm(&self, k: usize) -> Option<Step> {
-        let node = &self.g.nodes[k];
-        let s = self.shape(node.outputs[0]);
-        let r = s.len();
-        let a = node.int("axis", -1).ok()?;
-        if r == 0 || !(a == -1 || a == r as i64 - 1) || node.outputs.len() > 1 {
-            return None;
-        }
-        Some(Step {
-            kind: StepKind::LayerNorm(format!("(M={},N={})", numel(&s[..r - 1]), s[r - 1])),
-            nodes: vec![k],
-            inputs: vec![],
-            output: None,
-        })
     }
 
     /// Any other run-time node: elementwise chains grouped, others alone.
