@@ -5,6 +5,8 @@ use crate::progress::Reporter;
 use crate::tune::interrupt_flag;
 use crate::{queue_summary, runner, Common, DbArgs, QueueArgs};
 use anyhow::Result;
+use anyshape_bench::peak::{Ceiling, Peak};
+use anyshape_codegen::CpuTarget;
 use anyshape_ir::{Precision, ShapeVar};
 use anyshape_measure::{MeasureOptions, Measurer};
 use anyshape_tune::{compile_model, ModelOptions, PipelineOptions, SearchStrategy, TuneOptions};
@@ -51,7 +53,8 @@ pub struct CompileArgs {
     /// as bfloat16 pairs (half the bytes) and multiplies with AMX's `tdpbf16ps` tiles
     /// where the CPU has AMX-BF16, else with AVX512_BF16's `vdpbf16ps`, summing in f32
     /// (on a CPU without either the products are widened by shifts: the bytes still
-    /// halve, the products are slower, and compile says so);
+    /// halve, the products are slower, and compile says so; without AMX it measures
+    /// `vdpbf16ps` against the f32 FMAs and says when it is no faster);
     /// attention's scores too (queries and keys rounded); attention's context,
     /// softmax, normalizations and residual adds stay f32. Outputs move by
     /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
@@ -98,6 +101,45 @@ pub struct CompileArgs {
     common: Common,
 }
 
+/// Say what a bf16 module's products run on here: AMX's tiles; `vdpbf16ps`, whose peak
+/// is measured against the f32 FMAs' (about two seconds) because on some CPUs it is no
+/// faster (Intel's run it at half their FMA peak: Emerald Rapids 163 against 330 GFLOP/s,
+/// where Zen 5 runs it at twice its own); or shifts, on a CPU without AVX512_BF16.
+fn bf16_note(target: &CpuTarget, common: &Common) {
+    if target.amx {
+        eprintln!(
+            "note: this CPU has AMX-BF16: the dense layers and attention's scores multiply \
+             on its tiles (tdpbf16ps) where their reduction is whole tiles of 32"
+        );
+        return;
+    }
+    if !Peak::DotBf16.available(target) {
+        eprintln!(
+            "note: this CPU has no AVX512_BF16: bf16 weights still halve the bytes read, but \
+             their products are widened to f32 by shifts (slower than f32 where the layers \
+             are compute-bound)"
+        );
+        return;
+    }
+    let builder = common.builder();
+    let peak = |kind| Ceiling::measure(kind, target, &builder).map(|c| c.gflops);
+    // A failed measurement only loses the note.
+    let (Ok(dot), Ok(fma)) = (peak(Peak::DotBf16), peak(Peak::Fma)) else {
+        return;
+    };
+    let verdict = if dot > fma {
+        "faster than f32 where the layers are compute-bound"
+    } else {
+        "no faster than f32 FMAs: bf16 weights halve the bytes read, but compute-bound \
+         layers (long sequences, large batches) may run slower than --precision f32 \
+         (anyshape bench --model tells on your shapes)"
+    };
+    eprintln!(
+        "note: bf16 products (vdpbf16ps) peak at {dot:.0} GFLOP/s on this CPU, f32 FMAs at \
+         {fma:.0} (measured now): {verdict}"
+    );
+}
+
 /// Run `anyshape compile`.
 pub fn compile(args: CompileArgs) -> Result<()> {
     let dims: Vec<ShapeVar> = args
@@ -107,21 +149,8 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
     let precision = args.precision;
-    if precision == Precision::Bf16 && target.amx {
-        eprintln!(
-            "note: this CPU has AMX-BF16: the dense layers and attention's scores multiply \
-             on its tiles (tdpbf16ps) where their reduction is whole tiles of 32"
-        );
-    } else if precision == Precision::Bf16
-        && !anyshape_abi::host_cpu_features()
-            .iter()
-            .any(|f| f == "avx512_bf16")
-    {
-        eprintln!(
-            "note: this CPU has no AVX512_BF16: bf16 weights still halve the bytes read, but \
-             their products are widened to f32 by shifts (slower than f32 where the layers \
-             are compute-bound)"
-        );
+    if precision == Precision::Bf16 {
+        bf16_note(&target, &args.common);
     }
     let defaults = ModelOptions::default();
     let options = ModelOptions {
