@@ -1,5 +1,6 @@
 //! Whole models for anyshape: reading ONNX files ([`onnx`]) into a graph IR
-//! ([`Graph`]), symbolic shape propagation ([`infer`]: every value's shape as
+//! ([`Graph`]; control flow inlined, repeated computations merged), symbolic shape
+//! propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), a reference
 //! executor ([`exec::run`]), 3 x 3 convolutions rewritten by Winograd's F(2x2, 3x3)
 //! or F(4x4, 3x3) ([`winograd`]), fusion into steps and tasks ([`fuse`]) and lowering the
@@ -11,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod branches;
+mod cse;
 mod error;
 pub mod exec;
 mod fusion;

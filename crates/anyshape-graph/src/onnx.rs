@@ -41,7 +41,8 @@ pub fn load(path: &Path) -> Result<Graph> {
     decode(&bytes, path.parent())
 }
 
-/// Decode a model from its bytes; external data files are looked up in `dir`.
+/// Decode a model from its bytes; external data files are looked up in `dir`. Its
+/// control flow is inlined and its repeated computations merged (`cse.rs`).
 pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
     let model = proto::ModelProto::decode(bytes).map_err(|e| GraphError::Format(e.to_string()))?;
     let ir = model.ir_version.unwrap_or(0);
@@ -86,6 +87,7 @@ pub fn decode(bytes: &[u8], dir: Option<&Path>) -> Result<Graph> {
     anyshape_tensor::ops::check_opset(g.opset, g.ml_opset, all)?;
     let mut g = g;
     crate::branches::inline(&mut g)?;
+    crate::cse::merge_repeated(&mut g);
     Ok(g)
 }
 

@@ -75,6 +75,14 @@ fn bert_fuses_alike_from_both_exporters() {
             "{w} x {c} missing from {ts:#?}"
         );
     }
+    // The additive attention mask, a `Where` the TorchScript export repeats in each
+    // layer, is computed once.
+    let wheres = f
+        .steps
+        .iter()
+        .filter(|s| matches!(&s.kind, StepKind::Elementwise(op) if op == "Where"))
+        .count();
+    assert_eq!(wheres, 1);
     // No transpose or scaling of the heads, nor the softmax's NaN guard, is left to
     // run on the host.
     for (file, f) in [("ts", &f), ("dynamo", &f2)] {
