@@ -85,7 +85,10 @@ impl Fuser<'_> {
         if !(axes == [-1] || axes == [r - 1]) || reduce.int("keepdims", 1).ok()? != 1 {
             return None;
         }
-        let add = next(reduce.outputs[0], "Add")?;
+        // `Add` in either order.
+        let add = self
+            .sole_use(reduce.outputs[0])
+            .filter(|&c| self.g.nodes[c].op == "Add")?;
         let epsilon = self.scalar(self.operand(&self.g.nodes[add], reduce.outputs[0])?)? as f64;
         let sqrt = next(self.g.nodes[add].outputs[0], "Sqrt")?;
         let root = self.g.nodes[sqrt].outputs[0];
@@ -124,14 +127,14 @@ impl Fuser<'_> {
             inputs: vec![(x, Layout::AsIs)],
             output: Some(y),
         };
+        // Its scale, where the `Mul` after it is by a vector along the row.
         if let Some(c) = self.sole_use(y).filter(|&c| self.g.nodes[c].op == "Mul") {
-            if let Some(s) = self.operand(&self.g.nodes[c], y) {
-                let mut scaled = step.clone();
-                if self.along_row(&mut scaled, Binary::Mul, s).is_some() {
-                    scaled.nodes.push(c);
-                    scaled.output = Some(self.g.nodes[c].outputs[0]);
-                    step = scaled;
-                }
+            let s = self.operand(&self.g.nodes[c], y);
+            if s.and_then(|s| self.along_row(&mut step, Binary::Mul, s))
+                .is_some()
+            {
+                step.nodes.push(c);
+                step.output = Some(self.g.nodes[c].outputs[0]);
             }
         }
         Some(step)
@@ -151,7 +154,8 @@ impl Fuser<'_> {
     }
 
     /// `op` of the step's workload with `v`, an f32 vector along its rows (a scale or
-    /// bias of the row's length), as an epilogue input.
+    /// bias of the row's length), as an epilogue input; the step is left as it was
+    /// where `v` is not one.
     fn along_row(&self, step: &mut Step, op: Binary, v: ValueId) -> Option<()> {
         let StepKind::Kernel(w) = &step.kind else {
             return None;
