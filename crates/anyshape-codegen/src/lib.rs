@@ -25,7 +25,7 @@ pub use lower::lower;
 pub use padding::{Compute, Fetch, PaddingStrategy, Policy, PADDING_STRATEGIES};
 pub use program::{KernelMode, Program, KERNEL_MODES};
 pub use sketch::{
-    launch_config, Adaptation, ContractionKernel, Factors, GemmOperand, GemmView,
+    launch_config, Adaptation, AttentionKernel, ContractionKernel, Factors, GemmOperand, GemmView,
     GpuContractionKernel, LaunchConfig, RowKernel, Sketch, StridedGemm, SHARED_PAD,
 };
 pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};

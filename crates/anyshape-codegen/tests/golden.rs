@@ -3,8 +3,8 @@
 //! After an intended change, regenerate with `ANYSHAPE_BLESS=1 cargo test -p
 //! anyshape-codegen --test golden` and review the diff of `tests/golden/`.
 use anyshape_codegen::{
-    ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget, KernelMode, PaddingStrategy,
-    Program, RowKernel, Simd, Target, PADDING_STRATEGIES,
+    AttentionKernel, ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget, KernelMode,
+    PaddingStrategy, Program, RowKernel, Simd, Target, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
 use std::path::PathBuf;
@@ -247,5 +247,24 @@ fn row_kernels_are_unchanged() {
             text.push_str(&p.source(&target).unwrap());
         }
         check(file, &text);
+    }
+}
+
+/// The fused attention sketch, masked with NaN probabilities counted as 0, on AVX-512
+/// (whole tile rows of the head dim) and AVX2 (its last vectors partial).
+#[test]
+fn attention_kernels_are_unchanged() {
+    let w =
+        Workload::parse("masked_attention(B=B,H=12,M=T,N=T,D=48,scale=0.125,nan_to_zero)").unwrap();
+    for (simd, rows, vectors, isa) in [(Simd::Avx512, 3, 3, "avx512"), (Simd::Avx2, 2, 4, "avx2")] {
+        let target = target(simd);
+        let mut text = target.prelude();
+        let mk = AttentionKernel { rows, vectors };
+        let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
+        text.push_str(&p.source(&target).unwrap());
+        check(
+            &format!("masked_attention-local-pad-symbolic-{isa}.c"),
+            &text,
+        );
     }
 }

@@ -67,6 +67,30 @@ impl Workload {
         Ok(self)
     }
 
+    /// An attention with its scores scaled by `scale` and, with `nan_to_zero`,
+    /// probabilities that are not numbers counted as 0 (see
+    /// [`AttentionSpec`](crate::AttentionSpec)). The error says why not: another
+    /// class, or a scale that is not finite.
+    pub fn with_attention(mut self, scale: f64, nan_to_zero: bool) -> Result<Workload> {
+        let OpClass::Attention(spec) = self.class else {
+            return Err(IrError::InvalidWorkload(format!(
+                "{} is no attention: it has no scale",
+                self.op
+            )));
+        };
+        if !scale.is_finite() {
+            return Err(IrError::InvalidWorkload(format!(
+                "scale={scale}: the scale must be finite"
+            )));
+        }
+        self.class = OpClass::Attention(crate::AttentionSpec {
+            scale: Scalar(scale),
+            nan_to_zero,
+            ..spec
+        });
+        Ok(self)
+    }
+
     /// Append `op` with a new input indexed by the output axes `axes` (axis positions,
     /// in the input's dimension order; broadcast along the others) to the epilogue:
     /// a bias is the output's last axis, a residual all of them (a layer norm's scale

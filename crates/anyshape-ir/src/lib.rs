@@ -31,4 +31,6 @@ pub use expr::{is_runtime_dim, Expr, RUNTIME_DIM};
 pub use ops::{operator, OpDef, CACHE_RESERVE, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
-pub use workload::{AffineIndex, Axis, AxisKind, Normalization, OpClass, TensorRef, Workload};
+pub use workload::{
+    AffineIndex, AttentionSpec, Axis, AxisKind, Normalization, OpClass, TensorRef, Workload,
+};

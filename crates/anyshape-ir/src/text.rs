@@ -4,7 +4,8 @@
 //! - `OP` is an operator of the registry; `ARGS` are its arguments by name
 //!   (`dense(M=16*T,N=2304,K=768)`) or position (`dense(16*T,2304,768)`), each an
 //!   integer expression over shape vars; a layer norm or RMSNorm also takes `eps=C`,
-//!   a number (`layer_norm(M=T,N=768,eps=1e-12)`);
+//!   a number (`layer_norm(M=T,N=768,eps=1e-12)`); an attention `scale=C` and the
+//!   word `nan_to_zero` (`attention(B=1,H=12,M=T,N=T,D=64,scale=0.125,nan_to_zero)`);
 //! - epilogues: `relu`, `tanh`, `gelu` (erf form), `gelu_tanh`, `nan_to_zero`,
 //!   `scale(C)`; `add(AXES)` and `mul(AXES)` with a new input indexed by the named
 //!   output axes (`add(n)`: a bias along `n`); `bias` is `add` of the output's last
@@ -48,6 +49,7 @@ impl Workload {
         let arg_names = def.args;
         let mut values: Vec<Option<Expr>> = vec![None; arg_names.len()];
         let mut epsilon = None;
+        let (mut scale, mut nan_to_zero) = (None, false);
         let inner = &call[open + 1..close];
         if !inner.trim().is_empty() {
             for (i, (at, part)) in split_top_level(inner, ',').into_iter().enumerate() {
@@ -58,6 +60,17 @@ impl Workload {
                         .parse::<f64>()
                         .map_err(|_| perr(at, format!("`eps={}`: expected a number", c.trim())))?;
                     epsilon = Some(e);
+                    continue;
+                }
+                if let Some(("scale", c)) = part.split_once('=').map(|(k, c)| (k.trim(), c)) {
+                    let e = c.trim().parse::<f64>().map_err(|_| {
+                        perr(at, format!("`scale={}`: expected a number", c.trim()))
+                    })?;
+                    scale = Some(e);
+                    continue;
+                }
+                if part.trim() == "nan_to_zero" {
+                    nan_to_zero = true;
                     continue;
                 }
                 let (slot, expr_text, expr_at) = match part.split_once('=') {
@@ -108,6 +121,9 @@ impl Workload {
         let mut w = Workload::of(name, &args)?;
         if let Some(e) = epsilon {
             w = w.with_epsilon(e)?;
+        }
+        if scale.is_some() || nan_to_zero {
+            w = w.with_attention(scale.unwrap_or(1.0), nan_to_zero)?;
         }
         for &(at, piece) in &pieces[1..] {
             w = add_epilogue(w, piece.trim()).map_err(|m| perr(at, m))?;
@@ -191,6 +207,12 @@ impl fmt::Display for Workload {
         if let OpClass::Normalization { kind, .. } = self.class {
             if let Some(e) = kind.epsilon() {
                 write!(f, ",eps={e:e}")?;
+            }
+        }
+        if let OpClass::Attention(a) = self.class {
+            write!(f, ",scale={:e}", a.scale.0)?;
+            if a.nan_to_zero {
+                write!(f, ",nan_to_zero")?;
             }
         }
         write!(f, ")")?;

@@ -219,6 +219,26 @@ pub enum OpClass {
         /// The axis it normalizes along.
         axis: usize,
     },
+    /// Multi-head attention in one kernel: `Y[b,m,h,d] = Σ_n P[b,h,m,n] · V[b,n,h,d]`
+    /// with `P` the softmax along `n` of `scale · Σ_d Q[b,m,h,d] · K[b,n,h,d]` (plus
+    /// `mask[b,m,n]` where masked), queries, keys, values and output in the
+    /// projections' `[batch, sequence, heads, dim]`; the scores never leave the
+    /// kernel.
+    Attention(AttentionSpec),
+}
+
+/// What a fused attention computes besides its two products (see
+/// [`OpClass::Attention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttentionSpec {
+    /// The scores' constant factor.
+    pub scale: Scalar,
+    /// Whether an additive mask `[batch, sequence, sequence]` is the fourth operand.
+    pub masked: bool,
+    /// Whether probabilities that are not numbers count as 0 (a row whose scores are
+    /// all -inf, or hold a NaN, gives zeros instead of NaN): a softmax followed by
+    /// `nan_to_zero`, as the exporters write scaled dot-product attention.
+    pub nan_to_zero: bool,
 }
 
 impl OpClass {
@@ -227,6 +247,7 @@ impl OpClass {
         match self {
             OpClass::Contraction => 2,
             OpClass::Normalization { .. } => 1,
+            OpClass::Attention(a) => 3 + usize::from(a.masked),
         }
     }
 
@@ -235,6 +256,7 @@ impl OpClass {
         match self {
             OpClass::Contraction => "contraction",
             OpClass::Normalization { .. } => "normalization",
+            OpClass::Attention(_) => "attention",
         }
     }
 }
@@ -363,6 +385,14 @@ impl Workload {
         if self.precision == Precision::Bf16 {
             self.validate_pairs()?;
         }
+        if let OpClass::Attention(a) = self.class {
+            if !self.epilogue.ops().is_empty() || self.inputs.len() != self.class.operands() {
+                return bad("an attention takes no epilogue".into());
+            }
+            if !a.scale.0.is_finite() {
+                return bad(format!("scale={}: the scale must be finite", a.scale.0));
+            }
+        }
         if let OpClass::Normalization { axis, .. } = self.class {
             let last = self.output_axes().last().copied();
             if last != Some(axis) || self.inputs[0].index != self.output.index {
@@ -432,8 +462,9 @@ impl Workload {
     /// Useful floating-point operations of an instance: a multiply and an add per point
     /// of a contraction; five per element of a softmax (max, subtract, exp, sum,
     /// divide), six of a layer norm (sum; subtract, square, sum; subtract, multiply),
-    /// three of an RMSNorm (square, sum, multiply); one per epilogue op and output
-    /// element.
+    /// three of an RMSNorm (square, sum, multiply); an attention's two products (a
+    /// multiply and an add per point each) and a softmax over its scores; one per
+    /// epilogue op and output element.
     pub fn flops(&self, bound: &BoundWorkload) -> f64 {
         let points: f64 = bound.extents.iter().map(|&e| e as f64).product();
         let out = *bound.lens.last().unwrap_or(&0) as f64;
@@ -448,6 +479,11 @@ impl Workload {
                         Normalization::LayerNorm { .. } => 6.0,
                         Normalization::RmsNorm { .. } => 3.0,
                     }
+            }
+            OpClass::Attention(_) => {
+                // The points are (b, m, h, d, n); the scores (b, h, m, n).
+                let dim = bound.extents.get(3).copied().unwrap_or(1).max(1) as f64;
+                4.0 * points + 5.0 * points / dim
             }
         };
         core + self.epilogue.ops().len() as f64 * out

@@ -1,8 +1,8 @@
 //! The reference implementation every program is checked against: a direct loop over
 //! the iteration domain in f64, plus the bound on rounding error used to compare.
 use anyshape_ir::{
-    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AxisKind, BoundWorkload, Normalization, OpClass,
-    Precision, Workload,
+    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AttentionSpec, AxisKind, BoundWorkload,
+    Normalization, OpClass, Precision, Workload,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -48,6 +48,7 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
     let (mut output, mut tolerance) = match w.class {
         OpClass::Contraction => contraction(w, bound, inputs),
         OpClass::Normalization { kind, axis } => normalize(w, bound, inputs[0], axis, kind),
+        OpClass::Attention(spec) => attention(w, bound, inputs, spec),
     };
     let spatial = w.output_axes();
     if !w.epilogue.is_empty() && !spatial.iter().any(|&a| bound.extents[a] == 0) {
@@ -168,10 +169,6 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
     (output, tolerance)
 }
 
-/// A softmax along `axis`: for every point of the other axes, `exp(x - max) / Σ exp(x -
-/// max)` along it. The tolerance: the f32 sum's rounding (`n + 8` ulps of the result,
-/// counting the exponential's and the division's) and an absolute floor for results
-/// near zero.
 /// Each row of `x` along `axis` normalized by `kind`, with a bound on an f32 program's
 /// error per element: its sums' rounding (at most `n` roundings each, worst case) and
 /// the operations after them.
@@ -233,6 +230,75 @@ fn normalize(
         }
         if !advance(&mut point, &rows, &bound.extents) {
             break;
+        }
+    }
+    (output, tolerance)
+}
+
+/// A fused attention (see [`OpClass::Attention`]): for every (b, h, m), the scores
+/// `scale · q·k + mask` over the keys, their softmax (NaN counted as 0 under
+/// `nan_to_zero`) and its sum of the values. The tolerance of an output element: the
+/// probabilities' relative error — twice the worst score's absolute error (its dot
+/// product of `d` terms, `(d + 2)` ulps of `Σ|scale·q·k|`, and the mask's addition), the
+/// sum's and the exponential's `n + 8` ulps — and the context's own `n + 2` roundings,
+/// each times `Σ_n p_n · |v_n|`; an absolute floor for results near zero.
+fn attention(
+    w: &Workload,
+    bound: &BoundWorkload,
+    inputs: &[&[f32]],
+    spec: AttentionSpec,
+) -> (Vec<f64>, Vec<f64>) {
+    let out_t = w.inputs.len();
+    let len = bound.lens[out_t];
+    let (mut output, mut tolerance) = (vec![0.0f64; len], vec![0.0f64; len]);
+    let [b, h, m, d, n] = bound.extents[..] else {
+        unreachable!("an attention has five axes")
+    };
+    let eps = f32::EPSILON as f64;
+    let scale = spec.scale.0;
+    let at = |t: usize, point: [i64; 5]| bound.offset(t, &point) as usize;
+    for (bi, hi, mi) in
+        (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..m).map(move |mi| (bi, hi, mi))))
+    {
+        let (mut scores, mut slack) = (Vec::new(), 0.0f64);
+        for ni in 0..n {
+            let (mut s, mut abs) = (0.0f64, 0.0f64);
+            for e in 0..d {
+                let q = inputs[0][at(0, [bi, hi, mi, e, ni])] as f64;
+                let k = inputs[1][at(1, [bi, hi, mi, e, ni])] as f64;
+                s += scale * q * k;
+                abs += (scale * q * k).abs();
+            }
+            if spec.masked {
+                s += inputs[3][at(3, [bi, hi, mi, 0, ni])] as f64;
+            }
+            slack = slack.max((d as f64 + 2.0) * eps * abs + 2.0 * eps * s.abs());
+            scores.push(s);
+        }
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = scores.iter().map(|&s| (s - max).exp()).sum();
+        let p: Vec<f64> = scores
+            .iter()
+            .map(|&s| {
+                let p = (s - max).exp() / sum;
+                if spec.nan_to_zero && p.is_nan() {
+                    0.0
+                } else {
+                    p
+                }
+            })
+            .collect();
+        let relative = 2.0 * slack + (n as f64 + 8.0) * eps + (n as f64 + 2.0) * eps;
+        for e in 0..d {
+            let (mut y, mut abs) = (0.0f64, 0.0f64);
+            for (ni, &p) in p.iter().enumerate() {
+                let v = inputs[2][at(2, [bi, hi, mi, e, ni as i64])] as f64;
+                y += p * v;
+                abs += (p * v).abs();
+            }
+            let o = at(out_t, [bi, hi, mi, e, 0]);
+            output[o] = y;
+            tolerance[o] = relative * abs + eps * 1e-3;
         }
     }
     (output, tolerance)

@@ -3,8 +3,8 @@
 //! four padding strategies x two kernel modes, over T = 1, primes, the range ends 1 and
 //! 128 and values past the range; plus random micro-kernels.
 use anyshape_codegen::{
-    ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program, RowKernel, Simd, Sketch,
-    KERNEL_MODES, PADDING_STRATEGIES,
+    AttentionKernel, ContractionKernel, CpuTarget, KernelMode, PaddingStrategy, Program, RowKernel,
+    Simd, Sketch, KERNEL_MODES, PADDING_STRATEGIES,
 };
 use anyshape_ir::{Bindings, Workload};
 use anyshape_measure::{Builder, Candidate, MeasureOptions, Outcome, Runner, WorkerCommand};
@@ -521,6 +521,37 @@ fn layer_norm_and_rms_norm_all_strategies_and_modes() {
         "rms_norm(M=T,N=T+5,eps=1e-6)+mul(n)",
         [RowKernel::default_for(&target), small_row_kernels()[1]],
         2,
+    );
+}
+
+/// Fused attention (masked or not, NaN probabilities counted as 0 or not) over query
+/// and key counts of 1 to past the tiles, head dims of whole tile rows and not, both
+/// modes; its tails are the sketch's own whatever the strategy, so one strategy.
+#[test]
+fn fused_attention_all_shapes_and_modes() {
+    let target = CpuTarget::detect();
+    let strategies = [PaddingStrategy::LocalPad];
+    let small = |rows, vectors| AttentionKernel { rows, vectors };
+    matrix_on(
+        &target,
+        "masked_attention(B=2,H=3,M=T,N=T,D=64,scale=0.125,nan_to_zero)",
+        [AttentionKernel::default_for(&target), small(3, 1)],
+        1,
+        &strategies,
+    );
+    matrix_on(
+        &target,
+        "attention(B=1,H=2,M=T,N=T+5,D=24,scale=0.3)",
+        [small(1, 3), small(5, 2)],
+        2,
+        &strategies,
+    );
+    matrix_on(
+        &target,
+        "masked_attention(B=1,H=1,M=T,N=2*T+1,D=7)",
+        [small(2, 1), AttentionKernel::default_for(&target)],
+        2,
+        &strategies,
     );
 }
 

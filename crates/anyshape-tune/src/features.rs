@@ -12,8 +12,8 @@
 //! are described by their tiles ([`Tunable`] for each sketch).
 use anyshape_codegen::loop_ir::{shape_var_name, Cond, Func, LoopKind, Stmt, Value};
 use anyshape_codegen::{
-    lower, ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget, PaddingStrategy, Program,
-    RowKernel, Sketch,
+    lower, AttentionKernel, ContractionKernel, CpuTarget, GpuContractionKernel, GpuTarget,
+    PaddingStrategy, Program, RowKernel, Sketch,
 };
 use anyshape_ir::{Bindings, Expr, Workload};
 
@@ -416,6 +416,26 @@ impl Tunable for RowKernel {
         let task = [
             ("e_m", self.rows as i64),
             ("e_n", 16 * self.step(target) as i64),
+        ];
+        cpu_features(self, workload, strategy, target, representative, &task)
+    }
+}
+
+impl Tunable for AttentionKernel {
+    /// One task (a batch item's head) of four blocks of queries against eight tile rows
+    /// of keys.
+    fn features(
+        &self,
+        workload: &Workload,
+        strategy: PaddingStrategy,
+        target: &CpuTarget,
+        representative: &Bindings,
+    ) -> Vec<f64> {
+        let task = [
+            ("e_b", 1),
+            ("e_h", 1),
+            ("e_m", 4 * self.rows as i64),
+            ("e_n", 8 * self.width(target) as i64),
         ];
         cpu_features(self, workload, strategy, target, representative, &task)
     }

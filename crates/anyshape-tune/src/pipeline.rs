@@ -7,7 +7,9 @@ use crate::{
     Specialize, Tunable, TuneError, TuneReport, Tuner, VoteOptions, Votes,
 };
 use anyshape_abi::{DispatchTree, Manifest, TuningInfo};
-use anyshape_codegen::{ContractionKernel, CpuTarget, GpuContractionKernel, RowKernel, Sketch};
+use anyshape_codegen::{
+    AttentionKernel, ContractionKernel, CpuTarget, GpuContractionKernel, RowKernel, Sketch,
+};
 use anyshape_ir::{ShapeVar, Workload};
 use anyshape_measure::Measurer;
 use std::path::PathBuf;
@@ -132,6 +134,12 @@ impl Packaged for ContractionKernel {
 }
 
 impl Packaged for RowKernel {
+    fn write(spec: &ModuleSpec<Self>, m: &Measurer, dir: &std::path::Path) -> Result<Manifest> {
+        write_cpu(spec, m, dir)
+    }
+}
+
+impl Packaged for AttentionKernel {
     fn write(spec: &ModuleSpec<Self>, m: &Measurer, dir: &std::path::Path) -> Result<Manifest> {
         write_cpu(spec, m, dir)
     }

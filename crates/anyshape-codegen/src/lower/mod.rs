@@ -8,11 +8,13 @@
 //!   dot variant's task body: vectors along K, operands read in place), `amx.rs` (the
 //!   AMX variant's task body: products of bf16 tiles);
 //! - `rows.rs`: the row-wise (normalization) sketch;
+//! - `attention.rs`: the fused attention sketch;
 //! - what a padding strategy does in each stage comes from its policy
 //!   ([`crate::padding`]), never from matching the strategy here.
 //!
 //! Every lowered function passes the loop-IR verifier in debug builds and tests.
 mod amx;
+mod attention;
 mod compute;
 mod contraction;
 mod dot;
@@ -28,6 +30,7 @@ use crate::loop_ir::{shape_var_name, Func};
 use crate::{CodegenError, KernelMode, Program, Result, Sketch};
 use anyshape_ir::Expr;
 
+pub(crate) use attention::lower as attention;
 pub(crate) use contraction::lower as contraction;
 pub(crate) use gpu::lower as gpu_contraction;
 pub(crate) use rows::lower as rows;

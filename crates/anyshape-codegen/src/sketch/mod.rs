@@ -8,10 +8,12 @@
 //!   form in `contraction_text.rs`, its defaults and seeds in `contraction_seeds.rs`,
 //!   its AMX variant's shapes and workloads in `contraction_amx.rs`);
 //! - `rows.rs`: normalizations on the CPU ([`RowKernel`]);
+//! - `attention.rs`: fused attention on the CPU ([`AttentionKernel`]);
 //! - `gpu.rs`: contractions on CUDA GPUs ([`GpuContractionKernel`]).
 //!
 //! A new class needs its sketch file here, its lowering in `lower/`, and the renderer's
 //! table where it uses something new.
+mod attention;
 mod contraction;
 mod contraction_amx;
 mod contraction_seeds;
@@ -22,6 +24,7 @@ mod gemm;
 mod gpu;
 mod rows;
 
+pub use attention::AttentionKernel;
 pub use contraction::ContractionKernel;
 pub use contraction_amx::{amx_runs, AMX_EDGE, AMX_TILES};
 pub use gemm::{GemmOperand, GemmView, StridedGemm};
@@ -169,6 +172,7 @@ macro_rules! cpu_sketch {
         match $class {
             ::anyshape_ir::OpClass::Contraction => $f::<$crate::ContractionKernel>($($arg),*),
             ::anyshape_ir::OpClass::Normalization { .. } => $f::<$crate::RowKernel>($($arg),*),
+            ::anyshape_ir::OpClass::Attention(_) => $f::<$crate::AttentionKernel>($($arg),*),
         }
     };
 }

@@ -6,6 +6,7 @@
 //! To add an operator of an existing class: a builder in the class's file and a line
 //! in [`OPERATORS`]. A new class also needs its variant in `OpClass`, its reference in
 //! `anyshape-measure` and a sketch in `anyshape-codegen`.
+mod attention;
 mod contraction;
 mod normalization;
 
@@ -172,6 +173,20 @@ pub static OPERATORS: &[OpDef] = &[
         doc: "Y[m,n] = X[m,n] / sqrt(mean_n X[m,:]^2 + eps) (eps=C after the arguments; 1e-5 if absent); its scale is an epilogue op mul(n)",
         class: "normalization",
         build: normalization::rms_norm,
+    },
+    OpDef {
+        name: "attention",
+        args: &["B", "H", "M", "N", "D"],
+        doc: "Y[b,m,h,d] = sum_n softmax_n(scale * sum_e Q[b,m,h,e] * K[b,n,h,e]) * V[b,n,h,d], all four in [batch, sequence, heads, dim], the scores never stored (scale=C after the arguments, 1 if absent; nan_to_zero: probabilities that are not numbers count as 0)",
+        class: "attention",
+        build: attention::attention,
+    },
+    OpDef {
+        name: "masked_attention",
+        args: &["B", "H", "M", "N", "D"],
+        doc: "attention with mask[b,m,n] added to the scaled scores before the softmax",
+        class: "attention",
+        build: attention::masked_attention,
     },
 ];
 

@@ -1,0 +1,483 @@
+//! The fused attention sketch's lowering (see `sketch/attention.rs`):
+//! ```text
+//! parallel for task in batch x heads:
+//!   Kt[e, n] = K[b, n, h, e]            (once per task, in panels of a tile row's width
+//!                                        along n; zero past N, up to whole panels)
+//!   for each block of R query rows:
+//!     Qb[r, e] = scale · Q[b, m, h, e]  (zero past M)
+//!     S[r, n] = Σ_e Qb[r, e] · Kt[e, n]        register tiles: R rows x V vectors of n
+//!     each row r of the block: S[r, :] += mask; max; S = exp(S - max), summed;
+//!       [nan_to_zero: S = nan_to_zero(S)]; rsum[r] = 1 / Σ
+//!     Y[b, m, h, d] = rsum[r] · Σ_n S[r, n] · V[b, n, h, d]  register tiles: R rows x V
+//!                                                        vectors of d, stored for r < M
+//! ```
+//! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
+//! N` rounded up): the scores never reach memory beyond it.
+use super::{c, renamed, shape_vars, v};
+use crate::loop_ir::{
+    for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose,
+    UnaryOp, Value,
+};
+use crate::{AttentionKernel, CodegenError, CpuTarget, Program, Result};
+use anyshape_ir::{Expr, OpClass};
+
+/// Lower a fused attention program.
+pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<Func> {
+    p.micro_kernel.validate(target)?;
+    let w = &p.workload;
+    let OpClass::Attention(spec) = w.class else {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: "the attention sketch serves fused attentions".into(),
+        });
+    };
+    let (shape_vars, specialized) = shape_vars(p)?;
+    let mk = p.micro_kernel;
+    let (rows, vectors, lanes) = (mk.rows, mk.vectors, target.lanes_f32());
+    let width = vectors * lanes;
+    let extent = |a: usize| renamed(&w.axes[a].extent);
+    let mut body = vec![
+        let_("e_b", extent(0)),
+        let_("e_h", extent(1)),
+        let_("e_m", extent(2)),
+        let_("e_d", extent(3)),
+        let_("e_n", extent(4)),
+        // Elements between consecutive sequence positions of Q, K, V and Y.
+        let_("s_row", v("e_h") * v("e_d")),
+        let_("np", Expr::round_up(v("e_n"), width as i64)),
+        let_("nfull", v("e_n") / c(lanes)),
+    ];
+    // Whether the head dim is whole tile rows (else its last vectors are partial).
+    let whole_d = w.axes[3]
+        .extent
+        .as_const()
+        .is_some_and(|d| d % width as i64 == 0);
+    let mut task = vec![
+        let_("bi", v("t") / v("e_h")),
+        let_("hi", v("t") - v("bi") * v("e_h")),
+        // K[b, 0, h, 0] and V's: their heads' first elements.
+        let_("kv0", (v("bi") * v("e_n") * v("e_h") + v("hi")) * v("e_d")),
+        Stmt::Alloc {
+            buf: "Kt".into(),
+            len: v("e_d") * v("np"),
+            scope: Scope::Scratch(0),
+        },
+        Stmt::Alloc {
+            buf: "S".into(),
+            len: c(rows) * v("np"),
+            scope: Scope::Scratch(1),
+        },
+        Stmt::Alloc {
+            buf: "Qb".into(),
+            len: c(rows) * v("e_d"),
+            scope: Scope::Scratch(2),
+        },
+        Stmt::Alloc {
+            buf: "rsum".into(),
+            len: c(rows),
+            scope: Scope::Stack,
+        },
+        pack_keys(lanes, width),
+    ];
+    let mut block = vec![
+        let_("m0", v("i") * c(rows)),
+        let_("mlen", Expr::min(c(rows), v("e_m") - v("m0"))),
+        // Y[b, m0, h, 0] and Q's.
+        let_(
+            "qy0",
+            ((v("bi") * v("e_m") + v("m0")) * v("e_h") + v("hi")) * v("e_d"),
+        ),
+    ];
+    // The query block, scaled; zero past the last row.
+    let q = Value::binary(
+        BinaryOp::Mul,
+        Value::load("in0", v("qy0") + v("r") * v("s_row") + v("e")),
+        Value::Const {
+            value: spec.scale.0,
+            lanes: 1,
+        },
+    );
+    block.push(for_(
+        "r",
+        c(rows),
+        LoopKind::Serial,
+        vec![for_(
+            "e",
+            v("e_d"),
+            LoopKind::Serial,
+            vec![store(
+                "Qb",
+                v("r") * v("e_d") + v("e"),
+                Value::Select(
+                    Cond::Lt(v("r"), v("mlen")),
+                    Box::new(q),
+                    Box::new(Value::Zero { lanes: 1 }),
+                ),
+            )],
+        )],
+    ));
+    block.push(scores(rows, vectors, lanes));
+    block.push(for_(
+        "r",
+        v("mlen"),
+        LoopKind::Serial,
+        softmax_row(lanes, spec.masked, spec.nan_to_zero),
+    ));
+    block.push(context(rows, vectors, lanes, whole_d));
+    task.push(for_(
+        "i",
+        Expr::ceil_div(v("e_m"), c(rows)),
+        LoopKind::Serial,
+        block,
+    ));
+    body.push(for_("t", v("e_b") * v("e_h"), LoopKind::Parallel, task));
+    Ok(Func {
+        name: p.symbol(target),
+        shape_vars,
+        specialized,
+        inputs: w.inputs.len(),
+        threads: None,
+        body,
+    })
+}
+
+/// Where key `n`'s element `e` lies in the packed keys: panels of `width` keys (a tile
+/// row), each `D x width`, `n` contiguous inside.
+fn packed_key(width: usize, e: Expr, n: Expr) -> Expr {
+    let panel = n.clone() / c(width);
+    panel.clone() * v("e_d") * c(width) + e * c(width) + (n - panel * c(width))
+}
+
+/// `Kt` (see [`packed_key`]) `= K[b, n, h, e]`, zero for `N <= n < np`: tiles of
+/// `lanes x lanes` transposed in registers (elements one by one on a scalar target).
+fn pack_keys(lanes: usize, width: usize) -> Stmt {
+    if lanes == 1 {
+        let k = Value::load("in1", v("kv0") + v("n") * v("s_row") + v("e"));
+        return for_(
+            "n",
+            v("np"),
+            LoopKind::Serial,
+            vec![for_(
+                "e",
+                v("e_d"),
+                LoopKind::Serial,
+                vec![store(
+                    "Kt",
+                    packed_key(width, v("e"), v("n")),
+                    Value::Select(
+                        Cond::Lt(v("n"), v("e_n")),
+                        Box::new(k),
+                        Box::new(Value::Zero { lanes: 1 }),
+                    ),
+                )],
+            )],
+        );
+    }
+    let tile = Stmt::Transpose(Box::new(Transpose {
+        dst: "Kt".into(),
+        dst_index: packed_key(width, v("e0") * c(lanes), v("n0") * c(lanes)),
+        dst_stride: c(width),
+        src: "in1".into(),
+        src_index: v("kv0") + v("n0") * c(lanes) * v("s_row") + v("e0") * c(lanes),
+        src_stride: v("s_row"),
+        rows: v("e_n") - v("n0") * c(lanes),
+        cols: v("e_d") - v("e0") * c(lanes),
+        outs: v("e_d") - v("e0") * c(lanes),
+        width: lanes,
+    }));
+    for_(
+        "n0",
+        v("np") / c(lanes),
+        LoopKind::Serial,
+        vec![for_(
+            "e0",
+            Expr::ceil_div(v("e_d"), c(lanes)),
+            LoopKind::Serial,
+            vec![tile],
+        )],
+    )
+}
+
+/// `S[r, n] = Σ_e Qb[r, e] · Kt[e, n]` for the block's rows, tiles of `rows x vectors`
+/// vectors along `n`.
+fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
+    let acc = |r: usize, u: usize| format!("s_{r}_{u}");
+    let col = |u: usize| v("j") * c(vectors * lanes) + c(u * lanes);
+    let mut tile = Vec::new();
+    for r in 0..rows {
+        for u in 0..vectors {
+            tile.push(Stmt::Reg {
+                name: acc(r, u),
+                lanes,
+                init: Value::Zero { lanes },
+            });
+        }
+    }
+    let mut step = Vec::new();
+    for u in 0..vectors {
+        step.push(Stmt::Reg {
+            name: format!("k_{u}"),
+            lanes,
+            init: Value::vload(
+                "Kt",
+                v("j") * v("e_d") * c(vectors * lanes) + v("e") * c(vectors * lanes) + c(u * lanes),
+                lanes,
+            ),
+        });
+    }
+    for r in 0..rows {
+        for u in 0..vectors {
+            step.push(Stmt::Assign {
+                reg: acc(r, u),
+                value: Value::Fma(
+                    Box::new(Value::reg(&format!("k_{u}"), lanes)),
+                    Box::new(Value::load("Qb", c(r) * v("e_d") + v("e"))),
+                    Box::new(Value::reg(&acc(r, u), lanes)),
+                ),
+            });
+        }
+    }
+    tile.push(for_("e", v("e_d"), LoopKind::Serial, step));
+    for r in 0..rows {
+        for u in 0..vectors {
+            tile.push(store(
+                "S",
+                c(r) * v("np") + col(u),
+                Value::reg(&acc(r, u), lanes),
+            ));
+        }
+    }
+    for_("j", v("np") / c(vectors * lanes), LoopKind::Serial, tile)
+}
+
+/// The softmax of block row `r` in place (the mask added first), its `1 / Σ` into
+/// `rsum[r]`: whole vectors, then the row's tail element by element.
+fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
+    let at = |j: Expr| v("r") * v("np") + j;
+    let vec_j = v("q") * c(lanes);
+    let tail_j = v("nfull") * c(lanes) + v("e");
+    let mask = |j: Expr, lanes: usize| Value::Load {
+        buf: "in3".into(),
+        index: v("mb") + j,
+        lanes,
+        count: None,
+    };
+    let mut s = Vec::new();
+    if masked {
+        // mask[b, m0 + r, 0].
+        s.push(let_(
+            "mb",
+            (v("bi") * v("e_m") + v("m0") + v("r")) * v("e_n"),
+        ));
+    }
+    let vector = |name: &str, init: Value| Stmt::Reg {
+        name: name.into(),
+        lanes,
+        init,
+    };
+    let scalar = |name: &str, init: Value| Stmt::Reg {
+        name: name.into(),
+        lanes: 1,
+        init,
+    };
+    let neg_inf = |lanes: usize| Value::Const {
+        value: f64::NEG_INFINITY,
+        lanes,
+    };
+    // The maximum (the mask added and stored back first).
+    s.push(vector("mx_v", neg_inf(lanes)));
+    s.push(scalar("mx_s", neg_inf(1)));
+    for (j, lanes, reg, extent) in [
+        (vec_j.clone(), lanes, "mx_v", v("nfull")),
+        (tail_j.clone(), 1, "mx_s", v("e_n") - v("nfull") * c(lanes)),
+    ] {
+        let var = if lanes == 1 { "e" } else { "q" };
+        let x = Value::Load {
+            buf: "S".into(),
+            index: at(j.clone()),
+            lanes,
+            count: None,
+        };
+        let mut pass = Vec::new();
+        let x = if masked {
+            pass.push(store(
+                "S",
+                at(j.clone()),
+                Value::sum(x, mask(j.clone(), lanes)),
+            ));
+            Value::Load {
+                buf: "S".into(),
+                index: at(j),
+                lanes,
+                count: None,
+            }
+        } else {
+            x
+        };
+        pass.push(Stmt::Assign {
+            reg: reg.into(),
+            value: Value::binary(BinaryOp::Max, Value::reg(reg, lanes), x),
+        });
+        s.push(for_(var, extent, LoopKind::Serial, pass));
+    }
+    s.push(scalar(
+        "mx",
+        Value::binary(
+            BinaryOp::Max,
+            Value::Horizontal(BinaryOp::Max, Box::new(Value::reg("mx_v", lanes))),
+            Value::reg("mx_s", 1),
+        ),
+    ));
+    // The exponentials, summed.
+    s.push(vector("sm_v", Value::Zero { lanes }));
+    s.push(scalar("sm_s", Value::Zero { lanes: 1 }));
+    for (j, lanes, reg, extent) in [
+        (vec_j.clone(), lanes, "sm_v", v("nfull")),
+        (tail_j.clone(), 1, "sm_s", v("e_n") - v("nfull") * c(lanes)),
+    ] {
+        let var = if lanes == 1 { "e" } else { "q" };
+        let x = Value::Load {
+            buf: "S".into(),
+            index: at(j.clone()),
+            lanes,
+            count: None,
+        };
+        let p = Value::unary(
+            UnaryOp::Exp,
+            Value::binary(BinaryOp::Sub, x, Value::reg("mx", 1)),
+        );
+        let name = format!("p_{lanes}");
+        s.push(for_(
+            var,
+            extent,
+            LoopKind::Serial,
+            vec![
+                Stmt::Reg {
+                    name: name.clone(),
+                    lanes,
+                    init: p,
+                },
+                store("S", at(j), Value::reg(&name, lanes)),
+                Stmt::Assign {
+                    reg: reg.into(),
+                    value: Value::sum(Value::reg(reg, lanes), Value::reg(&name, lanes)),
+                },
+            ],
+        ));
+    }
+    let sum = Value::sum(
+        Value::Horizontal(BinaryOp::Add, Box::new(Value::reg("sm_v", lanes))),
+        Value::reg("sm_s", 1),
+    );
+    let one = Value::Const {
+        value: 1.0,
+        lanes: 1,
+    };
+    if nan_to_zero {
+        // A row of NaN (its sum is NaN) becomes zeros; its context then sums zeros, and
+        // `1 / max(0, tiny)` keeps them zero (NaN values stay NaN, as 0 · NaN is).
+        for (j, lanes, extent) in [
+            (vec_j, lanes, v("nfull")),
+            (tail_j, 1, v("e_n") - v("nfull") * c(lanes)),
+        ] {
+            let var = if lanes == 1 { "e" } else { "q" };
+            let x = Value::Load {
+                buf: "S".into(),
+                index: at(j.clone()),
+                lanes,
+                count: None,
+            };
+            s.push(for_(
+                var,
+                extent,
+                LoopKind::Serial,
+                vec![store("S", at(j), Value::unary(UnaryOp::NanToZero, x))],
+            ));
+        }
+        let tiny = Value::Const {
+            value: 1e-30,
+            lanes: 1,
+        };
+        let sum = Value::binary(BinaryOp::Max, Value::unary(UnaryOp::NanToZero, sum), tiny);
+        s.push(store(
+            "rsum",
+            v("r"),
+            Value::binary(BinaryOp::Div, one, sum),
+        ));
+    } else {
+        s.push(store(
+            "rsum",
+            v("r"),
+            Value::binary(BinaryOp::Div, one, sum),
+        ));
+    }
+    s
+}
+
+/// `Y[b, m0 + r, h, d] = rsum[r] · Σ_n S[r, n] · V[b, n, h, d]`: tiles of `rows x
+/// vectors` vectors along `d`, the values read in place (their last vectors partial
+/// where the head dim is not whole tile rows), rows past the block's end not stored.
+fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
+    let acc = |r: usize, u: usize| format!("o_{r}_{u}");
+    let col = |u: usize| v("d0") * c(vectors * lanes) + c(u * lanes);
+    let left = |u: usize| v("e_d") - col(u);
+    let mut tile = Vec::new();
+    for r in 0..rows {
+        for u in 0..vectors {
+            tile.push(Stmt::Reg {
+                name: acc(r, u),
+                lanes,
+                init: Value::Zero { lanes },
+            });
+        }
+    }
+    let mut step = vec![let_("vb", v("kv0") + v("n") * v("s_row"))];
+    for u in 0..vectors {
+        let index = v("vb") + col(u);
+        step.push(Stmt::Reg {
+            name: format!("v_{u}"),
+            lanes,
+            init: if whole_d {
+                Value::vload("in2", index, lanes)
+            } else {
+                Value::vload_first("in2", index, lanes, left(u))
+            },
+        });
+    }
+    for r in 0..rows {
+        for u in 0..vectors {
+            step.push(Stmt::Assign {
+                reg: acc(r, u),
+                value: Value::Fma(
+                    Box::new(Value::reg(&format!("v_{u}"), lanes)),
+                    Box::new(Value::load("S", c(r) * v("np") + v("n"))),
+                    Box::new(Value::reg(&acc(r, u), lanes)),
+                ),
+            });
+        }
+    }
+    tile.push(for_("n", v("e_n"), LoopKind::Serial, step));
+    for r in 0..rows {
+        let mut stores = Vec::new();
+        for u in 0..vectors {
+            let index = v("qy0") + c(r) * v("s_row") + col(u);
+            let value = Value::binary(
+                BinaryOp::Mul,
+                Value::reg(&acc(r, u), lanes),
+                Value::load("rsum", c(r)),
+            );
+            stores.push(if whole_d {
+                store("out0", index, value)
+            } else {
+                store_first("out0", index, value, left(u))
+            });
+        }
+        tile.push(crate::loop_ir::if_(Cond::Lt(c(r), v("mlen")), stores));
+    }
+    for_(
+        "d0",
+        Expr::ceil_div(v("e_d"), c(vectors * lanes)),
+        LoopKind::Serial,
+        tile,
+    )
+}
