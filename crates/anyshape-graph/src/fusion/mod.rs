@@ -12,7 +12,9 @@
 //!   broadcast along some output axes (a mask; the patterns: see [`epilogue`]).
 //! - Multi-head attention's two contractions read the projections' `[batch, sequence,
 //!   heads, dim]` tensors in place, their transposes and constant scales folded in
-//!   (`attention_scores`, `attention_context`: see [`attention`]).
+//!   (`attention_scores`, `attention_context`: see [`attention`]); where the scores'
+//!   only use is their softmax and the probabilities' only use is the context, the
+//!   three are one `attention` or `masked_attention` kernel (see [`fused_attention`]).
 //! - Normalizations over the last axis are row-wise tasks (see [`normalization`]):
 //!   `softmax` (with `+nan_to_zero` where `Where(IsNaN(p), 0, p)` follows it),
 //!   `layer_norm` from `LayerNormalization`, `rms_norm` from `RMSNormalization` and
@@ -26,6 +28,7 @@
 mod attention;
 mod contraction;
 mod epilogue;
+mod fused_attention;
 mod normalization;
 
 use crate::fact;
@@ -338,7 +341,9 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
     }
     // A step runs where its last node would: its epilogue's inputs are ready by then.
     steps.sort_by_key(|s| s.nodes.iter().max().copied());
-    Fusion { steps }
+    Fusion {
+        steps: f.fuse_attention(steps),
+    }
 }
 
 impl Fuser<'_> {
