@@ -272,7 +272,10 @@ fn attention(
             if spec.masked {
                 s += inputs[3][at(3, [bi, hi, mi, 0, ni])] as f64;
             }
-            slack = slack.max((d as f64 + 2.0) * eps * abs + 2.0 * eps * s.abs());
+            // A masked-out key (-inf) weighs exactly 0, whatever its product's rounding.
+            if s.is_finite() {
+                slack = slack.max((d as f64 + 2.0) * eps * abs + 2.0 * eps * s.abs());
+            }
             scores.push(s);
         }
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);

@@ -783,3 +783,62 @@ fn fully_masked_softmax_rows_are_nan_or_zero() {
         });
     }
 }
+
+/// A fused attention whose mask is -inf over a whole query row: NaN there without
+/// `nan_to_zero` (as the softmax gives), zeros with it; a row with some keys masked
+/// matches the reference either way.
+#[test]
+fn fully_masked_attention_rows_are_nan_or_zero() {
+    use anyshape_measure::reference_output;
+    let (h, m, n, d) = (2usize, 3usize, 21usize, 16usize);
+    let wave = |len: usize, k: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * k % 13) as f32) / 6.0 - 1.0)
+            .collect()
+    };
+    let (q, k, v) = (wave(m * h * d, 5), wave(n * h * d, 7), wave(n * h * d, 3));
+    let mut mask = vec![0f32; m * n];
+    mask[n..2 * n].fill(f32::NEG_INFINITY);
+    for j in (0..n).step_by(3) {
+        mask[2 * n + j] = f32::NEG_INFINITY;
+    }
+    for nan_to_zero in [false, true] {
+        let w = Workload::parse("masked_attention(B=1,H=2,M=3,N=T,D=16,scale=0.25)")
+            .unwrap()
+            .with_attention(0.25, nan_to_zero)
+            .unwrap();
+        let bound = w.bind(&Bindings::from_pairs([("T", n as i64)])).unwrap();
+        let reference = reference_output(&w, &bound, &[&q, &k, &v, &mask]);
+        let mk = AttentionKernel {
+            rows: 2,
+            vectors: 1,
+        };
+        each_strategy_kernel(&w, mk, |strategy, f| {
+            let mut out = vec![1f32; m * h * d];
+            let ins = [q.as_ptr(), k.as_ptr(), v.as_ptr(), mask.as_ptr()];
+            let outs = [out.as_mut_ptr()];
+            // SAFETY: buffers sized by the bound workload.
+            assert_eq!(
+                unsafe { f([n as i64].as_ptr(), ins.as_ptr(), outs.as_ptr()) },
+                0
+            );
+            // Y is [1, M, H, D]: query row 1 is the masked one, both heads.
+            let masked = &out[h * d..2 * h * d];
+            match nan_to_zero {
+                false => assert!(masked.iter().all(|y| y.is_nan()), "{strategy}: {masked:?}"),
+                true => assert!(masked.iter().all(|&y| y == 0.0), "{strategy}: {masked:?}"),
+            }
+            for (i, (&y, (&r, &tol))) in out
+                .iter()
+                .zip(reference.output.iter().zip(&reference.tolerance))
+                .enumerate()
+            {
+                let want = r.is_nan() && y.is_nan() || (y as f64 - r).abs() <= tol;
+                assert!(
+                    want,
+                    "{strategy} nan_to_zero={nan_to_zero}: element {i} is {y}, not {r}"
+                );
+            }
+        });
+    }
+}
