@@ -198,56 +198,98 @@ fn pack_keys(lanes: usize, width: usize) -> Stmt {
     )
 }
 
+/// A register tile of `rows x vectors` accumulators `{name}_{r}_{u}` of `lanes` each,
+/// summed over a loop whose step loads a row of `vectors` vectors and broadcasts one
+/// scalar per tile row: both products of the fused attention.
+struct Tile {
+    name: &'static str,
+    /// The prefix of the loaded row's registers.
+    loaded: &'static str,
+    rows: usize,
+    vectors: usize,
+    lanes: usize,
+}
+
+impl Tile {
+    fn acc(&self, r: usize, u: usize) -> String {
+        format!("{}_{r}_{u}", self.name)
+    }
+
+    /// The accumulators, zero.
+    fn zero(&self) -> Vec<Stmt> {
+        let mut s = Vec::new();
+        for r in 0..self.rows {
+            for u in 0..self.vectors {
+                s.push(Stmt::Reg {
+                    name: self.acc(r, u),
+                    lanes: self.lanes,
+                    init: Value::Zero { lanes: self.lanes },
+                });
+            }
+        }
+        s
+    }
+
+    /// `for var in 0..extent`: the row's vectors `load(u)` (after `head`) times
+    /// `broadcast(r)`, added to the accumulators.
+    fn sum(
+        &self,
+        (var, extent): (&str, Expr),
+        head: Vec<Stmt>,
+        load: impl Fn(usize) -> Value,
+        broadcast: impl Fn(usize) -> Value,
+    ) -> Stmt {
+        let mut step = head;
+        let row = |u: usize| format!("{}_{u}", self.loaded);
+        for u in 0..self.vectors {
+            step.push(Stmt::Reg {
+                name: row(u),
+                lanes: self.lanes,
+                init: load(u),
+            });
+        }
+        for r in 0..self.rows {
+            for u in 0..self.vectors {
+                step.push(Stmt::Assign {
+                    reg: self.acc(r, u),
+                    value: Value::Fma(
+                        Box::new(Value::reg(&row(u), self.lanes)),
+                        Box::new(broadcast(r)),
+                        Box::new(Value::reg(&self.acc(r, u), self.lanes)),
+                    ),
+                });
+            }
+        }
+        for_(var, extent, LoopKind::Serial, step)
+    }
+}
+
 /// `S[r, n] = Σ_e Qb[r, e] · Kt[e, n]` for the block's rows, tiles of `rows x vectors`
 /// vectors along `n`.
 fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
-    let acc = |r: usize, u: usize| format!("s_{r}_{u}");
-    let col = |u: usize| v("j") * c(vectors * lanes) + c(u * lanes);
-    let mut tile = Vec::new();
+    let t = Tile {
+        name: "s",
+        loaded: "k",
+        rows,
+        vectors,
+        lanes,
+    };
+    let width = c(vectors * lanes);
+    let panel = v("j") * v("e_d") * width.clone() + v("e") * width.clone();
+    let mut tile = t.zero();
+    tile.push(t.sum(
+        ("e", v("e_d")),
+        Vec::new(),
+        |u| Value::vload("Kt", panel.clone() + c(u * lanes), lanes),
+        |r| Value::load("Qb", c(r) * v("e_d") + v("e")),
+    ));
     for r in 0..rows {
         for u in 0..vectors {
-            tile.push(Stmt::Reg {
-                name: acc(r, u),
-                lanes,
-                init: Value::Zero { lanes },
-            });
+            let at = c(r) * v("np") + v("j") * width.clone() + c(u * lanes);
+            tile.push(store("S", at, Value::reg(&t.acc(r, u), lanes)));
         }
     }
-    let mut step = Vec::new();
-    for u in 0..vectors {
-        step.push(Stmt::Reg {
-            name: format!("k_{u}"),
-            lanes,
-            init: Value::vload(
-                "Kt",
-                v("j") * v("e_d") * c(vectors * lanes) + v("e") * c(vectors * lanes) + c(u * lanes),
-                lanes,
-            ),
-        });
-    }
-    for r in 0..rows {
-        for u in 0..vectors {
-            step.push(Stmt::Assign {
-                reg: acc(r, u),
-                value: Value::Fma(
-                    Box::new(Value::reg(&format!("k_{u}"), lanes)),
-                    Box::new(Value::load("Qb", c(r) * v("e_d") + v("e"))),
-                    Box::new(Value::reg(&acc(r, u), lanes)),
-                ),
-            });
-        }
-    }
-    tile.push(for_("e", v("e_d"), LoopKind::Serial, step));
-    for r in 0..rows {
-        for u in 0..vectors {
-            tile.push(store(
-                "S",
-                c(r) * v("np") + col(u),
-                Value::reg(&acc(r, u), lanes),
-            ));
-        }
-    }
-    for_("j", v("np") / c(vectors * lanes), LoopKind::Serial, tile)
+    for_("j", v("np") / width, LoopKind::Serial, tile)
 }
 
 /// The softmax of block row `r` in place (the mask added first), its `1 / Σ` into
@@ -418,52 +460,32 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
 /// vectors` vectors along `d`, the values read in place (their last vectors partial
 /// where the head dim is not whole tile rows), rows past the block's end not stored.
 fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
-    let acc = |r: usize, u: usize| format!("o_{r}_{u}");
+    let t = Tile {
+        name: "o",
+        loaded: "v",
+        rows,
+        vectors,
+        lanes,
+    };
     let col = |u: usize| v("d0") * c(vectors * lanes) + c(u * lanes);
     let left = |u: usize| v("e_d") - col(u);
-    let mut tile = Vec::new();
-    for r in 0..rows {
-        for u in 0..vectors {
-            tile.push(Stmt::Reg {
-                name: acc(r, u),
-                lanes,
-                init: Value::Zero { lanes },
-            });
-        }
-    }
-    let mut step = vec![let_("vb", v("kv0") + v("n") * v("s_row"))];
-    for u in 0..vectors {
-        let index = v("vb") + col(u);
-        step.push(Stmt::Reg {
-            name: format!("v_{u}"),
-            lanes,
-            init: if whole_d {
-                Value::vload("in2", index, lanes)
-            } else {
-                Value::vload_first("in2", index, lanes, left(u))
-            },
-        });
-    }
-    for r in 0..rows {
-        for u in 0..vectors {
-            step.push(Stmt::Assign {
-                reg: acc(r, u),
-                value: Value::Fma(
-                    Box::new(Value::reg(&format!("v_{u}"), lanes)),
-                    Box::new(Value::load("S", c(r) * v("np") + v("n"))),
-                    Box::new(Value::reg(&acc(r, u), lanes)),
-                ),
-            });
-        }
-    }
-    tile.push(for_("n", v("e_n"), LoopKind::Serial, step));
+    let mut tile = t.zero();
+    tile.push(t.sum(
+        ("n", v("e_n")),
+        vec![let_("vb", v("kv0") + v("n") * v("s_row"))],
+        |u| match whole_d {
+            true => Value::vload("in2", v("vb") + col(u), lanes),
+            false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
+        },
+        |r| Value::load("S", c(r) * v("np") + v("n")),
+    ));
     for r in 0..rows {
         let mut stores = Vec::new();
         for u in 0..vectors {
             let index = v("qy0") + c(r) * v("s_row") + col(u);
             let value = Value::binary(
                 BinaryOp::Mul,
-                Value::reg(&acc(r, u), lanes),
+                Value::reg(&t.acc(r, u), lanes),
                 Value::load("rsum", c(r)),
             );
             stores.push(if whole_d {
