@@ -251,7 +251,8 @@ fn row_kernels_are_unchanged() {
 }
 
 /// The fused attention sketch, masked with NaN probabilities counted as 0, on AVX-512
-/// (whole tile rows of the head dim) and AVX2 (its last vectors partial).
+/// (whole tile rows of the head dim) and AVX2 (its last vectors partial), and its AMX
+/// variant in bf16.
 #[test]
 fn attention_kernels_are_unchanged() {
     let w =
@@ -259,7 +260,11 @@ fn attention_kernels_are_unchanged() {
     for (simd, rows, vectors, isa) in [(Simd::Avx512, 3, 3, "avx512"), (Simd::Avx2, 2, 4, "avx2")] {
         let target = target(simd);
         let mut text = target.prelude();
-        let mk = AttentionKernel { rows, vectors };
+        let mk = AttentionKernel {
+            rows,
+            vectors,
+            amx: false,
+        };
         let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
         text.push_str(&p.source(&target).unwrap());
         check(
@@ -267,4 +272,23 @@ fn attention_kernels_are_unchanged() {
             &text,
         );
     }
+    // The AMX variant: both products on tiles, in blocks of 32 query rows.
+    let w = Workload::parse("masked_attention_bf16(B=B,H=12,M=T,N=T,D=64,scale=0.125,nan_to_zero)")
+        .unwrap();
+    let target = CpuTarget {
+        amx: true,
+        ..target(Simd::Avx512)
+    };
+    let mk = AttentionKernel {
+        rows: 32,
+        vectors: 2,
+        amx: true,
+    };
+    let mut text = target.prelude();
+    let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
+    text.push_str(&p.source(&target).unwrap());
+    check(
+        "masked_attention_bf16-amx-local-pad-symbolic-avx512.c",
+        &text,
+    );
 }

@@ -362,12 +362,13 @@ fn bf16_fuses_dense_layers_over_half_the_weight_bytes() {
     let (f, b) = (names(&f32_plan), names(&bf16_plan));
     assert_eq!(f.len(), b.len());
     assert!(b.iter().any(|w| w.starts_with("dense_bf16(")));
-    // Attention is one f32 kernel at either precision.
-    assert!(b.iter().any(|w| w.starts_with("masked_attention(")));
+    // Attention is one kernel at either precision (in bf16 on AMX tiles where it can).
+    assert!(b.iter().any(|w| w.starts_with("masked_attention_bf16(")));
     for (f, b) in f.iter().zip(&b) {
         let f = f
             .replace("dense_packed(", "dense_bf16(")
-            .replace("_scores(", "_scores_bf16(");
+            .replace("_scores(", "_scores_bf16(")
+            .replace("_attention(", "_attention_bf16(");
         assert_eq!(f, *b);
     }
     let panel_bytes = |plan: &anyshape_plan::PlanFile, precision: Precision| -> u64 {

@@ -290,6 +290,11 @@ mod tests {
             "layer_norm(T,8,eps=-1)",
             "layer_norm(T,8,eps=inf)",
             "rms_norm(T,8,eps=nan)",
+            "softmax(T,8,scale=2)",
+            "softmax(T,8,nan_to_zero)",
+            "attention(1,2,T,T,64,scale=x)",
+            "attention(1,2,T,T,64,scale=inf)",
+            "attention(1,2,T,T,64)+relu",
         ] {
             let e = Workload::parse(bad).unwrap_err();
             assert!(!e.to_string().is_empty(), "{bad}");
@@ -305,6 +310,15 @@ mod tests {
             (
                 "rms_norm(N=64,M=T)+mul(n)",
                 "rms_norm(M=T,N=64,eps=1e-5)+mul(n)",
+            ),
+            // An attention's scale (1 if absent) and NaN guard.
+            (
+                "masked_attention_bf16(1,12,T,T,64,nan_to_zero,scale=0.125)",
+                "masked_attention_bf16(B=1,H=12,M=T,N=T,D=64,scale=1.25e-1,nan_to_zero)",
+            ),
+            (
+                "attention(1,2,T,T,8)",
+                "attention(B=1,H=2,M=T,N=T,D=8,scale=1e0)",
             ),
         ] {
             let w = Workload::parse(text).unwrap();

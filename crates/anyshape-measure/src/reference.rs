@@ -241,7 +241,8 @@ fn normalize(
 /// probabilities' relative error — twice the worst score's absolute error (its dot
 /// product of `d` terms, `(d + 2)` ulps of `Σ|scale·q·k|`, and the mask's addition), the
 /// sum's and the exponential's `n + 8` ulps — and the context's own `n + 2` roundings,
-/// each times `Σ_n p_n · |v_n|`; an absolute floor for results near zero.
+/// each times `Σ_n p_n · |v_n|` (in bf16 also the operands' rounding); an absolute floor
+/// for results near zero.
 fn attention(
     w: &Workload,
     bound: &BoundWorkload,
@@ -255,6 +256,13 @@ fn attention(
         unreachable!("an attention has five axes")
     };
     let eps = f32::EPSILON as f64;
+    // In bf16 the queries and keys are rounded (a product off by up to twice bfloat16's
+    // unit roundoff), and so are the probabilities and values.
+    let unit = match w.precision {
+        Precision::Bf16 => 2f64.powi(-8),
+        Precision::F32 => 0.0,
+    };
+    let paired = 2.0 * unit;
     let scale = spec.scale.0;
     let at = |t: usize, point: [i64; 5]| bound.offset(t, &point) as usize;
     for (bi, hi, mi) in
@@ -274,7 +282,8 @@ fn attention(
             }
             // A masked-out key (-inf) weighs exactly 0, whatever its product's rounding.
             if s.is_finite() {
-                slack = slack.max((d as f64 + 2.0) * eps * abs + 2.0 * eps * s.abs());
+                slack =
+                    slack.max((d as f64 + 2.0) * eps * abs + 2.0 * eps * s.abs() + paired * abs);
             }
             scores.push(s);
         }
@@ -291,7 +300,7 @@ fn attention(
                 }
             })
             .collect();
-        let relative = 2.0 * slack + (n as f64 + 8.0) * eps + (n as f64 + 2.0) * eps;
+        let relative = 2.0 * slack + (n as f64 + 8.0) * eps + (n as f64 + 2.0) * eps + 2.0 * unit;
         for e in 0..d {
             let (mut y, mut abs) = (0.0f64, 0.0f64);
             for (ni, &p) in p.iter().enumerate() {

@@ -531,7 +531,11 @@ fn layer_norm_and_rms_norm_all_strategies_and_modes() {
 fn fused_attention_all_shapes_and_modes() {
     let target = CpuTarget::detect();
     let strategies = [PaddingStrategy::LocalPad];
-    let small = |rows, vectors| AttentionKernel { rows, vectors };
+    let small = |rows, vectors| AttentionKernel {
+        rows,
+        vectors,
+        amx: false,
+    };
     matrix_on(
         &target,
         "masked_attention(B=2,H=3,M=T,N=T,D=64,scale=0.125,nan_to_zero)",
@@ -553,6 +557,16 @@ fn fused_attention_all_shapes_and_modes() {
         2,
         &strategies,
     );
+    // In bf16: on AMX tiles (blocks of 16 and 32 rows) where the CPU has them, else the
+    // vector kernels in f32 (which the bf16 bound holds too).
+    for w in [
+        "masked_attention_bf16(B=2,H=3,M=T,N=T,D=64,scale=0.125,nan_to_zero)",
+        "attention_bf16(B=1,H=2,M=T,N=T+5,D=32,scale=0.3)",
+    ] {
+        let wl = Workload::parse(w).unwrap();
+        let fitted = |rows| small(rows, 2).fit(&target, &wl);
+        matrix_on(&target, w, [fitted(16), fitted(32)], 2, &strategies);
+    }
 }
 
 /// Random valid micro-kernels on random shapes (with and without an epilogue), every
@@ -786,11 +800,11 @@ fn fully_masked_softmax_rows_are_nan_or_zero() {
 
 /// A fused attention whose mask is -inf over a whole query row: NaN there without
 /// `nan_to_zero` (as the softmax gives), zeros with it; a row with some keys masked
-/// matches the reference either way.
+/// matches the reference either way; in f32 and in bf16.
 #[test]
 fn fully_masked_attention_rows_are_nan_or_zero() {
     use anyshape_measure::reference_output;
-    let (h, m, n, d) = (2usize, 3usize, 21usize, 16usize);
+    let (h, m, n, d) = (2usize, 3usize, 21usize, 32usize);
     let wave = |len: usize, k: usize| -> Vec<f32> {
         (0..len)
             .map(|i| ((i * k % 13) as f32) / 6.0 - 1.0)
@@ -802,8 +816,15 @@ fn fully_masked_attention_rows_are_nan_or_zero() {
     for j in (0..n).step_by(3) {
         mask[2 * n + j] = f32::NEG_INFINITY;
     }
-    for nan_to_zero in [false, true] {
-        let w = Workload::parse("masked_attention(B=1,H=2,M=3,N=T,D=16,scale=0.25)")
+    let target = CpuTarget::detect();
+    // In f32, and in bf16 (on AMX tiles where the CPU has them: D a multiple of 32).
+    for (op, nan_to_zero) in [
+        ("masked_attention", false),
+        ("masked_attention", true),
+        ("masked_attention_bf16", false),
+        ("masked_attention_bf16", true),
+    ] {
+        let w = Workload::parse(&format!("{op}(B=1,H=2,M=3,N=T,D=32,scale=0.25)"))
             .unwrap()
             .with_attention(0.25, nan_to_zero)
             .unwrap();
@@ -812,7 +833,9 @@ fn fully_masked_attention_rows_are_nan_or_zero() {
         let mk = AttentionKernel {
             rows: 2,
             vectors: 1,
-        };
+            amx: false,
+        }
+        .fit(&target, &w);
         each_strategy_kernel(&w, mk, |strategy, f| {
             let mut out = vec![1f32; m * h * d];
             let ins = [q.as_ptr(), k.as_ptr(), v.as_ptr(), mask.as_ptr()];

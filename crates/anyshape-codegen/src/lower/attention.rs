@@ -12,12 +12,14 @@
 //!                                                        vectors of d, stored for r < M
 //! ```
 //! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
-//! N` rounded up): the scores never reach memory beyond it.
+//! N` rounded up): the scores never reach memory beyond it. The AMX variant's packing and
+//! products are `attention_amx.rs`; the query block and the softmax are shared.
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
     for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose,
     UnaryOp, Value,
 };
+use crate::sketch::AMX_EDGE;
 use crate::{AttentionKernel, CodegenError, CpuTarget, Program, Result};
 use anyshape_ir::{Expr, OpClass};
 
@@ -35,6 +37,8 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     let mk = p.micro_kernel;
     let (rows, vectors, lanes) = (mk.rows, mk.vectors, target.lanes_f32());
     let width = vectors * lanes;
+    // The keys are padded to whole tile rows (vectors), or to pairs of AMX tiles.
+    let granule = if mk.amx { 2 * AMX_EDGE } else { width };
     let extent = |a: usize| renamed(&w.axes[a].extent);
     let mut body = vec![
         let_("e_b", extent(0)),
@@ -44,7 +48,7 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         let_("e_n", extent(4)),
         // Elements between consecutive sequence positions of Q, K, V and Y.
         let_("s_row", v("e_h") * v("e_d")),
-        let_("np", Expr::round_up(v("e_n"), width as i64)),
+        let_("np", Expr::round_up(v("e_n"), granule as i64)),
         let_("nfull", v("e_n") / c(lanes)),
     ];
     // Whether the head dim is whole tile rows (else its last vectors are partial).
@@ -57,11 +61,6 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         let_("hi", v("t") - v("bi") * v("e_h")),
         // K[b, 0, h, 0] and V's: their heads' first elements.
         let_("kv0", (v("bi") * v("e_n") * v("e_h") + v("hi")) * v("e_d")),
-        Stmt::Alloc {
-            buf: "Kt".into(),
-            len: v("e_d") * v("np"),
-            scope: Scope::Scratch(0),
-        },
         Stmt::Alloc {
             buf: "S".into(),
             len: c(rows) * v("np"),
@@ -77,8 +76,23 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
             len: c(rows),
             scope: Scope::Stack,
         },
-        pack_keys(lanes, width),
     ];
+    if mk.amx {
+        task.extend(super::attention_amx::pack(lanes));
+    } else {
+        task.push(Stmt::Alloc {
+            buf: "Kt".into(),
+            len: v("e_d") * v("np"),
+            scope: Scope::Scratch(0),
+        });
+        task.push(transpose_heads(
+            "in1",
+            "Kt",
+            &|e, n| packed_key(width, e, n),
+            c(width),
+            lanes,
+        ));
+    }
     let mut block = vec![
         let_("m0", v("i") * c(rows)),
         let_("mlen", Expr::min(c(rows), v("e_m") - v("m0"))),
@@ -116,14 +130,19 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
             )],
         )],
     ));
-    block.push(scores(rows, vectors, lanes));
-    block.push(for_(
+    let softmax = for_(
         "r",
         v("mlen"),
         LoopKind::Serial,
         softmax_row(lanes, spec.masked, spec.nan_to_zero),
-    ));
-    block.push(context(rows, vectors, lanes, whole_d));
+    );
+    if mk.amx {
+        block.extend(super::attention_amx::block(rows, lanes, softmax));
+    } else {
+        block.push(scores(rows, vectors, lanes));
+        block.push(softmax);
+        block.push(context(rows, vectors, lanes, whole_d));
+    }
     task.push(for_(
         "i",
         Expr::ceil_div(v("e_m"), c(rows)),
@@ -148,11 +167,18 @@ fn packed_key(width: usize, e: Expr, n: Expr) -> Expr {
     panel.clone() * v("e_d") * c(width) + e * c(width) + (n - panel * c(width))
 }
 
-/// `Kt` (see [`packed_key`]) `= K[b, n, h, e]`, zero for `N <= n < np`: tiles of
-/// `lanes x lanes` transposed in registers (elements one by one on a scalar target).
-fn pack_keys(lanes: usize, width: usize) -> Stmt {
+/// `dst[at(e, n)] = src[b, n, h, e]` (the task's head of the keys or the values,
+/// transposed), zero for `N <= n < np`; `at(e + 1, n)` is `stride` past `at(e, n)`: tiles
+/// of `lanes x lanes` transposed in registers (elements one by one on a scalar target).
+pub(super) fn transpose_heads(
+    src: &str,
+    dst: &str,
+    at: &dyn Fn(Expr, Expr) -> Expr,
+    stride: Expr,
+    lanes: usize,
+) -> Stmt {
     if lanes == 1 {
-        let k = Value::load("in1", v("kv0") + v("n") * v("s_row") + v("e"));
+        let k = Value::load(src, v("kv0") + v("n") * v("s_row") + v("e"));
         return for_(
             "n",
             v("np"),
@@ -162,8 +188,8 @@ fn pack_keys(lanes: usize, width: usize) -> Stmt {
                 v("e_d"),
                 LoopKind::Serial,
                 vec![store(
-                    "Kt",
-                    packed_key(width, v("e"), v("n")),
+                    dst,
+                    at(v("e"), v("n")),
                     Value::Select(
                         Cond::Lt(v("n"), v("e_n")),
                         Box::new(k),
@@ -174,10 +200,10 @@ fn pack_keys(lanes: usize, width: usize) -> Stmt {
         );
     }
     let tile = Stmt::Transpose(Box::new(Transpose {
-        dst: "Kt".into(),
-        dst_index: packed_key(width, v("e0") * c(lanes), v("n0") * c(lanes)),
-        dst_stride: c(width),
-        src: "in1".into(),
+        dst: dst.into(),
+        dst_index: at(v("e0") * c(lanes), v("n0") * c(lanes)),
+        dst_stride: stride,
+        src: src.into(),
         src_index: v("kv0") + v("n0") * c(lanes) * v("s_row") + v("e0") * c(lanes),
         src_stride: v("s_row"),
         rows: v("e_n") - v("n0") * c(lanes),

@@ -8,13 +8,14 @@
 //!   dot variant's task body: vectors along K, operands read in place), `amx.rs` (the
 //!   AMX variant's task body: products of bf16 tiles);
 //! - `rows.rs`: the row-wise (normalization) sketch;
-//! - `attention.rs`: the fused attention sketch;
+//! - `attention.rs`: the fused attention sketch (`attention_amx.rs`: its AMX variant);
 //! - what a padding strategy does in each stage comes from its policy
 //!   ([`crate::padding`]), never from matching the strategy here.
 //!
 //! Every lowered function passes the loop-IR verifier in debug builds and tests.
 mod amx;
 mod attention;
+mod attention_amx;
 mod compute;
 mod contraction;
 mod dot;

@@ -7,6 +7,11 @@
 //! `1 / Σ` as it is stored. The scores never reach memory beyond one block's
 //! `rows x N`.
 //!
+//! Its AMX variant (`amx=1`, a bf16 attention on a CPU with AMX-BF16 whose head dim is
+//! whole tiles of 32) runs both products on tiles instead: blocks of 16 or 32 query
+//! rows, the queries, keys, probabilities and values rounded into words of bfloat16
+//! pairs (`lower/attention_amx.rs`).
+//!
 //! An [`AttentionKernel`] fixes every parameter; it is valid on any target whose vector
 //! registers hold the accumulators, never depending on a shape. Its tails are handled
 //! one way whatever the padding strategy: the packed keys and the query block are
@@ -23,8 +28,11 @@ pub struct AttentionKernel {
     /// Query rows per block (the register tile's rows in both products).
     pub rows: usize,
     /// Vector registers per tile row: along the keys in the scores, along the head
-    /// dim in the context.
+    /// dim in the context (the softmax's passes only, in the AMX variant).
     pub vectors: usize,
+    /// Both products on AMX tiles (`rows` 16 or 32).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub amx: bool,
 }
 
 impl AttentionKernel {
@@ -33,11 +41,16 @@ impl AttentionKernel {
     pub fn default_for(target: &CpuTarget) -> AttentionKernel {
         [(6, 4), (4, 3), (4, 2), (2, 2), (1, 1)]
             .into_iter()
-            .map(|(rows, vectors)| AttentionKernel { rows, vectors })
+            .map(|(rows, vectors)| AttentionKernel {
+                rows,
+                vectors,
+                amx: false,
+            })
             .find(|k| k.validate(target).is_ok())
             .unwrap_or(AttentionKernel {
                 rows: 1,
                 vectors: 1,
+                amx: false,
             })
     }
 
@@ -61,7 +74,14 @@ impl AttentionKernel {
         if self.rows > 64 {
             return fail("at most 64 rows per block".into());
         }
-        let need = self.rows * self.vectors + self.vectors + 1;
+        if self.amx && !target.amx {
+            return fail("the AMX variant needs a CPU with AMX-BF16".into());
+        }
+        if self.amx && self.rows != 16 && self.rows != 32 {
+            return fail("the AMX variant's blocks are 16 or 32 rows".into());
+        }
+        let tile_rows = if self.amx { 0 } else { self.rows };
+        let need = tile_rows * self.vectors + self.vectors + 1;
         if need > target.vector_registers {
             return fail(format!(
                 "a tile of {} x {} vectors needs {need} vector registers; the target has {}",
@@ -80,17 +100,26 @@ impl AttentionKernel {
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
-        let v = super::parse_fields(text, &["rows", "vectors"]).map_err(bad)?;
-        match (v[0], v[1]) {
-            (Some(rows), Some(vectors)) => Ok(AttentionKernel { rows, vectors }),
-            _ => Err(bad("need rows and vectors".into())),
+        let v = super::parse_fields(text, &["rows", "vectors", "amx"]).map_err(bad)?;
+        match (v[0], v[1], v[2].unwrap_or(0)) {
+            (Some(rows), Some(vectors), amx @ (0 | 1)) => Ok(AttentionKernel {
+                rows,
+                vectors,
+                amx: amx == 1,
+            }),
+            (_, _, 0 | 1) => Err(bad("need rows and vectors".into())),
+            _ => Err(bad("amx is 0 or 1".into())),
         }
     }
 }
 
 impl fmt::Display for AttentionKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rows={},vectors={}", self.rows, self.vectors)
+        write!(f, "rows={},vectors={}", self.rows, self.vectors)?;
+        if self.amx {
+            write!(f, ",amx=1")?;
+        }
+        Ok(())
     }
 }
 
@@ -116,6 +145,26 @@ impl crate::Sketch for AttentionKernel {
 
     fn default_for(target: &CpuTarget) -> Self {
         AttentionKernel::default_for(target)
+    }
+
+    /// The AMX variant where `w` is a bf16 attention the tiles run on a target with
+    /// them (blocks of 16 or 32 rows, whichever is nearer), the vector one elsewhere.
+    fn fit(self, target: &CpuTarget, w: &anyshape_ir::Workload) -> Self {
+        if target.amx && amx_runs(w) {
+            let rows = if self.rows > 24 { 32 } else { 16 };
+            return AttentionKernel {
+                rows,
+                amx: true,
+                ..self
+            };
+        }
+        if self.amx {
+            return AttentionKernel {
+                amx: false,
+                ..AttentionKernel::default_for(target)
+            };
+        }
+        self
     }
 
     fn parse(text: &str) -> Result<Self> {
@@ -156,9 +205,14 @@ impl crate::Sketch for AttentionKernel {
     fn sample(target: &CpuTarget, rng: &mut impl rand::Rng) -> Self {
         use rand::RngExt;
         loop {
+            let amx = target.amx && rng.random_bool(0.5);
             let k = AttentionKernel {
-                rows: rng.random_range(1..=12),
+                rows: match amx {
+                    true => [16, 32][rng.random_range(0..2)],
+                    false => rng.random_range(1..=12),
+                },
                 vectors: rng.random_range(1..=4),
+                amx,
             };
             if k.validate(target).is_ok() {
                 return k;
@@ -170,7 +224,9 @@ impl crate::Sketch for AttentionKernel {
         use rand::RngExt;
         let step = [-1, 1][rng.random_range(0..2)];
         let mut k = *self;
-        if rng.random_bool(0.5) {
+        if k.amx && rng.random_bool(0.5) {
+            k.rows = 48 - k.rows;
+        } else if rng.random_bool(0.5) {
             k.rows = (k.rows as i64 + step).max(1) as usize;
         } else {
             k.vectors = (k.vectors as i64 + step).max(1) as usize;
@@ -180,7 +236,9 @@ impl crate::Sketch for AttentionKernel {
 
     fn child(&self, other: &Self, _target: &CpuTarget, rng: &mut impl rand::Rng) -> Self {
         use rand::RngExt;
+        let amx = self.amx && other.amx;
         AttentionKernel {
+            amx,
             rows: if rng.random_bool(0.5) {
                 self.rows
             } else {
@@ -214,5 +272,66 @@ impl crate::Sketch for AttentionKernel {
 
     fn divides(&self, f: &crate::Factors) -> bool {
         f.0[0].is_multiple_of(self.rows)
+    }
+}
+
+/// Whether `w` can run on AMX tiles (the AMX variant): a bf16 attention whose head dim
+/// is a constant number of whole 32-element tiles (a tile step of the scores' reduction
+/// and two output tiles of the context).
+fn amx_runs(w: &anyshape_ir::Workload) -> bool {
+    w.precision == anyshape_ir::Precision::Bf16
+        && matches!(w.class, anyshape_ir::OpClass::Attention(_))
+        && w.axes
+            .get(3)
+            .and_then(|d| d.extent.as_const())
+            .is_some_and(|d| d > 0 && d % 32 == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sketch;
+    use anyshape_ir::Workload;
+
+    /// The text form reads back; the AMX variant is what a bf16 attention with a head
+    /// dim of whole tiles gets on a target with AMX, and nothing else gets it.
+    #[test]
+    fn text_limits_and_the_amx_variant() {
+        let plain = CpuTarget::avx512_for_tests();
+        let amx = CpuTarget {
+            amx: true,
+            ..plain.clone()
+        };
+        for text in ["rows=6,vectors=4", "rows=32,vectors=2,amx=1"] {
+            let k = AttentionKernel::parse(text).unwrap();
+            assert_eq!(k.to_string(), text);
+            assert_eq!(
+                AttentionKernel::parse(&serde_json::to_string(&k).unwrap()).unwrap(),
+                k
+            );
+        }
+        assert!(AttentionKernel::parse("rows=6,vectors=4,amx=2").is_err());
+        let k = AttentionKernel::parse("rows=32,vectors=2,amx=1").unwrap();
+        assert!(k.validate(&amx).is_ok());
+        assert!(k
+            .validate(&plain)
+            .unwrap_err()
+            .to_string()
+            .contains("AMX-BF16"));
+        let odd = AttentionKernel { rows: 20, ..k };
+        assert!(odd.validate(&amx).is_err());
+        let default = AttentionKernel::default_for(&amx);
+        let w = |text: &str| Workload::parse(text).unwrap();
+        let bf16 = w("masked_attention_bf16(B=1,H=12,M=T,N=T,D=64)");
+        assert_eq!(default.fit(&amx, &bf16).rows, 16);
+        assert!(default.fit(&amx, &bf16).amx);
+        for (target, text) in [
+            (&plain, "masked_attention_bf16(B=1,H=12,M=T,N=T,D=64)"),
+            (&amx, "masked_attention_bf16(B=1,H=12,M=T,N=T,D=48)"),
+            (&amx, "masked_attention(B=1,H=12,M=T,N=T,D=64)"),
+        ] {
+            let fitted = k.fit(target, &w(text));
+            assert!(!fitted.amx && fitted.validate(target).is_ok(), "{text}");
+        }
     }
 }

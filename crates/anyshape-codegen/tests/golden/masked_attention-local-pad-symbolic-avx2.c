@@ -126,13 +126,13 @@ int32_t as_83fb91d40e4304fe(const int64_t *restrict vars, const float *const *re
     const int64_t bi = as_fdiv(t, e_h);
     const int64_t hi = (t - (bi * e_h));
     const int64_t kv0 = ((((bi * e_n) * e_h) + hi) * e_d);
-    float *restrict Kt = (float *)as_scratch(0, (e_d * np));
-    if (!Kt) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict S = (float *)as_scratch(1, (np * 2));
     if (!S) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict Qb = (float *)as_scratch(2, (e_d * 2));
     if (!Qb) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float rsum[2] __attribute__((aligned(64)));
+    float *restrict Kt = (float *)as_scratch(0, (e_d * np));
+    if (!Kt) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t n0 = 0; n0 < as_fdiv(np, 8); n0++) {
       for (int64_t e0 = 0; e0 < as_cdiv(e_d, 8); e0++) {
         as_transpose(&Kt[((((as_fdiv((n0 * 8), 32) * e_d) * 32) + (e0 * 256)) + ((n0 * 8) - (as_fdiv((n0 * 8), 32) * 32)))], 32, &in1[((kv0 + ((n0 * 8) * s_row)) + (e0 * 8))], s_row, (e_n - (n0 * 8)), (e_d - (e0 * 8)), (e_d - (e0 * 8)), 8);

@@ -168,13 +168,13 @@ int32_t as_0358b101199998d4(const int64_t *restrict vars, const float *const *re
     const int64_t bi = as_fdiv(t, e_h);
     const int64_t hi = (t - (bi * e_h));
     const int64_t kv0 = ((((bi * e_n) * e_h) + hi) * e_d);
-    float *restrict Kt = (float *)as_scratch(0, (e_d * np));
-    if (!Kt) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict S = (float *)as_scratch(1, (np * 3));
     if (!S) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict Qb = (float *)as_scratch(2, (e_d * 3));
     if (!Qb) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float rsum[3] __attribute__((aligned(64)));
+    float *restrict Kt = (float *)as_scratch(0, (e_d * np));
+    if (!Kt) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t n0 = 0; n0 < as_fdiv(np, 16); n0++) {
       for (int64_t e0 = 0; e0 < as_cdiv(e_d, 16); e0++) {
         as_transpose(&Kt[((((as_fdiv((n0 * 16), 48) * e_d) * 48) + (e0 * 768)) + ((n0 * 16) - (as_fdiv((n0 * 16), 48) * 48)))], 48, &in1[((kv0 + ((n0 * 16) * s_row)) + (e0 * 16))], s_row, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);

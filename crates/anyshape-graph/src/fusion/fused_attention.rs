@@ -4,11 +4,12 @@
 //! `attention` or `masked_attention` task ([`anyshape_ir::OpClass::Attention`]) where
 //! the scores and the probabilities, through views, have no other use: the scores
 //! (`batch · heads · sequence²` elements, 12.6 MB per BERT-base layer at sequence 512)
-//! are never written. The fused kernel computes in f32 whatever the fusion's precision.
+//! are never written. In a bf16 fusion it is `attention_bf16` / `masked_attention_bf16`:
+//! both products on AMX tiles where the CPU has them (in f32 elsewhere).
 //!
 //! The decoders' cache and grouped forms are left as they are.
 use super::{Fuser, Step, StepKind, VIEWS};
-use anyshape_ir::{AttentionSpec, Binary, EpilogueOp, OpClass, Unary, Workload};
+use anyshape_ir::{AttentionSpec, Binary, EpilogueOp, OpClass, Precision, Unary, Workload};
 use anyshape_tensor::ValueId;
 
 /// The steps a fused attention replaces: the scores', the softmax's, the context's and
@@ -85,10 +86,11 @@ impl Fuser<'_> {
         if s[..3] != c[..3] || s[3] != c[4] || s[4] != c[3] {
             return None;
         }
-        let op = if mask.is_some() {
-            "masked_attention"
-        } else {
-            "attention"
+        let op = match (mask.is_some(), self.precision) {
+            (true, Precision::Bf16) => "masked_attention_bf16",
+            (true, Precision::F32) => "masked_attention",
+            (false, Precision::Bf16) => "attention_bf16",
+            (false, Precision::F32) => "attention",
         };
         let workload = Workload::of(op, &s)
             .ok()?

@@ -47,3 +47,20 @@ pub fn attention(a: &[Expr]) -> Workload {
 pub fn masked_attention(a: &[Expr]) -> Workload {
     attention_of("masked_attention", a, true)
 }
+
+/// `attention_bf16(B, H, M, N, D)`: [`attention`] whose two products may multiply in
+/// bfloat16 with `f32` sums (the queries, keys, probabilities and values rounded; see
+/// [`Precision::Bf16`](crate::Precision)): on AMX tiles where the CPU has them and the
+/// head dim is a whole number of 32-element tiles, in `f32` elsewhere.
+pub fn attention_bf16(a: &[Expr]) -> Workload {
+    let mut w = attention_of("attention_bf16", a, false);
+    w.precision = crate::Precision::Bf16;
+    w
+}
+
+/// `masked_attention_bf16(B, H, M, N, D)`: [`masked_attention`] as [`attention_bf16`].
+pub fn masked_attention_bf16(a: &[Expr]) -> Workload {
+    let mut w = attention_of("masked_attention_bf16", a, true);
+    w.precision = crate::Precision::Bf16;
+    w
+}

@@ -188,6 +188,20 @@ pub static OPERATORS: &[OpDef] = &[
         class: "attention",
         build: attention::masked_attention,
     },
+    OpDef {
+        name: "attention_bf16",
+        args: &["B", "H", "M", "N", "D"],
+        doc: "attention whose products may multiply in bf16 (f32 sums): on AMX tiles where the CPU has them and D is a multiple of 32, in f32 elsewhere",
+        class: "attention",
+        build: attention::attention_bf16,
+    },
+    OpDef {
+        name: "masked_attention_bf16",
+        args: &["B", "H", "M", "N", "D"],
+        doc: "masked_attention as attention_bf16",
+        class: "attention",
+        build: attention::masked_attention_bf16,
+    },
 ];
 
 /// The operator named `name`.
