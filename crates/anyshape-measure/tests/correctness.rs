@@ -799,8 +799,9 @@ fn fully_masked_softmax_rows_are_nan_or_zero() {
 }
 
 /// A fused attention whose mask is -inf over a whole query row: NaN there without
-/// `nan_to_zero` (as the softmax gives), zeros with it; a row with some keys masked
-/// matches the reference either way; in f32 and in bf16.
+/// `nan_to_zero` (as the softmax gives), zeros with it, and likewise a row with one NaN
+/// score; a row with some keys masked matches the reference either way; in f32 and in
+/// bf16.
 #[test]
 fn fully_masked_attention_rows_are_nan_or_zero() {
     use anyshape_measure::reference_output;
@@ -813,6 +814,8 @@ fn fully_masked_attention_rows_are_nan_or_zero() {
     let (q, k, v) = (wave(m * h * d, 5), wave(n * h * d, 7), wave(n * h * d, 3));
     let mut mask = vec![0f32; m * n];
     mask[n..2 * n].fill(f32::NEG_INFINITY);
+    // One NaN score makes its whole row NaN in the softmax (zeros under nan_to_zero).
+    mask[5] = f32::NAN;
     for j in (0..n).step_by(3) {
         mask[2 * n + j] = f32::NEG_INFINITY;
     }

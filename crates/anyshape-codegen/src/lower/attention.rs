@@ -442,8 +442,20 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
         lanes: 1,
     };
     if nan_to_zero {
-        // A row of NaN (its sum is NaN) becomes zeros; its context then sums zeros, and
-        // `1 / max(0, tiny)` keeps them zero (NaN values stay NaN, as 0 · NaN is).
+        // A row whose sum is NaN (a score NaN, +inf, or -inf everywhere) is all NaN in
+        // the softmax, hence zeros: its probabilities times `keep` (1, or 0 where the
+        // sum is NaN), NaN counted as 0; its context then sums zeros, and `1 / max(0,
+        // tiny)` keeps them zero (NaN values stay NaN, as 0 · NaN is).
+        s.push(scalar("sum", sum));
+        let keep = Value::unary(
+            UnaryOp::NanToZero,
+            Value::binary(
+                BinaryOp::Add,
+                Value::binary(BinaryOp::Sub, Value::reg("sum", 1), Value::reg("sum", 1)),
+                one.clone(),
+            ),
+        );
+        s.push(scalar("keep", keep));
         for (j, lanes, extent) in [
             (vec_j, lanes, v("nfull")),
             (tail_j, 1, v("e_n") - v("nfull") * c(lanes)),
@@ -455,18 +467,27 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
                 lanes,
                 count: None,
             };
+            let p = Value::binary(
+                BinaryOp::Mul,
+                Value::unary(UnaryOp::NanToZero, x),
+                Value::reg("keep", 1),
+            );
             s.push(for_(
                 var,
                 extent,
                 LoopKind::Serial,
-                vec![store("S", at(j), Value::unary(UnaryOp::NanToZero, x))],
+                vec![store("S", at(j), p)],
             ));
         }
         let tiny = Value::Const {
             value: 1e-30,
             lanes: 1,
         };
-        let sum = Value::binary(BinaryOp::Max, Value::unary(UnaryOp::NanToZero, sum), tiny);
+        let sum = Value::binary(
+            BinaryOp::Max,
+            Value::unary(UnaryOp::NanToZero, Value::reg("sum", 1)),
+            tiny,
+        );
         s.push(store(
             "rsum",
             v("r"),

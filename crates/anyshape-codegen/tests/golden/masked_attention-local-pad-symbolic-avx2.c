@@ -204,13 +204,15 @@ int32_t as_83fb91d40e4304fe(const int64_t *restrict vars, const float *const *re
           S[((r * np) + ((nfull * 8) + e))] = p_1;
           sm_s = (sm_s + p_1);
         }
+        float sum = (as_hsum(sm_v) + sm_s);
+        float keep = as_nan0(((sum - sum) + 1.0f));
         for (int64_t q = 0; q < nfull; q++) {
-          as_vstore(&S[((r * np) + (q * 8))], as_vnan0(as_vload(&S[((r * np) + (q * 8))])));
+          as_vstore(&S[((r * np) + (q * 8))], (as_vnan0(as_vload(&S[((r * np) + (q * 8))])) * keep));
         }
         for (int64_t e = 0; e < (e_n - (nfull * 8)); e++) {
-          S[((r * np) + ((nfull * 8) + e))] = as_nan0(S[((r * np) + ((nfull * 8) + e))]);
+          S[((r * np) + ((nfull * 8) + e))] = (as_nan0(S[((r * np) + ((nfull * 8) + e))]) * keep);
         }
-        rsum[r] = (1.0f / as_max_f(as_nan0((as_hsum(sm_v) + sm_s)), 1e-30f));
+        rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
       }
       for (int64_t d0 = 0; d0 < as_cdiv(e_d, 32); d0++) {
         as_vf o_0_0 = (as_vf){0};

@@ -313,13 +313,15 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
           S[((r * np) + ((nfull * 16) + e))] = p_1;
           sm_s = (sm_s + p_1);
         }
+        float sum = (as_hsum(sm_v) + sm_s);
+        float keep = as_nan0(((sum - sum) + 1.0f));
         for (int64_t q = 0; q < nfull; q++) {
-          as_vstore(&S[((r * np) + (q * 16))], as_vnan0(as_vload(&S[((r * np) + (q * 16))])));
+          as_vstore(&S[((r * np) + (q * 16))], (as_vnan0(as_vload(&S[((r * np) + (q * 16))])) * keep));
         }
         for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-          S[((r * np) + ((nfull * 16) + e))] = as_nan0(S[((r * np) + ((nfull * 16) + e))]);
+          S[((r * np) + ((nfull * 16) + e))] = (as_nan0(S[((r * np) + ((nfull * 16) + e))]) * keep);
         }
-        rsum[r] = (1.0f / as_max_f(as_nan0((as_hsum(sm_v) + sm_s)), 1e-30f));
+        rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
       }
       float *restrict Pw = (float *)as_scratch(6, (half_n * 32));
       if (!Pw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
