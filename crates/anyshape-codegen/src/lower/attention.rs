@@ -319,16 +319,40 @@ fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
 }
 
 /// The softmax of block row `r` in place (the mask added first), its `1 / Σ` into
-/// `rsum[r]`: whole vectors, then the row's tail element by element.
+/// `rsum[r]`: each pass over whole vectors, then the row's tail element by element.
 fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
     let at = |j: Expr| v("r") * v("np") + j;
-    let vec_j = v("q") * c(lanes);
-    let tail_j = v("nfull") * c(lanes) + v("e");
-    let mask = |j: Expr, lanes: usize| Value::Load {
-        buf: "in3".into(),
-        index: v("mb") + j,
+    let load = |buf: &str, index: Expr, lanes: usize| Value::Load {
+        buf: buf.into(),
+        index,
         lanes,
         count: None,
+    };
+    // A pass: `body(j, lanes, part)` over the row's whole vectors (part 0, `j` a vector's
+    // first element), then over its tail (part 1, `j` one element).
+    let pass = |body: &dyn Fn(Expr, usize, usize) -> Vec<Stmt>| -> Vec<Stmt> {
+        [
+            ("q", v("nfull"), v("q") * c(lanes), lanes),
+            (
+                "e",
+                v("e_n") - v("nfull") * c(lanes),
+                v("nfull") * c(lanes) + v("e"),
+                1,
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(part, (var, extent, j, n))| for_(var, extent, LoopKind::Serial, body(j, n, part)))
+        .collect()
+    };
+    let reg = |name: &str, lanes: usize, init: Value| Stmt::Reg {
+        name: name.into(),
+        lanes,
+        init,
+    };
+    let neg_inf = |lanes: usize| Value::Const {
+        value: f64::NEG_INFINITY,
+        lanes,
     };
     let mut s = Vec::new();
     if masked {
@@ -338,58 +362,28 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
             (v("bi") * v("e_m") + v("m0") + v("r")) * v("e_n"),
         ));
     }
-    let vector = |name: &str, init: Value| Stmt::Reg {
-        name: name.into(),
-        lanes,
-        init,
-    };
-    let scalar = |name: &str, init: Value| Stmt::Reg {
-        name: name.into(),
-        lanes: 1,
-        init,
-    };
-    let neg_inf = |lanes: usize| Value::Const {
-        value: f64::NEG_INFINITY,
-        lanes,
-    };
     // The maximum (the mask added and stored back first).
-    s.push(vector("mx_v", neg_inf(lanes)));
-    s.push(scalar("mx_s", neg_inf(1)));
-    for (j, lanes, reg, extent) in [
-        (vec_j.clone(), lanes, "mx_v", v("nfull")),
-        (tail_j.clone(), 1, "mx_s", v("e_n") - v("nfull") * c(lanes)),
-    ] {
-        let var = if lanes == 1 { "e" } else { "q" };
-        let x = Value::Load {
-            buf: "S".into(),
-            index: at(j.clone()),
-            lanes,
-            count: None,
-        };
-        let mut pass = Vec::new();
-        let x = if masked {
-            pass.push(store(
-                "S",
-                at(j.clone()),
-                Value::sum(x, mask(j.clone(), lanes)),
-            ));
-            Value::Load {
-                buf: "S".into(),
-                index: at(j),
-                lanes,
-                count: None,
-            }
-        } else {
-            x
-        };
-        pass.push(Stmt::Assign {
-            reg: reg.into(),
-            value: Value::binary(BinaryOp::Max, Value::reg(reg, lanes), x),
+    s.push(reg("mx_v", lanes, neg_inf(lanes)));
+    s.push(reg("mx_s", 1, neg_inf(1)));
+    s.extend(pass(&|j, n, part| {
+        let acc = ["mx_v", "mx_s"][part];
+        let mut body = Vec::new();
+        if masked {
+            let sum = Value::sum(
+                load("S", at(j.clone()), n),
+                load("in3", v("mb") + j.clone(), n),
+            );
+            body.push(store("S", at(j.clone()), sum));
+        }
+        body.push(Stmt::Assign {
+            reg: acc.into(),
+            value: Value::binary(BinaryOp::Max, Value::reg(acc, n), load("S", at(j), n)),
         });
-        s.push(for_(var, extent, LoopKind::Serial, pass));
-    }
-    s.push(scalar(
+        body
+    }));
+    s.push(reg(
         "mx",
+        1,
         Value::binary(
             BinaryOp::Max,
             Value::Horizontal(BinaryOp::Max, Box::new(Value::reg("mx_v", lanes))),
@@ -397,42 +391,28 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
         ),
     ));
     // The exponentials, summed.
-    s.push(vector("sm_v", Value::Zero { lanes }));
-    s.push(scalar("sm_s", Value::Zero { lanes: 1 }));
-    for (j, lanes, reg, extent) in [
-        (vec_j.clone(), lanes, "sm_v", v("nfull")),
-        (tail_j.clone(), 1, "sm_s", v("e_n") - v("nfull") * c(lanes)),
-    ] {
-        let var = if lanes == 1 { "e" } else { "q" };
-        let x = Value::Load {
-            buf: "S".into(),
-            index: at(j.clone()),
-            lanes,
-            count: None,
-        };
+    s.push(reg("sm_v", lanes, Value::Zero { lanes }));
+    s.push(reg("sm_s", 1, Value::Zero { lanes: 1 }));
+    s.extend(pass(&|j, n, part| {
+        let acc = ["sm_v", "sm_s"][part];
+        let name = format!("p_{n}");
         let p = Value::unary(
             UnaryOp::Exp,
-            Value::binary(BinaryOp::Sub, x, Value::reg("mx", 1)),
+            Value::binary(
+                BinaryOp::Sub,
+                load("S", at(j.clone()), n),
+                Value::reg("mx", 1),
+            ),
         );
-        let name = format!("p_{lanes}");
-        s.push(for_(
-            var,
-            extent,
-            LoopKind::Serial,
-            vec![
-                Stmt::Reg {
-                    name: name.clone(),
-                    lanes,
-                    init: p,
-                },
-                store("S", at(j), Value::reg(&name, lanes)),
-                Stmt::Assign {
-                    reg: reg.into(),
-                    value: Value::sum(Value::reg(reg, lanes), Value::reg(&name, lanes)),
-                },
-            ],
-        ));
-    }
+        vec![
+            reg(&name, n, p),
+            store("S", at(j), Value::reg(&name, n)),
+            Stmt::Assign {
+                reg: acc.into(),
+                value: Value::sum(Value::reg(acc, n), Value::reg(&name, n)),
+            },
+        ]
+    }));
     let sum = Value::sum(
         Value::Horizontal(BinaryOp::Add, Box::new(Value::reg("sm_v", lanes))),
         Value::reg("sm_s", 1),
@@ -446,7 +426,7 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
         // the softmax, hence zeros: its probabilities times `keep` (1, or 0 where the
         // sum is NaN), NaN counted as 0; its context then sums zeros, and `1 / max(0,
         // tiny)` keeps them zero (NaN values stay NaN, as 0 · NaN is).
-        s.push(scalar("sum", sum));
+        s.push(reg("sum", 1, sum));
         let keep = Value::unary(
             UnaryOp::NanToZero,
             Value::binary(
@@ -455,30 +435,15 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
                 one.clone(),
             ),
         );
-        s.push(scalar("keep", keep));
-        for (j, lanes, extent) in [
-            (vec_j, lanes, v("nfull")),
-            (tail_j, 1, v("e_n") - v("nfull") * c(lanes)),
-        ] {
-            let var = if lanes == 1 { "e" } else { "q" };
-            let x = Value::Load {
-                buf: "S".into(),
-                index: at(j.clone()),
-                lanes,
-                count: None,
-            };
+        s.push(reg("keep", 1, keep));
+        s.extend(pass(&|j, n, _| {
             let p = Value::binary(
                 BinaryOp::Mul,
-                Value::unary(UnaryOp::NanToZero, x),
+                Value::unary(UnaryOp::NanToZero, load("S", at(j.clone()), n)),
                 Value::reg("keep", 1),
             );
-            s.push(for_(
-                var,
-                extent,
-                LoopKind::Serial,
-                vec![store("S", at(j), p)],
-            ));
-        }
+            vec![store("S", at(j), p)]
+        }));
         let tiny = Value::Const {
             value: 1e-30,
             lanes: 1,
