@@ -9,7 +9,7 @@
 //!
 //! The decoders' cache and grouped forms are left as they are.
 use super::{Fuser, Step, StepKind, VIEWS};
-use anyshape_ir::{AttentionSpec, Binary, EpilogueOp, OpClass, Precision, Unary, Workload};
+use anyshape_ir::{Binary, EpilogueOp, Precision, Unary, Workload};
 use anyshape_tensor::ValueId;
 
 /// The steps a fused attention replaces: the scores', the softmax's, the context's and
@@ -96,10 +96,6 @@ impl Fuser<'_> {
             .ok()?
             .with_attention(scale, nan_to_zero)
             .ok()?;
-        debug_assert!(matches!(
-            workload.class,
-            OpClass::Attention(AttentionSpec { masked, .. }) if masked == mask.is_some()
-        ));
         let mut inputs = vec![scores.inputs[0], scores.inputs[1], *context.inputs.get(1)?];
         if let Some(m) = mask {
             inputs.push(*scores.inputs.get(m)?);
