@@ -117,8 +117,9 @@ fn gpt2_fuses_the_tanh_gelu() {
 
 /// A decoder with a key/value cache: its attention reads the `present` keys and values
 /// (`Concat(past, new)`, `[batch, heads, sequence, dim]`) in place, the scales and the
-/// mask folded as without a cache; only the new rows' head transposes (before the
-/// `Concat`) stay on the host.
+/// mask folded as without a cache, scores, softmax and context one fused kernel with
+/// the cache's rows to spare; only the new rows' head transposes (before the `Concat`)
+/// stay on the host.
 #[test]
 fn gpt2_with_past_reads_its_cache_in_place() {
     let (ts, f, n) = tasks("gpt2_tiny_past.ts.onnx");
@@ -126,12 +127,9 @@ fn gpt2_with_past_reads_its_cache_in_place() {
     let (dynamo, f2, n2) = tasks("gpt2_tiny_past.dynamo18.onnx");
     steps_cover_each_node_once(&f2, n2);
     assert_eq!(ts, dynamo);
-    for w in [
-        "cache_attention_scores(B=batch,H=4,M=sequence,N=past_sequence+sequence,K=16,R=cache_reserve)+scale(0.25)+add(b,m,n)",
-        "cache_attention_context(B=batch,H=4,M=sequence,N=16,K=past_sequence+sequence,R=cache_reserve)",
-    ] {
-        assert!(ts.contains(&(w.to_string(), 2)), "{w} missing from {ts:#?}");
-    }
+    let w = "masked_cache_attention(B=batch,H=4,M=sequence,N=past_sequence+sequence,D=16,R=cache_reserve,scale=2.5e-1,nan_to_zero)";
+    assert!(ts.contains(&(w.to_string(), 2)), "{w} missing from {ts:#?}");
+    assert!(!ts.iter().any(|(t, _)| t.starts_with("softmax")), "{ts:#?}");
     for (file, f) in [("ts", &f), ("dynamo", &f2)] {
         let transposes = f
             .steps
@@ -149,7 +147,7 @@ fn gpt2_with_past_reads_its_cache_in_place() {
 }
 
 /// Grouped-query attention (the Llama-style decoder: 4 query heads over 2 cache heads):
-/// its contractions read each cache head in place for its group of query heads — the
+/// one fused kernel reads each cache head in place for its group of query heads — the
 /// repeat (`Unsqueeze`, `Expand`, `Reshape`) of the cache is no step at all — with the
 /// two scales (Llama scales queries and keys by √scale each) and the mask folded in; and
 /// its gated MLP's SiLU and gate fold into the gate projection; its RMSNorms, as both
@@ -162,8 +160,7 @@ fn llama_reads_its_cache_in_place_for_each_group() {
     steps_cover_each_node_once(&f2, n2);
     for w in [
         "dense_packed(M=batch*sequence,N=128,K=64,P=16)+silu+mul(m,n)",
-        "grouped_cache_attention_scores(B=batch,H=2,G=2,M=sequence,N=past_sequence+sequence,K=16,R=cache_reserve)+scale(0.25)+add(b,m,n)",
-        "grouped_cache_attention_context(B=batch,H=2,G=2,M=sequence,N=16,K=past_sequence+sequence,R=cache_reserve)",
+        "masked_grouped_cache_attention(B=batch,H=2,G=2,M=sequence,N=past_sequence+sequence,D=16,R=cache_reserve,scale=2.5e-1,nan_to_zero)",
     ] {
         for (file, t) in [("ts", &ts), ("dynamo", &dynamo)] {
             assert!(t.contains(&(w.to_string(), 2)), "{file}: {w} missing from {t:#?}");

@@ -28,7 +28,7 @@ pub use dtype::{bf16_bits, bf16_pair, bf16_unpair, bf16_value, DType, Precision}
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::{is_runtime_dim, Expr, RUNTIME_DIM};
-pub use ops::{operator, OpDef, CACHE_RESERVE, OPERATORS};
+pub use ops::{operator, AttentionAxes, OpDef, CACHE_RESERVE, OPERATORS};
 pub use parse::{parse_expr, split_top_level, MAX_EXPR_LEN, MAX_NESTING};
 pub use shape::{Bindings, Domain, ShapeVar};
 pub use workload::{

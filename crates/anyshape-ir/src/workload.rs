@@ -483,8 +483,11 @@ impl Workload {
                     }
             }
             OpClass::Attention(_) => {
-                // The points are (b, m, h, d, n); the scores (b, h, m, n).
-                let dim = bound.extents.get(3).copied().unwrap_or(1).max(1) as f64;
+                // The points are (b, h, [g,] m, d, n); the scores the same but d.
+                let dim = crate::AttentionAxes::of(self)
+                    .and_then(|a| bound.extents.get(a.d).copied())
+                    .unwrap_or(1)
+                    .max(1) as f64;
                 4.0 * points + 5.0 * points / dim
             }
         };

@@ -1,8 +1,8 @@
 //! The reference implementation every program is checked against: a direct loop over
 //! the iteration domain in f64, plus the bound on rounding error used to compare.
 use anyshape_ir::{
-    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AttentionSpec, AxisKind, BoundWorkload,
-    Normalization, OpClass, Precision, Workload,
+    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AttentionAxes, AttentionSpec, AxisKind,
+    BoundWorkload, Normalization, OpClass, Precision, Workload,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -252,9 +252,8 @@ fn attention(
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
     let (mut output, mut tolerance) = (vec![0.0f64; len], vec![0.0f64; len]);
-    let [b, h, m, d, n] = bound.extents[..] else {
-        unreachable!("an attention has five axes")
-    };
+    let axes = AttentionAxes::of(w).expect("an attention's axes");
+    let (d, n) = (bound.extents[axes.d], bound.extents[axes.n]);
     let eps = f32::EPSILON as f64;
     // In bf16 the queries and keys are rounded (a product off by up to twice bfloat16's
     // unit roundoff), and so are the probabilities and values.
@@ -264,21 +263,34 @@ fn attention(
     };
     let paired = 2.0 * unit;
     let scale = spec.scale.0;
-    let at = |t: usize, point: [i64; 5]| bound.offset(t, &point) as usize;
-    for (bi, hi, mi) in
-        (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..m).map(move |mi| (bi, hi, mi))))
-    {
+    // The point of (query row, head dim element, key): every other axis at `rows`'s.
+    let at = |t: usize, rows: &[i64], e: i64, ni: i64| {
+        let mut point = rows.to_vec();
+        point[axes.d] = e;
+        point[axes.n] = ni;
+        bound.offset(t, &point) as usize
+    };
+    // Every (batch, head, [group,] query row): a point with d and n at 0.
+    let mut rows = vec![0i64; bound.extents.len()];
+    let outer: Vec<usize> = [Some(axes.b), Some(axes.h), axes.g, Some(axes.m)]
+        .into_iter()
+        .flatten()
+        .collect();
+    if bound.extents.iter().any(|&x| x <= 0) {
+        return (output, tolerance);
+    }
+    loop {
         let (mut scores, mut slack) = (Vec::new(), 0.0f64);
         for ni in 0..n {
             let (mut s, mut abs) = (0.0f64, 0.0f64);
             for e in 0..d {
-                let q = inputs[0][at(0, [bi, hi, mi, e, ni])] as f64;
-                let k = inputs[1][at(1, [bi, hi, mi, e, ni])] as f64;
+                let q = inputs[0][at(0, &rows, e, ni)] as f64;
+                let k = inputs[1][at(1, &rows, e, ni)] as f64;
                 s += scale * q * k;
                 abs += (scale * q * k).abs();
             }
             if spec.masked {
-                s += inputs[3][at(3, [bi, hi, mi, 0, ni])] as f64;
+                s += inputs[3][at(3, &rows, 0, ni)] as f64;
             }
             // A masked-out key (-inf) weighs exactly 0, whatever its product's rounding.
             if s.is_finite() {
@@ -304,13 +316,16 @@ fn attention(
         for e in 0..d {
             let (mut y, mut abs) = (0.0f64, 0.0f64);
             for (ni, &p) in p.iter().enumerate() {
-                let v = inputs[2][at(2, [bi, hi, mi, e, ni as i64])] as f64;
+                let v = inputs[2][at(2, &rows, e, ni as i64)] as f64;
                 y += p * v;
                 abs += (p * v).abs();
             }
-            let o = at(out_t, [bi, hi, mi, e, 0]);
+            let o = at(out_t, &rows, e, 0);
             output[o] = y;
             tolerance[o] = relative * abs + eps * 1e-3;
+        }
+        if !advance(&mut rows, &outer, &bound.extents) {
+            break;
         }
     }
     (output, tolerance)

@@ -569,6 +569,50 @@ fn fused_attention_all_shapes_and_modes() {
     }
 }
 
+/// Fused attention in a decoder's layouts: keys and values in a cache with rows to
+/// spare (`R`), query heads grouped on shared key/value heads (Llama's), one query row
+/// against a growing cache (a generation step); masked or not, in f32 and bf16 (AMX
+/// tiles where the CPU has them), over T = 1 to past the tiles.
+#[test]
+fn fused_cache_and_grouped_attention() {
+    let target = CpuTarget::detect();
+    let strategies = [PaddingStrategy::LocalPad];
+    let small = |rows, vectors| AttentionKernel {
+        rows,
+        vectors,
+        amx: false,
+    };
+    for (w, mks) in [
+        (
+            "masked_grouped_cache_attention(B=2,H=2,G=3,M=T,N=T,D=64,R=3,scale=0.125,nan_to_zero)",
+            [AttentionKernel::default_for(&target), small(3, 1)],
+        ),
+        (
+            "grouped_cache_attention(B=1,H=1,G=2,M=T,N=T+4,D=24,R=0,scale=0.3)",
+            [small(1, 3), small(5, 2)],
+        ),
+        (
+            "masked_cache_attention(B=2,H=3,M=T,N=T+7,D=32,R=5)",
+            [small(2, 1), AttentionKernel::default_for(&target)],
+        ),
+        (
+            "masked_cache_attention(B=1,H=4,M=1,N=T,D=64,R=T+1,scale=0.125)",
+            [small(1, 2), AttentionKernel::default_for(&target)],
+        ),
+    ] {
+        matrix_on(&target, w, mks, 2, &strategies);
+    }
+    for w in [
+        "masked_grouped_cache_attention_bf16(B=1,H=2,G=3,M=T,N=T,D=64,R=2,scale=0.125,nan_to_zero)",
+        "cache_attention_bf16(B=2,H=2,M=T,N=T+9,D=32,R=1,scale=0.3)",
+        "masked_cache_attention_bf16(B=1,H=3,M=1,N=T,D=64,R=0)",
+    ] {
+        let wl = Workload::parse(w).unwrap();
+        let fitted = |rows| small(rows, 2).fit(&target, &wl);
+        matrix_on(&target, w, [fitted(16), fitted(32)], 2, &strategies);
+    }
+}
+
 /// Random valid micro-kernels on random shapes (with and without an epilogue), every
 /// strategy, symbolic mode; run on several instances each, including T = 0.
 #[test]

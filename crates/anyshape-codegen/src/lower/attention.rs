@@ -1,16 +1,20 @@
 //! The fused attention sketch's lowering (see `sketch/attention.rs`):
 //! ```text
-//! parallel for task in batch x heads:
-//!   Kt[e, n] = K[b, n, h, e]            (once per task, in panels of a tile row's width
+//! parallel for task in batch x (key/value) heads:
+//!   Kt[e, n] = K[b, h, n, e]            (once per task, in panels of a tile row's width
 //!                                        along n; zero past N, up to whole panels)
+//!   for each query head g of the group (one where heads are not grouped):
 //!   for each block of R query rows:
-//!     Qb[r, e] = scale · Q[b, m, h, e]  (zero past M)
+//!     Qb[r, e] = scale · Q[b, h, g, m, e]  (zero past M)
 //!     S[r, n] = Σ_e Qb[r, e] · Kt[e, n]        register tiles: R rows x V vectors of n
 //!     each row r of the block: S[r, :] += mask; max; S = exp(S - max), summed;
 //!       [nan_to_zero: S = nan_to_zero(S)]; rsum[r] = 1 / Σ
-//!     Y[b, m, h, d] = rsum[r] · Σ_n S[r, n] · V[b, n, h, d]  register tiles: R rows x V
-//!                                                        vectors of d, stored for r < M
+//!     Y[b, h, g, m, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]  register tiles: R rows
+//!                                                   x V vectors of d, stored for r < M
 //! ```
+//! Every tensor is indexed through its strides along the axes (`AttentionAxes`), so one
+//! lowering serves every layout of the operators (projections, a decoder's cache,
+//! grouped query heads); the head dim (and the mask's keys) must be contiguous.
 //! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
 //! N` rounded up): the scores never reach memory beyond it. The AMX variant's packing and
 //! products are `attention_amx.rs`; the query block and the softmax are shared.
@@ -21,7 +25,7 @@ use crate::loop_ir::{
 };
 use crate::sketch::AMX_EDGE;
 use crate::{AttentionKernel, CodegenError, CpuTarget, Program, Result};
-use anyshape_ir::{Expr, OpClass};
+use anyshape_ir::{AttentionAxes, Expr, OpClass, Workload};
 
 /// Lower a fused attention program.
 pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<Func> {
@@ -39,28 +43,33 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     let width = vectors * lanes;
     // The keys are padded to whole tile rows (vectors), or to pairs of AMX tiles.
     let granule = if mk.amx { 2 * AMX_EDGE } else { width };
+    let axes = AttentionAxes::of(w).ok_or_else(|| CodegenError::SketchNotApplicable {
+        workload: w.to_string(),
+        reason: "an attention without the axes b, h, m, d and n".into(),
+    })?;
     let extent = |a: usize| renamed(&w.axes[a].extent);
     let mut body = vec![
-        let_("e_b", extent(0)),
-        let_("e_h", extent(1)),
-        let_("e_m", extent(2)),
-        let_("e_d", extent(3)),
-        let_("e_n", extent(4)),
-        // Elements between consecutive sequence positions of Q, K, V and Y.
-        let_("s_row", v("e_h") * v("e_d")),
+        let_("e_b", extent(axes.b)),
+        let_("e_h", extent(axes.h)),
+        let_("e_g", axes.g.map_or(c(1), extent)),
+        let_("e_m", extent(axes.m)),
+        let_("e_d", extent(axes.d)),
+        let_("e_n", extent(axes.n)),
         let_("np", Expr::round_up(v("e_n"), granule as i64)),
         let_("nfull", v("e_n") / c(lanes)),
     ];
+    body.extend(strides(w, &axes)?);
     // Whether the head dim is whole tile rows (else its last vectors are partial).
-    let whole_d = w.axes[3]
+    let whole_d = w.axes[axes.d]
         .extent
         .as_const()
         .is_some_and(|d| d % width as i64 == 0);
     let mut task = vec![
         let_("bi", v("t") / v("e_h")),
         let_("hi", v("t") - v("bi") * v("e_h")),
-        // K[b, 0, h, 0] and V's: their heads' first elements.
-        let_("kv0", (v("bi") * v("e_n") * v("e_h") + v("hi")) * v("e_d")),
+        // K[b, h, 0, 0] and V's: their heads' first elements.
+        let_("k0", v("bi") * v("sk_b") + v("hi") * v("sk_h")),
+        let_("v0", v("bi") * v("sv_b") + v("hi") * v("sv_h")),
         Stmt::Alloc {
             buf: "S".into(),
             len: c(rows) * v("np"),
@@ -86,7 +95,7 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
             scope: Scope::Scratch(0),
         });
         task.push(transpose_heads(
-            "in1",
+            ("in1", v("k0"), v("sk_n")),
             "Kt",
             &|e, n| packed_key(width, e, n),
             c(width),
@@ -96,16 +105,20 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     let mut block = vec![
         let_("m0", v("i") * c(rows)),
         let_("mlen", Expr::min(c(rows), v("e_m") - v("m0"))),
-        // Y[b, m0, h, 0] and Q's.
+        // Q[b, h, g, m0, 0] and Y's.
         let_(
-            "qy0",
-            ((v("bi") * v("e_m") + v("m0")) * v("e_h") + v("hi")) * v("e_d"),
+            "q0",
+            v("bi") * v("sq_b") + v("hi") * v("sq_h") + v("gi") * v("sq_g") + v("m0") * v("sq_m"),
+        ),
+        let_(
+            "y0",
+            v("bi") * v("sy_b") + v("hi") * v("sy_h") + v("gi") * v("sy_g") + v("m0") * v("sy_m"),
         ),
     ];
     // The query block, scaled; zero past the last row.
     let q = Value::binary(
         BinaryOp::Mul,
-        Value::load("in0", v("qy0") + v("r") * v("s_row") + v("e")),
+        Value::load("in0", v("q0") + v("r") * v("sq_m") + v("e")),
         Value::Const {
             value: spec.scale.0,
             lanes: 1,
@@ -144,10 +157,15 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         block.push(context(rows, vectors, lanes, whole_d));
     }
     task.push(for_(
-        "i",
-        Expr::ceil_div(v("e_m"), c(rows)),
+        "gi",
+        v("e_g"),
         LoopKind::Serial,
-        block,
+        vec![for_(
+            "i",
+            Expr::ceil_div(v("e_m"), c(rows)),
+            LoopKind::Serial,
+            block,
+        )],
     ));
     body.push(for_("t", v("e_b") * v("e_h"), LoopKind::Parallel, task));
     Ok(Func {
@@ -160,6 +178,50 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     })
 }
 
+/// Let-statements naming each tensor's strides along the axes the kernel steps (`sq_*`
+/// the queries', `sk_*` the keys', `sv_*` the values', `smk_*` the mask's, `sy_*` the
+/// output's; 0 along an axis a tensor does not have). The head dim of Q, K, V and Y and
+/// the mask's keys must be contiguous.
+fn strides(w: &Workload, axes: &AttentionAxes) -> Result<Vec<Stmt>> {
+    let tensors = w.tensors().collect::<Vec<_>>();
+    let along = |t: usize, a: Option<usize>| {
+        a.map_or(c(0), |a| renamed(&tensors[t].axis_stride(a)).simplify())
+    };
+    let out = w.inputs.len();
+    let contiguous = [(0, axes.d), (1, axes.d), (2, axes.d), (out, axes.d)]
+        .into_iter()
+        .chain(w.inputs.get(3).map(|_| (3, axes.n)))
+        .all(|(t, a)| along(t, Some(a)).as_const() == Some(1));
+    if !contiguous {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: "the fused attention reads the head dim (and the mask's keys) contiguous"
+                .into(),
+        });
+    }
+    let (b, h, m, n) = (Some(axes.b), Some(axes.h), Some(axes.m), Some(axes.n));
+    let mut s = Vec::new();
+    for (t, prefix, which) in [
+        (0, "sq", &[("b", b), ("h", h), ("g", axes.g), ("m", m)][..]),
+        (1, "sk", &[("b", b), ("h", h), ("n", n)][..]),
+        (2, "sv", &[("b", b), ("h", h), ("n", n)][..]),
+        (
+            out,
+            "sy",
+            &[("b", b), ("h", h), ("g", axes.g), ("m", m)][..],
+        ),
+    ] {
+        for &(name, a) in which {
+            s.push(let_(&format!("{prefix}_{name}"), along(t, a)));
+        }
+    }
+    if w.inputs.len() > 3 {
+        s.push(let_("smk_b", along(3, b)));
+        s.push(let_("smk_m", along(3, m)));
+    }
+    Ok(s)
+}
+
 /// Where key `n`'s element `e` lies in the packed keys: panels of `width` keys (a tile
 /// row), each `D x width`, `n` contiguous inside.
 fn packed_key(width: usize, e: Expr, n: Expr) -> Expr {
@@ -167,18 +229,18 @@ fn packed_key(width: usize, e: Expr, n: Expr) -> Expr {
     panel.clone() * v("e_d") * c(width) + e * c(width) + (n - panel * c(width))
 }
 
-/// `dst[at(e, n)] = src[b, n, h, e]` (the task's head of the keys or the values,
+/// `dst[at(e, n)] = src[base + n · row + e]` (the task's head of the keys or the values,
 /// transposed), zero for `N <= n < np`; `at(e + 1, n)` is `stride` past `at(e, n)`: tiles
 /// of `lanes x lanes` transposed in registers (elements one by one on a scalar target).
 pub(super) fn transpose_heads(
-    src: &str,
+    (src, base, row): (&str, Expr, Expr),
     dst: &str,
     at: &dyn Fn(Expr, Expr) -> Expr,
     stride: Expr,
     lanes: usize,
 ) -> Stmt {
     if lanes == 1 {
-        let k = Value::load(src, v("kv0") + v("n") * v("s_row") + v("e"));
+        let k = Value::load(src, base + v("n") * row + v("e"));
         return for_(
             "n",
             v("np"),
@@ -204,8 +266,8 @@ pub(super) fn transpose_heads(
         dst_index: at(v("e0") * c(lanes), v("n0") * c(lanes)),
         dst_stride: stride,
         src: src.into(),
-        src_index: v("kv0") + v("n0") * c(lanes) * v("s_row") + v("e0") * c(lanes),
-        src_stride: v("s_row"),
+        src_index: base + v("n0") * c(lanes) * row.clone() + v("e0") * c(lanes),
+        src_stride: row,
         rows: v("e_n") - v("n0") * c(lanes),
         cols: v("e_d") - v("e0") * c(lanes),
         outs: v("e_d") - v("e0") * c(lanes),
@@ -359,7 +421,7 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
         // mask[b, m0 + r, 0].
         s.push(let_(
             "mb",
-            (v("bi") * v("e_m") + v("m0") + v("r")) * v("e_n"),
+            v("bi") * v("smk_b") + (v("m0") + v("r")) * v("smk_m"),
         ));
     }
     // The maximum (the mask added and stored back first).
@@ -468,7 +530,7 @@ fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
     s
 }
 
-/// `Y[b, m0 + r, h, d] = rsum[r] · Σ_n S[r, n] · V[b, n, h, d]`: tiles of `rows x
+/// `Y[b, h, g, m0 + r, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]`: tiles of `rows x
 /// vectors` vectors along `d`, the values read in place (their last vectors partial
 /// where the head dim is not whole tile rows), rows past the block's end not stored.
 fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
@@ -484,7 +546,7 @@ fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
     let mut tile = t.zero();
     tile.push(t.sum(
         ("n", v("e_n")),
-        vec![let_("vb", v("kv0") + v("n") * v("s_row"))],
+        vec![let_("vb", v("v0") + v("n") * v("sv_n"))],
         |u| match whole_d {
             true => Value::vload("in2", v("vb") + col(u), lanes),
             false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
@@ -494,7 +556,7 @@ fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
     for r in 0..rows {
         let mut stores = Vec::new();
         for u in 0..vectors {
-            let index = v("qy0") + c(r) * v("s_row") + col(u);
+            let index = v("y0") + c(r) * v("sy_m") + col(u);
             let value = Value::binary(
                 BinaryOp::Mul,
                 Value::reg(&t.acc(r, u), lanes),

@@ -1,16 +1,16 @@
 //! The fused attention's AMX variant (`amx=1`, see `sketch/attention.rs`): both
 //! products on AMX-BF16 tiles (`Stmt::TileProduct`), the head dim `D` whole tiles of 32.
 //! ```text
-//! once per task (a batch item's head):
+//! once per task (a batch item's key/value head):
 //!   Kp: the keys as weight panels of 16 keys, words of pairs along the head dim
-//!   Vt[d, n] = V[b, n, h, d] (zero past N); Vp: its columns as weight panels of 16
+//!   Vt[d, n] = V[b, h, n, d] (zero past N); Vp: its columns as weight panels of 16
 //!     columns, words of pairs along the keys
 //! each block of R = 16 or 32 query rows:
 //!   Qw: the scaled query block (Qb, shared) as words of pairs
 //!   S = Qw · Kp on tiles (R/16 x 2 output tiles per product, the whole head dim)
 //!   the softmax of each row (shared), then Pw: S as words of pairs (zero past N)
 //!   Ob = Pw · Vp on tiles (R/16 x 2 output tiles per product, all the keys)
-//!   Y[b, m, h, :] = Ob[r, :] · rsum[r] for the block's rows
+//!   Y[b, h, g, m, :] = Ob[r, :] · rsum[r] for the block's rows
 //! ```
 //! The keys are padded to whole pairs of tiles (`np`, a multiple of 32): the padded
 //! keys and values are zero, so are their scores and (unnormalized) probabilities.
@@ -59,7 +59,7 @@ pub(super) fn pack(lanes: usize) -> Vec<Stmt> {
         Cond::Lt(key.clone(), v("e_n")),
         Box::new(Value::PairBf16 {
             buf: "in1".into(),
-            index: v("kv0") + key * v("s_row") + c(2) * v("kk"),
+            index: v("k0") + key * v("sk_n") + c(2) * v("kk"),
         }),
         Box::new(Value::Zero { lanes: 1 }),
     );
@@ -74,7 +74,13 @@ pub(super) fn pack(lanes: usize) -> Vec<Stmt> {
         scratch("Kp", v("np") * v("half_d"), 0),
         panels("Kp", v("np") / edge.clone(), v("half_d"), k_pair),
         scratch("Vt", v("e_d") * v("np"), 3),
-        transpose_heads("in2", "Vt", &|d, n| d * v("np") + n, v("np"), lanes),
+        transpose_heads(
+            ("in2", v("v0"), v("sv_n")),
+            "Vt",
+            &|d, n| d * v("np") + n,
+            v("np"),
+            lanes,
+        ),
         scratch("Vp", v("e_d") * v("half_n"), 4),
         panels("Vp", v("e_d") / edge, v("half_n"), v_pair),
     ]
@@ -130,7 +136,7 @@ pub(super) fn block(rows: usize, lanes: usize, softmax: Stmt) -> Vec<Stmt> {
             )],
         )
     };
-    let out = v("qy0") + v("r") * v("s_row") + v("q") * c(lanes);
+    let out = v("y0") + v("r") * v("sy_m") + v("q") * c(lanes);
     let y = Value::binary(
         crate::loop_ir::BinaryOp::Mul,
         Value::vload("Ob", v("r") * v("e_d") + v("q") * c(lanes), lanes),

@@ -1,6 +1,7 @@
 //! The fused attention sketch on the CPU ([`AttentionKernel`]): one task per (batch,
-//! head), the keys packed once per task transposed (`Kᵀ`, vectors along the keys),
-//! then the queries in blocks of `rows` rows: the block's scores against every key into
+//! key/value head), the keys packed once per task transposed (`Kᵀ`, vectors along the
+//! keys), then (for each query head of the group, where heads are grouped) the queries
+//! in blocks of `rows` rows: the block's scores against every key into
 //! a scratch row block (a register tile of `rows x vectors` vectors along the keys),
 //! the softmax of each row in place, then the context (a register tile of `rows x
 //! vectors` vectors along the head dim, the values read in place) scaled by each row's
@@ -123,10 +124,15 @@ impl fmt::Display for AttentionKernel {
     }
 }
 
-/// The extents of an attention instance: batch, heads, query rows, keys, head dim.
-fn extents(bound: &anyshape_ir::BoundWorkload) -> [f64; 5] {
+/// The extents of an attention instance: batch, key/value heads, query rows (of every
+/// query head of a group), keys, head dim.
+fn extents(w: &anyshape_ir::Workload, bound: &anyshape_ir::BoundWorkload) -> [f64; 5] {
     let e = |a: usize| bound.extents.get(a).copied().unwrap_or(0).max(0) as f64;
-    [e(0), e(1), e(2), e(4), e(3)]
+    let Some(x) = anyshape_ir::AttentionAxes::of(w) else {
+        return [0.0; 5];
+    };
+    let group = x.g.map_or(1.0, e);
+    [e(x.b), e(x.h), group * e(x.m), e(x.n), e(x.d)]
 }
 
 impl crate::Sketch for AttentionKernel {
@@ -179,15 +185,15 @@ impl crate::Sketch for AttentionKernel {
         crate::lower::attention(p, target)
     }
 
-    /// A task is one (batch, head); the query rows are padded to whole blocks, the keys
-    /// and the head dim to whole tile rows.
+    /// A task is one (batch, key/value head); the query rows are padded to whole
+    /// blocks, the keys and the head dim to whole tile rows.
     fn adaptation(
         &self,
         target: &CpuTarget,
-        _w: &anyshape_ir::Workload,
+        w: &anyshape_ir::Workload,
         bound: &anyshape_ir::BoundWorkload,
     ) -> crate::Adaptation {
-        let [b, h, m, n, d] = extents(bound);
+        let [b, h, m, n, d] = extents(w, bound);
         let up = |x: f64, to: usize| (x / to as f64).ceil() * to as f64;
         let width = self.width(target);
         let padded = up(m, self.rows) * (up(n, width) * d + n * up(d, width));
@@ -255,10 +261,12 @@ impl crate::Sketch for AttentionKernel {
     /// The query rows (M).
     fn factors(
         _target: &CpuTarget,
-        _w: &anyshape_ir::Workload,
+        w: &anyshape_ir::Workload,
         bound: &anyshape_ir::BoundWorkload,
     ) -> crate::Factors {
-        let m = bound.extents.get(2).copied().unwrap_or(1);
+        let m = anyshape_ir::AttentionAxes::of(w)
+            .and_then(|x| bound.extents.get(x.m).copied())
+            .unwrap_or(1);
         crate::Factors(vec![usize::try_from(m).unwrap_or(1).max(1)])
     }
 
@@ -280,10 +288,8 @@ impl crate::Sketch for AttentionKernel {
 /// and two output tiles of the context).
 fn amx_runs(w: &anyshape_ir::Workload) -> bool {
     w.precision == anyshape_ir::Precision::Bf16
-        && matches!(w.class, anyshape_ir::OpClass::Attention(_))
-        && w.axes
-            .get(3)
-            .and_then(|d| d.extent.as_const())
+        && anyshape_ir::AttentionAxes::of(w)
+            .and_then(|x| w.axes[x.d].extent.as_const())
             .is_some_and(|d| d > 0 && d % 32 == 0)
 }
 

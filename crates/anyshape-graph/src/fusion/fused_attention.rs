@@ -7,7 +7,11 @@
 //! are never written. In a bf16 fusion it is `attention_bf16` / `masked_attention_bf16`:
 //! both products on AMX tiles where the CPU has them (in f32 elsewhere).
 //!
-//! The decoders' cache and grouped forms are left as they are.
+//! The decoders' forms fuse the same way: `cache_attention_scores` /
+//! `cache_attention_context` (keys and values in a cache, read in place with its rows
+//! to spare) into `cache_attention`, and the grouped-query ones into
+//! `grouped_cache_attention` (each key/value head packed once for its group of query
+//! heads).
 use super::{Fuser, Step, StepKind, VIEWS};
 use anyshape_ir::{Binary, EpilogueOp, Precision, Unary, Workload};
 use anyshape_tensor::ValueId;
@@ -51,10 +55,11 @@ impl Fuser<'_> {
         let StepKind::Kernel(ws) = &scores.kind else {
             return None;
         };
-        if ws.op != "attention_scores" && ws.op != "attention_scores_bf16" {
-            return None;
-        }
-        let (scale, mask) = scores_epilogue(ws)?;
+        let form = FORMS
+            .iter()
+            .find(|f| ws.op == f.scores || ws.op == format!("{}_bf16", f.scores))?;
+        let lead = form.lead;
+        let (scale, mask) = scores_epilogue(ws, [0, lead - 1, lead])?;
         let (p_in, mut views, sm) = self.after_views(scores.output?, steps, owner)?;
         let softmax = &steps[sm];
         let StepKind::Kernel(wp) = &softmax.kind else {
@@ -74,25 +79,27 @@ impl Fuser<'_> {
         let StepKind::Kernel(wc) = &context.kind else {
             return None;
         };
-        if wc.op != "attention_context"
-            || !wc.epilogue.is_empty()
-            || context.inputs.first()?.0 != c_in
+        if wc.op != form.context || !wc.epilogue.is_empty() || context.inputs.first()?.0 != c_in {
+            return None;
+        }
+        // Scores (B, H, [G,] M, N, K = the head dim, [R]); context (B, H, [G,] M, N = the
+        // head dim, K = the keys, [R]).
+        let (s, c) = (args(ws), args(wc));
+        if s.len() != c.len()
+            || s[..lead] != c[..lead]
+            || s[lead] != c[lead + 1]
+            || s[lead + 1] != c[lead]
+            || s[lead + 2..] != c[lead + 2..]
         {
             return None;
         }
-        // Scores (B, H, M, N, K = the head dim); context (B, H, M, N = the head dim, K =
-        // the keys).
-        let (s, c) = (args(ws), args(wc));
-        if s[..3] != c[..3] || s[3] != c[4] || s[4] != c[3] {
-            return None;
-        }
-        let op = match (mask.is_some(), self.precision) {
-            (true, Precision::Bf16) => "masked_attention_bf16",
-            (true, Precision::F32) => "masked_attention",
-            (false, Precision::Bf16) => "attention_bf16",
-            (false, Precision::F32) => "attention",
+        let masked = if mask.is_some() { "masked_" } else { "" };
+        let precision = match self.precision {
+            Precision::Bf16 => "_bf16",
+            Precision::F32 => "",
         };
-        let workload = Workload::of(op, &s)
+        let op = format!("{masked}{}{precision}", form.fused);
+        let workload = Workload::of(&op, &s)
             .ok()?
             .with_attention(scale, nan_to_zero)
             .ok()?;
@@ -147,9 +154,41 @@ impl Fuser<'_> {
     }
 }
 
+/// An attention form that fuses: its scores' op (`_bf16` too), its context's, the
+/// fused op (`masked_` and `_bf16` added as they apply), and the arguments before the
+/// keys' count (`B, H, [G,] M`).
+struct Form {
+    scores: &'static str,
+    context: &'static str,
+    fused: &'static str,
+    lead: usize,
+}
+
+/// Every form that fuses.
+const FORMS: [Form; 3] = [
+    Form {
+        scores: "attention_scores",
+        context: "attention_context",
+        fused: "attention",
+        lead: 3,
+    },
+    Form {
+        scores: "cache_attention_scores",
+        context: "cache_attention_context",
+        fused: "cache_attention",
+        lead: 3,
+    },
+    Form {
+        scores: "grouped_cache_attention_scores",
+        context: "grouped_cache_attention_context",
+        fused: "grouped_cache_attention",
+        lead: 4,
+    },
+];
+
 /// The scores' scale and where their mask input is, if their epilogue is a constant
-/// scale and then a mask along `(b, m, n)`, either or both.
-fn scores_epilogue(w: &Workload) -> Option<(f64, Option<usize>)> {
+/// scale and then a mask along `mask_axes` (the scores' `b, m, n`), either or both.
+fn scores_epilogue(w: &Workload, mask_axes: [usize; 3]) -> Option<(f64, Option<usize>)> {
     let mut ops = w.epilogue.ops();
     let mut scale = 1.0;
     if let [EpilogueOp::Scale(s), rest @ ..] = ops {
@@ -161,7 +200,7 @@ fn scores_epilogue(w: &Workload) -> Option<(f64, Option<usize>)> {
         [EpilogueOp::With {
             op: Binary::Add,
             input,
-        }] if w.inputs.get(*input)?.plain_axes()? == [0, 2, 3] => Some((scale, Some(*input))),
+        }] if w.inputs.get(*input)?.plain_axes()? == mask_axes => Some((scale, Some(*input))),
         _ => None,
     }
 }

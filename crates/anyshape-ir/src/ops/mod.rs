@@ -7,6 +7,7 @@
 //! in [`OPERATORS`]. A new class also needs its variant in `OpClass`, its reference in
 //! `anyshape-measure` and a sketch in `anyshape-codegen`.
 mod attention;
+pub use attention::AttentionAxes;
 mod contraction;
 mod normalization;
 
@@ -201,6 +202,62 @@ pub static OPERATORS: &[OpDef] = &[
         doc: "masked_attention as attention_bf16",
         class: "attention",
         build: attention::masked_attention_bf16,
+    },
+    OpDef {
+        name: "cache_attention",
+        args: &["B", "H", "M", "N", "D", "R"],
+        doc: "attention with K and V in a decoder's cache [batch, heads, N+R, dim] read in place: Y[b,m,h,d] = sum_n softmax_n(scale * sum_e Q[b,m,h,e] * K[b,h,n,e]) * V[b,h,n,d]",
+        class: "attention",
+        build: attention::cache_attention,
+    },
+    OpDef {
+        name: "masked_cache_attention",
+        args: &["B", "H", "M", "N", "D", "R"],
+        doc: "cache_attention with mask[b,m,n] added to the scaled scores before the softmax",
+        class: "attention",
+        build: attention::masked_cache_attention,
+    },
+    OpDef {
+        name: "cache_attention_bf16",
+        args: &["B", "H", "M", "N", "D", "R"],
+        doc: "cache_attention as attention_bf16",
+        class: "attention",
+        build: attention::cache_attention_bf16,
+    },
+    OpDef {
+        name: "masked_cache_attention_bf16",
+        args: &["B", "H", "M", "N", "D", "R"],
+        doc: "masked_cache_attention as attention_bf16",
+        class: "attention",
+        build: attention::masked_cache_attention_bf16,
+    },
+    OpDef {
+        name: "grouped_cache_attention",
+        args: &["B", "H", "G", "M", "N", "D", "R"],
+        doc: "grouped-query attention: Q and Y in [batch, H*G heads, M, dim], each G query heads sharing a K/V head of a cache [batch, H, N+R, dim]: Y[b,h,g,m,d] = sum_n softmax_n(scale * sum_e Q[b,h,g,m,e] * K[b,h,n,e]) * V[b,h,n,d]",
+        class: "attention",
+        build: attention::grouped_cache_attention,
+    },
+    OpDef {
+        name: "masked_grouped_cache_attention",
+        args: &["B", "H", "G", "M", "N", "D", "R"],
+        doc: "grouped_cache_attention with mask[b,m,n] added to the scaled scores before the softmax",
+        class: "attention",
+        build: attention::masked_grouped_cache_attention,
+    },
+    OpDef {
+        name: "grouped_cache_attention_bf16",
+        args: &["B", "H", "G", "M", "N", "D", "R"],
+        doc: "grouped_cache_attention as attention_bf16",
+        class: "attention",
+        build: attention::grouped_cache_attention_bf16,
+    },
+    OpDef {
+        name: "masked_grouped_cache_attention_bf16",
+        args: &["B", "H", "G", "M", "N", "D", "R"],
+        doc: "masked_grouped_cache_attention as attention_bf16",
+        class: "attention",
+        build: attention::masked_grouped_cache_attention_bf16,
     },
 ];
 
