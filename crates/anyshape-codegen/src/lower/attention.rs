@@ -17,11 +17,11 @@
 //! grouped query heads); the head dim (and the mask's keys) must be contiguous.
 //! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
 //! N` rounded up): the scores never reach memory beyond it. The AMX variant's packing and
-//! products are `attention_amx.rs`; the query block and the softmax are shared.
+//! products are `attention_amx.rs`; the query block and the softmax (`attention_softmax.rs`)
+//! are shared.
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
-    for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose,
-    UnaryOp, Value,
+    for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose, Value,
 };
 use crate::sketch::AMX_EDGE;
 use crate::{AttentionKernel, CodegenError, CpuTarget, Program, Result};
@@ -147,7 +147,7 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         "r",
         v("mlen"),
         LoopKind::Serial,
-        softmax_row(lanes, spec.masked, spec.nan_to_zero),
+        super::attention_softmax::softmax_row(lanes, spec.masked, spec.nan_to_zero),
     );
     if mk.amx {
         block.extend(super::attention_amx::block(rows, lanes, softmax));
@@ -378,156 +378,6 @@ fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
         }
     }
     for_("j", v("np") / width, LoopKind::Serial, tile)
-}
-
-/// The softmax of block row `r` in place (the mask added first), its `1 / Σ` into
-/// `rsum[r]`: each pass over whole vectors, then the row's tail element by element.
-fn softmax_row(lanes: usize, masked: bool, nan_to_zero: bool) -> Vec<Stmt> {
-    let at = |j: Expr| v("r") * v("np") + j;
-    let load = |buf: &str, index: Expr, lanes: usize| Value::Load {
-        buf: buf.into(),
-        index,
-        lanes,
-        count: None,
-    };
-    // A pass: `body(j, lanes, part)` over the row's whole vectors (part 0, `j` a vector's
-    // first element), then over its tail (part 1, `j` one element).
-    let pass = |body: &dyn Fn(Expr, usize, usize) -> Vec<Stmt>| -> Vec<Stmt> {
-        [
-            ("q", v("nfull"), v("q") * c(lanes), lanes),
-            (
-                "e",
-                v("e_n") - v("nfull") * c(lanes),
-                v("nfull") * c(lanes) + v("e"),
-                1,
-            ),
-        ]
-        .into_iter()
-        .enumerate()
-        .map(|(part, (var, extent, j, n))| for_(var, extent, LoopKind::Serial, body(j, n, part)))
-        .collect()
-    };
-    let reg = |name: &str, lanes: usize, init: Value| Stmt::Reg {
-        name: name.into(),
-        lanes,
-        init,
-    };
-    let neg_inf = |lanes: usize| Value::Const {
-        value: f64::NEG_INFINITY,
-        lanes,
-    };
-    let mut s = Vec::new();
-    if masked {
-        // mask[b, m0 + r, 0].
-        s.push(let_(
-            "mb",
-            v("bi") * v("smk_b") + (v("m0") + v("r")) * v("smk_m"),
-        ));
-    }
-    // The maximum (the mask added and stored back first).
-    s.push(reg("mx_v", lanes, neg_inf(lanes)));
-    s.push(reg("mx_s", 1, neg_inf(1)));
-    s.extend(pass(&|j, n, part| {
-        let acc = ["mx_v", "mx_s"][part];
-        let mut body = Vec::new();
-        if masked {
-            let sum = Value::sum(
-                load("S", at(j.clone()), n),
-                load("in3", v("mb") + j.clone(), n),
-            );
-            body.push(store("S", at(j.clone()), sum));
-        }
-        body.push(Stmt::Assign {
-            reg: acc.into(),
-            value: Value::binary(BinaryOp::Max, Value::reg(acc, n), load("S", at(j), n)),
-        });
-        body
-    }));
-    s.push(reg(
-        "mx",
-        1,
-        Value::binary(
-            BinaryOp::Max,
-            Value::Horizontal(BinaryOp::Max, Box::new(Value::reg("mx_v", lanes))),
-            Value::reg("mx_s", 1),
-        ),
-    ));
-    // The exponentials, summed.
-    s.push(reg("sm_v", lanes, Value::Zero { lanes }));
-    s.push(reg("sm_s", 1, Value::Zero { lanes: 1 }));
-    s.extend(pass(&|j, n, part| {
-        let acc = ["sm_v", "sm_s"][part];
-        let name = format!("p_{n}");
-        let p = Value::unary(
-            UnaryOp::Exp,
-            Value::binary(
-                BinaryOp::Sub,
-                load("S", at(j.clone()), n),
-                Value::reg("mx", 1),
-            ),
-        );
-        vec![
-            reg(&name, n, p),
-            store("S", at(j), Value::reg(&name, n)),
-            Stmt::Assign {
-                reg: acc.into(),
-                value: Value::sum(Value::reg(acc, n), Value::reg(&name, n)),
-            },
-        ]
-    }));
-    let sum = Value::sum(
-        Value::Horizontal(BinaryOp::Add, Box::new(Value::reg("sm_v", lanes))),
-        Value::reg("sm_s", 1),
-    );
-    let one = Value::Const {
-        value: 1.0,
-        lanes: 1,
-    };
-    if nan_to_zero {
-        // A row whose sum is NaN (a score NaN, +inf, or -inf everywhere) is all NaN in
-        // the softmax, hence zeros: its probabilities times `keep` (1, or 0 where the
-        // sum is NaN), NaN counted as 0; its context then sums zeros, and `1 / max(0,
-        // tiny)` keeps them zero (NaN values stay NaN, as 0 · NaN is).
-        s.push(reg("sum", 1, sum));
-        let keep = Value::unary(
-            UnaryOp::NanToZero,
-            Value::binary(
-                BinaryOp::Add,
-                Value::binary(BinaryOp::Sub, Value::reg("sum", 1), Value::reg("sum", 1)),
-                one.clone(),
-            ),
-        );
-        s.push(reg("keep", 1, keep));
-        s.extend(pass(&|j, n, _| {
-            let p = Value::binary(
-                BinaryOp::Mul,
-                Value::unary(UnaryOp::NanToZero, load("S", at(j.clone()), n)),
-                Value::reg("keep", 1),
-            );
-            vec![store("S", at(j), p)]
-        }));
-        let tiny = Value::Const {
-            value: 1e-30,
-            lanes: 1,
-        };
-        let sum = Value::binary(
-            BinaryOp::Max,
-            Value::unary(UnaryOp::NanToZero, Value::reg("sum", 1)),
-            tiny,
-        );
-        s.push(store(
-            "rsum",
-            v("r"),
-            Value::binary(BinaryOp::Div, one, sum),
-        ));
-    } else {
-        s.push(store(
-            "rsum",
-            v("r"),
-            Value::binary(BinaryOp::Div, one, sum),
-        ));
-    }
-    s
 }
 
 /// `Y[b, h, g, m0 + r, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]`: tiles of `rows x

@@ -8,7 +8,8 @@
 //!   dot variant's task body: vectors along K, operands read in place), `amx.rs` (the
 //!   AMX variant's task body: products of bf16 tiles);
 //! - `rows.rs`: the row-wise (normalization) sketch;
-//! - `attention.rs`: the fused attention sketch (`attention_amx.rs`: its AMX variant);
+//! - `attention.rs`: the fused attention sketch (`attention_amx.rs`: its AMX variant,
+//!   `attention_softmax.rs`: the softmax of a row of its scores);
 //! - what a padding strategy does in each stage comes from its policy
 //!   ([`crate::padding`]), never from matching the strategy here.
 //!
@@ -16,6 +17,7 @@
 mod amx;
 mod attention;
 mod attention_amx;
+mod attention_softmax;
 mod compute;
 mod contraction;
 mod dot;
