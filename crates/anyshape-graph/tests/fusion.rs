@@ -439,17 +439,18 @@ fn vit_fuses_its_encoder() {
             t.iter().any(|(w, c)| w.ends_with("+gelu") && *c == 2),
             "{file}: {t:#?}"
         );
-        // Unmasked (TorchScript), its attention is scores, softmax and context in one
-        // kernel; the dynamo export adds a mask of zeros `[sequence, sequence]` on the
-        // host between the scores and the softmax, which keeps them apart.
-        let fused = t
-            .iter()
-            .any(|(w, c)| w.starts_with("attention(B=batch,H=4,") && *c == 2);
-        let softmax = t.iter().any(|(w, c)| w.starts_with("softmax(") && *c == 2);
-        assert!(
-            (fused, softmax) == (file.contains(".ts."), file.contains(".dynamo.")),
-            "{file}: {t:#?}"
-        );
+        // Its attention is scores, softmax and context in one kernel: unmasked from
+        // TorchScript; the dynamo export adds a mask of zeros `[batch, 1, tokens,
+        // tokens]` (a `Where` over a `Range` whose length is clamped at 0: `max(tokens,
+        // 0)`, the tokens' count), which becomes the fused kernel's mask.
+        let op = if file.contains(".ts.") {
+            "attention(B=batch,H=4,"
+        } else {
+            "masked_attention(B=batch,H=4,"
+        };
+        let fused = t.iter().any(|(w, c)| w.starts_with(op) && *c == 2);
+        let softmax = t.iter().any(|(w, _)| w.starts_with("softmax("));
+        assert!(fused && !softmax, "{file}: {t:#?}");
     }
 }
 

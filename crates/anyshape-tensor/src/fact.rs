@@ -151,6 +151,21 @@ pub fn positive(e: &Expr) -> bool {
     }
 }
 
+/// Whether `e` is at least 0 for every binding of shape vars that are at least 1
+/// (conservative: `false` where it cannot tell): what a floor division of a dim can
+/// be, `height / 16` at a height under 16.
+fn non_negative(e: &Expr) -> bool {
+    let by_positive = |d: &Expr| d.as_const().is_some_and(|c| c > 0);
+    match e {
+        Expr::Const(c) => *c >= 0,
+        Expr::Add(a, b) | Expr::Mul(a, b) | Expr::Min(a, b) => non_negative(a) && non_negative(b),
+        Expr::FloorDiv(a, d) | Expr::CeilDiv(a, d) => non_negative(a) && by_positive(d),
+        Expr::Mod(_, d) => by_positive(d),
+        Expr::Max(a, b) => non_negative(a) || non_negative(b),
+        _ => positive(e),
+    }
+}
+
 /// Whether `a == b` for every binding, where it can tell.
 pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
     let (a, b) = (vacuous_max(&a.simplify()), vacuous_max(&b.simplify()));
@@ -169,13 +184,14 @@ pub fn equal(a: &Expr, b: &Expr) -> Option<bool> {
     }
 }
 
-/// `e` without the bounds `max(x, c)` that cannot bind — `x` positive, `c ≤ 0` (shape
-/// inference clamps dims at 0, e.g. `Expand`'s) — anywhere in it, simplified.
+/// `e` without the bounds `max(x, c)` that cannot bind — `x` at least 0, `c ≤ 0` (shape
+/// inference clamps dims at 0, e.g. `Expand`'s and `Range`'s) — anywhere in it,
+/// simplified.
 fn vacuous_max(e: &Expr) -> Expr {
     let b = |x: &Expr| Box::new(vacuous_max(x));
     match e {
         Expr::Max(x, c) | Expr::Max(c, x)
-            if c.as_const().is_some_and(|c| c <= 0) && positive(x) =>
+            if c.as_const().is_some_and(|c| c <= 0) && non_negative(x) =>
         {
             vacuous_max(x)
         }
@@ -242,4 +258,38 @@ pub fn exact_quotient(num: &[Expr], den: &[Expr]) -> Option<Expr> {
             .fold(Expr::Const(cn / cd), |acc, f| acc * f)
             .simplify(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyshape_ir::parse_expr;
+
+    /// A clamp at 0 of a dim that cannot be negative is the dim (ViT's mask, whose
+    /// `Range` clamps `height / 16 * (width / 16) + 1` at 0); of one that can, unknown.
+    #[test]
+    fn a_clamp_that_cannot_bind_is_the_dim() {
+        let e = |s: &str| parse_expr(s).unwrap();
+        let tokens = e("height / 16 * (width / 16) + 1");
+        assert_eq!(
+            equal(&Expr::max(tokens.clone(), Expr::Const(0)), &tokens),
+            Some(true)
+        );
+        assert_eq!(
+            equal(&e("max(height / 16, 0)"), &e("height / 16")),
+            Some(true)
+        );
+        assert_eq!(
+            equal(&e("max(height % 3, -2)"), &e("height % 3")),
+            Some(true)
+        );
+        let can_be_negative = e("height / 16 - 1");
+        assert_eq!(
+            equal(
+                &Expr::max(can_be_negative.clone(), Expr::Const(0)),
+                &can_be_negative
+            ),
+            None
+        );
+    }
 }
