@@ -524,6 +524,16 @@ fn layer_norm_and_rms_norm_all_strategies_and_modes() {
     );
 }
 
+/// The fused attention's vector variant with `rows` query rows per block and `vectors`
+/// vectors per tile row.
+fn vector_attention(rows: usize, vectors: usize) -> AttentionKernel {
+    AttentionKernel {
+        rows,
+        vectors,
+        amx: false,
+    }
+}
+
 /// Fused attention (masked or not, NaN probabilities counted as 0 or not) over query
 /// and key counts of 1 to past the tiles, head dims of whole tile rows and not, both
 /// modes; its tails are the sketch's own whatever the strategy, so one strategy.
@@ -531,11 +541,7 @@ fn layer_norm_and_rms_norm_all_strategies_and_modes() {
 fn fused_attention_all_shapes_and_modes() {
     let target = CpuTarget::detect();
     let strategies = [PaddingStrategy::LocalPad];
-    let small = |rows, vectors| AttentionKernel {
-        rows,
-        vectors,
-        amx: false,
-    };
+    let small = vector_attention;
     matrix_on(
         &target,
         "masked_attention(B=2,H=3,M=T,N=T,D=64,scale=0.125,nan_to_zero)",
@@ -577,11 +583,7 @@ fn fused_attention_all_shapes_and_modes() {
 fn fused_cache_and_grouped_attention() {
     let target = CpuTarget::detect();
     let strategies = [PaddingStrategy::LocalPad];
-    let small = |rows, vectors| AttentionKernel {
-        rows,
-        vectors,
-        amx: false,
-    };
+    let small = vector_attention;
     for (w, mks) in [
         (
             "masked_grouped_cache_attention(B=2,H=2,G=3,M=T,N=T,D=64,R=3,scale=0.125,nan_to_zero)",
