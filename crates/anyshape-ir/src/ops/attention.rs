@@ -78,11 +78,12 @@ fn attention_of(op: &str, layout: Layout, a: &[Expr], masked: bool) -> Workload 
         axis("d", d, Spatial),
         axis("n", n, Reduction),
     ]);
-    let (b, h, m, d, n) = (0, 1, 2 + g, 3 + g, 4 + g);
+    // Axis indices (the group, where there is one, is axis 2).
+    let (b, h, group, m, d, n) = (0, 1, 2, 2 + g, 3 + g, 4 + g);
     // The queries' (and output's) dims, and the keys' (and values').
     let q: Vec<usize> = match layout {
         Layout::Projections | Layout::Cache => vec![b, m, h, d],
-        Layout::GroupedCache => vec![b, h, 2, m, d],
+        Layout::GroupedCache => vec![b, h, group, m, d],
     };
     let kv: &[usize] = match layout {
         Layout::Projections => &[b, n, h, d],
