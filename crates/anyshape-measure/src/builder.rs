@@ -419,28 +419,14 @@ impl Builder {
         header: &str,
         units: &[(String, &[KernelSource])],
     ) -> Result<Vec<(PathBuf, Compiled)>> {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        type Slot = Option<Result<(PathBuf, Compiled)>>;
-        let results: std::sync::Mutex<Vec<Slot>> =
-            std::sync::Mutex::new((0..units.len()).map(|_| None).collect());
-        std::thread::scope(|scope| {
-            for _ in 0..self.jobs.clamp(1, units.len().max(1)) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((name, kernels)) = units.get(i) else {
-                        break;
-                    };
-                    let result = self.compile_unit(work, header, name, kernels);
-                    results.lock().expect("no compiler thread panics")[i] = Some(result);
-                });
-            }
-        });
-        results
-            .into_inner()
-            .expect("no compiler thread panics")
-            .into_iter()
-            .map(|r| r.expect("every unit is compiled"))
-            .collect()
+        crate::each_on_threads(
+            units.len(),
+            self.jobs,
+            |_| {},
+            |i| self.compile_unit(work, header, &units[i].0, units[i].1),
+        )
+        .into_iter()
+        .collect()
     }
 
     /// Compile one translation unit (the header, then `kernels`) to `work/<name>.o`.

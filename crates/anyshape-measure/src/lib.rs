@@ -18,6 +18,7 @@ mod progress;
 pub mod queue;
 mod reference;
 mod runner;
+mod threads;
 pub mod worker;
 
 pub use builder::{render_programs, Builder, BuiltLibrary, KernelSource};
@@ -31,6 +32,7 @@ pub use runner::{
     Candidate, Kernels, MeasureOptions, Measurement, Outcome, Runner, WorkerCommand,
     MAX_TIMEOUT_SECONDS,
 };
+pub use threads::each_on_threads;
 pub use worker::{Builtin, Builtins, PreparedKernel};
 
 /// The measurer: a builder that compiles programs and a runner that times them — or

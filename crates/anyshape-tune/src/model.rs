@@ -264,40 +264,16 @@ pub fn compile_model(
     let mut trials = vec![0; tasks.len()];
     let mut tuning = None;
     if options.trials == 0 {
-        // The tasks' modules are independent: one compiler per core builds them, each
-        // worker taking the next task (its line printed as it starts); the first error
-        // in task order is the compile's.
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, tasks.len().max(1));
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut results: Vec<Option<Result<()>>> = (0..tasks.len()).map(|_| None).collect();
-        std::thread::scope(|scope| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            for _ in 0..workers {
-                let (tx, next, job, jobs) = (tx.clone(), &next, &job, &jobs);
-                scope.spawn(move || loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= jobs.len() || tx.send((i, None)).is_err() {
-                        break;
-                    }
-                    let built = cpu_sketch!(jobs[i].0.class, default_module(&job(i)));
-                    if tx.send((i, Some(built))).is_err() {
-                        break;
-                    }
-                });
-            }
-            drop(tx);
-            for (i, built) in rx {
-                match built {
-                    None => observer.task(i, tasks.len(), &tasks[i].workload, tasks[i].count),
-                    Some(r) => results[i] = Some(r),
-                }
-            }
-        });
-        for r in results {
-            r.expect("every task is built")?;
-        }
+        // The tasks' modules are independent: as many as the builder runs compilers at
+        // a time, each line printed as its task starts; the first error in task order
+        // is the compile's.
+        let built = anyshape_measure::each_on_threads(
+            tasks.len(),
+            measurer.builder.jobs,
+            |i| observer.task(i, tasks.len(), &tasks[i].workload, tasks[i].count),
+            |i| cpu_sketch!(jobs[i].0.class, default_module(&job(i))),
+        );
+        built.into_iter().collect::<Result<()>>()?;
     } else {
         let mut runs = (0..tasks.len())
             .map(|i| cpu_sketch!(jobs[i].0.class, task_run(job(i))))
