@@ -2,7 +2,8 @@
 //! ([`Graph`]; control flow inlined, repeated computations merged), symbolic shape
 //! propagation ([`infer`]: every value's shape as
 //! expressions over the model's shape vars, shape plumbing folded), a reference
-//! executor ([`exec::run`]), 3 x 3 convolutions rewritten by Winograd's F(2x2, 3x3)
+//! executor ([`exec::run`]), rotary embeddings' seven exported nodes rewritten into one
+//! pass ([`rotate_half`]), 3 x 3 convolutions rewritten by Winograd's F(2x2, 3x3)
 //! or F(4x4, 3x3) ([`winograd`]), fusion into steps and tasks ([`fuse`]) and lowering the
 //! fused graph to a plan ([`lower`], `anyshape-plan`), what `anyshape compile` saves.
 //!
@@ -20,6 +21,7 @@ mod graph;
 mod infer;
 mod lower;
 pub mod onnx;
+mod rotary;
 mod winograd;
 
 pub use error::{GraphError, Result};
@@ -27,4 +29,5 @@ pub use fusion::{fuse, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};
 pub use graph::{Graph, Input};
 pub use infer::{fact, infer};
 pub use lower::lower;
+pub use rotary::rotate_half;
 pub use winograd::winograd;

@@ -15,7 +15,7 @@ use anyshape_abi::{
     sha256_hex, FileEntry, ModelManifest, ModelTask, Source, MODEL_FILE, MODEL_FORMAT, MODEL_PLAN,
 };
 use anyshape_codegen::{cpu_sketch, CpuTarget};
-use anyshape_graph::{fuse, infer, lower, onnx, winograd};
+use anyshape_graph::{fuse, infer, lower, onnx, rotate_half, winograd};
 use anyshape_ir::{Bindings, Precision, ShapeVar, Workload, CACHE_RESERVE};
 use anyshape_measure::Measurer;
 use std::path::{Path, PathBuf};
@@ -207,6 +207,7 @@ pub fn compile_model(
     }
     let mut graph = graph;
     let facts = infer(&graph)
+        .and_then(|facts| rotate_half(&mut graph, facts))
         .and_then(|facts| match options.winograd {
             true => {
                 // Each dim's smallest value: where the larger Winograd tiles pay.

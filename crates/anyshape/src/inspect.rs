@@ -200,10 +200,11 @@ pub fn inspect_model(path: &Path) -> Result<()> {
 }
 
 fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
-    use anyshape_graph::{fact, fuse, infer, winograd};
+    use anyshape_graph::{fact, fuse, infer, rotate_half, winograd};
     let nodes = g.nodes.len();
     // No dims' values here: F(2x2, 3x3) where the image's extents are symbolic.
-    let facts = winograd(g, infer(g)?, &Default::default())?;
+    let facts = rotate_half(g, infer(g)?)?;
+    let facts = winograd(g, facts, &Default::default())?;
     println!(
         "model        {} (opset {}, {} nodes)",
         path.display(),

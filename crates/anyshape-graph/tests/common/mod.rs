@@ -1,5 +1,5 @@
 //! Helpers shared by the graph crate's tests.
-use anyshape_graph::{fuse, infer, lower, winograd, Graph};
+use anyshape_graph::{fuse, infer, lower, rotate_half, winograd, Graph};
 use anyshape_ir::{Bindings, Precision, Workload};
 use anyshape_runtime::{Executor, Result, TaskKernels};
 use anyshape_tensor::{Tensor, TensorRef};
@@ -40,9 +40,9 @@ impl TaskKernels for Reference {
     }
 }
 
-/// `g` rewritten as `anyshape compile` does (3 x 3 convolutions by Winograd's
-/// transforms, their tiles chosen as if the dims' smallest values were those of
-/// `inputs`), fused (dense layers over weights in `precision`), lowered to a plan and
+/// `g` rewritten as `anyshape compile` does (rotary embeddings into one pass, 3 x 3
+/// convolutions by Winograd's transforms, their tiles chosen as if the dims' smallest
+/// values were those of `inputs`), fused (dense layers over weights in `precision`), lowered to a plan and
 /// run on `inputs`, kernel steps by the reference.
 pub fn run_plan(
     g: &Graph,
@@ -51,6 +51,7 @@ pub fn run_plan(
 ) -> anyshape_runtime::Result<Vec<Tensor>> {
     let mut g = g.clone();
     let facts = infer(&g).unwrap();
+    let facts = rotate_half(&mut g, facts).unwrap();
     let views: Vec<(&str, TensorRef)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
     let (_, least) = anyshape_tensor::bind(&g.input_specs(), &views).unwrap();
     let facts = winograd(&mut g, facts, &least).unwrap();

@@ -45,7 +45,8 @@
 //! - `grid.rs`: `GridSample`, `AffineGrid`;
 //! - `spectral.rs`: `DFT`;
 //! - `space.rs`: `DepthToSpace`, `SpaceToDepth`;
-//! - `rotary.rs`: `RotaryEmbedding` (opset 23);
+//! - `rotary.rs`: `RotaryEmbedding` (opset 23), and the internal `anyshape.RotateHalf`
+//!   that the exporters' rotary embeddings are rewritten into;
 //! - `winograd.rs`: the internal `anyshape.WinogradInput` and
 //!   `anyshape.WinogradOutput` around the batched matmul a 3 x 3 convolution of
 //!   stride 1 becomes (Winograd's F(2x2, 3x3) or F(4x4, 3x3)), and its filters'
@@ -85,6 +86,7 @@ use crate::node::Node;
 use crate::{DType, Fact, Result, Tensor, TensorError, TensorRef, Workers};
 use anyshape_ir::Expr;
 pub use conv::IM2COL;
+pub use rotary::ROTATE_HALF;
 pub use select::IF_SELECT;
 pub(crate) use walk::{
     broadcast_indices, broadcast_strides, for_each_row, for_rows, out_of, row_strides, strided,

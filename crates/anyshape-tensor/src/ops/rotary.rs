@@ -4,17 +4,139 @@
 //! cosines and sines given as caches, looked up by `position_ids` or given per token.
 //! The input is `[batch, heads, sequence, head]` or `[batch, sequence, heads·head]`
 //! (with `num_heads`); the rest of each head passes through.
-use super::{fail, req, OpSpec};
+//!
+//! And the internal `anyshape.RotateHalf` ([`ROTATE_HALF`]): `x·cos + rotate_half(x)·sin`
+//! over the last axis, `rotate_half(x)` being `[-x[h..], x[..h]]` (`h` half the axis),
+//! `cos` and `sin` broadcast to `x`'s shape — the form PyTorch's exporters write Hugging
+//! Face's rotary embeddings in (a `Slice`, `Neg`, `Concat`, two `Mul`s and an `Add`),
+//! which compiling rewrites into one pass over `x` (`anyshape_graph`'s `rotary.rs`).
+use super::{broadcast_strides, broadcasts_to, fail, for_rows, req, OpSpec};
 use crate::node::Node;
-use crate::{Fact, Result, Tensor, TensorRef};
+use crate::{DType, Data, Fact, Result, Tensor, TensorRef, Workers};
 
-pub(super) static OPS: &[OpSpec] = &[OpSpec {
-    name: "RotaryEmbedding",
-    since: 23,
-    infer,
-    eval,
-    eval_into: None,
-}];
+/// The internal op `x·cos + rotate_half(x)·sin` (see the module doc). It is no ONNX op:
+/// a model that names it is refused at import.
+pub const ROTATE_HALF: &str = "anyshape.RotateHalf";
+
+pub(super) static OPS: &[OpSpec] = &[
+    OpSpec {
+        name: "RotaryEmbedding",
+        since: 23,
+        infer,
+        eval,
+        eval_into: None,
+    },
+    OpSpec {
+        name: ROTATE_HALF,
+        since: 1,
+        infer: infer_half,
+        eval: eval_half,
+        eval_into: Some(eval_half_into),
+    },
+];
+
+/// `x`'s element type and shape (the op checks the broadcast when it runs).
+fn infer_half(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
+    let x = req(node, ins, 0)?;
+    for i in 1..3 {
+        let f = req(node, ins, i)?;
+        if f.dtype != DType::F32 || f.rank() > x.rank() {
+            return fail(
+                node,
+                "cosines and sines in f32, of at most the input's rank",
+            );
+        }
+    }
+    if x.dtype != DType::F32 || x.rank() == 0 {
+        return fail(node, "an f32 input of rank at least 1");
+    }
+    Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+}
+
+fn eval_half(node: &Node, ins: &[Option<TensorRef>]) -> Result<Vec<Tensor>> {
+    super::eval_via(node, ins, eval_half_into)
+}
+
+/// Rows of the last axis, blocks of them split over the `workers`; `cos` and `sin`
+/// read through their broadcast strides.
+fn eval_half_into(
+    node: &Node,
+    ins: &[Option<TensorRef>],
+    outs: &mut [Tensor],
+    workers: Workers,
+) -> Result<()> {
+    let (x, cos, sin) = (req(node, ins, 0)?, req(node, ins, 1)?, req(node, ins, 2)?);
+    let shape = x.shape;
+    let d = shape.last().copied().unwrap_or(0);
+    if shape.is_empty() || d % 2 != 0 {
+        return fail(
+            node,
+            format!("an input {shape:?}: a last axis of even length"),
+        );
+    }
+    for c in [cos.shape, sin.shape] {
+        if c.len() > shape.len() || !broadcasts_to(shape, &[shape, c]) {
+            return fail(
+                node,
+                format!("cosines or sines {c:?} do not broadcast to {shape:?}"),
+            );
+        }
+    }
+    let [out] = outs else {
+        return fail(node, "one output");
+    };
+    let (Data::F32(y), true) = (&mut out.data, out.shape == shape) else {
+        return fail(
+            node,
+            format!("an f32 output of the input's shape {shape:?}"),
+        );
+    };
+    let err = |e| node.error(e);
+    let (xv, cv, sv) = (
+        x.as_f32().map_err(err)?,
+        cos.as_f32().map_err(err)?,
+        sin.as_f32().map_err(err)?,
+    );
+    let r = shape.len();
+    let (tc, ts) = (
+        broadcast_strides(cos.shape, r),
+        broadcast_strides(sin.shape, r),
+    );
+    let (ic, is) = (tc[r - 1], ts[r - 1]);
+    if d == 0 {
+        return Ok(());
+    }
+    let h = d / 2;
+    let rows_per_chunk = crate::workers::CHUNK.div_ceil(d);
+    workers.chunks_mut(y, rows_per_chunk * d, |i, y| {
+        let first = i * rows_per_chunk;
+        let mut at = 0;
+        for_rows(shape, [&tc, &ts], first..first + y.len() / d, |[oc, os]| {
+            let row = &mut y[at..at + d];
+            let xr = &xv[(first * d + at)..(first * d + at + d)];
+            at += d;
+            if (ic, is) == (1, 1) {
+                // Halves zipped, so that the loops vectorize.
+                let (xl, xh) = xr.split_at(h);
+                let (cl, ch) = cv[oc..oc + d].split_at(h);
+                let (sl, sh) = sv[os..os + d].split_at(h);
+                let (lo, hi) = row.split_at_mut(h);
+                for ((((o, &a), &b), &c), &s) in lo.iter_mut().zip(xl).zip(xh).zip(cl).zip(sl) {
+                    *o = a * c - b * s;
+                }
+                for ((((o, &a), &b), &c), &s) in hi.iter_mut().zip(xl).zip(xh).zip(ch).zip(sh) {
+                    *o = b * c + a * s;
+                }
+            } else {
+                for (j, o) in row.iter_mut().enumerate() {
+                    let turned = if j < h { -xr[j + h] } else { xr[j - h] };
+                    *o = xr[j] * cv[oc + j * ic] + turned * sv[os + j * is];
+                }
+            }
+        });
+    });
+    Ok(())
+}
 
 fn infer(node: &Node, ins: &[Option<&Fact>]) -> Result<Vec<Fact>> {
     let x = req(node, ins, 0)?;
@@ -211,5 +333,66 @@ mod tests {
             assert_eq!((y[at], y[at + 1]), (-x3[at + 1], x3[at]));
             assert_eq!(&y[at + 2..at + 4], &x3[at + 2..at + 4]);
         }
+    }
+
+    /// `anyshape.RotateHalf` element by element from its definition, for tables of the
+    /// input's shape, broadcast along rows, and broadcast along the last axis (the
+    /// strided path), split over two threads or not; odd last axes and tables that do
+    /// not broadcast are refused.
+    #[test]
+    fn rotate_half_by_its_definition() {
+        let node = Node {
+            name: "r".into(),
+            op: ROTATE_HALF.into(),
+            inputs: vec![Some(0), Some(1), Some(2)],
+            outputs: vec![3],
+            attrs: Default::default(),
+        };
+        let shape = [2usize, 3, 700, 8]; // past 16K elements: two parts
+        let n: usize = shape.iter().product();
+        let x = Tensor::f32(
+            shape.to_vec(),
+            (0..n).map(|i| (i as f32 * 0.7).sin()).collect(),
+        )
+        .unwrap();
+        let two = crate::workers::Two;
+        for table in [vec![2, 3, 700, 8], vec![700, 8], vec![1, 700, 1], vec![8]] {
+            let len: usize = table.iter().product();
+            let t = |k: f32| {
+                let v = (0..len).map(|i| (i as f32 * k).cos()).collect();
+                Tensor::f32(table.clone(), v).unwrap()
+            };
+            let (c, sn) = (t(0.3), t(0.11));
+            let ins = [Some(x.view()), Some(c.view()), Some(sn.view())];
+            let serial = eval_half(&node, &ins).unwrap();
+            let mut split = vec![Tensor::zeros(DType::F32, shape.to_vec()).unwrap()];
+            eval_half_into(&node, &ins, &mut split, Workers::new(&two)).unwrap();
+            assert_eq!(serial[0], split[0], "{table:?}");
+            let (xv, y) = (x.as_f32().unwrap(), serial[0].as_f32().unwrap());
+            let strides = broadcast_strides(&table, 4);
+            for (i, &got) in y.iter().enumerate() {
+                let mut at = [0usize; 4];
+                let mut rest = i;
+                for d in (0..4).rev() {
+                    at[d] = rest % shape[d];
+                    rest /= shape[d];
+                }
+                let ti: usize = (0..4).map(|d| at[d] * strides[d]).sum();
+                let j = at[3];
+                let turned = if j < 4 { -xv[i + 4] } else { xv[i - 4] };
+                let (cv, sv) = (c.as_f32().unwrap()[ti], sn.as_f32().unwrap()[ti]);
+                assert_eq!(got, xv[i] * cv + turned * sv, "{table:?} at {at:?}");
+            }
+        }
+        let odd = Tensor::f32(vec![2, 3], vec![0.0; 6]).unwrap();
+        let c = Tensor::f32(vec![3], vec![0.0; 3]).unwrap();
+        let e = eval_half(&node, &[Some(odd.view()), Some(c.view()), Some(c.view())]);
+        assert!(e.unwrap_err().to_string().contains("even"));
+        let wrong = Tensor::f32(vec![3, 8], vec![0.0; 24]).unwrap();
+        let e = eval_half(
+            &node,
+            &[Some(x.view()), Some(wrong.view()), Some(wrong.view())],
+        );
+        assert!(e.unwrap_err().to_string().contains("broadcast"));
     }
 }
