@@ -36,11 +36,13 @@ pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};
 /// change to generated code that moves its speed (2: bf16 kernels broadcast A's words
 /// as one load and pack A walking K; 3: contraction tiles balanced over the threads;
 /// 4: a softmax row's accumulators reduced lane by lane before one horizontal
-/// reduction, the maximum's as a tree, and no padded tail where a row is whole steps).
-pub const KERNELS_GENERATION: u32 = 4;
+/// reduction, the maximum's as a tree, and no padded tail where a row is whole steps;
+/// 5: a fused attention's tasks split into pieces where its heads do not divide among
+/// the threads).
+pub const KERNELS_GENERATION: u32 = 5;
 
 /// The version trials are measured under: anyshape's and the kernels' generation
-/// (`0.1.0+k4`).
+/// (`0.1.0+k5`).
 pub fn kernels_version() -> String {
     format!("{}+k{KERNELS_GENERATION}", env!("CARGO_PKG_VERSION"))
 }

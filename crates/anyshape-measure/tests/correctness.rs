@@ -578,7 +578,8 @@ fn fused_attention_all_shapes_and_modes() {
 /// Fused attention in a decoder's layouts: keys and values in a cache with rows to
 /// spare (`R`), query heads grouped on shared key/value heads (Llama's), one query row
 /// against a growing cache (a generation step); masked or not, in f32 and bf16 (AMX
-/// tiles where the CPU has them), over T = 1 to past the tiles.
+/// tiles where the CPU has them), over T = 1 to past the tiles; one and three
+/// key/value heads, whose blocks are split into pieces over the threads.
 #[test]
 fn fused_cache_and_grouped_attention() {
     let target = CpuTarget::detect();
@@ -601,6 +602,11 @@ fn fused_cache_and_grouped_attention() {
             "masked_cache_attention(B=1,H=4,M=1,N=T,D=64,R=T+1,scale=0.125)",
             [small(1, 2), AttentionKernel::default_for(&target)],
         ),
+        // Heads that do not divide among two threads: each head's blocks in pieces.
+        (
+            "masked_grouped_cache_attention(B=1,H=3,G=2,M=T,N=T+1,D=32,R=0,scale=0.2)",
+            [small(2, 2), AttentionKernel::default_for(&target)],
+        ),
     ] {
         matrix_on(&target, w, mks, 2, &strategies);
     }
@@ -608,6 +614,7 @@ fn fused_cache_and_grouped_attention() {
         "masked_grouped_cache_attention_bf16(B=1,H=2,G=3,M=T,N=T,D=64,R=2,scale=0.125,nan_to_zero)",
         "cache_attention_bf16(B=2,H=2,M=T,N=T+9,D=32,R=1,scale=0.3)",
         "masked_cache_attention_bf16(B=1,H=3,M=1,N=T,D=64,R=0)",
+        "grouped_cache_attention_bf16(B=1,H=1,G=4,M=T,N=T+2,D=64,R=1,scale=0.125)",
     ] {
         let wl = Workload::parse(w).unwrap();
         let fitted = |rows| small(rows, 2).fit(&target, &wl);

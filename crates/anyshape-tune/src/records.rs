@@ -82,7 +82,7 @@ impl TrialResult {
 /// caches' state a call found (`+cold`: a model's, its weights evicted; `+warm`), so
 /// that a run never resumes or reuses trials timed otherwise — a model's cold
 /// latencies as an operator's warm ones, or an older generation's kernels
-/// (`0.1.0+k4+cold`).
+/// (`0.1.0+k5+cold`).
 pub fn measured_under(measure: &anyshape_measure::MeasureOptions) -> String {
     let caches = if measure.cold { "cold" } else { "warm" };
     format!("{}+{caches}", anyshape_codegen::kernels_version())

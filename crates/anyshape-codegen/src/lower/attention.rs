@@ -1,10 +1,9 @@
 //! The fused attention sketch's lowering (see `sketch/attention.rs`):
 //! ```text
-//! parallel for task in batch x (key/value) heads:
+//! parallel for task in batch x (key/value) heads x pieces:
 //!   Kt[e, n] = K[b, h, n, e]            (once per task, in panels of a tile row's width
 //!                                        along n; zero past N, up to whole panels)
-//!   for each query head g of the group (one where heads are not grouped):
-//!   for each block of R query rows:
+//!   for each (query head g of the group, block of R query rows) of the task's piece:
 //!     Qb[r, e] = scale · Q[b, h, g, m, e]  (zero past M)
 //!     S[r, n] = Σ_e Qb[r, e] · Kt[e, n]        register tiles: R rows x V vectors of n
 //!     each row r of the block: S[r, :] += mask; max; S = exp(S - max), summed;
@@ -12,6 +11,10 @@
 //!     Y[b, h, g, m, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]  register tiles: R rows
 //!                                                   x V vectors of d, stored for r < M
 //! ```
+//! A (batch, key/value head)'s (query head, block) pairs are split into as many pieces
+//! as make the tasks divide evenly among the threads (`sketch::attention_pieces`: one
+//! where they already do; two for one key/value head on two cores), each piece packing
+//! the keys again: multi-query attention (one key/value head) ran on one thread.
 //! Every tensor is indexed through its strides along the axes (`AttentionAxes`), so one
 //! lowering serves every layout of the operators (projections, a decoder's cache,
 //! grouped query heads); the head dim (and the mask's keys) must be contiguous.
@@ -64,12 +67,23 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         .extent
         .as_const()
         .is_some_and(|d| d % width as i64 == 0);
+    // The task's (query head, block) pairs: `items`, cut into `pieces`.
+    body.extend([
+        let_("nblk", Expr::ceil_div(v("e_m"), c(rows))),
+        let_("items", v("e_g") * v("nblk")),
+        let_("heads", v("e_b") * v("e_h")),
+        let_("pieces", pieces(v("heads"), v("items"), target.cores)),
+    ]);
     let mut task = vec![
-        let_("bi", v("t") / v("e_h")),
-        let_("hi", v("t") - v("bi") * v("e_h")),
+        let_("th", v("t") / v("pieces")),
+        let_("pc", v("t") - v("th") * v("pieces")),
+        let_("bi", v("th") / v("e_h")),
+        let_("hi", v("th") - v("bi") * v("e_h")),
+        let_("items0", v("pc") * v("items") / v("pieces")),
+        let_("items1", (v("pc") + c(1)) * v("items") / v("pieces")),
         // K[b, h, 0, 0] and V's: their heads' first elements.
         let_("k0", v("bi") * v("sk_b") + v("hi") * v("sk_h")),
-        let_("v0", v("bi") * v("sv_b") + v("hi") * v("sv_h")),
+        let_("v0", v("bi") * v("sval_b") + v("hi") * v("sval_h")),
         Stmt::Alloc {
             buf: "S".into(),
             len: c(rows) * v("np"),
@@ -156,18 +170,24 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
         block.push(softmax);
         block.push(context(rows, vectors, lanes, whole_d));
     }
+    let mut item = vec![
+        let_("it", v("items0") + v("ij")),
+        let_("gi", v("it") / v("nblk")),
+        let_("i", v("it") - v("gi") * v("nblk")),
+    ];
+    item.extend(block);
     task.push(for_(
-        "gi",
-        v("e_g"),
+        "ij",
+        v("items1") - v("items0"),
         LoopKind::Serial,
-        vec![for_(
-            "i",
-            Expr::ceil_div(v("e_m"), c(rows)),
-            LoopKind::Serial,
-            block,
-        )],
+        item,
     ));
-    body.push(for_("t", v("e_b") * v("e_h"), LoopKind::Parallel, task));
+    body.push(for_(
+        "t",
+        v("heads") * v("pieces"),
+        LoopKind::Parallel,
+        task,
+    ));
     Ok(Func {
         name: p.symbol(target),
         shape_vars,
@@ -178,8 +198,26 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     })
 }
 
+/// [`crate::sketch::attention_pieces`] over symbolic `heads` and `items`: a table over
+/// `heads mod threads` (its value's indicator `max(0, 1 - |x - r|)`), clamped to
+/// `[1, items]`.
+fn pieces(heads: Expr, items: Expr, threads: usize) -> Expr {
+    let t = threads.max(1) as i64;
+    let x = heads % c(t as usize);
+    let table = (0..t)
+        .map(|r| {
+            let at = Expr::max(
+                c(0),
+                c(1) - Expr::max(x.clone() - Expr::Const(r), Expr::Const(r) - x.clone()),
+            );
+            Expr::Const(crate::sketch::attention_pieces(r, i64::MAX, t)) * at
+        })
+        .fold(Expr::Const(0), |a, b| a + b);
+    Expr::max(c(1), Expr::min(items, table))
+}
+
 /// Let-statements naming each tensor's strides along the axes the kernel steps (`sq_*`
-/// the queries', `sk_*` the keys', `sv_*` the values', `smk_*` the mask's, `sy_*` the
+/// the queries', `sk_*` the keys', `sval_*` the values' (not `sv_*`: the shape vars' names), `smk_*` the mask's, `sy_*` the
 /// output's; 0 along an axis a tensor does not have). The head dim of Q, K, V and Y and
 /// the mask's keys must be contiguous.
 fn strides(w: &Workload, axes: &AttentionAxes) -> Result<Vec<Stmt>> {
@@ -204,7 +242,7 @@ fn strides(w: &Workload, axes: &AttentionAxes) -> Result<Vec<Stmt>> {
     for (t, prefix, which) in [
         (0, "sq", &[("b", b), ("h", h), ("g", axes.g), ("m", m)][..]),
         (1, "sk", &[("b", b), ("h", h), ("n", n)][..]),
-        (2, "sv", &[("b", b), ("h", h), ("n", n)][..]),
+        (2, "sval", &[("b", b), ("h", h), ("n", n)][..]),
         (
             out,
             "sy",
@@ -396,7 +434,7 @@ fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
     let mut tile = t.zero();
     tile.push(t.sum(
         ("n", v("e_n")),
-        vec![let_("vb", v("v0") + v("n") * v("sv_n"))],
+        vec![let_("vb", v("v0") + v("n") * v("sval_n"))],
         |u| match whole_d {
             true => Value::vload("in2", v("vb") + col(u), lanes),
             false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
@@ -426,4 +464,50 @@ fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
         LoopKind::Serial,
         tile,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CpuTarget, PaddingStrategy};
+    use anyshape_ir::Bindings;
+
+    /// The symbolic piece count is [`crate::sketch::attention_pieces`] at every head
+    /// count, item count and thread count: one where the heads divide among the threads.
+    #[test]
+    fn pieces_by_table_are_the_gcd_rule() {
+        for threads in [1, 2, 3, 4, 16] {
+            let e = pieces(Expr::var("h"), Expr::var("i"), threads);
+            for h in 0..40 {
+                for i in [0, 1, 2, 3, 5, 8, 100] {
+                    let b = Bindings::from_pairs([("h", h), ("i", i)]);
+                    let want = crate::sketch::attention_pieces(h, i, threads as i64);
+                    assert_eq!(
+                        e.eval(&b).unwrap(),
+                        want,
+                        "{threads} threads, {h} heads, {i}"
+                    );
+                }
+            }
+        }
+        assert_eq!(crate::sketch::attention_pieces(12, 100, 2), 1);
+        assert_eq!(crate::sketch::attention_pieces(1, 100, 2), 2);
+        assert_eq!(crate::sketch::attention_pieces(12, 100, 16), 4);
+    }
+
+    /// Shape vars named as the attention's axes (`b`, `h`, `n`, …) take no name the
+    /// kernel binds itself: the values' strides once clashed with the shape var `n`
+    /// (`sv_n`), and the symbolic kernel did not compile.
+    #[test]
+    fn shape_vars_named_as_the_axes_clash_with_nothing() {
+        let target = CpuTarget::avx512_for_tests();
+        let w = Workload::parse(
+            "masked_grouped_cache_attention(B=b,H=h,G=g,M=m,N=n,D=32,R=r,scale=0.2)",
+        )
+        .unwrap();
+        let mk = AttentionKernel::default_for(&target);
+        let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
+        let f = lower(&p, &target).unwrap();
+        crate::verify::verify(&f).unwrap();
+    }
 }

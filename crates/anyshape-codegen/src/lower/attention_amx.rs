@@ -75,7 +75,7 @@ pub(super) fn pack(lanes: usize) -> Vec<Stmt> {
         panels("Kp", v("np") / edge.clone(), v("half_d"), k_pair),
         scratch("Vt", v("e_d") * v("np"), 3),
         transpose_heads(
-            ("in2", v("v0"), v("sv_n")),
+            ("in2", v("v0"), v("sval_n")),
             "Vt",
             &|d, n| d * v("np") + n,
             v("np"),

@@ -124,6 +124,24 @@ impl fmt::Display for AttentionKernel {
     }
 }
 
+/// How many pieces each (batch, key/value head) of a fused attention is split into
+/// over its `items` (query head, row block) pairs, for `heads` such tasks on `threads`:
+/// `threads / gcd(heads, threads)`, so that the tasks divide evenly among the threads
+/// (one where they already do), at most `items` and at least one. Multi-query
+/// attention (one key/value head, 8 query heads, 512 rows and keys) on two cores ran on
+/// one thread.
+pub(crate) fn attention_pieces(heads: i64, items: i64, threads: i64) -> i64 {
+    fn gcd(a: i64, b: i64) -> i64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let t = threads.max(1);
+    (t / gcd(heads.rem_euclid(t), t)).min(items).max(1)
+}
+
 /// The extents of an attention instance: batch, key/value heads, query rows (of every
 /// query head of a group), keys, head dim.
 fn extents(w: &anyshape_ir::Workload, bound: &anyshape_ir::BoundWorkload) -> [f64; 5] {
@@ -205,8 +223,9 @@ impl crate::Sketch for AttentionKernel {
         crate::lower::attention(p, target)
     }
 
-    /// A task is one (batch, key/value head); the query rows are padded to whole
-    /// blocks, the keys and the head dim to whole tile rows.
+    /// A task is a piece of one (batch, key/value head) ([`attention_pieces`]); the
+    /// query rows are padded to whole blocks, the keys and the head dim to whole tile
+    /// rows.
     fn adaptation(
         &self,
         target: &CpuTarget,
@@ -218,7 +237,11 @@ impl crate::Sketch for AttentionKernel {
         let width = self.width(target);
         let padded = up(m, self.rows) * (up(n, width) * d + n * up(d, width));
         crate::Adaptation {
-            tasks: (b * h).max(1.0),
+            tasks: {
+                let blocks = (m / self.rows as f64).ceil() as i64;
+                let heads = (b * h) as i64;
+                (heads * attention_pieces(heads, blocks, target.cores as i64)).max(1) as f64
+            },
             slots: target.cores as f64,
             pad: if padded > 0.0 {
                 2.0 * m * n * d / padded

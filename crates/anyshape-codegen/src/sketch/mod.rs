@@ -24,6 +24,7 @@ mod gemm;
 mod gpu;
 mod rows;
 
+pub(crate) use attention::attention_pieces;
 pub use attention::AttentionKernel;
 pub use contraction::ContractionKernel;
 pub use contraction_amx::{amx_runs, AMX_EDGE, AMX_TILES};

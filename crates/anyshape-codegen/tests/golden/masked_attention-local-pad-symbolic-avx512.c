@@ -170,21 +170,29 @@ int32_t as_0358b101199998d4(const int64_t *restrict vars, const float *const *re
   const int64_t sk_b = (sv_T * 576);
   const int64_t sk_h = 48;
   const int64_t sk_n = 576;
-  const int64_t sv_b = (sv_T * 576);
-  const int64_t sv_h = 48;
-  const int64_t sv_n = 576;
+  const int64_t sval_b = (sv_T * 576);
+  const int64_t sval_h = 48;
+  const int64_t sval_n = 576;
   const int64_t sy_b = (sv_T * 576);
   const int64_t sy_h = 48;
   const int64_t sy_g = 0;
   const int64_t sy_m = 576;
   const int64_t smk_b = (sv_T * sv_T);
   const int64_t smk_m = sv_T;
-  #pragma omp parallel for schedule(static) num_threads(2) if((e_b * e_h) > 1)
-  for (int64_t t = 0; t < (e_b * e_h); t++) {
-    const int64_t bi = as_fdiv(t, e_h);
-    const int64_t hi = (t - (bi * e_h));
+  const int64_t nblk = as_cdiv(e_m, 3);
+  const int64_t items = (e_g * nblk);
+  const int64_t heads = (e_b * e_h);
+  const int64_t pieces = as_max(1, as_min(items, (as_max(0, (1 - as_max(as_fmod(heads, 2), (0 - as_fmod(heads, 2))))) + (as_max(0, (1 - as_max((as_fmod(heads, 2) + (-1)), (1 - as_fmod(heads, 2))))) * 2))));
+  #pragma omp parallel for schedule(static) num_threads(2) if((heads * pieces) > 1)
+  for (int64_t t = 0; t < (heads * pieces); t++) {
+    const int64_t th = as_fdiv(t, pieces);
+    const int64_t pc = (t - (th * pieces));
+    const int64_t bi = as_fdiv(th, e_h);
+    const int64_t hi = (th - (bi * e_h));
+    const int64_t items0 = as_fdiv((pc * items), pieces);
+    const int64_t items1 = as_fdiv(((pc + 1) * items), pieces);
     const int64_t k0 = ((bi * sk_b) + (hi * sk_h));
-    const int64_t v0 = ((bi * sv_b) + (hi * sv_h));
+    const int64_t v0 = ((bi * sval_b) + (hi * sval_h));
     float *restrict S = (float *)as_scratch(1, (np * 3));
     if (!S) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict Qb = (float *)as_scratch(2, (e_d * 3));
@@ -197,126 +205,127 @@ int32_t as_0358b101199998d4(const int64_t *restrict vars, const float *const *re
         as_transpose(&Kt[((((as_fdiv((n0 * 16), 48) * e_d) * 48) + (e0 * 768)) + ((n0 * 16) - (as_fdiv((n0 * 16), 48) * 48)))], 48, &in1[((k0 + ((n0 * 16) * sk_n)) + (e0 * 16))], sk_n, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);
       }
     }
-    for (int64_t gi = 0; gi < e_g; gi++) {
-      for (int64_t i = 0; i < as_cdiv(e_m, 3); i++) {
-        const int64_t m0 = (i * 3);
-        const int64_t mlen = as_min(3, (e_m - m0));
-        const int64_t q0 = ((((bi * sq_b) + (hi * sq_h)) + (gi * sq_g)) + (m0 * sq_m));
-        const int64_t y0 = ((((bi * sy_b) + (hi * sy_h)) + (gi * sy_g)) + (m0 * sy_m));
-        for (int64_t r = 0; r < 3; r++) {
-          for (int64_t e = 0; e < e_d; e++) {
-            Qb[((r * e_d) + e)] = ((r < mlen) ? (in0[((q0 + (r * sq_m)) + e)] * 0.125f) : 0.0f);
-          }
+    for (int64_t ij = 0; ij < (items1 - items0); ij++) {
+      const int64_t it = (items0 + ij);
+      const int64_t gi = as_fdiv(it, nblk);
+      const int64_t i = (it - (gi * nblk));
+      const int64_t m0 = (i * 3);
+      const int64_t mlen = as_min(3, (e_m - m0));
+      const int64_t q0 = ((((bi * sq_b) + (hi * sq_h)) + (gi * sq_g)) + (m0 * sq_m));
+      const int64_t y0 = ((((bi * sy_b) + (hi * sy_h)) + (gi * sy_g)) + (m0 * sy_m));
+      for (int64_t r = 0; r < 3; r++) {
+        for (int64_t e = 0; e < e_d; e++) {
+          Qb[((r * e_d) + e)] = ((r < mlen) ? (in0[((q0 + (r * sq_m)) + e)] * 0.125f) : 0.0f);
         }
-        for (int64_t j = 0; j < as_fdiv(np, 48); j++) {
-          as_vf s_0_0 = (as_vf){0};
-          as_vf s_0_1 = (as_vf){0};
-          as_vf s_0_2 = (as_vf){0};
-          as_vf s_1_0 = (as_vf){0};
-          as_vf s_1_1 = (as_vf){0};
-          as_vf s_1_2 = (as_vf){0};
-          as_vf s_2_0 = (as_vf){0};
-          as_vf s_2_1 = (as_vf){0};
-          as_vf s_2_2 = (as_vf){0};
-          for (int64_t e = 0; e < e_d; e++) {
-            as_vf k_0 = as_vload(&Kt[(((j * e_d) * 48) + (e * 48))]);
-            as_vf k_1 = as_vload(&Kt[((((j * e_d) * 48) + (e * 48)) + 16)]);
-            as_vf k_2 = as_vload(&Kt[((((j * e_d) * 48) + (e * 48)) + 32)]);
-            s_0_0 = (k_0 * Qb[e] + s_0_0);
-            s_0_1 = (k_1 * Qb[e] + s_0_1);
-            s_0_2 = (k_2 * Qb[e] + s_0_2);
-            s_1_0 = (k_0 * Qb[(e_d + e)] + s_1_0);
-            s_1_1 = (k_1 * Qb[(e_d + e)] + s_1_1);
-            s_1_2 = (k_2 * Qb[(e_d + e)] + s_1_2);
-            s_2_0 = (k_0 * Qb[((e_d * 2) + e)] + s_2_0);
-            s_2_1 = (k_1 * Qb[((e_d * 2) + e)] + s_2_1);
-            s_2_2 = (k_2 * Qb[((e_d * 2) + e)] + s_2_2);
-          }
-          as_vstore(&S[(j * 48)], s_0_0);
-          as_vstore(&S[((j * 48) + 16)], s_0_1);
-          as_vstore(&S[((j * 48) + 32)], s_0_2);
-          as_vstore(&S[(np + (j * 48))], s_1_0);
-          as_vstore(&S[((np + (j * 48)) + 16)], s_1_1);
-          as_vstore(&S[((np + (j * 48)) + 32)], s_1_2);
-          as_vstore(&S[((np * 2) + (j * 48))], s_2_0);
-          as_vstore(&S[(((np * 2) + (j * 48)) + 16)], s_2_1);
-          as_vstore(&S[(((np * 2) + (j * 48)) + 32)], s_2_2);
+      }
+      for (int64_t j = 0; j < as_fdiv(np, 48); j++) {
+        as_vf s_0_0 = (as_vf){0};
+        as_vf s_0_1 = (as_vf){0};
+        as_vf s_0_2 = (as_vf){0};
+        as_vf s_1_0 = (as_vf){0};
+        as_vf s_1_1 = (as_vf){0};
+        as_vf s_1_2 = (as_vf){0};
+        as_vf s_2_0 = (as_vf){0};
+        as_vf s_2_1 = (as_vf){0};
+        as_vf s_2_2 = (as_vf){0};
+        for (int64_t e = 0; e < e_d; e++) {
+          as_vf k_0 = as_vload(&Kt[(((j * e_d) * 48) + (e * 48))]);
+          as_vf k_1 = as_vload(&Kt[((((j * e_d) * 48) + (e * 48)) + 16)]);
+          as_vf k_2 = as_vload(&Kt[((((j * e_d) * 48) + (e * 48)) + 32)]);
+          s_0_0 = (k_0 * Qb[e] + s_0_0);
+          s_0_1 = (k_1 * Qb[e] + s_0_1);
+          s_0_2 = (k_2 * Qb[e] + s_0_2);
+          s_1_0 = (k_0 * Qb[(e_d + e)] + s_1_0);
+          s_1_1 = (k_1 * Qb[(e_d + e)] + s_1_1);
+          s_1_2 = (k_2 * Qb[(e_d + e)] + s_1_2);
+          s_2_0 = (k_0 * Qb[((e_d * 2) + e)] + s_2_0);
+          s_2_1 = (k_1 * Qb[((e_d * 2) + e)] + s_2_1);
+          s_2_2 = (k_2 * Qb[((e_d * 2) + e)] + s_2_2);
         }
-        for (int64_t r = 0; r < mlen; r++) {
-          const int64_t mb = ((bi * smk_b) + ((m0 + r) * smk_m));
-          as_vf mx_v = ((as_vf){0} + (-INFINITY));
-          float mx_s = (-INFINITY);
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vstore(&S[((r * np) + (q * 16))], (as_vload(&S[((r * np) + (q * 16))]) + as_vload(&in3[(mb + (q * 16))])));
-            mx_v = as_vmax(mx_v, as_vload(&S[((r * np) + (q * 16))]));
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            S[((r * np) + ((nfull * 16) + e))] = (S[((r * np) + ((nfull * 16) + e))] + in3[(mb + ((nfull * 16) + e))]);
-            mx_s = as_max_f(mx_s, S[((r * np) + ((nfull * 16) + e))]);
-          }
-          float mx = as_max_f(as_hmax(mx_v), mx_s);
-          as_vf sm_v = (as_vf){0};
-          float sm_s = 0.0f;
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vf p_16 = as_vexp((as_vload(&S[((r * np) + (q * 16))]) - mx));
-            as_vstore(&S[((r * np) + (q * 16))], p_16);
-            sm_v = (sm_v + p_16);
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            float p_1 = expf((S[((r * np) + ((nfull * 16) + e))] - mx));
-            S[((r * np) + ((nfull * 16) + e))] = p_1;
-            sm_s = (sm_s + p_1);
-          }
-          float sum = (as_hsum(sm_v) + sm_s);
-          float keep = as_nan0(((sum - sum) + 1.0f));
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vstore(&S[((r * np) + (q * 16))], (as_vnan0(as_vload(&S[((r * np) + (q * 16))])) * keep));
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            S[((r * np) + ((nfull * 16) + e))] = (as_nan0(S[((r * np) + ((nfull * 16) + e))]) * keep);
-          }
-          rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
+        as_vstore(&S[(j * 48)], s_0_0);
+        as_vstore(&S[((j * 48) + 16)], s_0_1);
+        as_vstore(&S[((j * 48) + 32)], s_0_2);
+        as_vstore(&S[(np + (j * 48))], s_1_0);
+        as_vstore(&S[((np + (j * 48)) + 16)], s_1_1);
+        as_vstore(&S[((np + (j * 48)) + 32)], s_1_2);
+        as_vstore(&S[((np * 2) + (j * 48))], s_2_0);
+        as_vstore(&S[(((np * 2) + (j * 48)) + 16)], s_2_1);
+        as_vstore(&S[(((np * 2) + (j * 48)) + 32)], s_2_2);
+      }
+      for (int64_t r = 0; r < mlen; r++) {
+        const int64_t mb = ((bi * smk_b) + ((m0 + r) * smk_m));
+        as_vf mx_v = ((as_vf){0} + (-INFINITY));
+        float mx_s = (-INFINITY);
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vstore(&S[((r * np) + (q * 16))], (as_vload(&S[((r * np) + (q * 16))]) + as_vload(&in3[(mb + (q * 16))])));
+          mx_v = as_vmax(mx_v, as_vload(&S[((r * np) + (q * 16))]));
         }
-        for (int64_t d0 = 0; d0 < as_cdiv(e_d, 48); d0++) {
-          as_vf o_0_0 = (as_vf){0};
-          as_vf o_0_1 = (as_vf){0};
-          as_vf o_0_2 = (as_vf){0};
-          as_vf o_1_0 = (as_vf){0};
-          as_vf o_1_1 = (as_vf){0};
-          as_vf o_1_2 = (as_vf){0};
-          as_vf o_2_0 = (as_vf){0};
-          as_vf o_2_1 = (as_vf){0};
-          as_vf o_2_2 = (as_vf){0};
-          for (int64_t n = 0; n < e_n; n++) {
-            const int64_t vb = (v0 + (n * sv_n));
-            as_vf v_0 = as_vload(&in2[(vb + (d0 * 48))]);
-            as_vf v_1 = as_vload(&in2[((vb + (d0 * 48)) + 16)]);
-            as_vf v_2 = as_vload(&in2[((vb + (d0 * 48)) + 32)]);
-            o_0_0 = (v_0 * S[n] + o_0_0);
-            o_0_1 = (v_1 * S[n] + o_0_1);
-            o_0_2 = (v_2 * S[n] + o_0_2);
-            o_1_0 = (v_0 * S[(np + n)] + o_1_0);
-            o_1_1 = (v_1 * S[(np + n)] + o_1_1);
-            o_1_2 = (v_2 * S[(np + n)] + o_1_2);
-            o_2_0 = (v_0 * S[((np * 2) + n)] + o_2_0);
-            o_2_1 = (v_1 * S[((np * 2) + n)] + o_2_1);
-            o_2_2 = (v_2 * S[((np * 2) + n)] + o_2_2);
-          }
-          if (0 < mlen) {
-            as_vstore(&out0[(y0 + (d0 * 48))], (o_0_0 * rsum[0]));
-            as_vstore(&out0[((y0 + (d0 * 48)) + 16)], (o_0_1 * rsum[0]));
-            as_vstore(&out0[((y0 + (d0 * 48)) + 32)], (o_0_2 * rsum[0]));
-          }
-          if (1 < mlen) {
-            as_vstore(&out0[((y0 + sy_m) + (d0 * 48))], (o_1_0 * rsum[1]));
-            as_vstore(&out0[(((y0 + sy_m) + (d0 * 48)) + 16)], (o_1_1 * rsum[1]));
-            as_vstore(&out0[(((y0 + sy_m) + (d0 * 48)) + 32)], (o_1_2 * rsum[1]));
-          }
-          if (2 < mlen) {
-            as_vstore(&out0[((y0 + (sy_m * 2)) + (d0 * 48))], (o_2_0 * rsum[2]));
-            as_vstore(&out0[(((y0 + (sy_m * 2)) + (d0 * 48)) + 16)], (o_2_1 * rsum[2]));
-            as_vstore(&out0[(((y0 + (sy_m * 2)) + (d0 * 48)) + 32)], (o_2_2 * rsum[2]));
-          }
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          S[((r * np) + ((nfull * 16) + e))] = (S[((r * np) + ((nfull * 16) + e))] + in3[(mb + ((nfull * 16) + e))]);
+          mx_s = as_max_f(mx_s, S[((r * np) + ((nfull * 16) + e))]);
+        }
+        float mx = as_max_f(as_hmax(mx_v), mx_s);
+        as_vf sm_v = (as_vf){0};
+        float sm_s = 0.0f;
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vf p_16 = as_vexp((as_vload(&S[((r * np) + (q * 16))]) - mx));
+          as_vstore(&S[((r * np) + (q * 16))], p_16);
+          sm_v = (sm_v + p_16);
+        }
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          float p_1 = expf((S[((r * np) + ((nfull * 16) + e))] - mx));
+          S[((r * np) + ((nfull * 16) + e))] = p_1;
+          sm_s = (sm_s + p_1);
+        }
+        float sum = (as_hsum(sm_v) + sm_s);
+        float keep = as_nan0(((sum - sum) + 1.0f));
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vstore(&S[((r * np) + (q * 16))], (as_vnan0(as_vload(&S[((r * np) + (q * 16))])) * keep));
+        }
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          S[((r * np) + ((nfull * 16) + e))] = (as_nan0(S[((r * np) + ((nfull * 16) + e))]) * keep);
+        }
+        rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
+      }
+      for (int64_t d0 = 0; d0 < as_cdiv(e_d, 48); d0++) {
+        as_vf o_0_0 = (as_vf){0};
+        as_vf o_0_1 = (as_vf){0};
+        as_vf o_0_2 = (as_vf){0};
+        as_vf o_1_0 = (as_vf){0};
+        as_vf o_1_1 = (as_vf){0};
+        as_vf o_1_2 = (as_vf){0};
+        as_vf o_2_0 = (as_vf){0};
+        as_vf o_2_1 = (as_vf){0};
+        as_vf o_2_2 = (as_vf){0};
+        for (int64_t n = 0; n < e_n; n++) {
+          const int64_t vb = (v0 + (n * sval_n));
+          as_vf v_0 = as_vload(&in2[(vb + (d0 * 48))]);
+          as_vf v_1 = as_vload(&in2[((vb + (d0 * 48)) + 16)]);
+          as_vf v_2 = as_vload(&in2[((vb + (d0 * 48)) + 32)]);
+          o_0_0 = (v_0 * S[n] + o_0_0);
+          o_0_1 = (v_1 * S[n] + o_0_1);
+          o_0_2 = (v_2 * S[n] + o_0_2);
+          o_1_0 = (v_0 * S[(np + n)] + o_1_0);
+          o_1_1 = (v_1 * S[(np + n)] + o_1_1);
+          o_1_2 = (v_2 * S[(np + n)] + o_1_2);
+          o_2_0 = (v_0 * S[((np * 2) + n)] + o_2_0);
+          o_2_1 = (v_1 * S[((np * 2) + n)] + o_2_1);
+          o_2_2 = (v_2 * S[((np * 2) + n)] + o_2_2);
+        }
+        if (0 < mlen) {
+          as_vstore(&out0[(y0 + (d0 * 48))], (o_0_0 * rsum[0]));
+          as_vstore(&out0[((y0 + (d0 * 48)) + 16)], (o_0_1 * rsum[0]));
+          as_vstore(&out0[((y0 + (d0 * 48)) + 32)], (o_0_2 * rsum[0]));
+        }
+        if (1 < mlen) {
+          as_vstore(&out0[((y0 + sy_m) + (d0 * 48))], (o_1_0 * rsum[1]));
+          as_vstore(&out0[(((y0 + sy_m) + (d0 * 48)) + 16)], (o_1_1 * rsum[1]));
+          as_vstore(&out0[(((y0 + sy_m) + (d0 * 48)) + 32)], (o_1_2 * rsum[1]));
+        }
+        if (2 < mlen) {
+          as_vstore(&out0[((y0 + (sy_m * 2)) + (d0 * 48))], (o_2_0 * rsum[2]));
+          as_vstore(&out0[(((y0 + (sy_m * 2)) + (d0 * 48)) + 16)], (o_2_1 * rsum[2]));
+          as_vstore(&out0[(((y0 + (sy_m * 2)) + (d0 * 48)) + 32)], (o_2_2 * rsum[2]));
         }
       }
     }

@@ -239,21 +239,29 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
   const int64_t sk_b = (sv_T * 768);
   const int64_t sk_h = 64;
   const int64_t sk_n = 768;
-  const int64_t sv_b = (sv_T * 768);
-  const int64_t sv_h = 64;
-  const int64_t sv_n = 768;
+  const int64_t sval_b = (sv_T * 768);
+  const int64_t sval_h = 64;
+  const int64_t sval_n = 768;
   const int64_t sy_b = (sv_T * 768);
   const int64_t sy_h = 64;
   const int64_t sy_g = 0;
   const int64_t sy_m = 768;
   const int64_t smk_b = (sv_T * sv_T);
   const int64_t smk_m = sv_T;
-  #pragma omp parallel for schedule(static) num_threads(2) if((e_b * e_h) > 1)
-  for (int64_t t = 0; t < (e_b * e_h); t++) {
-    const int64_t bi = as_fdiv(t, e_h);
-    const int64_t hi = (t - (bi * e_h));
+  const int64_t nblk = as_cdiv(e_m, 32);
+  const int64_t items = (e_g * nblk);
+  const int64_t heads = (e_b * e_h);
+  const int64_t pieces = as_max(1, as_min(items, (as_max(0, (1 - as_max(as_fmod(heads, 2), (0 - as_fmod(heads, 2))))) + (as_max(0, (1 - as_max((as_fmod(heads, 2) + (-1)), (1 - as_fmod(heads, 2))))) * 2))));
+  #pragma omp parallel for schedule(static) num_threads(2) if((heads * pieces) > 1)
+  for (int64_t t = 0; t < (heads * pieces); t++) {
+    const int64_t th = as_fdiv(t, pieces);
+    const int64_t pc = (t - (th * pieces));
+    const int64_t bi = as_fdiv(th, e_h);
+    const int64_t hi = (th - (bi * e_h));
+    const int64_t items0 = as_fdiv((pc * items), pieces);
+    const int64_t items1 = as_fdiv(((pc + 1) * items), pieces);
     const int64_t k0 = ((bi * sk_b) + (hi * sk_h));
-    const int64_t v0 = ((bi * sv_b) + (hi * sv_h));
+    const int64_t v0 = ((bi * sval_b) + (hi * sval_h));
     float *restrict S = (float *)as_scratch(1, (np * 32));
     if (!S) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     float *restrict Qb = (float *)as_scratch(2, (e_d * 32));
@@ -274,7 +282,7 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
     if (!Vt) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t n0 = 0; n0 < as_fdiv(np, 16); n0++) {
       for (int64_t e0 = 0; e0 < as_cdiv(e_d, 16); e0++) {
-        as_transpose(&Vt[(((e0 * 16) * np) + (n0 * 16))], np, &in2[((v0 + ((n0 * 16) * sv_n)) + (e0 * 16))], sv_n, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);
+        as_transpose(&Vt[(((e0 * 16) * np) + (n0 * 16))], np, &in2[((v0 + ((n0 * 16) * sval_n)) + (e0 * 16))], sval_n, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);
       }
     }
     float *restrict Vp = (float *)as_scratch(4, (e_d * half_n));
@@ -286,78 +294,79 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
         }
       }
     }
-    for (int64_t gi = 0; gi < e_g; gi++) {
-      for (int64_t i = 0; i < as_cdiv(e_m, 32); i++) {
-        const int64_t m0 = (i * 32);
-        const int64_t mlen = as_min(32, (e_m - m0));
-        const int64_t q0 = ((((bi * sq_b) + (hi * sq_h)) + (gi * sq_g)) + (m0 * sq_m));
-        const int64_t y0 = ((((bi * sy_b) + (hi * sy_h)) + (gi * sy_g)) + (m0 * sy_m));
-        for (int64_t r = 0; r < 32; r++) {
-          for (int64_t e = 0; e < e_d; e++) {
-            Qb[((r * e_d) + e)] = ((r < mlen) ? (in0[((q0 + (r * sq_m)) + e)] * 0.125f) : 0.0f);
-          }
+    for (int64_t ij = 0; ij < (items1 - items0); ij++) {
+      const int64_t it = (items0 + ij);
+      const int64_t gi = as_fdiv(it, nblk);
+      const int64_t i = (it - (gi * nblk));
+      const int64_t m0 = (i * 32);
+      const int64_t mlen = as_min(32, (e_m - m0));
+      const int64_t q0 = ((((bi * sq_b) + (hi * sq_h)) + (gi * sq_g)) + (m0 * sq_m));
+      const int64_t y0 = ((((bi * sy_b) + (hi * sy_h)) + (gi * sy_g)) + (m0 * sy_m));
+      for (int64_t r = 0; r < 32; r++) {
+        for (int64_t e = 0; e < e_d; e++) {
+          Qb[((r * e_d) + e)] = ((r < mlen) ? (in0[((q0 + (r * sq_m)) + e)] * 0.125f) : 0.0f);
         }
-        float *restrict Qw = (float *)as_scratch(5, (half_d * 32));
-        if (!Qw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
-        for (int64_t r = 0; r < 32; r++) {
-          for (int64_t kk = 0; kk < half_d; kk++) {
-            Qw[((r * half_d) + kk)] = as_pair_bf16(&Qb[((r * e_d) + (kk * 2))]);
-          }
+      }
+      float *restrict Qw = (float *)as_scratch(5, (half_d * 32));
+      if (!Qw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
+      for (int64_t r = 0; r < 32; r++) {
+        for (int64_t kk = 0; kk < half_d; kk++) {
+          Qw[((r * half_d) + kk)] = as_pair_bf16(&Qb[((r * e_d) + (kk * 2))]);
         }
-        for (int64_t jj = 0; jj < as_fdiv(np, 32); jj++) {
-          { int32_t as_st = as_amx_2x2(as_call, &Qw[0], &Qw[(half_d * 16)], half_d, &Kp[((jj * 2) * (half_d * 16))], &Kp[(((jj * 2) + 1) * (half_d * 16))], as_fdiv(e_d, 32), &S[(jj * 32)], np); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }
+      }
+      for (int64_t jj = 0; jj < as_fdiv(np, 32); jj++) {
+        { int32_t as_st = as_amx_2x2(as_call, &Qw[0], &Qw[(half_d * 16)], half_d, &Kp[((jj * 2) * (half_d * 16))], &Kp[(((jj * 2) + 1) * (half_d * 16))], as_fdiv(e_d, 32), &S[(jj * 32)], np); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }
+      }
+      for (int64_t r = 0; r < mlen; r++) {
+        const int64_t mb = ((bi * smk_b) + ((m0 + r) * smk_m));
+        as_vf mx_v = ((as_vf){0} + (-INFINITY));
+        float mx_s = (-INFINITY);
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vstore(&S[((r * np) + (q * 16))], (as_vload(&S[((r * np) + (q * 16))]) + as_vload(&in3[(mb + (q * 16))])));
+          mx_v = as_vmax(mx_v, as_vload(&S[((r * np) + (q * 16))]));
         }
-        for (int64_t r = 0; r < mlen; r++) {
-          const int64_t mb = ((bi * smk_b) + ((m0 + r) * smk_m));
-          as_vf mx_v = ((as_vf){0} + (-INFINITY));
-          float mx_s = (-INFINITY);
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vstore(&S[((r * np) + (q * 16))], (as_vload(&S[((r * np) + (q * 16))]) + as_vload(&in3[(mb + (q * 16))])));
-            mx_v = as_vmax(mx_v, as_vload(&S[((r * np) + (q * 16))]));
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            S[((r * np) + ((nfull * 16) + e))] = (S[((r * np) + ((nfull * 16) + e))] + in3[(mb + ((nfull * 16) + e))]);
-            mx_s = as_max_f(mx_s, S[((r * np) + ((nfull * 16) + e))]);
-          }
-          float mx = as_max_f(as_hmax(mx_v), mx_s);
-          as_vf sm_v = (as_vf){0};
-          float sm_s = 0.0f;
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vf p_16 = as_vexp((as_vload(&S[((r * np) + (q * 16))]) - mx));
-            as_vstore(&S[((r * np) + (q * 16))], p_16);
-            sm_v = (sm_v + p_16);
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            float p_1 = expf((S[((r * np) + ((nfull * 16) + e))] - mx));
-            S[((r * np) + ((nfull * 16) + e))] = p_1;
-            sm_s = (sm_s + p_1);
-          }
-          float sum = (as_hsum(sm_v) + sm_s);
-          float keep = as_nan0(((sum - sum) + 1.0f));
-          for (int64_t q = 0; q < nfull; q++) {
-            as_vstore(&S[((r * np) + (q * 16))], (as_vnan0(as_vload(&S[((r * np) + (q * 16))])) * keep));
-          }
-          for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
-            S[((r * np) + ((nfull * 16) + e))] = (as_nan0(S[((r * np) + ((nfull * 16) + e))]) * keep);
-          }
-          rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          S[((r * np) + ((nfull * 16) + e))] = (S[((r * np) + ((nfull * 16) + e))] + in3[(mb + ((nfull * 16) + e))]);
+          mx_s = as_max_f(mx_s, S[((r * np) + ((nfull * 16) + e))]);
         }
-        float *restrict Pw = (float *)as_scratch(6, (half_n * 32));
-        if (!Pw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
-        for (int64_t r = 0; r < 32; r++) {
-          for (int64_t kk = 0; kk < half_n; kk++) {
-            Pw[((r * half_n) + kk)] = as_pair_bf16(&S[((r * np) + (kk * 2))]);
-          }
+        float mx = as_max_f(as_hmax(mx_v), mx_s);
+        as_vf sm_v = (as_vf){0};
+        float sm_s = 0.0f;
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vf p_16 = as_vexp((as_vload(&S[((r * np) + (q * 16))]) - mx));
+          as_vstore(&S[((r * np) + (q * 16))], p_16);
+          sm_v = (sm_v + p_16);
         }
-        float *restrict Ob = (float *)as_scratch(7, (e_d * 32));
-        if (!Ob) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
-        for (int64_t g2 = 0; g2 < as_fdiv(e_d, 32); g2++) {
-          { int32_t as_st = as_amx_2x2(as_call, &Pw[0], &Pw[(half_n * 16)], half_n, &Vp[((g2 * 2) * (half_n * 16))], &Vp[(((g2 * 2) + 1) * (half_n * 16))], as_fdiv(np, 32), &Ob[(g2 * 32)], e_d); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          float p_1 = expf((S[((r * np) + ((nfull * 16) + e))] - mx));
+          S[((r * np) + ((nfull * 16) + e))] = p_1;
+          sm_s = (sm_s + p_1);
         }
-        for (int64_t r = 0; r < mlen; r++) {
-          for (int64_t q = 0; q < as_fdiv(e_d, 16); q++) {
-            as_vstore(&out0[((y0 + (r * sy_m)) + (q * 16))], (as_vload(&Ob[((r * e_d) + (q * 16))]) * rsum[r]));
-          }
+        float sum = (as_hsum(sm_v) + sm_s);
+        float keep = as_nan0(((sum - sum) + 1.0f));
+        for (int64_t q = 0; q < nfull; q++) {
+          as_vstore(&S[((r * np) + (q * 16))], (as_vnan0(as_vload(&S[((r * np) + (q * 16))])) * keep));
+        }
+        for (int64_t e = 0; e < (e_n - (nfull * 16)); e++) {
+          S[((r * np) + ((nfull * 16) + e))] = (as_nan0(S[((r * np) + ((nfull * 16) + e))]) * keep);
+        }
+        rsum[r] = (1.0f / as_max_f(as_nan0(sum), 1e-30f));
+      }
+      float *restrict Pw = (float *)as_scratch(6, (half_n * 32));
+      if (!Pw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
+      for (int64_t r = 0; r < 32; r++) {
+        for (int64_t kk = 0; kk < half_n; kk++) {
+          Pw[((r * half_n) + kk)] = as_pair_bf16(&S[((r * np) + (kk * 2))]);
+        }
+      }
+      float *restrict Ob = (float *)as_scratch(7, (e_d * 32));
+      if (!Ob) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
+      for (int64_t g2 = 0; g2 < as_fdiv(e_d, 32); g2++) {
+        { int32_t as_st = as_amx_2x2(as_call, &Pw[0], &Pw[(half_n * 16)], half_n, &Vp[((g2 * 2) * (half_n * 16))], &Vp[(((g2 * 2) + 1) * (half_n * 16))], as_fdiv(np, 32), &Ob[(g2 * 32)], e_d); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }
+      }
+      for (int64_t r = 0; r < mlen; r++) {
+        for (int64_t q = 0; q < as_fdiv(e_d, 16); q++) {
+          as_vstore(&out0[((y0 + (r * sy_m)) + (q * 16))], (as_vload(&Ob[((r * e_d) + (q * 16))]) * rsum[r]));
         }
       }
     }
