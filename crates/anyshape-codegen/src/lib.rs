@@ -38,7 +38,8 @@ pub use target::{CpuTarget, DeviceKind, GpuTarget, Simd, Target};
 /// 4: a softmax row's accumulators reduced lane by lane before one horizontal
 /// reduction, the maximum's as a tree, and no padded tail where a row is whole steps;
 /// 5: a fused attention's tasks split into pieces where its heads do not divide among
-/// the threads).
+/// the threads, and a contraction's N tiles rounded up to the threads where M's
+/// cannot be).
 pub const KERNELS_GENERATION: u32 = 5;
 
 /// The version trials are measured under: anyshape's and the kernels' generation

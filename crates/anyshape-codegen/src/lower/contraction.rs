@@ -225,20 +225,24 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
 
     // Cache tiles, balanced (`ContractionKernel::tiles`): each axis's register-tile
     // blocks spread evenly over its tiles, and M's tiles rounded up to a multiple of
-    // the threads where the tasks would not divide evenly among them.
+    // the threads where the tasks would not divide evenly among them — then N's, where
+    // M has too few register tiles for that (a decoder's step).
     body.push(let_("nb_m", Expr::ceil_div(v("p_m"), c(mk.mr))));
     body.push(let_("nb_n", Expr::ceil_div(v("p_n"), c(mk.nr))));
-    body.push(let_("tiles_n", Expr::ceil_div(v("p_n"), c(mk.nc))));
+    let tiles_n = Expr::ceil_div(v("p_n"), c(mk.nc));
     let tiles_m = Expr::ceil_div(v("p_m"), c(mk.mc));
     let threads = target.cores.max(1) as i64;
-    let uneven = Expr::min(
-        Expr::Const(1),
-        v("e_b") * tiles_m.clone() * v("tiles_n") % Expr::Const(threads),
-    );
+    let uneven =
+        |m: Expr, n: Expr| Expr::min(Expr::Const(1), v("e_b") * m * n % Expr::Const(threads));
     let rounded = Expr::min(v("nb_m"), Expr::round_up(tiles_m.clone(), threads));
     body.push(let_(
         "tiles_m",
-        tiles_m.clone() + uneven * (rounded - tiles_m),
+        tiles_m.clone() + uneven(tiles_m.clone(), tiles_n.clone()) * (rounded - tiles_m),
+    ));
+    let rounded = Expr::min(v("nb_n"), Expr::round_up(tiles_n.clone(), threads));
+    body.push(let_(
+        "tiles_n",
+        tiles_n.clone() + uneven(v("tiles_m"), tiles_n.clone()) * (rounded - tiles_n),
     ));
     body.push(let_(
         "tiles_k",

@@ -158,18 +158,24 @@ impl ContractionKernel {
 
     /// The cache tiles of an `m` x `n` output of `batch` items (the oriented view's) on
     /// `threads` threads, as the lowered loop nest makes them: `n / nc` tiles of N
-    /// and `m / mc` of M (rounded up) — rounded up to a multiple of the threads (at
+    /// and `m / mc` of M (rounded up) — M's rounded up to a multiple of the threads (at
     /// most one per register tile) where the tasks would not divide evenly among
-    /// them. Each axis's register tiles are spread evenly over its tiles.
+    /// them, then N's likewise where they still do not (M too short to share: a
+    /// decoder's step, whose projections of 256 columns ran on one of two threads).
+    /// Each axis's register tiles are spread evenly over its tiles.
     pub fn tiles(&self, batch: f64, m: f64, n: f64, threads: usize) -> (f64, f64) {
-        let tiles_n = (n / self.nc as f64).ceil();
-        let tiles_m = (m / self.mc as f64).ceil();
         let threads = threads.max(1) as f64;
-        if (batch * tiles_m * tiles_n) % threads == 0.0 {
-            return (tiles_m, tiles_n);
+        let divides = |tiles_m: f64, tiles_n: f64| (batch * tiles_m * tiles_n) % threads == 0.0;
+        let up = |tiles: f64, blocks: f64| ((tiles / threads).ceil() * threads).min(blocks);
+        let mut tiles_n = (n / self.nc as f64).ceil();
+        let mut tiles_m = (m / self.mc as f64).ceil();
+        if !divides(tiles_m, tiles_n) {
+            tiles_m = up(tiles_m, (m / self.mr as f64).ceil());
         }
-        let rounded = (tiles_m / threads).ceil() * threads;
-        (rounded.min((m / self.mr as f64).ceil()), tiles_n)
+        if !divides(tiles_m, tiles_n) {
+            tiles_n = up(tiles_n, (n / self.nr as f64).ceil());
+        }
+        (tiles_m, tiles_n)
     }
 
     /// Vector lanes of one register-tile column: the vector in the usual variant, one

@@ -395,3 +395,27 @@ fn amx_tiles_text_form_fit_and_seeds() {
         "{tiles} of 300 samples are tiles"
     );
 }
+
+/// Cache tiles as the lowered nest makes them: M's rounded up to the threads where the
+/// tasks would not divide, N's too where M has too few register tiles (a decoder's
+/// one-row projections); nothing rounded where they divide already.
+#[test]
+fn tiles_share_the_threads() {
+    let mk = ContractionKernel::parse("mr=12,nr=32,mc=96,nc=384,kc=256,uk=4").unwrap();
+    for (batch, m, n, threads, want) in [
+        (1.0, 512.0, 768.0, 2, (6.0, 2.0)), // divides as it is
+        (1.0, 200.0, 768.0, 2, (3.0, 2.0)), // divides as it is
+        (1.0, 200.0, 384.0, 2, (4.0, 1.0)), // M rounded up
+        (1.0, 1.0, 256.0, 2, (1.0, 2.0)),   // M of one row: N rounded up
+        (1.0, 1.0, 768.0, 16, (1.0, 16.0)), // 24 register tiles of N over 16
+        (1.0, 1.0, 32.0, 2, (1.0, 1.0)),    // one register tile: nothing to share
+        (3.0, 20.0, 1000.0, 2, (2.0, 3.0)), // M rounded up to its 2 register tiles
+        (1.0, 13.0, 1000.0, 4, (2.0, 4.0)), // both
+    ] {
+        assert_eq!(
+            mk.tiles(batch, m, n, threads),
+            want,
+            "{batch} x {m} x {n} on {threads}"
+        );
+    }
+}

@@ -126,8 +126,8 @@ int32_t as_c5bf3e540ca12c2f(const int64_t *restrict vars, const float *const *re
   const int64_t p_k = e_k;
   const int64_t nb_m = as_cdiv(p_m, 5);
   const int64_t nb_n = as_cdiv(p_n, 16);
-  const int64_t tiles_n = as_cdiv(p_n, 64);
-  const int64_t tiles_m = (as_cdiv(p_m, 20) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 20)) * tiles_n), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 20), 2) * 2)) - as_cdiv(p_m, 20))));
+  const int64_t tiles_m = (as_cdiv(p_m, 20) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 20)) * as_cdiv(p_n, 64)), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 20), 2) * 2)) - as_cdiv(p_m, 20))));
+  const int64_t tiles_n = (as_cdiv(p_n, 64) + (as_min(1, as_fmod(((e_b * tiles_m) * as_cdiv(p_n, 64)), 2)) * (as_min(nb_n, (as_cdiv(as_cdiv(p_n, 64), 2) * 2)) - as_cdiv(p_n, 64))));
   const int64_t tiles_k = as_max(1, as_cdiv(p_k, 24));
   #pragma omp parallel for schedule(static) num_threads(2) if(((e_b * tiles_m) * tiles_n) > 1)
   for (int64_t t = 0; t < ((e_b * tiles_m) * tiles_n); t++) {

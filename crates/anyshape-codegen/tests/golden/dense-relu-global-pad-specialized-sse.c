@@ -124,8 +124,8 @@ int32_t as_72bc7bdf5de40c68(const int64_t *restrict vars, const float *const *re
   }
   const int64_t nb_m = as_cdiv(p_m, 3);
   const int64_t nb_n = as_cdiv(p_n, 8);
-  const int64_t tiles_n = as_cdiv(p_n, 16);
-  const int64_t tiles_m = (as_cdiv(p_m, 6) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 6)) * tiles_n), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 6), 2) * 2)) - as_cdiv(p_m, 6))));
+  const int64_t tiles_m = (as_cdiv(p_m, 6) + (as_min(1, as_fmod(((e_b * as_cdiv(p_m, 6)) * as_cdiv(p_n, 16)), 2)) * (as_min(nb_m, (as_cdiv(as_cdiv(p_m, 6), 2) * 2)) - as_cdiv(p_m, 6))));
+  const int64_t tiles_n = (as_cdiv(p_n, 16) + (as_min(1, as_fmod(((e_b * tiles_m) * as_cdiv(p_n, 16)), 2)) * (as_min(nb_n, (as_cdiv(as_cdiv(p_n, 16), 2) * 2)) - as_cdiv(p_n, 16))));
   const int64_t tiles_k = as_max(1, as_cdiv(p_k, 8));
   #pragma omp parallel for schedule(static) num_threads(2) if(((e_b * tiles_m) * tiles_n) > 1)
   for (int64_t t = 0; t < ((e_b * tiles_m) * tiles_n); t++) {
