@@ -18,6 +18,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// The C compilers this process runs at once: at most a builder's `jobs`, however many
+/// pools ask (the untuned compile builds its tasks' modules `jobs` at a time, each
+/// compiling its kernels `jobs` at a time: without this, `jobs²` compilers).
+static COMPILERS: crate::threads::Slots = crate::threads::Slots::new();
+
 /// One kernel to build: its exported symbol and its C function.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KernelSource {
@@ -377,6 +382,7 @@ impl Builder {
             }
         }
         let tmp = work.join("out.so");
+        let _slot = COMPILERS.take(self.jobs);
         let mut cmd = Command::new(&self.cc);
         cmd.args(&self.flags)
             .arg("-shared")
@@ -448,6 +454,7 @@ impl Builder {
             path: src.display().to_string(),
             source,
         })?;
+        let _slot = COMPILERS.take(self.jobs);
         let output = Command::new(&self.cc)
             .args(&self.flags)
             .arg("-c")
