@@ -193,17 +193,31 @@ pub fn inspect_model_module(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Print what an ONNX model is: inputs and outputs with their symbolic shapes, and the
-/// steps and tasks fusion makes of it.
-pub fn inspect_model(path: &Path) -> Result<()> {
-    print_graph(&mut anyshape_graph::onnx::load(path)?, path)
+/// Which of an ONNX model's values `inspect` prints with their shapes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// None: the inputs and outputs only.
+    None,
+    /// These, by name, in the order given.
+    Named(Vec<String>),
+    /// Every value, in the model's order (inputs, then each node's outputs).
+    All,
 }
 
-fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
+/// Print what an ONNX model is: inputs and outputs with their symbolic shapes, the
+/// values `shown` asks for, and the steps and tasks fusion makes of it.
+pub fn inspect_model(path: &Path, shown: &Shown) -> Result<()> {
+    print_graph(&mut anyshape_graph::onnx::load(path)?, path, shown)
+}
+
+fn print_graph(g: &mut anyshape_graph::Graph, path: &Path, shown: &Shown) -> Result<()> {
     use anyshape_graph::{fact, fuse, infer, rotate_half, winograd};
     let nodes = g.nodes.len();
+    let inferred = infer(g)?;
+    // The values as the model names them, before the rewrites below replace some.
+    let values = shown_values(g, &inferred, shown)?;
     // No dims' values here: F(2x2, 3x3) where the image's extents are symbolic.
-    let facts = rotate_half(g, infer(g)?)?;
+    let facts = rotate_half(g, inferred)?;
     let facts = winograd(g, facts, &Default::default())?;
     println!(
         "model        {} (opset {}, {} nodes)",
@@ -229,6 +243,12 @@ fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
             shape_text(&f.shape)
         );
     }
+    if !values.is_empty() {
+        println!();
+    }
+    for line in values {
+        println!("{line}");
+    }
     let fusion = fuse(g, &facts, anyshape_ir::Precision::F32);
     let runtime: usize = fusion.steps.iter().map(|s| s.nodes.len()).sum();
     println!(
@@ -247,4 +267,70 @@ fn print_graph(g: &mut anyshape_graph::Graph, path: &Path) -> Result<()> {
         println!("  {n:>3} x  {what}");
     }
     Ok(())
+}
+
+/// The lines of the values `shown` asks for: name, element type, symbolic shape (and
+/// the elements of a shape computation, where inference knows them) and where the
+/// value comes from (an input, a weight, or the node that makes it; "known
+/// when compiled" where shape inference folded its elements). A name the model does not
+/// have is an error.
+fn shown_values(
+    g: &anyshape_graph::Graph,
+    facts: &[Option<anyshape_tensor::Fact>],
+    shown: &Shown,
+) -> Result<Vec<String>> {
+    let mut made_by = vec![None; g.values.len()];
+    for node in &g.nodes {
+        for &o in &node.outputs {
+            made_by[o] = Some(node);
+        }
+    }
+    let ids: Vec<usize> = match shown {
+        Shown::None => return Ok(Vec::new()),
+        Shown::All => g
+            .inputs
+            .iter()
+            .map(|i| i.value)
+            .chain(g.nodes.iter().flat_map(|n| n.outputs.iter().copied()))
+            .collect(),
+        Shown::Named(names) => names
+            .iter()
+            .map(|name| {
+                g.value(name).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--value {name}: the model has no value of that name (`--values` lists them)"
+                    )
+                })
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok(ids
+        .into_iter()
+        .map(|v| {
+            let name = &g.values[v];
+            let Some(f) = facts.get(v).and_then(Option::as_ref) else {
+                return format!("value        {name}  (not used by the model's outputs)");
+            };
+            let from = match made_by[v] {
+                _ if g.initializers.contains_key(&v) => "a weight".to_string(),
+                _ if g.inputs.iter().any(|i| i.value == v) => "an input".to_string(),
+                Some(n) if f.value.is_some() => {
+                    format!("{} '{}', known when compiled", n.op, n.name)
+                }
+                Some(n) => format!("{} '{}'", n.op, n.name),
+                None => "the model".to_string(),
+            };
+            // A shape computation's elements, where inference knows them as expressions.
+            let elements = match &f.sym {
+                Some(e) if f.shape.is_empty() && e.len() == 1 => format!(" = {}", e[0]),
+                Some(e) => format!(" = {}", shape_text(e)),
+                None => String::new(),
+            };
+            format!(
+                "value        {name} {} {}{elements}  ({from})",
+                f.dtype,
+                shape_text(&f.shape)
+            )
+        })
+        .collect())
 }

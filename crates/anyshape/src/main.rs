@@ -50,6 +50,14 @@ enum Command {
         /// The module directory (from `anyshape tune --out` or `anyshape compile`), or
         /// an `.onnx` file.
         module: PathBuf,
+        /// With an `.onnx` file: a value's symbolic shape and element type, and the node
+        /// that makes it, by its name in the model (repeat for several)
+        #[arg(long = "value", value_name = "NAME")]
+        value: Vec<String>,
+        /// With an `.onnx` file: every value's symbolic shape, element type and node, in
+        /// the model's order
+        #[arg(long)]
+        values: bool,
     },
     /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
     /// dispatch loss over its instances, dispatch overhead per call.
@@ -373,11 +381,29 @@ fn main() -> Result<()> {
         Command::Tune(args) => tune::tune(args),
         Command::Compile(args) => compile::compile(args),
         Command::Generate(args) => generate::generate(args),
-        Command::Inspect { module } if module.is_file() => inspect::inspect_model(&module),
-        Command::Inspect { module } => match anyshape_abi::ModuleKind::of(&module)? {
-            anyshape_abi::ModuleKind::Model => inspect::inspect_model_module(&module),
-            anyshape_abi::ModuleKind::Operator => inspect::inspect(&module),
-        },
+        Command::Inspect {
+            module,
+            value,
+            values,
+        } => {
+            let shown = match (values, value.is_empty()) {
+                (true, _) => inspect::Shown::All,
+                (false, false) => inspect::Shown::Named(value),
+                (false, true) => inspect::Shown::None,
+            };
+            if module.is_file() {
+                inspect::inspect_model(&module, &shown)
+            } else if module.extension().is_some_and(|e| e == "onnx") && !module.exists() {
+                bail!("{}: no such file", module.display())
+            } else if shown != inspect::Shown::None {
+                bail!("--value and --values are for an .onnx file: a module's values are in its plan (`anyshape inspect` without them)")
+            } else {
+                match anyshape_abi::ModuleKind::of(&module)? {
+                    anyshape_abi::ModuleKind::Model => inspect::inspect_model_module(&module),
+                    anyshape_abi::ModuleKind::Operator => inspect::inspect(&module),
+                }
+            }
+        }
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),
         Command::Target => {

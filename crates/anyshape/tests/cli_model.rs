@@ -771,3 +771,67 @@ fn convolutions_against_onednn() {
     let out = text(&o);
     assert!(!o.status.success() && out.contains("--dim height"), "{out}");
 }
+
+/// `inspect model.onnx --value NAME` prints a value's element type, symbolic shape (a
+/// shape computation's elements too) and the node that makes it; `--values` prints
+/// every value; a name the model lacks, a missing file and `--value` on a module are
+/// clear errors.
+#[test]
+fn inspect_prints_a_models_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = support::models().join("llama_tiny.ts.onnx");
+    let onnx = onnx.to_str().unwrap();
+    let inspect = |extra: &[&str]| anyshape(dir.path(), &[&["inspect", onnx], extra].concat());
+    let o = inspect(&[
+        "--value",
+        "/model/model/Shape_output_0",
+        "--value",
+        "/model/model/Gather_output_0",
+        "--value",
+        "model.model.embed_tokens.weight",
+        "--value",
+        "logits",
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for line in [
+        "value        /model/model/Shape_output_0 int64 [3] = [batch, sequence, 64]  (Shape '/model/model/Shape')",
+        "value        /model/model/Gather_output_0 int64 [] = sequence  (Gather '/model/model/Gather')",
+        "value        model.model.embed_tokens.weight float [1000, 64]  (a weight)",
+        "value        logits float [batch, sequence, 1000]  (MatMul '/model/lm_head/MatMul')",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line} in\n{out}");
+    }
+    // Every node's outputs and the inputs, once each, in the model's order.
+    let o = inspect(&["--values"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let values: Vec<&str> = out.lines().filter(|l| l.starts_with("value ")).collect();
+    assert_eq!(values.len(), 363, "{out}");
+    assert!(values[0].starts_with("value        input_ids int64 [batch, sequence]  (an input)"));
+    assert!(values.last().unwrap().starts_with("value        logits "));
+
+    let o = inspect(&["--value", "no_such_value"]);
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains("--value no_such_value: the model has no value of that name"),
+        "{out}"
+    );
+    let missing = dir.path().join("missing.onnx");
+    let o = anyshape(dir.path(), &["inspect", missing.to_str().unwrap()]);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("missing.onnx: no such file"),
+        "{out}"
+    );
+    let o = anyshape(
+        dir.path(),
+        &["inspect", dir.path().to_str().unwrap(), "--values"],
+    );
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("--value and --values are for an .onnx file"),
+        "{out}"
+    );
+}
