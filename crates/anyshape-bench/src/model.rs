@@ -29,6 +29,10 @@ pub struct ModelCompareOptions<'a> {
     pub seconds: f64,
     /// The peers and how they run.
     pub peers: PeerOptions<'a>,
+    /// Other compiles of the same model (tuned and untuned, another precision or
+    /// range), raced as peers in this process; where given and no peers are named,
+    /// they race alone.
+    pub against: &'a [PathBuf],
     /// Where the CSV, report and plot go.
     pub out_dir: &'a Path,
 }
@@ -196,6 +200,20 @@ pub(crate) fn dim_cells(dims: &[(String, Vec<i64>)], b: &Bindings) -> String {
     cells.join(",")
 }
 
+/// The module in `other`, loaded, where it is a compile of `model`'s source model (the
+/// same SHA-256): `bench --model --against`.
+fn same_model(model: &anyshape_runtime::Model, other: &Path) -> Result<anyshape_runtime::Model> {
+    let m = anyshape_runtime::Model::load(other)?;
+    if m.manifest().source.file.sha256 != model.manifest().source.file.sha256 {
+        return Err(BenchError::Options(format!(
+            "--against {}: a compile of another model than {} (their source models' SHA-256 differ)",
+            other.display(),
+            model.dir().display()
+        )));
+    }
+    Ok(m)
+}
+
 /// The ONNX model the module was compiled from: `given`, or where it was then;
 /// checked by its SHA-256 (the peers must run the same model).
 pub(crate) fn source_model(
@@ -227,11 +245,31 @@ pub fn compare_model(
     progress: &mut dyn Progress,
 ) -> Result<(String, Vec<String>)> {
     // The reports' directory is checked before any work.
-    let out = OutDir::new(o.out_dir, Reads::new().dir(dir).clone())?;
+    let mut reads = Reads::new();
+    reads.dir(dir);
+    for other in o.against {
+        reads.dir(other);
+    }
+    let out = OutDir::new(o.out_dir, reads)?;
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
-    let source = source_model(&model, o.peers.onnx)?;
+    let others = o
+        .against
+        .iter()
+        .map(|other| same_model(&model, other))
+        .collect::<Result<Vec<_>>>()?;
+    let asked = match (o.peers.peers, others.is_empty()) {
+        (Some(named), _) => named,
+        (None, true) => &PeerKind::ALL[..],
+        (None, false) => &[],
+    };
+    // The peers run the model the module was compiled from (none where only modules
+    // race).
+    let source = match asked.is_empty() {
+        true => PathBuf::new(),
+        false => source_model(&model, o.peers.onnx)?,
+    };
     let specs = model.inputs().to_vec();
     let instances = instances(model.dims(), o.dims)?;
     // The generated inputs (and onnxruntime's outputs) live only as long as the run.
@@ -253,9 +291,12 @@ pub fn compare_model(
     };
     let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
-    let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape::new(model))];
+    let labelled = !others.is_empty();
+    let mut peers: Vec<Box<dyn Peer>> = vec![Box::new(Anyshape::new(model, labelled))];
+    for other in others {
+        peers.push(Box::new(Anyshape::new(other, true)));
+    }
     let mut unavailable = Vec::new();
-    let asked = o.peers.peers.unwrap_or(&PeerKind::ALL);
     for &kind in asked {
         if kind == PeerKind::Tract {
             match tract(&source, progress) {
@@ -526,7 +567,8 @@ impl ModelReport<'_> {
                 .collect();
             let _ = writeln!(
                 s,
-                "- anyshape vs {}: geomean speedup **{:.2}x** over {} instances (lowest {:.2}x at {}); paired {:.2}x.",
+                "- {} vs {}: geomean speedup **{:.2}x** over {} instances (lowest {:.2}x at {}); paired {:.2}x.",
+                self.names[0],
                 self.names[p + 1],
                 geomean(&v),
                 v.len(),

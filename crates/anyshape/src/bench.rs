@@ -57,6 +57,12 @@ pub struct BenchArgs {
     /// curves join the plot and the tables.
     #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
     tuning_against: Vec<PathBuf>,
+    /// With --model and --compare: another compile of the same model (tuned or
+    /// untuned, another precision or range) raced as a peer, in this process,
+    /// interleaved as the others are, with the paired speedup of --model over it;
+    /// repeat for several. Without --peers only these modules race.
+    #[arg(long, value_name = "MODEL_MODULE", requires = "model")]
+    against: Vec<PathBuf>,
     /// With --model: each convolution against oneDNN's convolution primitive (the
     /// system's libdnnl, loaded in this process), layer by layer at every combination
     /// of the --dim values: anyshape's patch layout and kernel timed step by step in
@@ -152,6 +158,9 @@ pub struct BenchArgs {
 
 /// Run `anyshape bench`.
 pub fn bench(args: BenchArgs) -> Result<()> {
+    if !args.compare && !args.against.is_empty() {
+        bail!("--against is for --compare (modules raced side by side)");
+    }
     if !args.dispatch_loss
         && !args.overhead
         && !args.compare
@@ -331,6 +340,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
         rounds: args.rounds as usize,
         seconds: args.seconds,
         peers: peer_options(args),
+        against: &args.against,
         out_dir: &args.out_dir,
     };
     let harness = args.common.harness()?;

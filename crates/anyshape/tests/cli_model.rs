@@ -835,3 +835,96 @@ fn inspect_prints_a_models_values() {
         "{out}"
     );
 }
+
+/// `bench --model A --compare --against B`: two compiles of one model race side by
+/// side in one process (no Python peers unless named), each labelled by its module,
+/// their outputs the same; a compile of another model and `--against` without
+/// `--compare` are clear errors.
+#[test]
+fn bench_races_compiles_of_a_model_against_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = support::models();
+    let compile = |onnx: &str, range: &str, out: &str| {
+        let onnx = models.join(onnx);
+        let o = anyshape_cached(
+            &[
+                "compile",
+                onnx.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--dim",
+                range,
+                "--out",
+                dir.path().join(out).to_str().unwrap(),
+                "--quiet",
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        dir.path().join(out).to_str().unwrap().to_string()
+    };
+    let wide = compile("bert_tiny.dynamo.onnx", "sequence=1..64", "wide.module");
+    let narrow = compile("bert_tiny.dynamo.onnx", "sequence=1..8", "narrow.module");
+    let other = compile("bert_tiny.ts.onnx", "sequence=1..8", "other.module");
+    let report = dir.path().join("ab");
+    let bench = |against: &str, compare: bool| {
+        let mut args = vec!["bench", "--model", &wide, "--against", against];
+        if compare {
+            args.extend(["--compare", "--dim", "batch=1", "--dim", "sequence=1,5,20"]);
+        }
+        args.extend([
+            "--rounds",
+            "2",
+            "--seconds",
+            "0",
+            "--out-dir",
+            report.to_str().unwrap(),
+            "--quiet",
+        ]);
+        anyshape_cached(&args, dir.path())
+    };
+    let o = bench(&narrow, true);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("- anyshape (wide.module) vs anyshape (narrow.module): geomean speedup"),
+        "{out}"
+    );
+    let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
+    let systems: std::collections::BTreeSet<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(2).unwrap())
+        .collect();
+    assert_eq!(
+        systems.into_iter().collect::<Vec<_>>(),
+        ["\"anyshape (narrow.module)\"", "\"anyshape (wide.module)\""],
+        "{csv}"
+    );
+    // The narrow compile runs past its range at 20; both give the same outputs.
+    let md = std::fs::read_to_string(report.join("model.md")).unwrap();
+    for line in md.lines().filter(|l| l.starts_with("| batch=")) {
+        let error: f64 = line
+            .trim_end_matches(" |")
+            .rsplit(" | ")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(error < 1e-5, "{line}");
+    }
+    let o = bench(&other, true);
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains("a compile of another model than")
+            && !out.contains("panicked"),
+        "{out}"
+    );
+    let o = bench(&narrow, false);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("--against is for --compare"),
+        "{out}"
+    );
+}

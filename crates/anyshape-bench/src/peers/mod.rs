@@ -202,13 +202,30 @@ pub(crate) fn time_loop<T>(
 /// anyshape's runtime on a model module, and its outputs kept from run to run
 /// ([`anyshape_runtime::Model::run_into`]: as OpenVINO's request shares its output
 /// tensors and onnxruntime's arena reuses its blocks, no run pays for fresh outputs).
-pub(crate) struct Anyshape(pub anyshape_runtime::Model, pub Vec<Option<Tensor>>);
+/// Its name in reports is `anyshape` (see [`anyshape_name`]), followed by its module's
+/// directory name where modules race each other (`bench --model --against`).
+pub(crate) struct Anyshape {
+    model: anyshape_runtime::Model,
+    outputs: Vec<Option<Tensor>>,
+    name: String,
+}
 
 impl Anyshape {
-    /// The model, its outputs not yet made.
-    pub(crate) fn new(model: anyshape_runtime::Model) -> Anyshape {
+    /// The model, its outputs not yet made; `labelled`: its module's directory name in
+    /// its name.
+    pub(crate) fn new(model: anyshape_runtime::Model, labelled: bool) -> Anyshape {
         let outputs = vec![None; model.plan().outputs.len()];
-        Anyshape(model, outputs)
+        let mut name = anyshape_name(&model);
+        if labelled {
+            let dir = model.dir();
+            let label = dir.file_name().unwrap_or(dir.as_os_str()).to_string_lossy();
+            name = format!("{name} ({label})");
+        }
+        Anyshape {
+            model,
+            outputs,
+            name,
+        }
     }
 }
 
@@ -223,7 +240,7 @@ pub(crate) fn anyshape_name(model: &anyshape_runtime::Model) -> String {
 
 impl Peer for Anyshape {
     fn name(&self) -> String {
-        anyshape_name(&self.0)
+        self.name.clone()
     }
 
     fn time(
@@ -237,7 +254,11 @@ impl Peer for Anyshape {
             .iter()
             .map(|(n, t)| (n.as_str(), t.view()))
             .collect();
-        let Anyshape(model, outs) = self;
+        let Anyshape {
+            model,
+            outputs: outs,
+            ..
+        } = self;
         // The first run's outputs are taken before the next run writes over them.
         let mut first = None;
         let (times, ()) = time_loop(seconds, || {
