@@ -239,7 +239,7 @@ const FEW_CHANNELS: i64 = 128;
 /// would pack the panels element by element). Where it has at most [`FEW_CHANNELS`]
 /// output channels, the usual default reading the patches in place comes first.
 pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> {
-    let panels = w.inputs.get(1).is_some_and(|b| b.panels.is_some());
+    let panels = weights_in_panels(w);
     // A convolution's filters in panels (`conv_packed`): the transposed variant reads
     // them in place, as the usual one reads B's.
     let a_panels = filters_in_panels(w);
@@ -337,6 +337,11 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     seeds
 }
 
+/// Whether the second operand is a weight in panels (`dense_packed`'s, `dense_bf16`'s).
+fn weights_in_panels(w: &Workload) -> bool {
+    w.inputs.get(1).is_some_and(|b| b.panels.is_some())
+}
+
 /// Whether the first operand is a weight in panels (`conv_packed`'s filters,
 /// `batch_matmul_packed`'s transformed ones).
 fn filters_in_panels(w: &Workload) -> bool {
@@ -363,21 +368,42 @@ fn transposed_filters(mk: ContractionKernel) -> ContractionKernel {
 /// cold (Zen 3, AVX2, `nr` = 16): Winograd's products of stage 4 (N = 4 tiles) 1.30 ->
 /// 0.73 ms, its 1 x 1 convolutions (N = 9 pixels) 0.33 -> 0.27 ms; at N = 16 and 49 the
 /// transposed tile was the slower (0.68x and 0.81x).
+///
+/// And where the second operand is a weight in panels (`dense_packed`, f32) and the
+/// instance has at most [`ROW_DEFAULT_ROWS`] rows (a decoder's step, an encoder at
+/// sequence 1): the one-row default prefetching the panels, which streams them at
+/// memory's pace where the usual tile's 12 rows compute one. Cold, Emerald Rapids
+/// class, alternated twice: 1 x 3072 x 768 0.35-0.40 -> 0.31-0.34 ms, 1 x 768 x 3072
+/// 0.38-0.39 -> 0.31-0.32, 1 x 2304 x 768 0.29-0.30 -> 0.22-0.27, 1 x 768 x 768 0.086
+/// -> 0.073, 2 x 3072 x 768 0.42 -> 0.36; at 4 rows it was the slower (0.37-0.42 ->
+/// 0.45-0.46).
 pub(super) fn default_for_instance(
     target: &CpuTarget,
     w: &Workload,
     bound: &BoundWorkload,
 ) -> ContractionKernel {
     let default = ContractionKernel::default_for_workload(target, w);
-    let narrow = GemmView::of(w).is_ok_and(|g| {
-        bound
-            .extents
-            .get(g.n)
-            .is_some_and(|&n| n < default.nr as i64)
-    });
-    if filters_in_panels(w) && narrow && !default.vm && w.precision == Precision::F32 {
+    let extent = |axis: fn(&GemmView) -> usize| {
+        GemmView::of(w)
+            .ok()
+            .and_then(|g| bound.extents.get(axis(&g)).copied())
+    };
+    let narrow = extent(|g| g.n).is_some_and(|n| n < default.nr as i64);
+    let few_rows = extent(|g| g.m).is_some_and(|m| m <= ROW_DEFAULT_ROWS);
+    let f32_default = !default.vm && w.precision == Precision::F32;
+    if filters_in_panels(w) && narrow && f32_default {
         transposed_filters(ContractionKernel::default_for(target)).fit(target, w)
+    } else if weights_in_panels(w) && few_rows && f32_default {
+        ContractionKernel {
+            pf: true,
+            ..ContractionKernel::default_row_for(target)
+        }
+        .fit(target, w)
     } else {
         default
     }
 }
+
+/// Rows up to which an untuned module runs a contraction over weights in panels on
+/// the one-row default (see [`default_for_instance`]).
+const ROW_DEFAULT_ROWS: i64 = 2;

@@ -267,7 +267,8 @@ fn rejects_what_breaks_the_target() {
 /// An untuned module's micro-kernel at an instance: the workload's default, except
 /// over a first operand in panels (filters, Winograd's transformed ones) where N is
 /// narrower than that default's tile: there the transposed one reading the panels in
-/// place. Not for weights in panels as B (dense layers), nor at a wide N.
+/// place. Not for weights in panels as B (dense layers; see the next test), nor at a
+/// wide N.
 #[test]
 fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
     let avx2 = CpuTarget {
@@ -306,6 +307,41 @@ fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
             ContractionKernel::default_for_instance(&target, &dense, &b),
             ContractionKernel::default_for_workload(&target, &dense)
         );
+    }
+}
+
+/// An untuned module's micro-kernel over weights in panels as the second operand (f32
+/// dense layers) at one or two rows: the one-row default, prefetching the panels; at
+/// three rows and more, in bf16, and over filters (the first operand) the default.
+#[test]
+fn few_rows_over_weights_in_panels_run_the_row_default() {
+    let target = avx512();
+    let at = |text: &str, t: i64| {
+        let w = Workload::parse(text).unwrap();
+        let b = w
+            .bind(&anyshape_ir::Bindings::from_pairs([("T", t)]))
+            .unwrap();
+        let mk = ContractionKernel::default_for_instance(&target, &w, &b);
+        mk.validate(&target).unwrap();
+        (mk, ContractionKernel::default_for_workload(&target, &w))
+    };
+    let row = ContractionKernel {
+        pf: true,
+        ..ContractionKernel::default_row_for(&target)
+    };
+    for t in [1, 2] {
+        let (mk, _) = at("dense_packed(M=T,N=3072,K=768,P=16)+add(n)+gelu", t);
+        assert_eq!(mk, row, "T={t}");
+    }
+    for (text, t) in [
+        ("dense_packed(M=T,N=3072,K=768,P=16)+add(n)+gelu", 3),
+        ("dense_packed(M=T,N=768,K=768,P=16)", 64),
+        ("dense_bf16(M=T,N=768,K=768,P=16)", 1),
+        ("conv_packed(B=1,M=T,N=196,K=256,P=16)", 1),
+        ("dense(M=T,N=768,K=768)", 1),
+    ] {
+        let (mk, default) = at(text, t);
+        assert_eq!(mk, default, "{text} at T={t}");
     }
 }
 
