@@ -694,20 +694,10 @@ fn convolutions_against_onednn() {
     let onnx = models.join("resnet_tiny.ts.onnx");
     let module = dir.path().join("m");
     let (m, report) = (module.to_str().unwrap(), dir.path().join("report"));
-    let o = anyshape_cached(
-        &[
-            "compile",
-            onnx.to_str().unwrap(),
-            "--dim",
-            "batch=1..2",
-            "--dim",
-            "height=32..96",
-            "--dim",
-            "width=32..96",
-            "--out",
-            m,
-            "--quiet",
-        ],
+    let o = support::compile(
+        &onnx,
+        &["batch=1..2", "height=32..96", "width=32..96"],
+        &module,
         dir.path(),
     );
     assert!(o.status.success(), "{}", text(&o));
@@ -845,23 +835,10 @@ fn bench_races_compiles_of_a_model_against_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let models = support::models();
     let compile = |onnx: &str, range: &str, out: &str| {
-        let onnx = models.join(onnx);
-        let o = anyshape_cached(
-            &[
-                "compile",
-                onnx.to_str().unwrap(),
-                "--dim",
-                "batch=1",
-                "--dim",
-                range,
-                "--out",
-                dir.path().join(out).to_str().unwrap(),
-                "--quiet",
-            ],
-            dir.path(),
-        );
+        let module = dir.path().join(out);
+        let o = support::compile(&models.join(onnx), &["batch=1", range], &module, dir.path());
         assert!(o.status.success(), "{}", text(&o));
-        dir.path().join(out).to_str().unwrap().to_string()
+        module.to_str().unwrap().to_string()
     };
     let wide = compile("bert_tiny.dynamo.onnx", "sequence=1..64", "wide.module");
     let narrow = compile("bert_tiny.dynamo.onnx", "sequence=1..8", "narrow.module");

@@ -223,7 +223,7 @@ impl crate::Sketch for AttentionKernel {
         crate::lower::attention(p, target)
     }
 
-    /// A task is a piece of one (batch, key/value head) ([`attention_pieces`]); the
+    /// A task is a piece of one (batch, key/value head) (`attention_pieces`); the
     /// query rows are padded to whole blocks, the keys and the head dim to whole tile
     /// rows.
     fn adaptation(

@@ -45,6 +45,17 @@ pub fn anyshape_cached(args: &[&str], cache: &Path) -> Output {
         .unwrap()
 }
 
+/// `anyshape compile ONNX --dim D... --out OUT --quiet` with `cache` as its kernel
+/// cache (see [`anyshape_cached`]).
+pub fn compile(onnx: &Path, dims: &[&str], out: &Path, cache: &Path) -> Output {
+    let mut args = vec!["compile", onnx.to_str().unwrap()];
+    for d in dims {
+        args.extend(["--dim", d]);
+    }
+    args.extend(["--out", out.to_str().unwrap(), "--quiet"]);
+    anyshape_cached(&args, cache)
+}
+
 /// Standard output and error together.
 pub fn text(o: &Output) -> String {
     format!(
