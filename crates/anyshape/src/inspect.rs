@@ -1,15 +1,33 @@
 //! `anyshape inspect`: what a module holds and where each instance goes; for an ONNX
 //! model, its inputs and outputs with symbolic shapes and the tasks fusion makes; for a
 //! model module, how each task was compiled and what its plan holds.
-use anyhow::Result;
+use anyhow::{bail, Result};
 use anyshape_codegen::{CpuTarget, Target as _};
 use anyshape_ir::{Bindings, Precision};
 use anyshape_runtime::Module;
 use anyshape_tensor::shape_text;
 use std::path::Path;
 
+/// `anyshape inspect PATH`: an ONNX model (with the values `shown` asks for), a model
+/// module or an operator module, by what `path` is.
+pub fn inspect_path(path: &Path, shown: &Shown) -> Result<()> {
+    if path.is_file() {
+        return inspect_model(path, shown);
+    }
+    if path.extension().is_some_and(|e| e == "onnx") && !path.exists() {
+        bail!("{}: no such file", path.display());
+    }
+    if *shown != Shown::None {
+        bail!("--value and --values are for an .onnx file: a module's values are in its plan (`anyshape inspect` without them)");
+    }
+    match anyshape_abi::ModuleKind::of(path)? {
+        anyshape_abi::ModuleKind::Model => inspect_model_module(path),
+        anyshape_abi::ModuleKind::Operator => inspect(path),
+    }
+}
+
 /// Print what a module holds: micro-kernels, the dispatch tree, which instances go where.
-pub fn inspect(path: &Path) -> Result<()> {
+fn inspect(path: &Path) -> Result<()> {
     let module = Module::load(path)?;
     let m = module.manifest();
     println!("module       {}", path.display());
@@ -92,7 +110,7 @@ pub fn inspect(path: &Path) -> Result<()> {
 /// its inputs and outputs, and its plan (steps, constants, the arena's peak as an
 /// expression over the dims and at their largest compiled values) — every file's
 /// SHA-256 verified.
-pub fn inspect_model_module(dir: &Path) -> Result<()> {
+fn inspect_model_module(dir: &Path) -> Result<()> {
     let model = anyshape_runtime::Model::load(dir)?;
     model.verify_files()?;
     let m = model.manifest();
@@ -206,7 +224,7 @@ pub enum Shown {
 
 /// Print what an ONNX model is: inputs and outputs with their symbolic shapes, the
 /// values `shown` asks for, and the steps and tasks fusion makes of it.
-pub fn inspect_model(path: &Path, shown: &Shown) -> Result<()> {
+fn inspect_model(path: &Path, shown: &Shown) -> Result<()> {
     print_graph(&mut anyshape_graph::onnx::load(path)?, path, shown)
 }
 

@@ -56,7 +56,7 @@ enum Command {
         value: Vec<String>,
         /// With an `.onnx` file: every value's symbolic shape, element type and node, in
         /// the model's order
-        #[arg(long)]
+        #[arg(long, conflicts_with = "value")]
         values: bool,
     },
     /// Benchmark a module: side by side with the vendor libraries and the tuned baselines,
@@ -391,18 +391,7 @@ fn main() -> Result<()> {
                 (false, false) => inspect::Shown::Named(value),
                 (false, true) => inspect::Shown::None,
             };
-            if module.is_file() {
-                inspect::inspect_model(&module, &shown)
-            } else if module.extension().is_some_and(|e| e == "onnx") && !module.exists() {
-                bail!("{}: no such file", module.display())
-            } else if shown != inspect::Shown::None {
-                bail!("--value and --values are for an .onnx file: a module's values are in its plan (`anyshape inspect` without them)")
-            } else {
-                match anyshape_abi::ModuleKind::of(&module)? {
-                    anyshape_abi::ModuleKind::Model => inspect::inspect_model_module(&module),
-                    anyshape_abi::ModuleKind::Operator => inspect::inspect(&module),
-                }
-            }
+            inspect::inspect_path(&module, &shown)
         }
         Command::Bench(args) => bench::bench(args),
         Command::Gpu(args) => gpu::gpu(args),
