@@ -23,10 +23,15 @@ pub enum LoopKind {
     Unrolled(usize),
 }
 
+/// How many per-thread scratch slots a CPU kernel has (`Scope::Scratch`'s slot numbers
+/// are below it).
+pub const SCRATCH_SLOTS: u8 = 16;
+
 /// Where an allocated buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// A per-thread scratch buffer that persists across calls (slot number; CPU).
+    /// A per-thread scratch buffer that persists across calls (slot number, below
+    /// [`SCRATCH_SLOTS`]; CPU).
     Scratch(u8),
     /// A fixed-size array of the thread (the stack on CPU, registers on GPU).
     Stack,

@@ -18,7 +18,7 @@
 //! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated;
 //! 8. a load or store with a count (of the lanes it touches) is a vector access in a
 //!    CPU function.
-use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value};
+use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value, SCRATCH_SLOTS};
 use anyshape_ir::Expr;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -314,6 +314,11 @@ impl Verifier<'_> {
                     (Scope::Scratch(_), true) => {
                         return self.fail(format!("scratch buffer `{buf}` in a GPU kernel"))
                     }
+                    (Scope::Scratch(slot), false) if *slot >= SCRATCH_SLOTS => {
+                        return self.fail(format!(
+                            "scratch buffer `{buf}` in slot {slot}; there are {SCRATCH_SLOTS}"
+                        ))
+                    }
                     _ => {}
                 }
                 let top = self.scopes.last_mut().expect("a scope");
@@ -431,6 +436,14 @@ mod tests {
                     ..func(vec![transpose("out0", Expr::Const(0))])
                 },
                 "transpose in a GPU kernel",
+            ),
+            (
+                func(vec![Stmt::Alloc {
+                    buf: "S".into(),
+                    len: Expr::Const(1),
+                    scope: Scope::Scratch(SCRATCH_SLOTS),
+                }]),
+                "in slot 16; there are 16",
             ),
         ] {
             let e = verify(&bad).unwrap_err();

@@ -3,6 +3,7 @@
 //! only one dialect has (C: vector types, per-thread scratch memory; CUDA: the integer
 //! type itself and `float4` reads).
 use super::Dialect;
+use crate::loop_ir::SCRATCH_SLOTS;
 
 /// What every translation unit of kernels in `dialect` starts with; `lanes` are the
 /// f32 lanes of the C vector type (1: scalar code); `amx`: the target has AMX-BF16
@@ -114,13 +115,15 @@ static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
         s.push_str(&partial_access(lanes));
         s.push_str(&transpose(lanes));
     }
+    s.push_str(&format!(
+        "/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */\n\
+         static int64_t as_calls;\n\
+         static __thread void *as_buf[{SCRATCH_SLOTS}];\n\
+         static __thread size_t as_cap[{SCRATCH_SLOTS}];\n\
+         static __thread int64_t as_held[{SCRATCH_SLOTS}][2];\n"
+    ));
     s.push_str(
-        r#"/* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
-static int64_t as_calls;
-static __thread void *as_buf[8];
-static __thread size_t as_cap[8];
-static __thread int64_t as_held[8][2];
-static void *as_scratch(int slot, int64_t elems) {
+        r#"static void *as_scratch(int slot, int64_t elems) {
   size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(float) + 63) & ~(size_t)63;
   if (bytes > as_cap[slot]) {
     free(as_buf[slot]);
@@ -330,6 +333,12 @@ fn partial_access(lanes: usize) -> String {
 /// lanes compiles to a chain of shuffles per lane (the dot variant sums every
 /// accumulator so), or for the maximum a chain of scalar compares: 16 lanes took ~75
 /// dependent compare-and-moves, a tenth of a softmax row of 512 (Zen 5).
+///
+/// The halves are read through a union of the vector and its two halves. Read by
+/// `memcpy`, the vector had its address taken and GCC 12 kept the loop accumulator
+/// feeding it in memory: a store and a load on every vector of a softmax's maximum and
+/// sum (the fused attention's maximum pass, 17 % of its time at sequence 512, was bound
+/// by that chain).
 fn horizontal(lanes: usize) -> String {
     let mut types = String::new();
     let mut width = lanes / 2;
@@ -354,9 +363,14 @@ fn horizontal(lanes: usize) -> String {
             let next = format!("h{half}");
             let combined = halves(half, &format!("{next}a"), &format!("{next}b"));
             body.push_str(&format!(
-                "as_vf{half} {next}a, {next}b; memcpy(&{next}a, &{var}, sizeof {next}a); \
-                 memcpy(&{next}b, (const char *)&{var} + sizeof {next}a, sizeof {next}b); \
-                 as_vf{half} {next} = {combined}; "
+                "union {{ as_vf{wide} w; as_vf{half} h[2]; }} u{half} = {{ {var} }}; \
+                 as_vf{half} {next}a = u{half}.h[0], {next}b = u{half}.h[1]; \
+                 as_vf{half} {next} = {combined}; ",
+                wide = if width == lanes {
+                    String::new()
+                } else {
+                    width.to_string()
+                },
             ));
             var = next;
             width = half;

@@ -57,9 +57,9 @@ static inline void as_transpose(float *restrict dst, int64_t ds, const float *re
 }
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
-static __thread void *as_buf[8];
-static __thread size_t as_cap[8];
-static __thread int64_t as_held[8][2];
+static __thread void *as_buf[16];
+static __thread size_t as_cap[16];
+static __thread int64_t as_held[16][2];
 static void *as_scratch(int slot, int64_t elems) {
   size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(float) + 63) & ~(size_t)63;
   if (bytes > as_cap[slot]) {

@@ -28,8 +28,8 @@ static inline as_vf8 as_vmax8(as_vf8 a, as_vf8 b) { as_vi8 m = a > b; return (as
 typedef float as_vf4 __attribute__((vector_size(16)));
 typedef int32_t as_vi4 __attribute__((vector_size(16)));
 static inline as_vf4 as_vmax4(as_vf4 a, as_vf4 b) { as_vi4 m = a > b; return (as_vf4)((m & (as_vi4)a) | (~m & (as_vi4)b)); }
-static inline float as_hsum(as_vf v) { as_vf8 h8a, h8b; memcpy(&h8a, &v, sizeof h8a); memcpy(&h8b, (const char *)&v + sizeof h8a, sizeof h8b); as_vf8 h8 = h8a + h8b; as_vf4 h4a, h4b; memcpy(&h4a, &h8, sizeof h4a); memcpy(&h4b, (const char *)&h8 + sizeof h4a, sizeof h4b); as_vf4 h4 = h4a + h4b; return ((h4[0] + h4[2]) + (h4[1] + h4[3])); }
-static inline float as_hmax(as_vf v) { as_vf8 h8a, h8b; memcpy(&h8a, &v, sizeof h8a); memcpy(&h8b, (const char *)&v + sizeof h8a, sizeof h8b); as_vf8 h8 = as_vmax8(h8a, h8b); as_vf4 h4a, h4b; memcpy(&h4a, &h8, sizeof h4a); memcpy(&h4b, (const char *)&h8 + sizeof h4a, sizeof h4b); as_vf4 h4 = as_vmax4(h4a, h4b); return as_max_f(as_max_f(h4[0], h4[2]), as_max_f(h4[1], h4[3])); }
+static inline float as_hsum(as_vf v) { union { as_vf w; as_vf8 h[2]; } u8 = { v }; as_vf8 h8a = u8.h[0], h8b = u8.h[1]; as_vf8 h8 = h8a + h8b; union { as_vf8 w; as_vf4 h[2]; } u4 = { h8 }; as_vf4 h4a = u4.h[0], h4b = u4.h[1]; as_vf4 h4 = h4a + h4b; return ((h4[0] + h4[2]) + (h4[1] + h4[3])); }
+static inline float as_hmax(as_vf v) { union { as_vf w; as_vf8 h[2]; } u8 = { v }; as_vf8 h8a = u8.h[0], h8b = u8.h[1]; as_vf8 h8 = as_vmax8(h8a, h8b); union { as_vf8 w; as_vf4 h[2]; } u4 = { h8 }; as_vf4 h4a = u4.h[0], h4b = u4.h[1]; as_vf4 h4 = as_vmax4(h4a, h4b); return as_max_f(as_max_f(h4[0], h4[2]), as_max_f(h4[1], h4[3])); }
 static inline uint32_t as_bf16_round(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }
 static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; memcpy(&a, p, 4); memcpy(&b, p + 1, 4); w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }
 static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
@@ -193,9 +193,9 @@ static inline void as_transpose(float *restrict dst, int64_t ds, const float *re
 }
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
-static __thread void *as_buf[8];
-static __thread size_t as_cap[8];
-static __thread int64_t as_held[8][2];
+static __thread void *as_buf[16];
+static __thread size_t as_cap[16];
+static __thread int64_t as_held[16][2];
 static void *as_scratch(int slot, int64_t elems) {
   size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(float) + 63) & ~(size_t)63;
   if (bytes > as_cap[slot]) {
@@ -269,13 +269,18 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
     float rsum[32] __attribute__((aligned(64)));
     const int64_t half_d = as_fdiv(e_d, 2);
     const int64_t half_n = as_fdiv(np, 2);
+    float *restrict Kw = (float *)as_scratch(8, (e_n * half_d));
+    if (!Kw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
+    for (int64_t r = 0; r < e_n; r++) {
+      for (int64_t kk = 0; kk < half_d; kk++) {
+        Kw[((r * half_d) + kk)] = as_pair_bf16(&in1[((k0 + (r * sk_n)) + (kk * 2))]);
+      }
+    }
     float *restrict Kp = (float *)as_scratch(0, (np * half_d));
     if (!Kp) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t g = 0; g < as_fdiv(np, 16); g++) {
-      for (int64_t cc = 0; cc < 16; cc++) {
-        for (int64_t kk = 0; kk < half_d; kk++) {
-          Kp[((((g * half_d) + kk) * 16) + cc)] = ((((g * 16) + cc) < e_n) ? as_pair_bf16(&in1[((k0 + (((g * 16) + cc) * sk_n)) + (kk * 2))]) : 0.0f);
-        }
+      for (int64_t w0 = 0; w0 < as_fdiv(half_d, 16); w0++) {
+        as_transpose(&Kp[(((g * half_d) + (w0 * 16)) * 16)], 16, &Kw[(((g * half_d) + w0) * 16)], half_d, (e_n - (g * 16)), 16, 16, 16);
       }
     }
     float *restrict Vt = (float *)as_scratch(3, (e_d * np));
@@ -285,13 +290,18 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
         as_transpose(&Vt[(((e0 * 16) * np) + (n0 * 16))], np, &in2[((v0 + ((n0 * 16) * sval_n)) + (e0 * 16))], sval_n, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);
       }
     }
+    float *restrict Vw = (float *)as_scratch(9, (e_d * half_n));
+    if (!Vw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
+    for (int64_t r = 0; r < e_d; r++) {
+      for (int64_t kk = 0; kk < half_n; kk++) {
+        Vw[((r * half_n) + kk)] = as_pair_bf16(&Vt[((r * np) + (kk * 2))]);
+      }
+    }
     float *restrict Vp = (float *)as_scratch(4, (e_d * half_n));
     if (!Vp) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t g = 0; g < as_fdiv(e_d, 16); g++) {
-      for (int64_t cc = 0; cc < 16; cc++) {
-        for (int64_t kk = 0; kk < half_n; kk++) {
-          Vp[((((g * half_n) + kk) * 16) + cc)] = as_pair_bf16(&Vt[((((g * 16) + cc) * np) + (kk * 2))]);
-        }
+      for (int64_t w0 = 0; w0 < as_fdiv(half_n, 16); w0++) {
+        as_transpose(&Vp[(((g * half_n) + (w0 * 16)) * 16)], 16, &Vw[(((g * half_n) + w0) * 16)], half_n, (e_d - (g * 16)), 16, 16, 16);
       }
     }
     for (int64_t ij = 0; ij < (items1 - items0); ij++) {

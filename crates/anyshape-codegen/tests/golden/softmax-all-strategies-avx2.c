@@ -25,8 +25,8 @@ static inline as_vf as_vexp(as_vf x) { as_vi nan = x != x, under = x < -87.33654
 typedef float as_vf4 __attribute__((vector_size(16)));
 typedef int32_t as_vi4 __attribute__((vector_size(16)));
 static inline as_vf4 as_vmax4(as_vf4 a, as_vf4 b) { as_vi4 m = a > b; return (as_vf4)((m & (as_vi4)a) | (~m & (as_vi4)b)); }
-static inline float as_hsum(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof h4a); memcpy(&h4b, (const char *)&v + sizeof h4a, sizeof h4b); as_vf4 h4 = h4a + h4b; return ((h4[0] + h4[2]) + (h4[1] + h4[3])); }
-static inline float as_hmax(as_vf v) { as_vf4 h4a, h4b; memcpy(&h4a, &v, sizeof h4a); memcpy(&h4b, (const char *)&v + sizeof h4a, sizeof h4b); as_vf4 h4 = as_vmax4(h4a, h4b); return as_max_f(as_max_f(h4[0], h4[2]), as_max_f(h4[1], h4[3])); }
+static inline float as_hsum(as_vf v) { union { as_vf w; as_vf4 h[2]; } u4 = { v }; as_vf4 h4a = u4.h[0], h4b = u4.h[1]; as_vf4 h4 = h4a + h4b; return ((h4[0] + h4[2]) + (h4[1] + h4[3])); }
+static inline float as_hmax(as_vf v) { union { as_vf w; as_vf4 h[2]; } u4 = { v }; as_vf4 h4a = u4.h[0], h4b = u4.h[1]; as_vf4 h4 = as_vmax4(h4a, h4b); return as_max_f(as_max_f(h4[0], h4[2]), as_max_f(h4[1], h4[3])); }
 static inline uint32_t as_bf16_round(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u); }
 static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; memcpy(&a, p, 4); memcpy(&b, p + 1, 4); w = (as_bf16_round(a) >> 16) | (as_bf16_round(b) & 0xffff0000u); memcpy(&r, &w, 4); return r; }
 static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
@@ -82,9 +82,9 @@ static inline void as_transpose(float *restrict dst, int64_t ds, const float *re
 }
 /* Per-thread scratch buffers that grow and are kept across calls, and what each holds. */
 static int64_t as_calls;
-static __thread void *as_buf[8];
-static __thread size_t as_cap[8];
-static __thread int64_t as_held[8][2];
+static __thread void *as_buf[16];
+static __thread size_t as_cap[16];
+static __thread int64_t as_held[16][2];
 static void *as_scratch(int slot, int64_t elems) {
   size_t bytes = ((size_t)(elems > 0 ? elems : 1) * sizeof(float) + 63) & ~(size_t)63;
   if (bytes > as_cap[slot]) {
