@@ -5,9 +5,8 @@
 //!   Kw[n, kk] = the pair (K[b, h, n, 2kk], K[b, h, n, 2kk + 1]) as one word (n < N)
 //!   Kp: Kw's rows as weight panels of 16 keys (16 x 16 register transposes of words,
 //!     zero past N), words of pairs along the head dim
-//!   Vt[d, n] = V[b, h, n, d] (zero past N); Vw[d, kk] = the pair (Vt[d, 2kk],
-//!     Vt[d, 2kk + 1]) as one word; Vp: Vw's rows as weight panels of 16 columns of V
-//!     (transposed the same way), words of pairs along the keys
+//!   Vt[d, n] = V[b, h, n, d] (zero past N); Vp: its columns as weight panels of 16
+//!     columns, words of pairs along the keys
 //! each block of R = 16 or 32 query rows:
 //!   Qw: the scaled query block (Qb, shared) as words of pairs
 //!   S = Qw · Kp on tiles (R/16 x 2 output tiles per product, the whole head dim)
@@ -72,8 +71,8 @@ fn words(dst: &str, (src, base, stride): (&str, Expr, Expr), rows: Expr, words: 
     )
 }
 
-/// The task's packing (see the module doc). Rounding each pair straight into its panel
-/// read the keys a pair at a time across 16 rows, in scalar code (15 % of an
+/// The task's packing (see the module doc). Rounding each key's pair straight into its
+/// panel read the keys a pair at a time across 16 rows, in scalar code (15 % of an
 /// attention's time at sequence 512); rows of words first, transposed into the panels
 /// after, run vectorized.
 pub(super) fn pack(lanes: usize) -> Vec<Stmt> {
@@ -94,11 +93,32 @@ pub(super) fn pack(lanes: usize) -> Vec<Stmt> {
             v("np"),
             lanes,
         ),
-        scratch("Vw", v("e_d") * v("half_n"), 9),
-        words("Vw", ("Vt", c(0), v("np")), v("e_d"), v("half_n")),
         scratch("Vp", v("e_d") * v("half_n"), 4),
-        panels("Vp", "Vw", v("e_d") / edge, v("e_d"), v("half_n")),
+        value_panels(),
     ]
+}
+
+/// `Vp[g, kk, cc]`, the pair `(Vt[g · 16 + cc, 2kk], .. + 1)` rounded into one word:
+/// each column's pairs in turn, along `Vt`'s rows. (Rounded into rows of words and
+/// transposed into the panels as the keys are, the values made GPT-2's whole decode
+/// step 1.2-1.3x slower, its dense layers included, for a reason not found.)
+fn value_panels() -> Stmt {
+    let edge = c(AMX_EDGE);
+    let half_n = v("half_n");
+    let pair = Value::PairBf16 {
+        buf: "Vt".into(),
+        index: (v("g") * edge.clone() + v("cc")) * v("np") + c(2) * v("kk"),
+    };
+    let at = (v("g") * half_n.clone() + v("kk")) * edge.clone() + v("cc");
+    each(
+        "g",
+        v("e_d") / edge.clone(),
+        vec![each(
+            "cc",
+            edge,
+            vec![each("kk", half_n, vec![store("Vp", at, pair)])],
+        )],
+    )
 }
 
 /// `rows x (2 · 16)` outputs `c[.., index..]` of `a`'s rows of words (`a_stride` apart)

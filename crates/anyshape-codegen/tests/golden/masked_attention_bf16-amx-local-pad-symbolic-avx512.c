@@ -290,18 +290,13 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
         as_transpose(&Vt[(((e0 * 16) * np) + (n0 * 16))], np, &in2[((v0 + ((n0 * 16) * sval_n)) + (e0 * 16))], sval_n, (e_n - (n0 * 16)), (e_d - (e0 * 16)), (e_d - (e0 * 16)), 16);
       }
     }
-    float *restrict Vw = (float *)as_scratch(9, (e_d * half_n));
-    if (!Vw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
-    for (int64_t r = 0; r < e_d; r++) {
-      for (int64_t kk = 0; kk < half_n; kk++) {
-        Vw[((r * half_n) + kk)] = as_pair_bf16(&Vt[((r * np) + (kk * 2))]);
-      }
-    }
     float *restrict Vp = (float *)as_scratch(4, (e_d * half_n));
     if (!Vp) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t g = 0; g < as_fdiv(e_d, 16); g++) {
-      for (int64_t w0 = 0; w0 < as_fdiv(half_n, 16); w0++) {
-        as_transpose(&Vp[(((g * half_n) + (w0 * 16)) * 16)], 16, &Vw[(((g * half_n) + w0) * 16)], half_n, (e_d - (g * 16)), 16, 16, 16);
+      for (int64_t cc = 0; cc < 16; cc++) {
+        for (int64_t kk = 0; kk < half_n; kk++) {
+          Vp[((((g * half_n) + kk) * 16) + cc)] = as_pair_bf16(&Vt[((((g * 16) + cc) * np) + (kk * 2))]);
+        }
       }
     }
     for (int64_t ij = 0; ij < (items1 - items0); ij++) {
