@@ -210,17 +210,30 @@ int32_t as_83fb91d40e4304fe(const int64_t *restrict vars, const float *const *re
       }
       for (int64_t r = 0; r < mlen; r++) {
         const int64_t mb = ((bi * smk_b) + ((m0 + r) * smk_m));
-        as_vf mx_v = ((as_vf){0} + (-INFINITY));
+        as_vf mx_v0 = ((as_vf){0} + (-INFINITY));
+        as_vf mx_v1 = ((as_vf){0} + (-INFINITY));
+        as_vf mx_v2 = ((as_vf){0} + (-INFINITY));
+        as_vf mx_v3 = ((as_vf){0} + (-INFINITY));
         float mx_s = (-INFINITY);
-        for (int64_t q = 0; q < nfull; q++) {
-          as_vstore(&S[((r * np) + (q * 8))], (as_vload(&S[((r * np) + (q * 8))]) + as_vload(&in3[(mb + (q * 8))])));
-          mx_v = as_vmax(mx_v, as_vload(&S[((r * np) + (q * 8))]));
+        for (int64_t qc = 0; qc < as_fdiv(nfull, 4); qc++) {
+          as_vstore(&S[((r * np) + (qc * 32))], (as_vload(&S[((r * np) + (qc * 32))]) + as_vload(&in3[(mb + (qc * 32))])));
+          mx_v0 = as_vmax(mx_v0, as_vload(&S[((r * np) + (qc * 32))]));
+          as_vstore(&S[((r * np) + (((qc * 4) + 1) * 8))], (as_vload(&S[((r * np) + (((qc * 4) + 1) * 8))]) + as_vload(&in3[(mb + (((qc * 4) + 1) * 8))])));
+          mx_v1 = as_vmax(mx_v1, as_vload(&S[((r * np) + (((qc * 4) + 1) * 8))]));
+          as_vstore(&S[((r * np) + (((qc * 4) + 2) * 8))], (as_vload(&S[((r * np) + (((qc * 4) + 2) * 8))]) + as_vload(&in3[(mb + (((qc * 4) + 2) * 8))])));
+          mx_v2 = as_vmax(mx_v2, as_vload(&S[((r * np) + (((qc * 4) + 2) * 8))]));
+          as_vstore(&S[((r * np) + (((qc * 4) + 3) * 8))], (as_vload(&S[((r * np) + (((qc * 4) + 3) * 8))]) + as_vload(&in3[(mb + (((qc * 4) + 3) * 8))])));
+          mx_v3 = as_vmax(mx_v3, as_vload(&S[((r * np) + (((qc * 4) + 3) * 8))]));
+        }
+        for (int64_t q = 0; q < (nfull - (as_fdiv(nfull, 4) * 4)); q++) {
+          as_vstore(&S[((r * np) + (((as_fdiv(nfull, 4) * 4) + q) * 8))], (as_vload(&S[((r * np) + (((as_fdiv(nfull, 4) * 4) + q) * 8))]) + as_vload(&in3[(mb + (((as_fdiv(nfull, 4) * 4) + q) * 8))])));
+          mx_v0 = as_vmax(mx_v0, as_vload(&S[((r * np) + (((as_fdiv(nfull, 4) * 4) + q) * 8))]));
         }
         for (int64_t e = 0; e < (e_n - (nfull * 8)); e++) {
           S[((r * np) + ((nfull * 8) + e))] = (S[((r * np) + ((nfull * 8) + e))] + in3[(mb + ((nfull * 8) + e))]);
           mx_s = as_max_f(mx_s, S[((r * np) + ((nfull * 8) + e))]);
         }
-        float mx = as_max_f(as_hmax(mx_v), mx_s);
+        float mx = as_max_f(as_hmax(as_vmax(as_vmax(as_vmax(mx_v0, mx_v1), mx_v2), mx_v3)), mx_s);
         as_vf sm_v = (as_vf){0};
         float sm_s = 0.0f;
         for (int64_t q = 0; q < nfull; q++) {
