@@ -281,6 +281,22 @@ impl Verifier<'_> {
                 .into_iter()
                 .try_for_each(|e| self.expr(e))
             }
+            Stmt::RoundPairs { .. } if self.gpu => {
+                self.fail("a rounding of pairs in a GPU kernel".into())
+            }
+            Stmt::RoundPairs {
+                dst,
+                dst_index,
+                src,
+                src_index,
+                words,
+            } => {
+                self.written(dst, "rounding of pairs")?;
+                self.buffer(src)?;
+                [dst_index, src_index, words]
+                    .into_iter()
+                    .try_for_each(|e| self.expr(e))
+            }
             Stmt::TileProduct(_) if self.gpu => {
                 self.fail("an AMX tile product in a GPU kernel".into())
             }
@@ -445,11 +461,34 @@ mod tests {
                 }]),
                 "in slot 16; there are 16",
             ),
+            (
+                func(vec![round_pairs("in0")]),
+                "rounding of pairs into input `in0`",
+            ),
+            (
+                Func {
+                    threads: Some(32),
+                    ..func(vec![round_pairs("out0")])
+                },
+                "rounding of pairs in a GPU kernel",
+            ),
         ] {
             let e = verify(&bad).unwrap_err();
             assert!(e.0.contains(why), "{e}");
         }
         assert_eq!(verify(&func(vec![transpose("out0", x("sv_T"))])), Ok(()));
+        assert_eq!(verify(&func(vec![round_pairs("out0")])), Ok(()));
+    }
+
+    /// A run of `in0`'s pairs rounded into `dst`.
+    fn round_pairs(dst: &str) -> Stmt {
+        Stmt::RoundPairs {
+            dst: dst.into(),
+            dst_index: Expr::Const(0),
+            src: "in0".into(),
+            src_index: Expr::Const(0),
+            words: Expr::var("sv_T"),
+        }
     }
 
     /// A transpose of `in0` into `dst`, its destination at `at`.

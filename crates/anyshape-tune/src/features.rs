@@ -275,6 +275,18 @@ impl Walk {
                 self.access(&t.src, &t.src_index, (rows * cols) as usize, false);
                 self.access(&t.dst, &t.dst_index, outs * t.width, true);
             }
+            // Counted as the floats it reads and the words it writes.
+            Stmt::RoundPairs {
+                dst,
+                dst_index,
+                src,
+                src_index,
+                words,
+            } => {
+                let words = self.eval(words).max(0) as usize;
+                self.access(src, src_index, 2 * words, false);
+                self.access(dst, dst_index, words, true);
+            }
             // Counted as the words its tiles load and store, and its products (two
             // bfloat16 per word, a multiply and an add each).
             Stmt::TileProduct(t) => {

@@ -2,7 +2,7 @@
 //! products run on AMX-BF16 tiles (`Stmt::TileProduct`).
 //! ```text
 //! once per thread and M tile: A's rows rounded into words of pairs, row-major
-//!   (K / 2 words a row), the rows up to whole register tiles zero
+//!   (K / 2 words a row; `Stmt::RoundPairs`), the rows up to whole register tiles zero
 //! [B read in pairs (attention's keys), once per thread and N tile: its columns
 //!   rounded into words of pairs in groups of 16, each group laid out as a weight
 //!   panel is, the columns past N zero]
@@ -60,8 +60,24 @@ impl Nest<'_> {
                 value,
             )
         };
+        // A's rows: a run of pairs each where they are contiguous (as `amx_runs` asks).
+        let a_rows = match a.s_col.simplify().as_const() {
+            Some(2) => for_(
+                "r",
+                v("mlen"),
+                LoopKind::Serial,
+                vec![Stmt::RoundPairs {
+                    dst: "Ap".into(),
+                    dst_index: v("r") * v("e_k"),
+                    src: a.buf.into(),
+                    src_index: v("base0") + a.row(v("m0") + v("r")),
+                    words: v("e_k"),
+                }],
+            ),
+            _ => rows(v("mlen"), c(0), pair),
+        };
         let pack = vec![
-            rows(v("mlen"), c(0), pair),
+            a_rows,
             rows(
                 v("nmb") * c(mk.mr) - v("mlen"),
                 v("mlen"),

@@ -57,18 +57,16 @@ fn panels(dst: &str, src: &str, groups: Expr, rows: Expr, words: Expr) -> Stmt {
 }
 
 /// `dst[r, kk]`, the pair `(src[base + r · stride + 2kk], .. + 1)` rounded into one word,
-/// for `r < rows`, `kk < words`: contiguous along `kk`, so GCC vectorizes it.
+/// for `r < rows`, `kk < words`: a run of pairs a row.
 fn words(dst: &str, (src, base, stride): (&str, Expr, Expr), rows: Expr, words: Expr) -> Stmt {
-    let pair = Value::PairBf16 {
-        buf: src.into(),
-        index: base + v("r") * stride + c(2) * v("kk"),
+    let run = Stmt::RoundPairs {
+        dst: dst.into(),
+        dst_index: v("r") * words.clone(),
+        src: src.into(),
+        src_index: base + v("r") * stride,
+        words,
     };
-    let at = v("r") * words.clone() + v("kk");
-    each(
-        "r",
-        rows,
-        vec![each("kk", words, vec![store(dst, at, pair)])],
-    )
+    each("r", rows, vec![run])
 }
 
 /// The task's packing (see the module doc). Rounding each key's pair straight into its
@@ -153,24 +151,7 @@ fn product(
 pub(super) fn block(rows: usize, lanes: usize, softmax: Stmt) -> Vec<Stmt> {
     let edge = c(AMX_EDGE);
     let (half_d, half_n) = (v("half_d"), v("half_n"));
-    let pairs = |dst: &str, src: &str, len: Expr, words: Expr| {
-        each(
-            "r",
-            c(rows),
-            vec![each(
-                "kk",
-                words.clone(),
-                vec![store(
-                    dst,
-                    v("r") * words.clone() + v("kk"),
-                    Value::PairBf16 {
-                        buf: src.into(),
-                        index: v("r") * len.clone() + c(2) * v("kk"),
-                    },
-                )],
-            )],
-        )
-    };
+    let pairs = |dst: &str, src: &str, len: Expr, w: Expr| words(dst, (src, c(0), len), c(rows), w);
     let out = v("y0") + v("r") * v("sy_m") + v("q") * c(lanes);
     let y = Value::binary(
         crate::loop_ir::BinaryOp::Mul,

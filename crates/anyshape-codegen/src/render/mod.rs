@@ -320,6 +320,18 @@ impl Printer {
                 expr(&t.outs),
                 t.width
             )),
+            Stmt::RoundPairs {
+                dst,
+                dst_index,
+                src,
+                src_index,
+                words,
+            } => self.line(&format!(
+                "as_round_pairs(&{dst}[{}], &{src}[{}], {});",
+                expr(dst_index),
+                expr(src_index),
+                expr(words)
+            )),
             Stmt::TileProduct(t) => {
                 let ptr = |buf: &str, i: &Expr| format!("&{buf}[{}]", expr(i));
                 let args: Vec<String> = t

@@ -32,6 +32,10 @@ static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; me
 static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
 static inline float as_bf16_hi(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u &= 0xffff0000u; memcpy(&r, &u, 4); return r; }
 static inline float as_dot_bf16(float c, float b, float a) { return c + as_bf16_lo(b) * as_bf16_lo(a) + as_bf16_hi(b) * as_bf16_hi(a); }
+static inline void as_round_pairs(float *restrict dst, const float *restrict src, int64_t words) {
+int64_t w = 0;
+for (; w < words; w++) dst[w] = as_pair_bf16(src + 2 * w);
+}
 typedef uint32_t as_vu __attribute__((vector_size(32)));
 static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * as_bf16_lo(a) + (as_vf)(x & 0xffff0000u) * as_bf16_hi(a); }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }

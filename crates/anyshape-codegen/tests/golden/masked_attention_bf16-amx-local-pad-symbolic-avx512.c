@@ -35,6 +35,13 @@ static inline float as_pair_bf16(const float *p) { uint32_t a, b, w; float r; me
 static inline float as_bf16_lo(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u <<= 16; memcpy(&r, &u, 4); return r; }
 static inline float as_bf16_hi(float w) { uint32_t u; float r; memcpy(&u, &w, 4); u &= 0xffff0000u; memcpy(&r, &u, 4); return r; }
 static inline float as_dot_bf16(float c, float b, float a) { return c + as_bf16_lo(b) * as_bf16_lo(a) + as_bf16_hi(b) * as_bf16_hi(a); }
+static inline void as_round_pairs(float *restrict dst, const float *restrict src, int64_t words) {
+int64_t w = 0;
+#if defined(__AVX512BF16__)
+for (; w + 16 <= words; w += 16) { as_vf a, b, r; memcpy(&a, src + 2 * w, sizeof a); memcpy(&b, src + 2 * w + 16, sizeof b); __asm__("vcvtne2ps2bf16 %1, %2, %0" : "=v"(r) : "v"(a), "v"(b)); memcpy(dst + w, &r, sizeof r); }
+#endif
+for (; w < words; w++) dst[w] = as_pair_bf16(src + 2 * w);
+}
 typedef uint32_t as_vu __attribute__((vector_size(64)));
 #if defined(__AVX512BF16__)
 static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vf v = {a,a,a,a,a,a,a,a,a,a,a,a,a,a,a,a}; __asm__("vdpbf16ps %2, %1, %0" : "+v"(c) : "v"(b), "v"(v)); return c; }
@@ -272,9 +279,7 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
     float *restrict Kw = (float *)as_scratch(8, (e_n * half_d));
     if (!Kw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
     for (int64_t r = 0; r < e_n; r++) {
-      for (int64_t kk = 0; kk < half_d; kk++) {
-        Kw[((r * half_d) + kk)] = as_pair_bf16(&in1[((k0 + (r * sk_n)) + (kk * 2))]);
-      }
+      as_round_pairs(&Kw[(r * half_d)], &in1[(k0 + (r * sk_n))], half_d);
     }
     float *restrict Kp = (float *)as_scratch(0, (np * half_d));
     if (!Kp) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
@@ -315,9 +320,7 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
       float *restrict Qw = (float *)as_scratch(5, (half_d * 32));
       if (!Qw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
       for (int64_t r = 0; r < 32; r++) {
-        for (int64_t kk = 0; kk < half_d; kk++) {
-          Qw[((r * half_d) + kk)] = as_pair_bf16(&Qb[((r * e_d) + (kk * 2))]);
-        }
+        as_round_pairs(&Qw[(r * half_d)], &Qb[(r * e_d)], half_d);
       }
       for (int64_t jj = 0; jj < as_fdiv(np, 32); jj++) {
         { int32_t as_st = as_amx_2x2(as_call, &Qw[0], &Qw[(half_d * 16)], half_d, &Kp[((jj * 2) * (half_d * 16))], &Kp[(((jj * 2) + 1) * (half_d * 16))], as_fdiv(e_d, 32), &S[(jj * 32)], np); if (as_st) __atomic_store_n(&as_status, as_st, __ATOMIC_RELAXED); }
@@ -373,9 +376,7 @@ int32_t as_24c70a1b4b488b71(const int64_t *restrict vars, const float *const *re
       float *restrict Pw = (float *)as_scratch(6, (half_n * 32));
       if (!Pw) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
       for (int64_t r = 0; r < 32; r++) {
-        for (int64_t kk = 0; kk < half_n; kk++) {
-          Pw[((r * half_n) + kk)] = as_pair_bf16(&S[((r * np) + (kk * 2))]);
-        }
+        as_round_pairs(&Pw[(r * half_n)], &S[(r * np)], half_n);
       }
       float *restrict Ob = (float *)as_scratch(7, (e_d * 32));
       if (!Ob) { __atomic_store_n(&as_status, 2, __ATOMIC_RELAXED); continue; }
