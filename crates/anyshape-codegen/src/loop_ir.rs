@@ -368,23 +368,9 @@ pub enum Stmt {
     Transpose(Box<Transpose>),
     /// Products of bfloat16 tiles on AMX (CPU with AMX-BF16): see [`TileProduct`].
     TileProduct(Box<TileProduct>),
-    /// A run of consecutive pairs rounded to bfloat16 into words (CPU): `dst[dst_index +
-    /// w]` = the pair `(src[src_index + 2w], src[src_index + 2w + 1])` for `w < words`,
-    /// each rounded to nearest, ties to even (as `Value::PairBf16`). With AVX512_BF16
-    /// and 16 lanes, 16 words are one `vcvtne2ps2bf16` (which reads subnormal floats as
-    /// zero) where GCC made ~20 integer operations of the element-wise rounding.
-    RoundPairs {
-        /// Destination buffer (words).
-        dst: String,
-        /// Destination of word 0.
-        dst_index: Expr,
-        /// Source buffer (floats).
-        src: String,
-        /// Source of the first pair's first element.
-        src_index: Expr,
-        /// Words written.
-        words: Expr,
-    },
+    /// A run of consecutive pairs rounded to bfloat16 into words (CPU): see
+    /// [`RoundPairs`].
+    RoundPairs(Box<RoundPairs>),
 }
 
 /// A register tile of AMX output tiles (CPU with AMX-BF16): `a_index.len() x
@@ -416,6 +402,25 @@ pub struct TileProduct {
     pub c_index: Expr,
     /// Elements between the output's rows.
     pub c_stride: Expr,
+}
+
+/// A run of consecutive pairs rounded to bfloat16 into words (CPU): `dst[dst_index + w]`
+/// = the pair `(src[src_index + 2w], src[src_index + 2w + 1])` for `w < words`, each
+/// rounded to nearest, ties to even (as `Value::PairBf16`). With AVX512_BF16 and 16
+/// lanes, 16 words are one `vcvtne2ps2bf16` (which reads subnormal floats as zero) where
+/// GCC made ~20 integer operations of the element-wise rounding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundPairs {
+    /// Destination buffer (words).
+    pub dst: String,
+    /// Destination of word 0.
+    pub dst_index: Expr,
+    /// Source buffer (floats).
+    pub src: String,
+    /// Source of the first pair's first element.
+    pub src_index: Expr,
+    /// Words written.
+    pub words: Expr,
 }
 
 /// A register-level transpose (CPU): element `(r, k)` of the source, at

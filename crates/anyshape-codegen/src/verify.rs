@@ -281,19 +281,13 @@ impl Verifier<'_> {
                 .into_iter()
                 .try_for_each(|e| self.expr(e))
             }
-            Stmt::RoundPairs { .. } if self.gpu => {
+            Stmt::RoundPairs(_) if self.gpu => {
                 self.fail("a rounding of pairs in a GPU kernel".into())
             }
-            Stmt::RoundPairs {
-                dst,
-                dst_index,
-                src,
-                src_index,
-                words,
-            } => {
-                self.written(dst, "rounding of pairs")?;
-                self.buffer(src)?;
-                [dst_index, src_index, words]
+            Stmt::RoundPairs(r) => {
+                self.written(&r.dst, "rounding of pairs")?;
+                self.buffer(&r.src)?;
+                [&r.dst_index, &r.src_index, &r.words]
                     .into_iter()
                     .try_for_each(|e| self.expr(e))
             }
@@ -375,7 +369,7 @@ impl Verifier<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loop_ir::{for_, let_, store, store_first, Transpose};
+    use crate::loop_ir::{for_, let_, store, store_first, RoundPairs, Transpose};
 
     fn func(body: Vec<Stmt>) -> Func {
         Func {
@@ -482,13 +476,13 @@ mod tests {
 
     /// A run of `in0`'s pairs rounded into `dst`.
     fn round_pairs(dst: &str) -> Stmt {
-        Stmt::RoundPairs {
+        Stmt::RoundPairs(Box::new(RoundPairs {
             dst: dst.into(),
             dst_index: Expr::Const(0),
             src: "in0".into(),
             src_index: Expr::Const(0),
             words: Expr::var("sv_T"),
-        }
+        }))
     }
 
     /// A transpose of `in0` into `dst`, its destination at `at`.

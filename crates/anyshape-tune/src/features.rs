@@ -276,16 +276,10 @@ impl Walk {
                 self.access(&t.dst, &t.dst_index, outs * t.width, true);
             }
             // Counted as the floats it reads and the words it writes.
-            Stmt::RoundPairs {
-                dst,
-                dst_index,
-                src,
-                src_index,
-                words,
-            } => {
-                let words = self.eval(words).max(0) as usize;
-                self.access(src, src_index, 2 * words, false);
-                self.access(dst, dst_index, words, true);
+            Stmt::RoundPairs(r) => {
+                let words = self.eval(&r.words).max(0) as usize;
+                self.access(&r.src, &r.src_index, 2 * words, false);
+                self.access(&r.dst, &r.dst_index, words, true);
             }
             // Counted as the words its tiles load and store, and its products (two
             // bfloat16 per word, a multiply and an add each).

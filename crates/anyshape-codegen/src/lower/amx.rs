@@ -20,7 +20,9 @@
 //! tiles.
 use super::contraction::{Nest, Operand};
 use super::{c, v};
-use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Scope, Stmt, TileProduct, Value};
+use crate::loop_ir::{
+    for_, if_, let_, store, Cond, LoopKind, RoundPairs, Scope, Stmt, TileProduct, Value,
+};
 use crate::sketch::AMX_EDGE;
 use anyshape_ir::Expr;
 
@@ -66,13 +68,13 @@ impl Nest<'_> {
                 "r",
                 v("mlen"),
                 LoopKind::Serial,
-                vec![Stmt::RoundPairs {
+                vec![Stmt::RoundPairs(Box::new(RoundPairs {
                     dst: "Ap".into(),
                     dst_index: v("r") * v("e_k"),
                     src: a.buf.into(),
                     src_index: v("base0") + a.row(v("m0") + v("r")),
                     words: v("e_k"),
-                }],
+                }))],
             ),
             _ => rows(v("mlen"), c(0), pair),
         };

@@ -18,7 +18,9 @@
 //! keys and values are zero, so are their scores and (unnormalized) probabilities.
 use super::attention::transpose_heads;
 use super::{c, v};
-use crate::loop_ir::{for_, let_, store, LoopKind, Scope, Stmt, TileProduct, Transpose, Value};
+use crate::loop_ir::{
+    for_, let_, store, LoopKind, RoundPairs, Scope, Stmt, TileProduct, Transpose, Value,
+};
 use crate::sketch::AMX_EDGE;
 use anyshape_ir::Expr;
 
@@ -59,13 +61,13 @@ fn panels(dst: &str, src: &str, groups: Expr, rows: Expr, words: Expr) -> Stmt {
 /// `dst[r, kk]`, the pair `(src[base + r · stride + 2kk], .. + 1)` rounded into one word,
 /// for `r < rows`, `kk < words`: a run of pairs a row.
 fn words(dst: &str, (src, base, stride): (&str, Expr, Expr), rows: Expr, words: Expr) -> Stmt {
-    let run = Stmt::RoundPairs {
+    let run = Stmt::RoundPairs(Box::new(RoundPairs {
         dst: dst.into(),
         dst_index: v("r") * words.clone(),
         src: src.into(),
         src_index: base + v("r") * stride,
         words,
-    };
+    }));
     each("r", rows, vec![run])
 }
 

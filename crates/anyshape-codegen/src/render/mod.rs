@@ -320,17 +320,13 @@ impl Printer {
                 expr(&t.outs),
                 t.width
             )),
-            Stmt::RoundPairs {
-                dst,
-                dst_index,
-                src,
-                src_index,
-                words,
-            } => self.line(&format!(
-                "as_round_pairs(&{dst}[{}], &{src}[{}], {});",
-                expr(dst_index),
-                expr(src_index),
-                expr(words)
+            Stmt::RoundPairs(r) => self.line(&format!(
+                "as_round_pairs(&{}[{}], &{}[{}], {});",
+                r.dst,
+                expr(&r.dst_index),
+                r.src,
+                expr(&r.src_index),
+                expr(&r.words)
             )),
             Stmt::TileProduct(t) => {
                 let ptr = |buf: &str, i: &Expr| format!("&{buf}[{}]", expr(i));
