@@ -14,8 +14,9 @@
 //!    value's operands have equal lanes or one has 1 (a broadcast scalar);
 //! 6. CPU functions (`threads` unset) use no GPU construct (thread or block index,
 //!    barrier, shared memory); GPU functions use no parallel loop, no scratch buffer,
-//!    no prefetch and no register transpose;
-//! 7. a claim (`Cond::Claim`) names a scratch slot that is allocated;
+//!    no prefetch, no register transpose, no AMX tile product and no rounding of pairs;
+//! 7. a scratch buffer's slot is below `SCRATCH_SLOTS`; a claim (`Cond::Claim`) names a
+//!    scratch slot that is allocated;
 //! 8. a load or store with a count (of the lanes it touches) is a vector access in a
 //!    CPU function.
 use crate::loop_ir::{Cond, Func, LoopKind, Scope, Stmt, UnaryOp, Value, SCRATCH_SLOTS};
