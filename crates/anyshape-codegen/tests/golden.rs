@@ -111,6 +111,17 @@ fn cpu_kernels_are_unchanged() {
             Simd::Avx512,
         ),
     );
+    // bf16: A's rows rounded into words (`as_round_pairs`), then transposed into panels.
+    check(
+        "dense_bf16-local-pad-symbolic-avx512.c",
+        &cpu(
+            "dense_bf16(M=T,N=768,K=768,P=16)",
+            wide,
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx512,
+        ),
+    );
     check(
         "dense-local-pad-specialized-avx2.c",
         &cpu(

@@ -9,7 +9,7 @@
 //! (`Value::PairBf16`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
-use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, Stmt, Transpose, Value};
+use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, RoundPairs, Stmt, Transpose, Value};
 use crate::padding::Fetch;
 use anyshape_ir::{Expr, Precision};
 
@@ -50,33 +50,38 @@ impl Nest<'_> {
         let fetch = self.policy.fetch;
         // A padded fetch fills the block up to the unroll granularity.
         let kk_extent = if fetch.pads() { v("kp") } else { v("klen") };
-        let lanes = self.lanes;
-        // Transposed in registers where each group of `lanes` rows fills more than half
-        // a vector: measured (Emerald Rapids class, batch_matmul_nt) 1.2-1.9x faster
-        // packing of 12-, 16-, 30- and 32-row blocks; slower than the element copy for
-        // 4 and 8 rows, which GCC vectorizes itself.
-        if lanes > 1
-            && (reg % lanes == 0 || 2 * (reg % lanes) > lanes)
-            && op.panels.is_none()
-            && op.s_col.simplify().as_const() == Some(1)
-        {
-            let block = Block {
-                dst,
-                rb,
-                reg,
-                origin,
-                extent,
-                panel,
-                kk_extent,
-            };
-            return for_(
-                rb,
-                v(nblocks),
-                LoopKind::Serial,
-                self.transposed(op, which, block),
-            );
+        let block = Block {
+            dst,
+            rb,
+            reg,
+            origin,
+            extent,
+            panel: panel.clone(),
+            kk_extent: kk_extent.clone(),
+        };
+        match self.packing(which, op) {
+            Packing::Transposed => {
+                let source = Source {
+                    buf: op.buf,
+                    at: v(&format!("base{which}")) + op.row(block.row(0)) + v("k0"),
+                    stride: op.s_row.clone(),
+                    rows_in: v(extent) - block.row(0),
+                    ks_in: v("e_k") - v("k0"),
+                };
+                let tiles = self.transposed(&source, &block);
+                return for_(rb, v(nblocks), LoopKind::Serial, tiles);
+            }
+            Packing::RoundedRows => {
+                return for_(
+                    rb,
+                    v(nblocks),
+                    LoopKind::Serial,
+                    self.rounded_rows(op, which, &block),
+                )
+            }
+            Packing::Elements => {}
         }
-        let row = v(origin) + v(rb) * c(reg) + v("rr");
+        let row = block.row(0) + v("rr");
         let src_idx =
             v(&format!("base{which}")) + op.row(row) + (v("k0") + v("kk")) * op.s_col.clone();
         let dst_idx = panel + v(rb) * c(mk.kc * reg) + v("kk") * c(reg) + v("rr");
@@ -147,13 +152,73 @@ impl Nest<'_> {
         for_(rb, v(nblocks), LoopKind::Serial, vec![body])
     }
 
+    /// How operand `which` is packed: transposed in registers where its K axis is
+    /// contiguous and each group of `lanes` rows fills more than half a vector —
+    /// measured (Emerald Rapids class, batch_matmul_nt) 1.2-1.9x faster packing of
+    /// 12-, 16-, 30- and 32-row blocks; slower than the element copy for 4 and 8 rows,
+    /// which GCC vectorizes itself. In bf16 where its pairs are contiguous: each row's
+    /// pairs rounded into words first (`Stmt::RoundPairs`), then transposed.
+    pub(super) fn packing(&self, which: usize, op: &Operand) -> Packing {
+        let (lanes, reg) = (self.lanes, [self.mk.mr, self.mk.nr][which]);
+        if lanes == 1 || !(reg % lanes == 0 || 2 * (reg % lanes) > lanes) || op.panels.is_some() {
+            return Packing::Elements;
+        }
+        let bf16 = self.w.precision == Precision::Bf16;
+        match op.s_col.simplify().as_const() {
+            Some(1) if !bf16 => Packing::Transposed,
+            Some(2) if bf16 => Packing::RoundedRows,
+            _ => Packing::Elements,
+        }
+    }
+
+    /// The packing of register block `b.rb` in bf16 from a source whose pairs are
+    /// contiguous: the block's rows inside the tensor rounded into the words of
+    /// `Rw` (a row of `kc` words each; `Stmt::RoundPairs`: 16 words an instruction
+    /// with AVX512_BF16), then transposed into the panel as [`Nest::transposed`]
+    /// does, the rows and steps past the tensor's edge written as zeros. Measured
+    /// (Zen 4, `dense_bf16(M=512,N=3072,K=768)`): the element-wise rounding stored
+    /// word by word into the panel took 9 % of the kernel.
+    fn rounded_rows(&self, op: &Operand, which: usize, b: &Block) -> Vec<Stmt> {
+        let kc = self.mk.kc;
+        let (rows, words) = match self.policy.fetch {
+            Fetch::Unchecked => (c(b.reg), b.kk_extent.clone()),
+            _ => (
+                Expr::min(c(b.reg), v(b.extent) - b.row(0)),
+                Expr::max(c(0), Expr::min(b.kk_extent.clone(), v("e_k") - v("k0"))),
+            ),
+        };
+        let round = Stmt::RoundPairs(Box::new(RoundPairs {
+            dst: ROUNDED_ROWS.into(),
+            dst_index: v("rr") * c(kc),
+            src: op.buf.into(),
+            src_index: v(&format!("base{which}"))
+                + op.row(b.row(0) + v("rr"))
+                + v("k0") * op.s_col.clone(),
+            words: v("pw"),
+        }));
+        let source = Source {
+            buf: ROUNDED_ROWS,
+            at: c(0),
+            stride: c(kc),
+            rows_in: v("pr"),
+            ks_in: v("pw"),
+        };
+        let mut s = vec![
+            let_("pr", rows),
+            let_("pw", words),
+            for_("rr", v("pr"), LoopKind::Serial, vec![round]),
+        ];
+        s.extend(self.transposed(&source, b));
+        s
+    }
+
     /// The packing of register block `b.rb` from a source whose K axis is contiguous:
     /// tiles of `lanes x lanes` transposed in registers (`Stmt::Transpose`), the
     /// block's rows in groups of `lanes` (the last may be narrower). Rows and
-    /// reduction steps past the tensor's edge are written as zeros where the policy
-    /// checks (the transpose reads nothing past them); unchecked, the whole block is
-    /// read.
-    fn transposed(&self, op: &Operand, which: usize, b: Block) -> Vec<Stmt> {
+    /// reduction steps past the source's (`src.rows_in`, `src.ks_in`) are written as
+    /// zeros where the policy checks (the transpose reads nothing past them);
+    /// unchecked, the whole block is read.
+    fn transposed(&self, src: &Source, b: &Block) -> Vec<Stmt> {
         let (mk, lanes) = (self.mk, self.lanes);
         let checked = self.policy.fetch != Fetch::Unchecked;
         let k = v("kq") * c(lanes);
@@ -161,11 +226,10 @@ impl Nest<'_> {
         let mut tiles = vec![];
         for g in 0..b.reg.div_ceil(lanes) {
             let width = (b.reg - g * lanes).min(lanes);
-            let row0 = v(b.origin) + v(b.rb) * c(b.reg) + c(g * lanes);
             let (rows, cols) = if checked {
                 (
-                    Expr::min(c(width), v(b.extent) - row0.clone()),
-                    Expr::min(steps.clone(), v("e_k") - v("k0") - k.clone()),
+                    Expr::min(c(width), src.rows_in.clone() - c(g * lanes)),
+                    Expr::min(steps.clone(), src.ks_in.clone() - k.clone()),
                 )
             } else {
                 (c(width), steps.clone())
@@ -177,18 +241,47 @@ impl Nest<'_> {
                     + k.clone() * c(b.reg)
                     + c(g * lanes),
                 dst_stride: c(b.reg),
-                src: op.buf.into(),
-                src_index: v(&format!("base{which}")) + op.row(row0) + v("k0") + k.clone(),
-                src_stride: op.s_row.clone(),
+                src: src.buf.into(),
+                src_index: src.at.clone() + c(g * lanes) * src.stride.clone() + k.clone(),
+                src_stride: src.stride.clone(),
                 rows,
                 cols,
                 outs: steps.clone(),
                 width,
             })));
         }
-        let kqs = (b.kk_extent + c(lanes - 1)) / c(lanes);
+        let kqs = (b.kk_extent.clone() + c(lanes - 1)) / c(lanes);
         vec![for_("kq", kqs, LoopKind::Serial, tiles)]
     }
+}
+
+/// The scratch buffer (slot [`ROUNDED_ROWS_SLOT`]) of a register block's rows rounded
+/// into words before they are transposed into the panel ([`Packing::RoundedRows`]).
+pub(super) const ROUNDED_ROWS: &str = "Rw";
+/// [`ROUNDED_ROWS`]'s scratch slot (the contraction's panels take 0 and 1, global
+/// padding 2 to 4).
+pub(super) const ROUNDED_ROWS_SLOT: u8 = 5;
+
+/// How one operand's blocks are packed ([`Nest::packing`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Packing {
+    /// Element by element (bf16: each pair rounded as it is copied).
+    Elements,
+    /// Tiles transposed in registers from the operand.
+    Transposed,
+    /// bf16: rows of pairs rounded into words, then transposed in registers.
+    RoundedRows,
+}
+
+/// What a register block is transposed from: `buf[at + r * stride + k]` for the block's
+/// row `r` and step `k` of the slice, of which `rows_in` rows and `ks_in` steps lie
+/// inside the source.
+struct Source {
+    buf: &'static str,
+    at: Expr,
+    stride: Expr,
+    rows_in: Expr,
+    ks_in: Expr,
 }
 
 /// Where one register block of a packed panel goes, and the extents it is cut by.
@@ -200,4 +293,11 @@ struct Block {
     extent: &'static str,
     panel: Expr,
     kk_extent: Expr,
+}
+
+impl Block {
+    /// The tensor row of the block's row `r`.
+    fn row(&self, r: usize) -> Expr {
+        v(self.origin) + v(self.rb) * c(self.reg) + c(r)
+    }
 }

@@ -7,6 +7,7 @@
 //! `contraction.rs`'s.
 use super::compute::CACHE_LINE_FLOATS;
 use super::contraction::{Nest, Operand};
+use super::fetch::{Packing, ROUNDED_ROWS, ROUNDED_ROWS_SLOT};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, Cond, LoopKind, Scope, Stmt};
 use crate::padding::Compute;
@@ -29,6 +30,23 @@ impl Nest<'_> {
             });
         }
         let kt_lets = self.slice_lets();
+        // The rows rounded into words before they are transposed into a panel, of
+        // whichever operand packs so.
+        let rounded = (0..2)
+            .filter(|&which| match which {
+                0 => !mk.ia,
+                _ => self.b_in_place.is_none(),
+            })
+            .filter(|&which| self.packing(which, &ops[which]) == Packing::RoundedRows)
+            .map(|which| [mk.mr, mk.nr][which])
+            .max();
+        if let Some(rows) = rounded {
+            s.push(Stmt::Alloc {
+                buf: ROUNDED_ROWS.into(),
+                len: c(rows * mk.kc),
+                scope: Scope::Scratch(ROUNDED_ROWS_SLOT),
+            });
+        }
         if self.b_in_place.is_none() {
             // The whole K x nc panel of B is packed once per thread and (batch, N tile).
             s.push(Stmt::Alloc {

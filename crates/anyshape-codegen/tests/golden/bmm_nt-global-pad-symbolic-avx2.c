@@ -184,7 +184,7 @@ int32_t as_cf5eb4f5b8486f1d(const int64_t *restrict vars, const float *const *re
         for (int64_t jb = 0; jb < nnb; jb++) {
           for (int64_t kq = 0; kq < as_fdiv((kp + 7), 8); kq++) {
             as_transpose(&Bp[((bofs + (jb * 384)) + (kq * 128))], 16, &Bg[(((base1 + ((n0 + (jb * 16)) * p_k)) + k0) + (kq * 8))], p_k, 8, as_min(8, (kp - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
-            as_transpose(&Bp[(((bofs + (jb * 384)) + (kq * 128)) + 8)], 16, &Bg[(((base1 + (((n0 + (jb * 16)) + 8) * p_k)) + k0) + (kq * 8))], p_k, 8, as_min(8, (kp - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
+            as_transpose(&Bp[(((bofs + (jb * 384)) + (kq * 128)) + 8)], 16, &Bg[((((base1 + ((n0 + (jb * 16)) * p_k)) + k0) + (p_k * 8)) + (kq * 8))], p_k, 8, as_min(8, (kp - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
           }
         }
       }

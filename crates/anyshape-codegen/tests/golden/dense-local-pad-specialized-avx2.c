@@ -161,7 +161,7 @@ int32_t as_7df2c3952240b750(const int64_t *restrict vars, const float *const *re
         for (int64_t jb = 0; jb < nnb; jb++) {
           for (int64_t kq = 0; kq < as_fdiv((kp + 7), 8); kq++) {
             as_transpose(&Bp[((bofs + (jb * 384)) + (kq * 128))], 16, &in1[(((base1 + ((n0 + (jb * 16)) * 768)) + k0) + (kq * 8))], 768, as_min(8, (e_n - (n0 + (jb * 16)))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
-            as_transpose(&Bp[(((bofs + (jb * 384)) + (kq * 128)) + 8)], 16, &in1[(((base1 + (((n0 + (jb * 16)) + 8) * 768)) + k0) + (kq * 8))], 768, as_min(8, (e_n - ((n0 + (jb * 16)) + 8))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
+            as_transpose(&Bp[(((bofs + (jb * 384)) + (kq * 128)) + 8)], 16, &in1[((((base1 + ((n0 + (jb * 16)) * 768)) + k0) + (kq * 8)) + 6144)], 768, as_min(8, ((e_n - (n0 + (jb * 16))) + (-8))), as_min(as_min(8, (kp - (kq * 8))), ((e_k - k0) - (kq * 8))), as_min(8, (kp - (kq * 8))), 8);
           }
         }
       }

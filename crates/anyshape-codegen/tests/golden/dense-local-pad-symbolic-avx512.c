@@ -205,7 +205,7 @@ int32_t as_accc0c8dd8bfb6e0(const int64_t *restrict vars, const float *const *re
         for (int64_t jb = 0; jb < nnb; jb++) {
           for (int64_t kq = 0; kq < as_fdiv((kp + 15), 16); kq++) {
             as_transpose(&Bp[((bofs + (jb * 8192)) + (kq * 512))], 32, &in1[(((base1 + ((n0 + (jb * 32)) * 768)) + k0) + (kq * 16))], 768, as_min(16, (e_n - (n0 + (jb * 32)))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 16);
-            as_transpose(&Bp[(((bofs + (jb * 8192)) + (kq * 512)) + 16)], 32, &in1[(((base1 + (((n0 + (jb * 32)) + 16) * 768)) + k0) + (kq * 16))], 768, as_min(16, (e_n - ((n0 + (jb * 32)) + 16))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 16);
+            as_transpose(&Bp[(((bofs + (jb * 8192)) + (kq * 512)) + 16)], 32, &in1[((((base1 + ((n0 + (jb * 32)) * 768)) + k0) + (kq * 16)) + 12288)], 768, as_min(16, ((e_n - (n0 + (jb * 32))) + (-16))), as_min(as_min(16, (kp - (kq * 16))), ((e_k - k0) - (kq * 16))), as_min(16, (kp - (kq * 16))), 16);
           }
         }
       }

@@ -158,7 +158,7 @@ int32_t as_72bc7bdf5de40c68(const int64_t *restrict vars, const float *const *re
         for (int64_t jb = 0; jb < nnb; jb++) {
           for (int64_t kq = 0; kq < as_fdiv((kp + 3), 4); kq++) {
             as_transpose(&Bp[((bofs + (jb * 64)) + (kq * 32))], 8, &Bg[(((base1 + ((n0 + (jb * 8)) * p_k)) + k0) + (kq * 4))], p_k, 4, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 4);
-            as_transpose(&Bp[(((bofs + (jb * 64)) + (kq * 32)) + 4)], 8, &Bg[(((base1 + (((n0 + (jb * 8)) + 4) * p_k)) + k0) + (kq * 4))], p_k, 4, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 4);
+            as_transpose(&Bp[(((bofs + (jb * 64)) + (kq * 32)) + 4)], 8, &Bg[((((base1 + ((n0 + (jb * 8)) * p_k)) + k0) + (p_k * 4)) + (kq * 4))], p_k, 4, as_min(4, (kp - (kq * 4))), as_min(4, (kp - (kq * 4))), 4);
           }
         }
       }
