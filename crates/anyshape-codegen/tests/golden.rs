@@ -19,6 +19,7 @@ fn target(simd: Simd) -> CpuTarget {
         l2_bytes: 1 << 20,
         l3_bytes: 32 << 20,
         amx: false,
+        avx512_bf16: false,
     }
 }
 
@@ -275,6 +276,7 @@ fn attention_kernels_are_unchanged() {
             rows,
             vectors,
             amx: false,
+            pairs: false,
         };
         let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
         text.push_str(&p.source(&target).unwrap());
@@ -294,12 +296,33 @@ fn attention_kernels_are_unchanged() {
         rows: 32,
         vectors: 2,
         amx: true,
+        pairs: false,
     };
     let mut text = target.prelude();
     let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
     text.push_str(&p.source(&target).unwrap());
     check(
         "masked_attention_bf16-amx-local-pad-symbolic-avx512.c",
+        &text,
+    );
+    // The pairs variant: both products as `vdpbf16ps` register tiles, operands packed
+    // as the AMX variant's.
+    let pairs_target = CpuTarget {
+        amx: false,
+        avx512_bf16: true,
+        ..target
+    };
+    let mk = AttentionKernel {
+        rows: 6,
+        vectors: 3,
+        amx: false,
+        pairs: true,
+    };
+    let mut text = pairs_target.prelude();
+    let p = Program::symbolic(&w, mk, PaddingStrategy::LocalPad);
+    text.push_str(&p.source(&pairs_target).unwrap());
+    check(
+        "masked_attention_bf16-pairs-local-pad-symbolic-avx512.c",
         &text,
     );
 }

@@ -531,6 +531,7 @@ fn vector_attention(rows: usize, vectors: usize) -> AttentionKernel {
         rows,
         vectors,
         amx: false,
+        pairs: false,
     }
 }
 
@@ -563,15 +564,11 @@ fn fused_attention_all_shapes_and_modes() {
         2,
         &strategies,
     );
-    // In bf16: on AMX tiles (blocks of 16 and 32 rows) where the CPU has them, else the
-    // vector kernels in f32 (which the bf16 bound holds too).
     for w in [
         "masked_attention_bf16(B=2,H=3,M=T,N=T,D=64,scale=0.125,nan_to_zero)",
         "attention_bf16(B=1,H=2,M=T,N=T+5,D=32,scale=0.3)",
     ] {
-        let wl = Workload::parse(w).unwrap();
-        let fitted = |rows| small(rows, 2).fit(&target, &wl);
-        matrix_on(&target, w, [fitted(16), fitted(32)], 2, &strategies);
+        matrix_on(&target, w, bf16_attentions(&target, w), 2, &strategies);
     }
 }
 
@@ -616,9 +613,19 @@ fn fused_cache_and_grouped_attention() {
         "masked_cache_attention_bf16(B=1,H=3,M=1,N=T,D=64,R=0)",
         "grouped_cache_attention_bf16(B=1,H=1,G=4,M=T,N=T+2,D=64,R=1,scale=0.125)",
     ] {
-        let wl = Workload::parse(w).unwrap();
-        let fitted = |rows| small(rows, 2).fit(&target, &wl);
-        matrix_on(&target, w, [fitted(16), fitted(32)], 2, &strategies);
+        matrix_on(&target, w, bf16_attentions(&target, w), 2, &strategies);
+    }
+}
+
+/// Two kernels of the bf16 attention `w`: on AMX tiles (blocks of 16 and 32 rows) where
+/// the CPU has them; else on pairs (where it has AVX512_BF16) and a vector kernel in f32
+/// products (what a CPU without runs; the bf16 bound holds it too).
+fn bf16_attentions(target: &CpuTarget, w: &str) -> [AttentionKernel; 2] {
+    let wl = Workload::parse(w).unwrap();
+    let fitted = |rows, vectors| vector_attention(rows, vectors).fit(target, &wl);
+    match target.amx {
+        true => [fitted(16, 2), fitted(32, 2)],
+        false => [fitted(6, 4), vector_attention(5, 1)],
     }
 }
 
@@ -890,6 +897,7 @@ fn fully_masked_attention_rows_are_nan_or_zero() {
             rows: 2,
             vectors: 1,
             amx: false,
+            pairs: false,
         }
         .fit(&target, &w);
         each_strategy_kernel(&w, mk, |strategy, f| {

@@ -21,7 +21,10 @@
 //! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
 //! N` rounded up): the scores never reach memory beyond it. The AMX variant's packing and
 //! products are `attention_amx.rs`; the query block and the softmax (`attention_softmax.rs`)
-//! are shared.
+//! are shared. The pairs variant (bf16 on AVX512_BF16) packs the keys and values, and
+//! rounds the query block and the probabilities, as the AMX variant does, and runs both
+//! products as these register tiles of pair products (`Value::DotBf16`): the sums along
+//! the head dim and along the keys a pair of them per product.
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
     for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose, Value,
@@ -46,6 +49,14 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     let width = vectors * lanes;
     // The keys are padded to whole tile rows (vectors), or to pairs of AMX tiles.
     let granule = if mk.amx { 2 * AMX_EDGE } else { width };
+    if (mk.amx || mk.pairs) && !crate::sketch::packs_pairs(w) {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: "the AMX and pairs variants serve bf16 attentions whose head dim is a \
+                     constant multiple of 32"
+                .into(),
+        });
+    }
     let axes = AttentionAxes::of(w).ok_or_else(|| CodegenError::SketchNotApplicable {
         workload: w.to_string(),
         reason: "an attention without the axes b, h, m, d and n".into(),
@@ -100,7 +111,7 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
             scope: Scope::Stack,
         },
     ];
-    if mk.amx {
+    if mk.amx || mk.pairs {
         task.extend(super::attention_amx::pack(lanes));
     } else {
         task.push(Stmt::Alloc {
@@ -165,10 +176,47 @@ pub(crate) fn lower(p: &Program<AttentionKernel>, target: &CpuTarget) -> Result<
     );
     if mk.amx {
         block.extend(super::attention_amx::block(rows, lanes, softmax));
+    } else if mk.pairs {
+        let d = w.axes[axes.d].extent.as_const().unwrap_or(0) as usize;
+        let words = super::attention_amx::block_words;
+        let [qw_alloc, qw] = words(("Qw", 5), ("Qb", v("e_d")), rows, v("half_d"));
+        let [pw_alloc, pw] = words(("Pw", 6), ("S", v("np")), rows, v("half_n"));
+        let tile = Tile {
+            name: "s",
+            loaded: "k",
+            rows,
+            vectors,
+            lanes,
+            pairs: true,
+        };
+        block.extend([qw_alloc, qw, scores(&tile), softmax, pw_alloc, pw]);
+        // Tiles along the head dim of whole panels: as many as divide its panels.
+        let panels = d / lanes;
+        let vectors = (1..=vectors.min(panels))
+            .rev()
+            .find(|u| panels.is_multiple_of(*u))
+            .unwrap_or(1);
+        block.push(context(
+            &Tile {
+                name: "o",
+                loaded: "v",
+                vectors,
+                ..tile
+            },
+            true,
+        ));
     } else {
-        block.push(scores(rows, vectors, lanes));
+        let tile = |name, loaded| Tile {
+            name,
+            loaded,
+            rows,
+            vectors,
+            lanes,
+            pairs: false,
+        };
+        block.push(scores(&tile("s", "k")));
         block.push(softmax);
-        block.push(context(rows, vectors, lanes, whole_d));
+        block.push(context(&tile("o", "v"), whole_d));
     }
     let mut item = vec![
         let_("it", v("items0") + v("ij")),
@@ -327,6 +375,7 @@ pub(super) fn transpose_heads(
 /// A register tile of `rows x vectors` accumulators `{name}_{r}_{u}` of `lanes` each,
 /// summed over a loop whose step loads a row of `vectors` vectors and broadcasts one
 /// scalar per tile row: both products of the fused attention.
+#[derive(Clone, Copy)]
 struct Tile {
     name: &'static str,
     /// The prefix of the loaded row's registers.
@@ -334,6 +383,8 @@ struct Tile {
     rows: usize,
     vectors: usize,
     lanes: usize,
+    /// Pair products of words of bfloat16 pairs (the pairs variant), not FMAs.
+    pairs: bool,
 }
 
 impl Tile {
@@ -374,11 +425,15 @@ impl Tile {
                 init: load(u),
             });
         }
+        let product = match self.pairs {
+            true => Value::DotBf16,
+            false => Value::Fma,
+        };
         for r in 0..self.rows {
             for u in 0..self.vectors {
                 step.push(Stmt::Assign {
                     reg: self.acc(r, u),
-                    value: Value::Fma(
+                    value: product(
                         Box::new(Value::reg(&row(u), self.lanes)),
                         Box::new(broadcast(r)),
                         Box::new(Value::reg(&self.acc(r, u), self.lanes)),
@@ -390,25 +445,33 @@ impl Tile {
     }
 }
 
-/// `S[r, n] = Σ_e Qb[r, e] · Kt[e, n]` for the block's rows, tiles of `rows x vectors`
-/// vectors along `n`.
-fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
-    let t = Tile {
-        name: "s",
-        loaded: "k",
-        rows,
-        vectors,
-        lanes,
-    };
+/// `S[r, n] = Σ_e Qb[r, e] · Kt[e, n]` for the block's rows, tiles `t` of `rows x
+/// vectors` vectors along `n`; on pairs, `Σ_kk Qw[r, kk] · Kp[n / 16, kk, n % 16]` over
+/// the head dim's pairs.
+fn scores(t: &Tile) -> Stmt {
+    let (rows, vectors, lanes) = (t.rows, t.vectors, t.lanes);
     let width = c(vectors * lanes);
-    let panel = v("j") * v("e_d") * width.clone() + v("e") * width.clone();
     let mut tile = t.zero();
-    tile.push(t.sum(
-        ("e", v("e_d")),
-        Vec::new(),
-        |u| Value::vload("Kt", panel.clone() + c(u * lanes), lanes),
-        |r| Value::load("Qb", c(r) * v("e_d") + v("e")),
-    ));
+    tile.push(match t.pairs {
+        false => {
+            let panel = v("j") * v("e_d") * width.clone() + v("e") * width.clone();
+            t.sum(
+                ("e", v("e_d")),
+                Vec::new(),
+                |u| Value::vload("Kt", panel.clone() + c(u * lanes), lanes),
+                |r| Value::load("Qb", c(r) * v("e_d") + v("e")),
+            )
+        }
+        true => {
+            let panel = |u: usize| (v("j") * c(vectors) + c(u)) * v("half_d") + v("kk");
+            t.sum(
+                ("kk", v("half_d")),
+                Vec::new(),
+                |u| Value::vload("Kp", panel(u) * c(lanes), lanes),
+                |r| Value::load("Qw", c(r) * v("half_d") + v("kk")),
+            )
+        }
+    });
     for r in 0..rows {
         for u in 0..vectors {
             let at = c(r) * v("np") + v("j") * width.clone() + c(u * lanes);
@@ -418,29 +481,36 @@ fn scores(rows: usize, vectors: usize, lanes: usize) -> Stmt {
     for_("j", v("np") / width, LoopKind::Serial, tile)
 }
 
-/// `Y[b, h, g, m0 + r, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]`: tiles of `rows x
+/// `Y[b, h, g, m0 + r, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]`: tiles `t` of `rows x
 /// vectors` vectors along `d`, the values read in place (their last vectors partial
 /// where the head dim is not whole tile rows), rows past the block's end not stored.
-fn context(rows: usize, vectors: usize, lanes: usize, whole_d: bool) -> Stmt {
-    let t = Tile {
-        name: "o",
-        loaded: "v",
-        rows,
-        vectors,
-        lanes,
-    };
+/// On pairs, `Σ_kk Pw[r, kk] · Vp[d / 16, kk, d % 16]` over the keys' pairs (`whole_d`:
+/// the head dim is whole tiles).
+fn context(t: &Tile, whole_d: bool) -> Stmt {
+    let (rows, vectors, lanes) = (t.rows, t.vectors, t.lanes);
     let col = |u: usize| v("d0") * c(vectors * lanes) + c(u * lanes);
     let left = |u: usize| v("e_d") - col(u);
     let mut tile = t.zero();
-    tile.push(t.sum(
-        ("n", v("e_n")),
-        vec![let_("vb", v("v0") + v("n") * v("sval_n"))],
-        |u| match whole_d {
-            true => Value::vload("in2", v("vb") + col(u), lanes),
-            false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
-        },
-        |r| Value::load("S", c(r) * v("np") + v("n")),
-    ));
+    tile.push(match t.pairs {
+        false => t.sum(
+            ("n", v("e_n")),
+            vec![let_("vb", v("v0") + v("n") * v("sval_n"))],
+            |u| match whole_d {
+                true => Value::vload("in2", v("vb") + col(u), lanes),
+                false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
+            },
+            |r| Value::load("S", c(r) * v("np") + v("n")),
+        ),
+        true => {
+            let panel = |u: usize| (v("d0") * c(vectors) + c(u)) * v("half_n") + v("kk");
+            t.sum(
+                ("kk", v("half_n")),
+                Vec::new(),
+                |u| Value::vload("Vp", panel(u) * c(lanes), lanes),
+                |r| Value::load("Pw", c(r) * v("half_n") + v("kk")),
+            )
+        }
+    });
     for r in 0..rows {
         let mut stores = Vec::new();
         for u in 0..vectors {

@@ -16,6 +16,9 @@
 //! ```
 //! The keys are padded to whole pairs of tiles (`np`, a multiple of 32): the padded
 //! keys and values are zero, so are their scores and (unnormalized) probabilities.
+//! The pairs variant (`pairs=1`) packs the keys and values (`pack`) and rounds `Qw` and
+//! `Pw` (`block_words`) as here, its keys padded to whole tile rows instead; its
+//! products are register tiles of `vdpbf16ps` (`attention.rs`).
 use super::attention::transpose_heads;
 use super::{c, v};
 use crate::loop_ir::{
@@ -148,21 +151,37 @@ fn product(
     }))
 }
 
+/// The block's query rows (`Qw` from `Qb`) or probabilities (`Pw` from `S`) rounded
+/// into words of pairs: `rows` rows of `words` words in scratch `slot`, from rows `len`
+/// floats apart (the AMX and pairs variants' left operands).
+pub(super) fn block_words(
+    (dst, slot): (&str, u8),
+    (src, len): (&str, Expr),
+    rows: usize,
+    words_a_row: Expr,
+) -> [Stmt; 2] {
+    [
+        scratch(dst, c(rows) * words_a_row.clone(), slot),
+        words(dst, (src, c(0), len), c(rows), words_a_row),
+    ]
+}
+
 /// A block of `rows` query rows (after the scaled block `Qb` is filled): the scores on
 /// tiles, `softmax` (the shared rows' pass), the context on tiles and the stores.
 pub(super) fn block(rows: usize, lanes: usize, softmax: Stmt) -> Vec<Stmt> {
     let edge = c(AMX_EDGE);
     let (half_d, half_n) = (v("half_d"), v("half_n"));
-    let pairs = |dst: &str, src: &str, len: Expr, w: Expr| words(dst, (src, c(0), len), c(rows), w);
     let out = v("y0") + v("r") * v("sy_m") + v("q") * c(lanes);
     let y = Value::binary(
         crate::loop_ir::BinaryOp::Mul,
         Value::vload("Ob", v("r") * v("e_d") + v("q") * c(lanes), lanes),
         Value::load("rsum", v("r")),
     );
+    let [qw_alloc, qw] = block_words(("Qw", 5), ("Qb", v("e_d")), rows, half_d.clone());
+    let [pw_alloc, pw] = block_words(("Pw", 6), ("S", v("np")), rows, half_n.clone());
     vec![
-        scratch("Qw", c(rows) * half_d.clone(), 5),
-        pairs("Qw", "Qb", v("e_d"), half_d.clone()),
+        qw_alloc,
+        qw,
         each(
             "jj",
             v("np") / c(2 * AMX_EDGE),
@@ -175,8 +194,8 @@ pub(super) fn block(rows: usize, lanes: usize, softmax: Stmt) -> Vec<Stmt> {
             )],
         ),
         softmax,
-        scratch("Pw", c(rows) * half_n.clone(), 6),
-        pairs("Pw", "S", v("np"), half_n.clone()),
+        pw_alloc,
+        pw,
         scratch("Ob", c(rows) * v("e_d"), 7),
         each(
             "g2",

@@ -312,6 +312,7 @@ mod tests {
             l2_bytes: 1 << 20,
             l3_bytes: 32 << 20,
             amx: false,
+            avx512_bf16: false,
         };
         let source = Program {
             workload: Workload::parse(w).unwrap(),

@@ -11,7 +11,10 @@
 //! Its AMX variant (`amx=1`, a bf16 attention on a CPU with AMX-BF16 whose head dim is
 //! whole tiles of 32) runs both products on tiles instead: blocks of 16 or 32 query
 //! rows, the queries, keys, probabilities and values rounded into words of bfloat16
-//! pairs (`lower/attention_amx.rs`).
+//! pairs (`lower/attention_amx.rs`). Its pairs variant (`pairs=1`, the same attention on
+//! a CPU with AVX512_BF16 and no AMX) packs them so too and runs both products as
+//! register tiles of `vdpbf16ps` pair products, twice the f32 FMAs' products an
+//! instruction.
 //!
 //! An [`AttentionKernel`] fixes every parameter; it is valid on any target whose vector
 //! registers hold the accumulators, never depending on a shape. Its tails are handled
@@ -34,6 +37,10 @@ pub struct AttentionKernel {
     /// Both products on AMX tiles (`rows` 16 or 32).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub amx: bool,
+    /// Both products as bf16 pair products (`vdpbf16ps`) on vector registers, the
+    /// operands packed as the AMX variant's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pairs: bool,
 }
 
 impl AttentionKernel {
@@ -46,12 +53,14 @@ impl AttentionKernel {
                 rows,
                 vectors,
                 amx: false,
+                pairs: false,
             })
             .find(|k| k.validate(target).is_ok())
             .unwrap_or(AttentionKernel {
                 rows: 1,
                 vectors: 1,
                 amx: false,
+                pairs: false,
             })
     }
 
@@ -78,6 +87,11 @@ impl AttentionKernel {
         if self.amx && !target.amx {
             return fail("the AMX variant needs a CPU with AMX-BF16".into());
         }
+        if self.pairs && (self.amx || !target.avx512_bf16 || target.lanes_f32() != 16) {
+            return fail(
+                "the pairs variant needs a CPU with AVX512_BF16 (and is not AMX's)".into(),
+            );
+        }
         if self.amx && self.rows != 16 && self.rows != 32 {
             return fail("the AMX variant's blocks are 16 or 32 rows".into());
         }
@@ -101,15 +115,16 @@ impl AttentionKernel {
         if text.trim_start().starts_with('{') {
             return serde_json::from_str(text).map_err(|e| bad(e.to_string()));
         }
-        let v = super::parse_fields(text, &["rows", "vectors", "amx"]).map_err(bad)?;
-        match (v[0], v[1], v[2].unwrap_or(0)) {
-            (Some(rows), Some(vectors), amx @ (0 | 1)) => Ok(AttentionKernel {
+        let v = super::parse_fields(text, &["rows", "vectors", "amx", "pairs"]).map_err(bad)?;
+        match (v[0], v[1], v[2].unwrap_or(0), v[3].unwrap_or(0)) {
+            (Some(rows), Some(vectors), amx @ (0 | 1), pairs @ (0 | 1)) => Ok(AttentionKernel {
                 rows,
                 vectors,
                 amx: amx == 1,
+                pairs: pairs == 1,
             }),
-            (_, _, 0 | 1) => Err(bad("need rows and vectors".into())),
-            _ => Err(bad("amx is 0 or 1".into())),
+            (_, _, 0 | 1, 0 | 1) => Err(bad("need rows and vectors".into())),
+            _ => Err(bad("amx and pairs are 0 or 1".into())),
         }
     }
 }
@@ -119,6 +134,9 @@ impl fmt::Display for AttentionKernel {
         write!(f, "rows={},vectors={}", self.rows, self.vectors)?;
         if self.amx {
             write!(f, ",amx=1")?;
+        }
+        if self.pairs {
+            write!(f, ",pairs=1")?;
         }
         Ok(())
     }
@@ -172,23 +190,27 @@ impl crate::Sketch for AttentionKernel {
     }
 
     /// The AMX variant where `w` is a bf16 attention the tiles run on a target with
-    /// them (blocks of 16 or 32 rows, whichever is nearer), the vector one elsewhere.
+    /// them (blocks of 16 or 32 rows, whichever is nearer); else the vector one, on
+    /// pairs where such an attention's target has AVX512_BF16.
     fn fit(self, target: &CpuTarget, w: &anyshape_ir::Workload) -> Self {
-        if target.amx && amx_runs(w) {
+        if target.amx && packs_pairs(w) {
             let rows = if self.rows > 24 { 32 } else { 16 };
             return AttentionKernel {
                 rows,
                 amx: true,
+                pairs: false,
                 ..self
             };
         }
-        if self.amx {
-            return AttentionKernel {
-                amx: false,
-                ..AttentionKernel::default_for(target)
-            };
+        let vector = match self.amx {
+            true => AttentionKernel::default_for(target),
+            false => self,
+        };
+        AttentionKernel {
+            amx: false,
+            pairs: target.avx512_bf16 && target.lanes_f32() == 16 && packs_pairs(w),
+            ..vector
         }
-        self
     }
 
     /// The workload's default, in blocks of one query row where the instance has one
@@ -262,6 +284,7 @@ impl crate::Sketch for AttentionKernel {
                 },
                 vectors: rng.random_range(1..=4),
                 amx,
+                pairs: !amx && target.avx512_bf16 && rng.random_bool(0.5),
             };
             if k.validate(target).is_ok() {
                 return k;
@@ -288,6 +311,7 @@ impl crate::Sketch for AttentionKernel {
         let amx = self.amx && other.amx;
         AttentionKernel {
             amx,
+            pairs: self.pairs && other.pairs,
             rows: if rng.random_bool(0.5) {
                 self.rows
             } else {
@@ -326,10 +350,11 @@ impl crate::Sketch for AttentionKernel {
     }
 }
 
-/// Whether `w` can run on AMX tiles (the AMX variant): a bf16 attention whose head dim
-/// is a constant number of whole 32-element tiles (a tile step of the scores' reduction
-/// and two output tiles of the context).
-fn amx_runs(w: &anyshape_ir::Workload) -> bool {
+/// Whether `w` can run on AMX tiles (the AMX variant), or on pairs: a bf16 attention
+/// whose head dim is a constant number of whole 32-element tiles (a tile step of the
+/// scores' reduction and two output tiles of the context; the pairs variant packs its
+/// operands as the AMX one).
+pub(crate) fn packs_pairs(w: &anyshape_ir::Workload) -> bool {
     w.precision == anyshape_ir::Precision::Bf16
         && anyshape_ir::AttentionAxes::of(w)
             .and_then(|x| w.axes[x.d].extent.as_const())

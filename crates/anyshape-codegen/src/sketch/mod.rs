@@ -24,8 +24,8 @@ mod gemm;
 mod gpu;
 mod rows;
 
-pub(crate) use attention::attention_pieces;
 pub use attention::AttentionKernel;
+pub(crate) use attention::{attention_pieces, packs_pairs};
 pub use contraction::ContractionKernel;
 pub use contraction_amx::{amx_runs, AMX_EDGE, AMX_TILES};
 pub use gemm::{GemmOperand, GemmView, StridedGemm};

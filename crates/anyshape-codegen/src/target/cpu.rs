@@ -55,6 +55,11 @@ pub struct CpuTarget {
     /// (`ContractionKernel::amx`). Absent from the JSON form when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub amx: bool,
+    /// AVX512_BF16 (`vdpbf16ps`, the products of bfloat16 pairs in f32): a bf16
+    /// attention may run its products on pairs (`AttentionKernel::pairs`). Absent from
+    /// the JSON form when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub avx512_bf16: bool,
 }
 
 impl CpuTarget {
@@ -77,6 +82,10 @@ impl CpuTarget {
             l2_bytes: cache("2", 1 << 20),
             l3_bytes: cache("3", 8 << 20),
             amx: simd == Simd::Avx512 && detect_amx(),
+            avx512_bf16: simd == Simd::Avx512
+                && anyshape_abi::host_cpu_features()
+                    .iter()
+                    .any(|f| f == "avx512_bf16"),
         }
     }
 
@@ -115,6 +124,7 @@ impl CpuTarget {
             l2_bytes: 2 << 20,
             l3_bytes: 32 << 20,
             amx: false,
+            avx512_bf16: false,
         }
     }
 }

@@ -105,7 +105,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_edfeff74521872e3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_f89779cee7c8f19c(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -183,7 +183,7 @@ int32_t as_edfeff74521872e3(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_25e8196973a61196(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_b4e745b3146ae31d(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -263,7 +263,7 @@ int32_t as_25e8196973a61196(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_6dbf2255e8d07390(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_4fff7a0b99ba54c0(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -326,7 +326,7 @@ int32_t as_6dbf2255e8d07390(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_83728489c0d12193(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_3987180f243ccac8(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

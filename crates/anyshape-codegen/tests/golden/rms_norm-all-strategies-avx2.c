@@ -105,7 +105,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_bdf2b15da02d255a(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_859a83918ee043db(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -164,7 +164,7 @@ int32_t as_bdf2b15da02d255a(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_7e178e814a528711(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_8a15cc862217b1fb(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -230,7 +230,7 @@ int32_t as_7e178e814a528711(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_9853df3b17b0f11d(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_14bdcd9ce9a4d430(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -279,7 +279,7 @@ int32_t as_9853df3b17b0f11d(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_1908313da7b330d2(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_78452f3b5adf6282(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

@@ -105,7 +105,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_bae44b1fe97bc114(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_cdf59d446308745c(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -181,7 +181,7 @@ int32_t as_bae44b1fe97bc114(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_f4d5a021d14d40ed(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_a10329f48bafb580(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -248,7 +248,7 @@ int32_t as_f4d5a021d14d40ed(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_644e8ba636a40e29(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_5e2fa140b199dcc3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -309,7 +309,7 @@ int32_t as_644e8ba636a40e29(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_2826ba34508d9670(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_53589d5c67d25d00(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
