@@ -142,6 +142,13 @@ impl fmt::Display for AttentionKernel {
     }
 }
 
+/// The fewest query rows a head (of all its group's query heads) for which an untuned
+/// module runs the pairs variant. Masked cache attention, 12 heads (Zen 4), f32
+/// products against pairs: 256 keys, 8 rows 0.054 against 0.080 ms, 16 rows 0.083
+/// against 0.104, 32 rows 0.162 against 0.133; as many keys as rows, 32: 0.035 against
+/// 0.039 (medians 0.052 and 0.040), 64: 0.078 against 0.057.
+const PAIRS_MIN_ROWS: usize = 32;
+
 /// How many pieces each (batch, key/value head) of a fused attention is split into
 /// over its `items` (query head, row block) pairs, for `heads` such tasks on `threads`:
 /// `threads / gcd(heads, threads)`, so that the tasks divide evenly among the threads
@@ -218,19 +225,27 @@ impl crate::Sketch for AttentionKernel {
     /// otherwise compute six rows' scores and context for one. Masked cache attention,
     /// one row against 256 keys, 12 heads (Emerald Rapids class): 28-30 -> 22-23 µs.
     /// (Two to five rows keep the default: one more kernel each for a rare instance.)
+    /// The pairs variant only from [`PAIRS_MIN_ROWS`] query rows a head on: its packing
+    /// of the keys and values into words costs more than its products save below.
     fn default_for_instance(
         target: &CpuTarget,
         w: &anyshape_ir::Workload,
         bound: &anyshape_ir::BoundWorkload,
     ) -> Self {
         let default = Self::default_for_workload(target, w);
-        let one_row = anyshape_ir::AttentionAxes::of(w)
+        let rows = anyshape_ir::AttentionAxes::of(w)
             .and_then(|x| bound.extents.get(x.m).copied())
-            .is_some_and(|m| m == 1);
-        if default.amx || !one_row {
-            return default;
+            .unwrap_or(0);
+        let pairs = default.pairs && extents(w, bound)[2] >= PAIRS_MIN_ROWS as f64;
+        match default.amx {
+            true => default,
+            false if rows == 1 => AttentionKernel {
+                rows: 1,
+                pairs,
+                ..default
+            },
+            false => AttentionKernel { pairs, ..default },
         }
-        AttentionKernel { rows: 1, ..default }
     }
 
     fn parse(text: &str) -> Result<Self> {
@@ -376,7 +391,11 @@ mod tests {
             amx: true,
             ..plain.clone()
         };
-        for text in ["rows=6,vectors=4", "rows=32,vectors=2,amx=1"] {
+        for text in [
+            "rows=6,vectors=4",
+            "rows=32,vectors=2,amx=1",
+            "rows=6,vectors=4,pairs=1",
+        ] {
             let k = AttentionKernel::parse(text).unwrap();
             assert_eq!(k.to_string(), text);
             assert_eq!(
@@ -394,6 +413,26 @@ mod tests {
             .contains("AMX-BF16"));
         let odd = AttentionKernel { rows: 20, ..k };
         assert!(odd.validate(&amx).is_err());
+        // The pairs variant needs AVX512_BF16, and is not AMX's.
+        let pairs = AttentionKernel::parse("rows=6,vectors=4,pairs=1").unwrap();
+        let bf16_cpu = CpuTarget {
+            avx512_bf16: true,
+            ..plain.clone()
+        };
+        assert!(pairs.validate(&bf16_cpu).is_ok());
+        assert!(pairs.validate(&plain).is_err());
+        assert!(AttentionKernel { amx: true, ..k }
+            .validate(&CpuTarget {
+                amx: true,
+                ..bf16_cpu.clone()
+            })
+            .is_ok());
+        assert!(AttentionKernel { pairs: true, ..k }
+            .validate(&CpuTarget {
+                amx: true,
+                ..bf16_cpu
+            })
+            .is_err());
         let default = AttentionKernel::default_for(&amx);
         let w = |text: &str| Workload::parse(text).unwrap();
         let bf16 = w("masked_attention_bf16(B=1,H=12,M=T,N=T,D=64)");
@@ -434,5 +473,19 @@ mod tests {
         assert_eq!(rows(&plain, grouped, 1).rows, 1);
         let bf16 = "masked_attention_bf16(B=1,H=12,M=T,N=T,D=64)";
         assert!(rows(&amx, bf16, 1).amx && rows(&amx, bf16, 1).rows == 16);
+        // On pairs where the CPU has AVX512_BF16, from PAIRS_MIN_ROWS query rows (of
+        // the whole group) on.
+        let pairs = CpuTarget {
+            avx512_bf16: true,
+            ..CpuTarget::avx512_for_tests()
+        };
+        assert!(!rows(&plain, bf16, 100).pairs);
+        assert!(!rows(&pairs, bf16, 1).pairs && rows(&pairs, bf16, 1).rows == 1);
+        assert!(!rows(&pairs, bf16, PAIRS_MIN_ROWS as i64 - 1).pairs);
+        assert!(rows(&pairs, bf16, PAIRS_MIN_ROWS as i64).pairs);
+        let grouped = "grouped_cache_attention_bf16(B=1,H=2,G=8,M=T,N=T,D=64,R=0)";
+        assert!(rows(&pairs, grouped, 4).pairs);
+        assert!(!rows(&pairs, "attention(B=1,H=12,M=T,N=T,D=64)", 100).pairs);
+        assert!(!rows(&pairs, "attention_bf16(B=1,H=12,M=T,N=T,D=48)", 100).pairs);
     }
 }
