@@ -210,7 +210,8 @@ impl ContractionKernel {
 /// 1.00-1.03x at 224 x 224.
 const FEW_CHANNELS: i64 = 128;
 
-/// The usual default (A read in place) and the wide one, then those for small M, which
+/// The usual default (A read in place, but packed over weights in panels and in bf16)
+/// and the wide one, then those for small M, which
 /// pack A (reading it in place measured 0.95-1.0x there): the dot variant's (not for
 /// weights in panels, which it packs element by element: 20x slower there), one row's
 /// and a few rows'.
@@ -267,9 +268,15 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     // A bf16 contraction reading A in place rounds each of its pairs in every
     // register tile: its seeds pack A (rounded once per block) instead — 2.9x (M = 32)
     // and 3.3x (M = 512) faster for the default tile of BERT's dense_bf16 (Zen 5) —
-    // except the wide default, which reading in place wins at M = 3-4 (7 %).
+    // except the wide default, which reading in place wins at M = 3-4 (7 %). So does
+    // an f32 one over weights in panels (`dense_packed`), now that its A blocks are
+    // transposed in registers as they are packed: the default tile cold, Zen 4, BERT's
+    // layers at M = 64-255 1.05-1.10x (K = 768) and 1.10-1.35x (K = 3072, whose A rows,
+    // 12 KB apart, all fall in one L1 set when read in place); BERT-base f32 1.02-1.09x
+    // from sequence 32 on, level below.
     let packed_a = |mk: ContractionKernel| match w.precision {
         Precision::Bf16 => ContractionKernel { ia: false, ..mk },
+        Precision::F32 if panels => ContractionKernel { ia: false, ..mk },
         Precision::F32 => mk,
     };
     let plain = [
