@@ -225,7 +225,7 @@ impl crate::Sketch for AttentionKernel {
     /// otherwise compute six rows' scores and context for one. Masked cache attention,
     /// one row against 256 keys, 12 heads (Emerald Rapids class): 28-30 -> 22-23 µs.
     /// (Two to five rows keep the default: one more kernel each for a rare instance.)
-    /// The pairs variant only from [`PAIRS_MIN_ROWS`] query rows a head on: its packing
+    /// The pairs variant only from `PAIRS_MIN_ROWS` (32) query rows a head on: its packing
     /// of the keys and values into words costs more than its products save below.
     fn default_for_instance(
         target: &CpuTarget,
