@@ -5,8 +5,10 @@
 //! zeroed and the rectangle of it inside the tensor copied (`Nest::pack`), or, where
 //! the source's K axis is contiguous, tiles transposed in registers whose loads stop
 //! at the edge and whose stores write the zeros (`Stmt::Transpose`). A bf16
-//! contraction's A, and a B read in pairs, are packed as words of their pairs, rounded
-//! (`Value::PairBf16`).
+//! contraction's A, and a B read in pairs, are packed as words of their pairs, rounded:
+//! where the pairs are contiguous each row of the block is rounded into scratch `Rw`
+//! (`Stmt::RoundPairs`) and transposed from there (`Packing::RoundedRows`), elsewhere
+//! pair by pair as copied (`Value::PairBf16`).
 use super::contraction::{Nest, Operand};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, store, Cond, LoopKind, RoundPairs, Stmt, Transpose, Value};
