@@ -56,9 +56,7 @@ impl Peak {
     pub fn available(self, target: &CpuTarget) -> bool {
         match self {
             Peak::Fma => true,
-            Peak::DotBf16 => anyshape_abi::host_cpu_features()
-                .iter()
-                .any(|f| f == "avx512_bf16"),
+            Peak::DotBf16 => target.avx512_bf16,
             Peak::TileBf16 => target.amx,
         }
     }

@@ -622,7 +622,13 @@ fn fused_cache_and_grouped_attention() {
 /// products (what a CPU without runs; the bf16 bound holds it too).
 fn bf16_attentions(target: &CpuTarget, w: &str) -> [AttentionKernel; 2] {
     let wl = Workload::parse(w).unwrap();
-    let fitted = |rows, vectors| vector_attention(rows, vectors).fit(target, &wl);
+    let fitted = |rows, vectors| {
+        AttentionKernel {
+            pairs: true,
+            ..vector_attention(rows, vectors)
+        }
+        .fit(target, &wl)
+    };
     match target.amx {
         true => [fitted(16, 2), fitted(32, 2)],
         false => [fitted(6, 4), vector_attention(5, 1)],
@@ -897,7 +903,7 @@ fn fully_masked_attention_rows_are_nan_or_zero() {
             rows: 2,
             vectors: 1,
             amx: false,
-            pairs: false,
+            pairs: true,
         }
         .fit(&target, &w);
         each_strategy_kernel(&w, mk, |strategy, f| {

@@ -87,7 +87,7 @@ impl AttentionKernel {
         if self.amx && !target.amx {
             return fail("the AMX variant needs a CPU with AMX-BF16".into());
         }
-        if self.pairs && (self.amx || !target.avx512_bf16 || target.lanes_f32() != 16) {
+        if self.pairs && (self.amx || !pairs_on(target)) {
             return fail(
                 "the pairs variant needs a CPU with AVX512_BF16 (and is not AMX's)".into(),
             );
@@ -196,9 +196,26 @@ impl crate::Sketch for AttentionKernel {
         AttentionKernel::default_for(target)
     }
 
+    /// The default on pairs first where `w` can run on them (what an untuned module
+    /// runs from `PAIRS_MIN_ROWS` query rows on), then the default in f32 products
+    /// (what it runs below, and a search measures too).
+    fn seeds(target: &CpuTarget, w: &anyshape_ir::Workload) -> Vec<Self> {
+        let default = AttentionKernel::default_for(target);
+        match pairs_run(target, w) {
+            true => vec![
+                AttentionKernel {
+                    pairs: true,
+                    ..default
+                },
+                default,
+            ],
+            false => vec![default],
+        }
+    }
+
     /// The AMX variant where `w` is a bf16 attention the tiles run on a target with
     /// them (blocks of 16 or 32 rows, whichever is nearer); else the vector one, on
-    /// pairs where such an attention's target has AVX512_BF16.
+    /// pairs only where they run (`self`'s choice kept there).
     fn fit(self, target: &CpuTarget, w: &anyshape_ir::Workload) -> Self {
         if target.amx && packs_pairs(w) {
             let rows = if self.rows > 24 { 32 } else { 16 };
@@ -215,7 +232,7 @@ impl crate::Sketch for AttentionKernel {
         };
         AttentionKernel {
             amx: false,
-            pairs: target.avx512_bf16 && target.lanes_f32() == 16 && packs_pairs(w),
+            pairs: vector.pairs && pairs_run(target, w),
             ..vector
         }
     }
@@ -299,7 +316,7 @@ impl crate::Sketch for AttentionKernel {
                 },
                 vectors: rng.random_range(1..=4),
                 amx,
-                pairs: !amx && target.avx512_bf16 && rng.random_bool(0.5),
+                pairs: !amx && pairs_on(target) && rng.random_bool(0.5),
             };
             if k.validate(target).is_ok() {
                 return k;
@@ -363,6 +380,16 @@ impl crate::Sketch for AttentionKernel {
     fn divides(&self, f: &crate::Factors) -> bool {
         f.0[0].is_multiple_of(self.rows)
     }
+}
+
+/// Whether `target` runs the pairs variant: AVX512_BF16 on 16-lane vectors.
+fn pairs_on(target: &CpuTarget) -> bool {
+    target.avx512_bf16 && target.lanes_f32() == 16
+}
+
+/// Whether the pairs variant runs `w` on `target` (and no AMX variant does).
+fn pairs_run(target: &CpuTarget, w: &anyshape_ir::Workload) -> bool {
+    !target.amx && pairs_on(target) && packs_pairs(w)
 }
 
 /// Whether `w` can run on AMX tiles (the AMX variant), or on pairs: a bf16 attention
