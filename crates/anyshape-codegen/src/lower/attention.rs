@@ -21,13 +21,15 @@
 //! The scratch holds the packed keys (`D x N` rounded up) and one block of scores (`R x
 //! N` rounded up): the scores never reach memory beyond it. The AMX variant's packing and
 //! products are `attention_amx.rs`; the query block and the softmax (`attention_softmax.rs`)
-//! are shared. The pairs variant (bf16 on AVX512_BF16) packs the keys and values, and
-//! rounds the query block and the probabilities, as the AMX variant does, and runs both
-//! products as these register tiles of pair products (`Value::DotBf16`): the sums along
-//! the head dim and along the keys a pair of them per product.
+//! are shared. The vector variant's register tiles of both products are
+//! `attention_tiles.rs`'s. The pairs variant (bf16 on AVX512_BF16) packs the keys and
+//! values, and rounds the query block and the probabilities, as the AMX variant does,
+//! and runs both products as those register tiles of pair products (`Value::DotBf16`):
+//! the sums along the head dim and along the keys a pair of them per product.
+use super::attention_tiles::{context, scores, Tile};
 use super::{c, renamed, shape_vars, v};
 use crate::loop_ir::{
-    for_, let_, store, store_first, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose, Value,
+    for_, let_, store, BinaryOp, Cond, Func, LoopKind, Scope, Stmt, Transpose, Value,
 };
 use crate::sketch::AMX_EDGE;
 use crate::{AttentionKernel, CodegenError, CpuTarget, Program, Result};
@@ -369,170 +371,6 @@ pub(super) fn transpose_heads(
             LoopKind::Serial,
             vec![tile],
         )],
-    )
-}
-
-/// A register tile of `rows x vectors` accumulators `{name}_{r}_{u}` of `lanes` each,
-/// summed over a loop whose step loads a row of `vectors` vectors and broadcasts one
-/// scalar per tile row: both products of the fused attention.
-#[derive(Clone, Copy)]
-struct Tile {
-    name: &'static str,
-    /// The prefix of the loaded row's registers.
-    loaded: &'static str,
-    rows: usize,
-    vectors: usize,
-    lanes: usize,
-    /// Pair products of words of bfloat16 pairs (the pairs variant), not FMAs.
-    pairs: bool,
-}
-
-impl Tile {
-    fn acc(&self, r: usize, u: usize) -> String {
-        format!("{}_{r}_{u}", self.name)
-    }
-
-    /// The accumulators, zero.
-    fn zero(&self) -> Vec<Stmt> {
-        let mut s = Vec::new();
-        for r in 0..self.rows {
-            for u in 0..self.vectors {
-                s.push(Stmt::Reg {
-                    name: self.acc(r, u),
-                    lanes: self.lanes,
-                    init: Value::Zero { lanes: self.lanes },
-                });
-            }
-        }
-        s
-    }
-
-    /// `for var in 0..extent`: the row's vectors `load(u)` (after `head`) times
-    /// `broadcast(r)`, added to the accumulators.
-    fn sum(
-        &self,
-        (var, extent): (&str, Expr),
-        head: Vec<Stmt>,
-        load: impl Fn(usize) -> Value,
-        broadcast: impl Fn(usize) -> Value,
-    ) -> Stmt {
-        let mut step = head;
-        let row = |u: usize| format!("{}_{u}", self.loaded);
-        for u in 0..self.vectors {
-            step.push(Stmt::Reg {
-                name: row(u),
-                lanes: self.lanes,
-                init: load(u),
-            });
-        }
-        let product = match self.pairs {
-            true => Value::DotBf16,
-            false => Value::Fma,
-        };
-        for r in 0..self.rows {
-            for u in 0..self.vectors {
-                step.push(Stmt::Assign {
-                    reg: self.acc(r, u),
-                    value: product(
-                        Box::new(Value::reg(&row(u), self.lanes)),
-                        Box::new(broadcast(r)),
-                        Box::new(Value::reg(&self.acc(r, u), self.lanes)),
-                    ),
-                });
-            }
-        }
-        for_(var, extent, LoopKind::Serial, step)
-    }
-}
-
-/// `S[r, n] = Σ_e Qb[r, e] · Kt[e, n]` for the block's rows, tiles `t` of `rows x
-/// vectors` vectors along `n`; on pairs, `Σ_kk Qw[r, kk] · Kp[n / 16, kk, n % 16]` over
-/// the head dim's pairs.
-fn scores(t: &Tile) -> Stmt {
-    let (rows, vectors, lanes) = (t.rows, t.vectors, t.lanes);
-    let width = c(vectors * lanes);
-    let mut tile = t.zero();
-    tile.push(match t.pairs {
-        false => {
-            let panel = v("j") * v("e_d") * width.clone() + v("e") * width.clone();
-            t.sum(
-                ("e", v("e_d")),
-                Vec::new(),
-                |u| Value::vload("Kt", panel.clone() + c(u * lanes), lanes),
-                |r| Value::load("Qb", c(r) * v("e_d") + v("e")),
-            )
-        }
-        true => {
-            let panel = |u: usize| (v("j") * c(vectors) + c(u)) * v("half_d") + v("kk");
-            t.sum(
-                ("kk", v("half_d")),
-                Vec::new(),
-                |u| Value::vload("Kp", panel(u) * c(lanes), lanes),
-                |r| Value::load("Qw", c(r) * v("half_d") + v("kk")),
-            )
-        }
-    });
-    for r in 0..rows {
-        for u in 0..vectors {
-            let at = c(r) * v("np") + v("j") * width.clone() + c(u * lanes);
-            tile.push(store("S", at, Value::reg(&t.acc(r, u), lanes)));
-        }
-    }
-    for_("j", v("np") / width, LoopKind::Serial, tile)
-}
-
-/// `Y[b, h, g, m0 + r, d] = rsum[r] · Σ_n S[r, n] · V[b, h, n, d]`: tiles `t` of `rows x
-/// vectors` vectors along `d`, the values read in place (their last vectors partial
-/// where the head dim is not whole tile rows), rows past the block's end not stored.
-/// On pairs, `Σ_kk Pw[r, kk] · Vp[d / 16, kk, d % 16]` over the keys' pairs (`whole_d`:
-/// the head dim is whole tiles).
-fn context(t: &Tile, whole_d: bool) -> Stmt {
-    let (rows, vectors, lanes) = (t.rows, t.vectors, t.lanes);
-    let col = |u: usize| v("d0") * c(vectors * lanes) + c(u * lanes);
-    let left = |u: usize| v("e_d") - col(u);
-    let mut tile = t.zero();
-    tile.push(match t.pairs {
-        false => t.sum(
-            ("n", v("e_n")),
-            vec![let_("vb", v("v0") + v("n") * v("sval_n"))],
-            |u| match whole_d {
-                true => Value::vload("in2", v("vb") + col(u), lanes),
-                false => Value::vload_first("in2", v("vb") + col(u), lanes, left(u)),
-            },
-            |r| Value::load("S", c(r) * v("np") + v("n")),
-        ),
-        true => {
-            let panel = |u: usize| (v("d0") * c(vectors) + c(u)) * v("half_n") + v("kk");
-            t.sum(
-                ("kk", v("half_n")),
-                Vec::new(),
-                |u| Value::vload("Vp", panel(u) * c(lanes), lanes),
-                |r| Value::load("Pw", c(r) * v("half_n") + v("kk")),
-            )
-        }
-    });
-    for r in 0..rows {
-        let mut stores = Vec::new();
-        for u in 0..vectors {
-            let index = v("y0") + c(r) * v("sy_m") + col(u);
-            let value = Value::binary(
-                BinaryOp::Mul,
-                Value::reg(&t.acc(r, u), lanes),
-                Value::load("rsum", c(r)),
-            );
-            stores.push(if whole_d {
-                store("out0", index, value)
-            } else {
-                store_first("out0", index, value, left(u))
-            });
-        }
-        tile.push(crate::loop_ir::if_(Cond::Lt(c(r), v("mlen")), stores));
-    }
-    for_(
-        "d0",
-        Expr::ceil_div(v("e_d"), c(vectors * lanes)),
-        LoopKind::Serial,
-        tile,
     )
 }
 

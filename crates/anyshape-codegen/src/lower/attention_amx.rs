@@ -18,7 +18,7 @@
 //! keys and values are zero, so are their scores and (unnormalized) probabilities.
 //! The pairs variant (`pairs=1`) packs the keys and values (`pack`) and rounds `Qw` and
 //! `Pw` (`block_words`) as here, its keys padded to whole tile rows instead; its
-//! products are register tiles of `vdpbf16ps` (`attention.rs`).
+//! products are register tiles of `vdpbf16ps` (`attention_tiles.rs`).
 use super::attention::transpose_heads;
 use super::{c, v};
 use crate::loop_ir::{

@@ -18,6 +18,7 @@ mod amx;
 mod attention;
 mod attention_amx;
 mod attention_softmax;
+mod attention_tiles;
 mod compute;
 mod contraction;
 mod dot;
