@@ -165,6 +165,23 @@ def test_bf16_matches_onnxruntime_within_its_precision(tmp_path):
             assert 1e-6 < error <= 2e-2, (case, name, error)
 
 
+def test_i8_matches_onnxruntime_within_its_precision(tmp_path):
+    model = anyshape.compile(
+        MODELS / "bert_tiny.ts.onnx",
+        dims={"batch": (1, 2), "sequence": range(1, 65)},
+        out=tmp_path / "i8.module",
+        progress=False,
+        precision="i8",
+    )
+    for case in CASES:
+        data = recorded(case)
+        outs = model.run({i.name: data[i.name] for i in model.inputs})
+        for name, got in outs.items():
+            error = relative_error(got, data[name])
+            # Activations and weights quantized to 8 bits: within 1e-1, yet not exact.
+            assert 1e-5 < error <= 1e-1, (case, name, error)
+
+
 @pytest.mark.parametrize("winograd", [True, False])
 def test_convolutions_match_onnxruntime_either_way(tmp_path, winograd):
     # A ResNet's 3 x 3 convolutions by Winograd's transforms (the default) or over

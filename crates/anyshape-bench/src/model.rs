@@ -259,9 +259,15 @@ pub fn compare_model(
         .iter()
         .map(|other| same_model(&model, other))
         .collect::<Result<Vec<_>>>()?;
+    // By default every peer, onnxruntime's dynamic quantization only against an i8
+    // module.
+    let every: Vec<PeerKind> = PeerKind::ALL
+        .into_iter()
+        .filter(|&k| k != PeerKind::OnnxruntimeInt8 || model.manifest().precision == Precision::I8)
+        .collect();
     let asked = match (o.peers.peers, others.is_empty()) {
         (Some(named), _) => named,
-        (None, true) => &PeerKind::ALL[..],
+        (None, true) => &every[..],
         (None, false) => &[],
     };
     // The peers run the model the module was compiled from (none where only modules

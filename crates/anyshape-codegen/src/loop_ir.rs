@@ -197,6 +197,13 @@ pub enum Value {
     /// values (`vdpbf16ps`), `b` of `a`'s lanes or a scalar broadcast over them, `c` of
     /// `a`'s lanes, in f32.
     DotBf16(Box<Value>, Box<Value>, Box<Value>),
+    /// `c + Σ_e u8(a_e) · s8(b_e)` lane by lane in 32-bit integers, `a` words of four
+    /// unsigned bytes, `b` of four signed ones (`vpdpbusd`), `b` of `a`'s lanes or a
+    /// scalar broadcast over them, `c` of `a`'s lanes; every value's bits carried in
+    /// floats (an `i8` contraction: `a` the weights' quads, each byte plus 128).
+    DotI8(Box<Value>, Box<Value>, Box<Value>),
+    /// The lanes of `x`, 32-bit integers carried in float bits, converted to `f32`.
+    IntToFloat(Box<Value>),
 }
 
 impl Value {
@@ -267,8 +274,9 @@ impl Value {
             Value::Binary(_, a, b)
             | Value::Fma(a, _, b)
             | Value::DotBf16(a, _, b)
+            | Value::DotI8(a, _, b)
             | Value::Select(_, a, b) => a.lanes().max(b.lanes()),
-            Value::Unary(_, x) => x.lanes(),
+            Value::Unary(_, x) | Value::IntToFloat(x) => x.lanes(),
         }
     }
 }
@@ -371,6 +379,9 @@ pub enum Stmt {
     /// A run of consecutive pairs rounded to bfloat16 into words (CPU): see
     /// [`RoundPairs`].
     RoundPairs(Box<RoundPairs>),
+    /// A row quantized to 8 bits into words of quads, with its scale and sum (CPU): see
+    /// [`QuantizeRow`].
+    QuantizeRow(Box<QuantizeRow>),
 }
 
 /// A register tile of AMX output tiles (CPU with AMX-BF16): `a_index.len() x
@@ -421,6 +432,32 @@ pub struct RoundPairs {
     pub src_index: Expr,
     /// Words written.
     pub words: Expr,
+}
+
+/// A row quantized to 8 bits into words of quads (CPU), as an `i8` contraction's first
+/// operand is: its scale from its largest magnitude (`anyshape_ir::i8_row_scale`, a NaN
+/// passed over), then byte `e` of `dst[dst_index + w]` = `src[src_index + 4w + e]`
+/// quantized (`anyshape_ir::i8_quantize`: times the inverse scale, rounded to nearest
+/// even, clamped to `[-127, 127]`, a NaN to 0) for `w < words`; the scale stored at
+/// `scale[scale_index]` and the sum of the row's 8-bit values times -128 (the
+/// correction of the weights' bytes, each its value plus 128) at `scale[scale_index +
+/// 1]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizeRow {
+    /// Destination buffer (words).
+    pub dst: String,
+    /// Destination of word 0.
+    pub dst_index: Expr,
+    /// Source buffer (floats).
+    pub src: String,
+    /// Source of the row's first element.
+    pub src_index: Expr,
+    /// Words written (quads read).
+    pub words: Expr,
+    /// Where the scale and the correction go.
+    pub scale: String,
+    /// The scale's element (the correction's is the next).
+    pub scale_index: Expr,
 }
 
 /// A register-level transpose (CPU): element `(r, k)` of the source, at

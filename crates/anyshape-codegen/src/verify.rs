@@ -185,16 +185,23 @@ impl Verifier<'_> {
             Value::PairBf16 { .. } | Value::DotBf16(..) if self.gpu => {
                 self.fail("bfloat16 in a GPU function".into())
             }
+            Value::DotI8(..) | Value::IntToFloat(..) if self.gpu => {
+                self.fail("8-bit integer products in a GPU function".into())
+            }
             Value::PairBf16 { buf, index } => {
                 self.buffer(buf)?;
                 self.expr(index)
             }
-            Value::Binary(_, a, b) | Value::Fma(a, _, b) | Value::DotBf16(a, _, b) => {
+            Value::IntToFloat(x) => self.value(x),
+            Value::Binary(_, a, b)
+            | Value::Fma(a, _, b)
+            | Value::DotBf16(a, _, b)
+            | Value::DotI8(a, _, b) => {
                 let (la, lb) = (a.lanes(), b.lanes());
                 if la != lb && la != 1 && lb != 1 {
                     return self.fail(format!("operands of {la} and {lb} lanes"));
                 }
-                if let Value::Fma(_, m, _) | Value::DotBf16(_, m, _) = val {
+                if let Value::Fma(_, m, _) | Value::DotBf16(_, m, _) | Value::DotI8(_, m, _) = val {
                     if m.lanes() != 1 && m.lanes() != val.lanes() {
                         return self.fail(format!(
                             "a multiplier of {} lanes in a product of {}",
@@ -289,6 +296,17 @@ impl Verifier<'_> {
                 self.written(&r.dst, "rounding of pairs")?;
                 self.buffer(&r.src)?;
                 [&r.dst_index, &r.src_index, &r.words]
+                    .into_iter()
+                    .try_for_each(|e| self.expr(e))
+            }
+            Stmt::QuantizeRow(_) if self.gpu => {
+                self.fail("a quantization to 8 bits in a GPU kernel".into())
+            }
+            Stmt::QuantizeRow(q) => {
+                self.written(&q.dst, "quantization of a row")?;
+                self.written(&q.scale, "quantization of a row")?;
+                self.buffer(&q.src)?;
+                [&q.dst_index, &q.src_index, &q.words, &q.scale_index]
                     .into_iter()
                     .try_for_each(|e| self.expr(e))
             }

@@ -123,6 +123,19 @@ fn cpu_kernels_are_unchanged() {
             Simd::Avx512,
         ),
     );
+    // i8: A's rows quantized before the tasks (`as_quantize_row`), packed from there;
+    // quads multiplied (`as_vdot_i8`), the sums converted at write-back, then the
+    // channels' scales and the bias.
+    check(
+        "dense_i8-local-pad-symbolic-avx512.c",
+        &cpu(
+            "dense_i8(M=T,N=768,K=768,P=16)+mul(n)+bias",
+            ContractionKernel { ia: false, ..wide },
+            PaddingStrategy::LocalPad,
+            None,
+            Simd::Avx512,
+        ),
+    );
     check(
         "dense-local-pad-specialized-avx2.c",
         &cpu(

@@ -7,7 +7,7 @@
 use crate::fusion::{Fusion, Layout, StepKind};
 use crate::graph::Graph;
 use crate::{fact, GraphError, Result};
-use anyshape_ir::{bf16_pair, Expr, Precision};
+use anyshape_ir::{bf16_pair, i8_quad, i8_quantize, i8_row_scale, Expr, Precision};
 use anyshape_plan::{
     check_cache, Cache, ConstantLayout, MemoryPlan, Plan, PlanFile, Step, Storage, Task, Value,
 };
@@ -76,6 +76,7 @@ pub fn lower(g: &Graph, facts: &[Option<Fact>], fusion: &Fusion) -> Result<PlanF
                             precision,
                             batched,
                         } => l.panels(v, width, transposed, precision, batched),
+                        Layout::I8Scales { transposed } => l.i8_scales(v, transposed),
                         Layout::Columns { conv } => l.columns(v, &g.nodes[conv]),
                     })
                     .collect::<Result<_>>()?;
@@ -271,6 +272,38 @@ impl Lowering<'_> {
         Ok(id)
     }
 
+    /// The plan's value of the scales of the constant 2-D weight `v`'s output channels
+    /// (`transposed`: the graph holds it as `[K, N]`) quantized to 8 bits, as its `i8`
+    /// panels are: `[N]`, row-major.
+    fn i8_scales(&mut self, v: ValueId, transposed: bool) -> Result<usize> {
+        let name = self.g.values[v].clone();
+        let t = fact(self.facts, v).value.as_ref().ok_or_else(|| {
+            GraphError::Format(format!("`{name}` is quantized but not a constant"))
+        })?;
+        let [r, c] = t.shape[..] else {
+            return Err(internal(&format!(
+                "`{name}`: an i8 weight of shape {:?} is not 2-D",
+                t.shape
+            )));
+        };
+        let (n, k) = if transposed { (c, r) } else { (r, c) };
+        let w = t.as_f32()?;
+        let at = |row: usize, col: usize| match transposed {
+            true => w[col * n + row],
+            false => w[row * k + col],
+        };
+        let scales = i8_channels(at, n, k).into_iter().map(|(s, _)| s).collect();
+        let tensor = Tensor::f32(vec![n], scales)?;
+        let label = format!("{name} (i8 channel scales)");
+        let c = self.constant(&label, &tensor);
+        Ok(self.push(Value {
+            name: label,
+            dtype: DType::F32,
+            shape: vec![Expr::Const(n as i64)],
+            storage: Storage::Constant(c),
+        }))
+    }
+
     /// The plan's value of the constant weight `v` laid out in panels of `width` rows
     /// of `W[n, k]` (`transposed`: the graph holds it as `[K, N]`; in `bf16` as words of
     /// two bfloat16 along K; a convolution's filters `[co, ci, kh, kw]` as `[co,
@@ -317,9 +350,11 @@ impl Lowering<'_> {
         let cols = match precision {
             Precision::F32 => k,
             Precision::Bf16 if k % 2 == 0 => k / 2,
-            Precision::Bf16 => {
+            Precision::I8 if k % 4 == 0 => k / 4,
+            Precision::Bf16 | Precision::I8 => {
                 return Err(internal(&format!(
-                    "`{name}`: bf16 pairs of an odd reduction ({k})"
+                    "`{name}`: {precision} groups of {} along a reduction of {k}",
+                    precision.group()
                 )))
             }
         };
@@ -356,6 +391,21 @@ impl Lowering<'_> {
                             width,
                             out,
                         ),
+                        Precision::I8 => {
+                            // Each output channel quantized by its own scale.
+                            let scales = i8_channels(at, n, k);
+                            panels(
+                                |row, col| {
+                                    i8_quad(std::array::from_fn(|e| {
+                                        i8_quantize(at(row, 4 * col + e), scales[row].1)
+                                    }))
+                                },
+                                n,
+                                cols,
+                                width,
+                                out,
+                            )
+                        }
                     }
                 }
             },
@@ -363,6 +413,7 @@ impl Lowering<'_> {
         let suffix = match precision {
             Precision::F32 => "in panels",
             Precision::Bf16 => "in panels of bf16 pairs",
+            Precision::I8 => "in panels of 8-bit quads",
         };
         let id = self.push(Value {
             name: format!("{name} ({suffix})"),
@@ -373,6 +424,14 @@ impl Lowering<'_> {
         self.panels.insert(key, id);
         Ok(id)
     }
+}
+
+/// The `(scale, inverse)` of each of the `n` output channels of a weight quantized to
+/// 8 bits (`anyshape_ir::i8_row_scale` over its `k` elements `at(row, col)`).
+fn i8_channels(at: impl Fn(usize, usize) -> f32, n: usize, k: usize) -> Vec<(f32, f32)> {
+    (0..n)
+        .map(|row| i8_row_scale((0..k).map(|col| at(row, col))))
+        .collect()
 }
 
 /// The `n x cols` matrix of 32-bit elements `element(row, col)` laid out in panels of

@@ -392,6 +392,65 @@ fn bf16_fuses_dense_layers_over_half_the_weight_bytes() {
     );
 }
 
+/// In i8 every dense layer over a weight becomes `dense_i8` multiplying first by its
+/// output channels' scales (`+mul(n)`, a constant of N floats laid out row-major), the
+/// weights stored as words of four 8-bit values: a quarter of the bytes of the f32
+/// plan's panels; attention stays as in f32.
+#[test]
+fn i8_fuses_dense_layers_over_a_quarter_of_the_weight_bytes() {
+    use anyshape_ir::Precision;
+    use anyshape_plan::ConstantLayout;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gpt2_tiny.ts.onnx");
+    let g = onnx::load(&path).unwrap();
+    let facts = infer(&g).unwrap();
+    let [f32_plan, i8_plan] = [Precision::F32, Precision::I8]
+        .map(|p| anyshape_graph::lower(&g, &facts, &fuse(&g, &facts, p)).unwrap());
+    let names = |plan: &anyshape_plan::PlanFile| -> Vec<String> {
+        let tasks = &plan.plan().tasks;
+        tasks.iter().map(|t| t.workload.to_string()).collect()
+    };
+    let (f, q) = (names(&f32_plan), names(&i8_plan));
+    assert_eq!(f.len(), q.len());
+    assert!(q.iter().any(|w| w.starts_with("dense_i8(")), "{q:?}");
+    for (f, q) in f.iter().zip(&q) {
+        let f = match f.split_once(")") {
+            Some((head, tail)) if head.starts_with("dense_packed(") => {
+                format!(
+                    "{})+mul(n){tail}",
+                    head.replace("dense_packed(", "dense_i8(")
+                )
+            }
+            _ => f.clone(),
+        };
+        assert_eq!(f, *q);
+    }
+    let panels = |plan: &anyshape_plan::PlanFile, precision: Precision| {
+        let consts = &plan.plan().constants;
+        let layout = ConstantLayout::Panels {
+            width: 16,
+            precision,
+        };
+        let k: Vec<u64> = consts
+            .iter()
+            .filter(|k| k.layout == layout)
+            .map(|k| k.bytes)
+            .collect();
+        k
+    };
+    let (fb, qb) = (
+        panels(&f32_plan, Precision::F32),
+        panels(&i8_plan, Precision::I8),
+    );
+    assert_eq!(fb.len(), qb.len());
+    assert!(
+        !fb.is_empty() && qb.iter().sum::<u64>() * 4 == fb.iter().sum::<u64>(),
+        "{fb:?} bytes of f32 panels, {qb:?} of i8 ones"
+    );
+    let scales = i8_plan.plan().constants.iter();
+    let scales = scales.filter(|k| k.name.ends_with("(i8 channel scales)"));
+    assert_eq!(scales.count(), qb.len());
+}
+
 /// Lowering records each cache of GPT-2 with past (the plan may keep it across runs),
 /// and the verifier refuses a cache that a step could not read with room to spare.
 #[test]

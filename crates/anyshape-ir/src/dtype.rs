@@ -48,7 +48,8 @@ impl DType {
     }
 }
 
-/// What a contraction multiplies in; it accumulates in `f32` either way.
+/// What a contraction multiplies in; it accumulates in `f32` (in `i8`: in 32-bit
+/// integers per reduction slice, then `f32`).
 ///
 /// `bf16`: its operands are rounded to bfloat16 (the top 16 bits of an `f32`, rounded
 /// to nearest, ties to even) and multiplied in pairs along the reduction, as AVX512_BF16's
@@ -66,6 +67,15 @@ pub enum Precision {
     F32,
     /// bfloat16 products of pairs, accumulated in `f32`.
     Bf16,
+    /// 8-bit integer products of quads (AVX512_VNNI's `vpdpbusd`): the first operand
+    /// quantized per row as it is read ([`i8_row_scale`], [`i8_quantize`]: symmetric,
+    /// `[-127, 127]`, one scale per row over the whole reduction), the second stored
+    /// as 32-bit words of four bytes along the reduction, each the weight's 8-bit
+    /// value plus 128 ([`i8_quad`]; a quarter of `f32` weights' bytes). The reduction
+    /// axis counts quads; the result is the sum of the products times the row's scale
+    /// — in the units of the weights' 8-bit values: a model multiplies by each output
+    /// channel's weight scale in the epilogue.
+    I8,
 }
 
 impl Precision {
@@ -81,14 +91,26 @@ impl Precision {
         match self {
             Precision::F32 => 1e-4,
             Precision::Bf16 => 2e-2,
+            Precision::I8 => 1e-1,
         }
     }
 
-    /// Its name: `f32` or `bf16`.
+    /// Its name: `f32`, `bf16` or `i8`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::I8 => "i8",
+        }
+    }
+
+    /// Elements of a reduction one step of its contraction multiplies (one 32-bit
+    /// word of the second operand): 1, 2 (a pair of bfloat16) or 4 (a quad of bytes).
+    pub fn group(self) -> i64 {
+        match self {
+            Precision::F32 => 1,
+            Precision::Bf16 => 2,
+            Precision::I8 => 4,
         }
     }
 }
@@ -105,7 +127,8 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" => Ok(Precision::F32),
             "bf16" => Ok(Precision::Bf16),
-            _ => Err(format!("unknown precision `{s}` (known: f32, bf16)")),
+            "i8" => Ok(Precision::I8),
+            _ => Err(format!("unknown precision `{s}` (known: f32, bf16, i8)")),
         }
     }
 }
@@ -138,6 +161,51 @@ pub fn bf16_unpair(word: f32) -> (f32, f32) {
     (bf16_value(u as u16), bf16_value((u >> 16) as u16))
 }
 
+/// The scale of a row quantized to 8 bits ([`Precision::I8`]) from its elements:
+/// `(scale, inverse)`, from the largest magnitude `max` among them (a NaN passed over),
+/// `scale = max / 127` and `inverse = 127 / max` in `f32` (both 0 for a row of zeros or
+/// one whose largest magnitude is infinite) — exactly as the generated kernels compute
+/// them.
+pub fn i8_row_scale(row: impl IntoIterator<Item = f32>) -> (f32, f32) {
+    let max = row
+        .into_iter()
+        .fold(0.0f32, |m, x| if x.abs() > m { x.abs() } else { m });
+    if max > 0.0 && max.is_finite() {
+        (max / 127.0, 127.0 / max)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// `x` quantized with a row's `inverse` scale ([`i8_row_scale`]): `x · inverse` in
+/// `f32`, rounded to nearest (ties to even) and clamped to `[-127, 127]` — exactly as
+/// the generated kernels do.
+pub fn i8_quantize(x: f32, inverse: f32) -> i32 {
+    let q = (x * inverse).round_ties_even();
+    if q.is_nan() {
+        0
+    } else {
+        q.clamp(-127.0, 127.0) as i32
+    }
+}
+
+/// Four 8-bit weights (each in `[-128, 127]`, first in the low byte) as one word of an
+/// `i8` contraction's second operand: each byte the value plus 128; the word's bits
+/// carried in an `f32`.
+pub fn i8_quad(values: [i32; 4]) -> f32 {
+    let bits = values.iter().enumerate().fold(0u32, |w, (i, &q)| {
+        w | (((q + 128) as u32 & 0xff) << (8 * i))
+    });
+    f32::from_bits(bits)
+}
+
+/// The four 8-bit weights of a word of an `i8` contraction's second operand (low byte
+/// first): each byte minus 128.
+pub fn i8_unquad(word: f32) -> [i32; 4] {
+    let u = word.to_bits();
+    std::array::from_fn(|i| ((u >> (8 * i)) & 0xff) as i32 - 128)
+}
+
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -164,6 +232,26 @@ mod tests {
         assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
         assert_eq!(bf16_value(bf16_bits(f32::INFINITY)), f32::INFINITY);
         assert_eq!(bf16_unpair(bf16_pair(-2.5, 0.375)), (-2.5, 0.375));
+    }
+
+    #[test]
+    fn i8_quantizes_symmetrically_to_nearest_even_and_packs_quads() {
+        use super::{i8_quad, i8_quantize, i8_row_scale, i8_unquad};
+        let (scale, inv) = i8_row_scale([1.0, f32::NAN, -2.54, 0.5]);
+        assert_eq!((scale, inv), (2.54f32 / 127.0, 127.0f32 / 2.54));
+        assert_eq!(i8_quantize(2.54, inv), 127);
+        assert_eq!(i8_quantize(-2.54, inv), -127);
+        // Past the largest magnitude (not in its row) clamps; 0.5 ties to even.
+        assert_eq!(i8_quantize(9.0, inv), 127);
+        assert_eq!(i8_quantize(0.5, 1.0), 0);
+        assert_eq!(i8_quantize(1.5, 1.0), 2);
+        assert_eq!(i8_quantize(f32::NAN, 1.0), 0);
+        for row in [[0.0, -0.0], [1.0, f32::NEG_INFINITY], [f32::NAN, 0.0]] {
+            assert_eq!(i8_row_scale(row), (0.0, 0.0));
+        }
+        let q = [-128, -1, 0, 127];
+        assert_eq!(i8_quad(q).to_bits(), 0xff_80_7f_00);
+        assert_eq!(i8_unquad(i8_quad(q)), q);
     }
 
     #[test]

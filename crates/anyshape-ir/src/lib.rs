@@ -24,7 +24,10 @@ mod text;
 mod workload;
 
 pub use bound::{BoundPanels, BoundWorkload};
-pub use dtype::{bf16_bits, bf16_pair, bf16_unpair, bf16_value, DType, Precision};
+pub use dtype::{
+    bf16_bits, bf16_pair, bf16_unpair, bf16_value, i8_quad, i8_quantize, i8_row_scale, i8_unquad,
+    DType, Precision,
+};
 pub use epilogue::{Binary, Epilogue, EpilogueOp, Scalar, Unary};
 pub use error::{IrError, ParseError, Result};
 pub use expr::{is_runtime_dim, Expr, RUNTIME_DIM};

@@ -16,6 +16,8 @@
 //!   first operand's last dimension, contiguous, twice the axis's constant extent and
 //!   read at twice its index; its second operand in panels of words, or read in pairs
 //!   as the first.
+//! - an `i8` contraction ([`Precision::I8`]) likewise over quads (four times the
+//!   extent, read at four times the index), its second operand in panels of words.
 use crate::{BoundWorkload, DType, Epilogue, Expr, IrError, Precision, Result, Scalar};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -384,8 +386,8 @@ impl Workload {
         }
         // A bf16 attention rounds its operands as its sketch multiplies them: no
         // layout invariant.
-        if self.precision == Precision::Bf16 && !matches!(self.class, OpClass::Attention(_)) {
-            self.validate_pairs()?;
+        if !self.precision.is_f32() && !matches!(self.class, OpClass::Attention(_)) {
+            self.validate_groups()?;
         }
         if let OpClass::Attention(a) = self.class {
             if !self.epilogue.ops().is_empty() || self.inputs.len() != self.class.operands() {
@@ -407,35 +409,47 @@ impl Workload {
         Ok(())
     }
 
-    /// The invariant of a `bf16` contraction (see the module doc).
-    fn validate_pairs(&self) -> Result<()> {
+    /// The invariant of a `bf16` or `i8` contraction (see the module doc): its
+    /// reduction over groups of [`Precision::group`] elements.
+    fn validate_groups(&self) -> Result<()> {
         let bad = |m: String| Err(IrError::InvalidWorkload(m));
+        let (p, g) = (self.precision, self.precision.group());
         let reductions: Vec<usize> = (0..self.axes.len())
             .filter(|&a| self.axes[a].kind == AxisKind::Reduction)
             .collect();
         let (x, w) = (&self.inputs[0], &self.inputs[1]);
         let [k] = reductions[..] else {
-            return bad("a bf16 contraction has exactly one reduction axis".into());
+            return bad(format!("a {p} contraction has exactly one reduction axis"));
         };
-        let pairs = self.axes[k].extent.as_const();
-        // Read in pairs: the last dimension twice the reduction's constant extent,
-        // indexed by the reduction alone at twice its index.
-        let in_pairs = |t: &TensorRef| {
+        let groups = self.axes[k].extent.as_const();
+        // Read in groups: the last dimension `g` times the reduction's constant extent,
+        // indexed by the reduction alone at `g` times its index.
+        let in_groups = |t: &TensorRef| {
             let last = t.index.len().saturating_sub(1);
             t.panels.is_none()
-                && t.index.last().map(|ix| ix.terms.as_slice()) == Some(&[(k, 2)][..])
+                && t.index.last().map(|ix| ix.terms.as_slice()) == Some(&[(k, g)][..])
                 && t.index.iter().take(last).all(|ix| ix.coeff(k) == 0)
-                && pairs.is_some_and(|p| t.shape.last() == Some(&Expr::Const(2 * p)))
+                && groups.is_some_and(|n| t.shape.last() == Some(&Expr::Const(g * n)))
         };
+        // Only bf16 rounds a second operand as it reads it; i8 weights are quantized
+        // once, by the model.
         let ok = self.class == OpClass::Contraction
-            && in_pairs(x)
-            && (w.panels.is_some() || in_pairs(w));
+            && in_groups(x)
+            && (w.panels.is_some() || (p == Precision::Bf16 && in_groups(w)));
         if !ok {
+            let (what, how) = match p {
+                Precision::I8 => ("quads", "a multiple of 4"),
+                _ => ("pairs", "an even constant"),
+            };
             return bad(format!(
-                "a bf16 contraction multiplies pairs: {}'s last dimension must be an even \
-                 constant, twice the reduction's extent, and {} in panels of word pairs or \
-                 read in pairs likewise",
-                x.name, w.name
+                "a {p} contraction multiplies {what}: {}'s last dimension must be {how}, \
+                 {g} times the reduction's extent, and {} in panels of words{}",
+                x.name,
+                w.name,
+                match p {
+                    Precision::Bf16 => " or read in pairs likewise",
+                    _ => "",
+                }
             ));
         }
         Ok(())
@@ -471,9 +485,8 @@ impl Workload {
         let points: f64 = bound.extents.iter().map(|&e| e as f64).product();
         let out = *bound.lens.last().unwrap_or(&0) as f64;
         let core = match self.class {
-            // A bf16 contraction's reduction counts pairs.
-            OpClass::Contraction if self.precision == Precision::Bf16 => 4.0 * points,
-            OpClass::Contraction => 2.0 * points,
+            // A bf16 (i8) contraction's reduction counts pairs (quads).
+            OpClass::Contraction => 2.0 * self.precision.group() as f64 * points,
             OpClass::Normalization { kind, .. } => {
                 points
                     * match kind {

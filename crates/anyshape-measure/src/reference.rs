@@ -1,8 +1,9 @@
 //! The reference implementation every program is checked against: a direct loop over
 //! the iteration domain in f64, plus the bound on rounding error used to compare.
 use anyshape_ir::{
-    bf16_bits, bf16_pair, bf16_unpair, bf16_value, AttentionAxes, AttentionSpec, AxisKind,
-    BoundWorkload, Normalization, OpClass, Precision, Workload,
+    bf16_bits, bf16_pair, bf16_unpair, bf16_value, i8_quad, i8_quantize, i8_row_scale, i8_unquad,
+    AttentionAxes, AttentionSpec, AxisKind, BoundWorkload, Normalization, OpClass, Precision,
+    Workload,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,16 +16,19 @@ pub fn buffer_bytes(bound: &BoundWorkload) -> u128 {
 
 /// Deterministic random inputs in `[-1, 1)` for an instance of `w`, every input (a
 /// bf16 contraction's second operand in panels as words of two such values rounded to
-/// bfloat16).
+/// bfloat16; an i8 one's as words of four 8-bit values in `[-127, 127]`).
 pub fn random_inputs(w: &Workload, bound: &BoundWorkload, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..w.inputs.len())
         .map(|t| {
-            let pairs = t == 1 && words(w);
+            let words = (t == 1 && words(w)).then_some(w.precision);
             (0..bound.lens[t])
-                .map(|_| match pairs {
-                    true => bf16_pair(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)),
-                    false => rng.random_range(-1.0f32..1.0),
+                .map(|_| match words {
+                    Some(Precision::I8) => {
+                        i8_quad(std::array::from_fn(|_| rng.random_range(-127..=127)))
+                    }
+                    Some(_) => bf16_pair(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)),
+                    None => rng.random_range(-1.0f32..1.0),
                 })
                 .collect()
         })
@@ -70,10 +74,11 @@ pub fn reference_output(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) 
     Reference { output, tolerance }
 }
 
-/// Whether `w`'s second operand holds words of two bfloat16 (a bf16 contraction's
-/// weights in panels; one read in pairs holds `f32` elements, rounded as they are read).
+/// Whether `w`'s second operand holds words of its precision's groups (a bf16 or i8
+/// contraction's weights in panels; a bf16 one read in pairs holds `f32` elements,
+/// rounded as they are read).
 fn words(w: &Workload) -> bool {
-    w.precision == Precision::Bf16 && w.inputs[1].panels.is_some()
+    !w.precision.is_f32() && w.inputs[1].panels.is_some()
 }
 
 /// A contraction: for every point of the iteration domain, the product of the two
@@ -81,7 +86,11 @@ fn words(w: &Workload) -> bool {
 /// worst-case rounding of summing its terms in f32: `(terms + 2) · eps · Σ|terms|`. In
 /// bf16 each point of the domain is a pair: the first operand's element and the next
 /// one, each rounded to bfloat16, times the two halves of the second operand's word
-/// (or its element and the next, rounded likewise).
+/// (or its element and the next, rounded likewise). In i8 a point is a quad: the first
+/// operand's four elements there quantized by its row's scale (every element along the
+/// reduction: `anyshape_ir::i8_row_scale`), times the four bytes of the second
+/// operand's word, summed exactly, times the scale; its magnitude bounds the kernel's
+/// integer sums of each byte plus 128, and its correction, converted to `f32`.
 fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f64>, Vec<f64>) {
     let out_t = w.inputs.len();
     let len = bound.lens[out_t];
@@ -103,10 +112,21 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
     let outer_red = &reduction[..reduction.len().saturating_sub(1)];
     let n_in = w.class.operands();
     let bf16 = w.precision == Precision::Bf16;
+    let i8 = w.precision == Precision::I8;
     let words = words(w);
-    // A point's value and magnitude (the sum of its products' absolute values).
-    let product = |offs: &[i64]| -> (f64, f64) {
-        if bf16 {
+    // A point's value and magnitude (the sum of its products' absolute values), given
+    // (in i8) its row's scale and inverse.
+    let product = |offs: &[i64], (scale, inverse): (f32, f32)| -> (f64, f64) {
+        if i8 {
+            let quad = i8_unquad(inputs[1][offs[1] as usize]);
+            let (mut p, mut size) = (0i64, 0i64);
+            for (e, w) in quad.into_iter().enumerate() {
+                let q = i8_quantize(inputs[0][offs[0] as usize + e], inverse) as i64;
+                p += q * w as i64;
+                size += q.abs() * (w.abs() as i64 + 256);
+            }
+            (scale as f64 * p as f64, scale as f64 * size as f64)
+        } else if bf16 {
             let rounded = |t: usize, o: i64| bf16_value(bf16_bits(inputs[t][o as usize]));
             let (lo, hi) = match words {
                 true => bf16_unpair(inputs[1][offs[1] as usize]),
@@ -122,7 +142,7 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
             (p, p.abs())
         }
     };
-    let terms = if bf16 { 2 * terms } else { terms };
+    let terms = terms * w.precision.group() as usize;
     if terms > 0 && !spatial.iter().any(|&a| bound.extents[a] == 0) {
         let mut point = vec![0i64; w.axes.len()];
         loop {
@@ -141,9 +161,17 @@ fn contraction(w: &Workload, bound: &BoundWorkload, inputs: &[&[f32]]) -> (Vec<f
                     ),
                     None => (1, vec![0; n_in]),
                 };
+                // An i8 contraction's one reduction runs along its first operand's row.
+                let row = match i8 {
+                    true => i8_row_scale((0..extent).flat_map(|q| {
+                        let at = offs[0] + q * strides[0];
+                        (0..4).map(move |e| inputs[0][(at + e) as usize])
+                    })),
+                    false => (1.0, 1.0),
+                };
                 let (mut sum, mut mag) = (0.0f64, 0.0f64);
                 for _ in 0..extent {
-                    let (prod, size) = product(&offs);
+                    let (prod, size) = product(&offs, row);
                     sum += prod;
                     mag += size;
                     for t in 0..n_in {
@@ -259,7 +287,8 @@ fn attention(
     // unit roundoff), and so are the probabilities and values.
     let unit = match w.precision {
         Precision::Bf16 => 2f64.powi(-8),
-        Precision::F32 => 0.0,
+        // No attention multiplies in i8.
+        Precision::F32 | Precision::I8 => 0.0,
     };
     let paired = 2.0 * unit;
     let scale = spec.scale.0;

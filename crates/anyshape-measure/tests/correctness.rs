@@ -337,6 +337,47 @@ fn dense_bf16_all_strategies_modes_and_vectors() {
     }
 }
 
+/// i8 contractions (`dense_i8`: rows quantized before the tasks, quads of bytes
+/// multiplied, 32-bit sums converted at write-back) against the reference's exact
+/// integer products, every local strategy and both modes, on this machine's vectors
+/// (`vpdpbusd` where it has AVX512_VNNI) and narrower ones (byte by byte): edge tiles
+/// at M and N, a last panel narrower than the register tile, several reduction slices
+/// (the correction added in the first only), epilogues with inputs. Both micro-kernels
+/// as fitted: A never read in place.
+#[test]
+fn dense_i8_all_strategies_modes_and_vectors() {
+    let native = CpuTarget::detect();
+    let strategies: Vec<PaddingStrategy> = PADDING_STRATEGIES
+        .into_iter()
+        .filter(|s| !s.policy().copy)
+        .collect();
+    for simd in [native.simd, Simd::Avx2, Simd::Sse] {
+        if simd.vector_bytes() > native.simd.vector_bytes() {
+            continue;
+        }
+        let target = CpuTarget {
+            simd,
+            vector_registers: native.vector_registers.min(16),
+            ..native.clone()
+        };
+        for &(workload, every) in &[
+            ("dense_i8(M=T,N=80,K=44,P=16)+bias+gelu", 1),
+            ("dense_i8(M=2*T,N=T+3,K=128,P=16)+add(n)+add(m,n)", 3),
+        ] {
+            let w = Workload::parse(workload).unwrap();
+            let small = ContractionKernel {
+                pf: true,
+                ia: true,
+                ..small_micro_kernel(&target)
+            };
+            let mks =
+                [ContractionKernel::default_for(&target), small].map(|mk| mk.fit(&target, &w));
+            assert!(mks.iter().all(|mk| !mk.dot && !mk.vm && !mk.ia), "{mks:?}");
+            matrix_on(&target, workload, mks, every, &strategies);
+        }
+    }
+}
+
 /// AMX tiles (`amx=1`, where this machine has AMX-BF16; skipped elsewhere): dense
 /// layers over weights in panels (edge tiles at M and at N, a last panel narrower than
 /// the register tile, epilogues with inputs) and attention's scores in their three forms

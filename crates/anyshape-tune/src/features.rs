@@ -166,6 +166,17 @@ impl Walk {
                 self.value(b);
                 self.value(c);
             }
+            // Four products and four sums per lane.
+            Value::DotI8(a, b, c) => {
+                self.arith(8.0 * lanes);
+                self.value(a);
+                self.value(b);
+                self.value(c);
+            }
+            Value::IntToFloat(x) => {
+                self.arith(lanes);
+                self.value(x);
+            }
             Value::Fma(a, b, c) => {
                 self.arith(2.0 * lanes);
                 self.value(a);
@@ -280,6 +291,14 @@ impl Walk {
                 let words = self.eval(&r.words).max(0) as usize;
                 self.access(&r.src, &r.src_index, 2 * words, false);
                 self.access(&r.dst, &r.dst_index, words, true);
+            }
+            // Counted as the floats it reads (twice: the maximum, then the values) and
+            // the words it writes, and a few operations per float.
+            Stmt::QuantizeRow(q) => {
+                let words = self.eval(&q.words).max(0) as usize;
+                self.access(&q.src, &q.src_index, 8 * words, false);
+                self.access(&q.dst, &q.dst_index, words, true);
+                self.arith(4.0 * 4.0 * words as f64);
             }
             // Counted as the words its tiles load and store, and its products (two
             // bfloat16 per word, a multiply and an add each).

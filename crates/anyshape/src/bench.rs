@@ -29,8 +29,9 @@ pub struct BenchArgs {
     )]
     module: Option<PathBuf>,
     /// A model module (from `anyshape compile`): with --compare, raced against
-    /// onnxruntime and OpenVINO (Python packages, --threads; OpenVINO at FP32 and at its
-    /// default precision) and tract (when built with `--features tract`) on the same
+    /// onnxruntime and OpenVINO (Python packages, --threads; onnxruntime at FP32, and
+    /// on its dynamically quantized model against an i8 module; OpenVINO at FP32 and at
+    /// its default precision) and tract (when built with `--features tract`) on the same
     /// `.onnx` and inputs at every combination of the --dim values (--peers chooses);
     /// writes `model.csv`, `model.md` and `model-latency.svg` to --out-dir.
     #[arg(long, value_name = "DIR")]
@@ -96,9 +97,12 @@ pub struct BenchArgs {
     /// `.venv-export/bin/python` of scripts/export-models.sh) [default: --python's].
     #[arg(long, value_name = "PYTHON")]
     torch_python: Option<String>,
-    /// With --model: the peers to race, of onnxruntime, openvino-f32, openvino (its
-    /// default precision: BF16 where the CPU has it), pytorch and tract; a peer named here that
-    /// cannot start is an error [default: every one at hand, the others noted].
+    /// With --model: the peers to race, of onnxruntime, onnxruntime-int8 (the model
+    /// quantized by onnxruntime's dynamic quantization, in a temporary directory; needs
+    /// the onnx package), openvino-f32, openvino (its default precision: BF16 where the
+    /// CPU has it), pytorch and tract; a peer named here that cannot start is an error
+    /// [default: every one at hand, the others noted; onnxruntime-int8 only against a
+    /// --precision i8 module].
     #[arg(long, value_name = "PEER,...", value_delimiter = ',', value_parser = peer_kind)]
     peers: Option<Vec<PeerKind>>,
     /// Compare the module, instance by instance in one run, with the vendor libraries

@@ -58,7 +58,13 @@ pub struct CompileArgs {
     /// attention's scores too (queries and keys rounded); attention's context,
     /// softmax, normalizations and residual adds stay f32. Outputs move by
     /// up to ~1e-2 of their range (`anyshape run` checks a bf16 module within 2e-2).
-    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    /// `i8`: those dense layers on 8-bit integers — each weight's output channels
+    /// quantized by their own scale (a quarter of f32's bytes), each row of activations
+    /// quantized by its own as the layer runs, products of four bytes summed in 32 bits
+    /// by AVX512_VNNI's `vpdpbusd` (byte by byte elsewhere, and compile says so);
+    /// everything else f32. Outputs move by a few 1e-2 of their range (`anyshape run`
+    /// checks an i8 module within 1e-1).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16|i8")]
     precision: Precision,
     /// Compute every convolution over its patches (`Im2Col` and a `conv_packed`
     /// kernel) instead of 3 x 3 ones of stride 1 by Winograd's F(2x2, 3x3) — or
@@ -140,6 +146,22 @@ fn bf16_note(target: &CpuTarget, common: &Common) {
     );
 }
 
+/// Say so where an i8 module's products cannot run on `vpdpbusd` here: the kernels
+/// (compiled for this host) use it with AVX-512 vectors where the host has AVX512_VNNI,
+/// and multiply byte by byte elsewhere.
+fn i8_note(target: &CpuTarget) {
+    let vnni = anyshape_abi::host_cpu_features()
+        .iter()
+        .any(|f| f == "avx512_vnni");
+    if !vnni || target.simd != anyshape_codegen::Simd::Avx512 {
+        eprintln!(
+            "note: without AVX512_VNNI (and AVX-512 vectors) the 8-bit products run byte by \
+             byte: the weights still take a quarter of f32's bytes, but compute-bound layers \
+             run slower than --precision f32 (anyshape bench --model tells on your shapes)"
+        );
+    }
+}
+
 /// Run `anyshape compile`.
 pub fn compile(args: CompileArgs) -> Result<()> {
     let dims: Vec<ShapeVar> = args
@@ -149,8 +171,10 @@ pub fn compile(args: CompileArgs) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let target = args.common.target()?;
     let precision = args.precision;
-    if precision == Precision::Bf16 {
-        bf16_note(&target, &args.common);
+    match precision {
+        Precision::Bf16 => bf16_note(&target, &args.common),
+        Precision::I8 => i8_note(&target),
+        Precision::F32 => {}
     }
     let defaults = ModelOptions::default();
     let options = ModelOptions {

@@ -47,7 +47,8 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// The largest relative error of the logits from recorded ones that passes
-    /// [default: 1e-4; 2e-2 for a module compiled with --precision bf16].
+    /// [default: 1e-4; 2e-2 for a module compiled with --precision bf16, 1e-1 with
+    /// --precision i8].
     #[arg(long, value_parser = crate::positive)]
     max_error: Option<f64>,
 }

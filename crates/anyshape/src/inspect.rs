@@ -135,6 +135,9 @@ fn inspect_model_module(dir: &Path) -> Result<()> {
         Precision::Bf16 => println!(
             "precision    bf16 (dense layers over weights and attention's scores; the rest f32)"
         ),
+        Precision::I8 => println!(
+            "precision    i8 (dense layers over weights: 8-bit weights per output channel, activations quantized per row; the rest f32)"
+        ),
     }
     for s in model.inputs() {
         println!(

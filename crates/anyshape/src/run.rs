@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// A model's outputs recorded in the `--inputs` file must match within this
     /// relative error (max |error| ÷ max |recorded|; a NaN or an infinity must be
     /// matched by the same value), or the run fails [default: 1e-4; 2e-2 for a module
-    /// compiled with --precision bf16].
+    /// compiled with --precision bf16, 1e-1 with --precision i8].
     #[arg(long, value_parser = relative_error, requires = "module")]
     max_error: Option<f64>,
     /// With a model module: print where a run spends its time, per task and host op.

@@ -1,7 +1,8 @@
 //! The systems a model module races against in `anyshape bench --model`, behind one
 //! interface: anyshape's own runtime, onnxruntime and OpenVINO (their Python packages,
-//! each in a long-lived child process, 2 threads by default; OpenVINO at FP32 and at
-//! its default precision), PyTorch eager (the model the `.onnx` was exported from,
+//! each in a long-lived child process, 2 threads by default; onnxruntime at FP32 and on
+//! the model quantized by its own dynamic quantization; OpenVINO at FP32 and at its
+//! default precision), PyTorch eager (the model the `.onnx` was exported from,
 //! rebuilt by the repository's export script, in a Python that has torch) and tract
 //! (`tract-onnx`, in process, when built with the `tract` feature). Each runs the same
 //! model on the same inputs.
@@ -22,6 +23,10 @@ pub(crate) use tract::Tract;
 pub enum PeerKind {
     /// onnxruntime (Python package, CPU execution provider, FP32).
     Onnxruntime,
+    /// onnxruntime on the model quantized by its `quantize_dynamic` (8-bit weights per
+    /// output channel, activations quantized at run time): the peer of a `--precision
+    /// i8` module, raced by default only against one.
+    OnnxruntimeInt8,
     /// OpenVINO (Python package) with FP32 forced.
     OpenvinoF32,
     /// OpenVINO at its default precision (BF16 where the CPU has it); raced only where
@@ -36,8 +41,9 @@ pub enum PeerKind {
 
 impl PeerKind {
     /// Every peer, in the order they are raced.
-    pub const ALL: [PeerKind; 5] = [
+    pub const ALL: [PeerKind; 6] = [
         PeerKind::Onnxruntime,
+        PeerKind::OnnxruntimeInt8,
         PeerKind::OpenvinoF32,
         PeerKind::Openvino,
         PeerKind::Pytorch,
@@ -48,6 +54,7 @@ impl PeerKind {
     pub fn as_str(self) -> &'static str {
         match self {
             PeerKind::Onnxruntime => "onnxruntime",
+            PeerKind::OnnxruntimeInt8 => "onnxruntime-int8",
             PeerKind::OpenvinoF32 => "openvino-f32",
             PeerKind::Openvino => "openvino",
             PeerKind::Pytorch => "pytorch",
@@ -121,7 +128,8 @@ impl PeerStart<'_> {
         progress: &mut dyn anyshape_measure::Progress,
     ) -> Result<Started> {
         let engine = match kind {
-            PeerKind::Onnxruntime => Engine::Onnxruntime,
+            PeerKind::Onnxruntime => Engine::Onnxruntime { int8: false },
+            PeerKind::OnnxruntimeInt8 => Engine::Onnxruntime { int8: true },
             PeerKind::OpenvinoF32 => Engine::Openvino { f32: true },
             PeerKind::Openvino => Engine::Openvino { f32: false },
             PeerKind::Pytorch => Engine::Pytorch,
@@ -275,8 +283,9 @@ impl Peer for Anyshape {
 /// A peer that lives in Python: which runtime, and for OpenVINO the precision asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Engine {
-    /// onnxruntime's CPU execution provider (FP32).
-    Onnxruntime,
+    /// onnxruntime's CPU execution provider: FP32, or `int8` on the model its dynamic
+    /// quantization makes (in a temporary directory).
+    Onnxruntime { int8: bool },
     /// OpenVINO on the CPU: `f32` forces FP32 (`INFERENCE_PRECISION_HINT`); without it,
     /// its default (BF16 where the CPU has it).
     Openvino { f32: bool },
@@ -288,7 +297,8 @@ impl Engine {
     /// The package's name, as `pip install` takes it and messages say it.
     pub fn package(self) -> &'static str {
         match self {
-            Engine::Onnxruntime => "onnxruntime",
+            Engine::Onnxruntime { int8: false } => "onnxruntime",
+            Engine::Onnxruntime { int8: true } => "onnxruntime onnx",
             Engine::Openvino { .. } => "openvino",
             Engine::Pytorch => "torch transformers",
         }
@@ -298,7 +308,8 @@ impl Engine {
     fn script_name(self) -> &'static str {
         match self {
             Engine::Pytorch => "pytorch",
-            e => e.package(),
+            Engine::Onnxruntime { .. } => "onnxruntime",
+            Engine::Openvino { .. } => "openvino",
         }
     }
 }
@@ -341,8 +352,10 @@ impl PythonPeer {
             .arg(engine.script_name())
             .arg(model)
             .arg(threads.to_string());
-        if engine == (Engine::Openvino { f32: true }) {
-            command.arg("f32");
+        match engine {
+            Engine::Openvino { f32: true } => _ = command.arg("f32"),
+            Engine::Onnxruntime { int8: true } => _ = command.arg("int8"),
+            _ => {}
         }
         let mut child = command
             .stdin(Stdio::piped())
@@ -396,7 +409,8 @@ impl Peer for PythonPeer {
             p => p.to_uppercase(),
         };
         let (name, how) = match self.engine {
-            Engine::Onnxruntime => ("onnxruntime", ""),
+            Engine::Onnxruntime { int8: false } => ("onnxruntime", ""),
+            Engine::Onnxruntime { int8: true } => ("onnxruntime", "dynamic quantization; "),
             Engine::Openvino { f32: true } => ("OpenVINO", "forced; "),
             Engine::Openvino { f32: false } => ("OpenVINO", "default precision; "),
             Engine::Pytorch => ("PyTorch", "eager; "),

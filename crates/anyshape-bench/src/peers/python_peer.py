@@ -3,7 +3,9 @@ PyTorch in a long-lived process that loads one model once (with its dynamic dims
 answers timing requests, one JSON object per line.
 
   argv: ENGINE MODEL.onnx THREADS [PRECISION]
-        ENGINE: onnxruntime (CPU execution provider, THREADS intra-op threads),
+        ENGINE: onnxruntime (CPU execution provider, THREADS intra-op threads;
+        PRECISION "int8": on the model quantized by its `quantize_dynamic`, 8-bit
+        weights per output channel, written to a temporary directory removed at exit),
         openvino (CPU, THREADS inference threads, latency hint; PRECISION "f32" forces
         FP32, absent: its default, BF16 where the CPU has AVX512_BF16 or AMX) or
         pytorch (eager, FP32, THREADS intra-op threads: the model the ONNX was exported
@@ -52,11 +54,14 @@ def greedy(logits):
     return np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)
 
 
-def onnxruntime(model, threads, _precision):
+def onnxruntime(model, threads, precision):
     """(version, precision, input names, run(feed) -> {output name: array},
     generate(prompt, n) -> (tokens per row, seconds per step))."""
     import numpy as np
     import onnxruntime as ort
+
+    if precision == "int8":
+        model = quantized(model)
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -95,7 +100,26 @@ def onnxruntime(model, threads, _precision):
             tokens.append(ids[:, 0])
         return np.stack(tokens, axis=1).tolist(), times
 
-    return ort.__version__, "f32", [i.name for i in sess.get_inputs()], run, generate
+    actual = "int8" if precision == "int8" else "f32"
+    return ort.__version__, actual, [i.name for i in sess.get_inputs()], run, generate
+
+
+def quantized(model):
+    """`model` quantized by onnxruntime's dynamic quantization (8-bit weights, one scale
+    per output channel; activations quantized at run time), in a temporary directory
+    removed when this process exits."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    scratch = tempfile.mkdtemp(prefix="anyshape-ort-int8-")
+    atexit.register(shutil.rmtree, scratch, True)
+    out = os.path.join(scratch, "model.int8.onnx")
+    quantize_dynamic(model, out, weight_type=QuantType.QInt8, per_channel=True)
+    return out
 
 
 def openvino(model, threads, precision):

@@ -209,7 +209,8 @@ impl Nest<'_> {
     /// rounded and packed into a word.
     fn a_value(&self, buf: &str, index: Expr) -> Value {
         match self.w.precision {
-            Precision::F32 => Value::load(buf, index),
+            // An i8 contraction's A is its quantized rows (never read in place).
+            Precision::F32 | Precision::I8 => Value::load(buf, index),
             Precision::Bf16 => Value::PairBf16 {
                 buf: buf.into(),
                 index,
@@ -217,11 +218,13 @@ impl Nest<'_> {
         }
     }
 
-    /// `acc + b · a`: a fused multiply-add, or in bf16 the products of a pair.
+    /// `acc + b · a`: a fused multiply-add, in bf16 the products of a pair, in i8 of a
+    /// quad (B's unsigned bytes times A's signed ones).
     fn product(&self, b: Value, a: Value, acc: Value) -> Value {
         let f = match self.w.precision {
             Precision::F32 => Value::Fma,
             Precision::Bf16 => Value::DotBf16,
+            Precision::I8 => Value::DotI8,
         };
         f(Box::new(b), Box::new(a), Box::new(acc))
     }

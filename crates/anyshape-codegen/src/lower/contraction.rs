@@ -86,6 +86,10 @@ pub(super) struct Nest<'a> {
     pub prefetch_a: bool,
 }
 
+/// The longest reduction slice (`kc`, in quads) of an i8 contraction: its sums of
+/// products of bytes (at most 255 · 127 each, four a quad) stay within 32 bits.
+const I8_MAX_SLICE: usize = (i32::MAX as usize) / (4 * 255 * 127);
+
 /// The names lowered code gives the two operands' buffers, by input index.
 pub(super) const OPERAND_BUFS: [&str; 2] = ["in0", "in1"];
 
@@ -142,6 +146,29 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
                  whole vectors (or packing B's pairs), with no global padding; not {mk} \
                  under {}",
                 p.strategy
+            ),
+        });
+    }
+    let i8 = w.precision == Precision::I8;
+    if i8 && (mk.dot || mk.vm || mk.ia || mk.amx || policy.copy || b_in_place.is_none())
+        || (i8 && !g.batch.is_empty())
+    {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: format!(
+                "an i8 contraction runs the usual variant over weights in panels of whole \
+                 vectors, its rows quantized and packed (no `ia`), with no batch axes and no \
+                 global padding; not {mk} under {}",
+                p.strategy
+            ),
+        });
+    }
+    if let Some(kc) = (i8 && mk.kc > I8_MAX_SLICE).then_some(mk.kc) {
+        return Err(CodegenError::SketchNotApplicable {
+            workload: w.to_string(),
+            reason: format!(
+                "kc={kc}: an i8 contraction sums a reduction slice in 32-bit integers, at \
+                 most {I8_MAX_SLICE} quads"
             ),
         });
     }
@@ -223,6 +250,10 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         }
     }
 
+    if i8 {
+        body.extend(nest.quantize_rows(a));
+    }
+
     // Cache tiles, balanced (`ContractionKernel::tiles`): each axis's register-tile
     // blocks spread evenly over its tiles, and M's tiles rounded up to a multiple of
     // the threads where the tasks would not divide evenly among them — then N's, where
@@ -269,12 +300,15 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         let bases = nest.batch_bases("bt", &mut task);
         epilogue_bases = nest.epilogue_bases(&bases);
         [
-            Operand {
-                buf: OPERAND_BUFS[roles[0]],
-                base: bases[roles[0]].clone(),
-                s_row: strides["sa_m"].clone(),
-                s_col: strides["sa_k"].clone(),
-                panels: a.panels,
+            match i8 {
+                true => Nest::quantized_operand(),
+                false => Operand {
+                    buf: OPERAND_BUFS[roles[0]],
+                    base: bases[roles[0]].clone(),
+                    s_row: strides["sa_m"].clone(),
+                    s_col: strides["sa_k"].clone(),
+                    panels: a.panels,
+                },
             },
             Operand {
                 buf: OPERAND_BUFS[roles[1]],

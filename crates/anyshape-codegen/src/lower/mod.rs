@@ -6,7 +6,8 @@
 //!   `compute.rs` (register tiles), `writeback.rs` (stores), `global_pad.rs` (the
 //!   copies of global padding), `epilogue.rs` (the fused epilogue), `dot.rs` (the
 //!   dot variant's task body: vectors along K, operands read in place), `amx.rs` (the
-//!   AMX variant's task body: products of bf16 tiles);
+//!   AMX variant's task body: products of bf16 tiles), `quantize.rs` (an i8
+//!   contraction's rows quantized before the tasks, its sums converted at write-back);
 //! - `rows.rs`: the row-wise (normalization) sketch;
 //! - `attention.rs`: the fused attention sketch (`attention_amx.rs`: its AMX variant,
 //!   `attention_softmax.rs`: the softmax of a row of its scores);
@@ -26,6 +27,7 @@ mod epilogue;
 pub(crate) mod fetch;
 mod global_pad;
 mod gpu;
+mod quantize;
 mod rows;
 mod tiles;
 mod writeback;

@@ -169,6 +169,9 @@ impl Nest<'_> {
         } else {
             s.extend(slice);
         }
+        if self.w.precision == anyshape_ir::Precision::I8 {
+            s.extend(self.convert_tile(rows, nv));
+        }
         s.extend(self.vector_store(&ops[2], rows, nv));
         s
     }

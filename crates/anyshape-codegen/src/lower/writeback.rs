@@ -116,7 +116,10 @@ impl Nest<'_> {
         let out_idx = v("base2")
             + (v("mi") + v("i")) * out.s_row.clone()
             + (v("nj") + v("j")) * out.s_col.clone();
-        let acc = Value::load("acc", acc_idx);
+        let mut acc = Value::load("acc", acc_idx);
+        if self.w.precision == anyshape_ir::Precision::I8 {
+            acc = self.converted_element(acc);
+        }
         let write = Value::Select(
             Cond::Eq(v("kt"), c(0)),
             Box::new(acc.clone()),

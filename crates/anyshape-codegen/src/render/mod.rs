@@ -204,6 +204,19 @@ impl Printer {
                 self.value(a),
                 self.value(b)
             ),
+            Value::DotI8(a, b, c) => format!(
+                "{}({}, {}, {})",
+                if val.lanes() > 1 {
+                    "as_vdot_i8"
+                } else {
+                    "as_dot_i8"
+                },
+                self.value(c),
+                self.value(a),
+                self.value(b)
+            ),
+            Value::IntToFloat(x) if x.lanes() > 1 => format!("as_vint_float({})", self.value(x)),
+            Value::IntToFloat(x) => format!("as_int_float({})", self.value(x)),
             Value::Unary(op, x) => {
                 let vector = x.lanes() > 1;
                 let f = match op {
@@ -327,6 +340,16 @@ impl Printer {
                 r.src,
                 expr(&r.src_index),
                 expr(&r.words)
+            )),
+            Stmt::QuantizeRow(q) => self.line(&format!(
+                "as_quantize_row(&{}[{}], &{}[{}], {}, &{}[{}]);",
+                q.dst,
+                expr(&q.dst_index),
+                q.src,
+                expr(&q.src_index),
+                expr(&q.words),
+                q.scale,
+                expr(&q.scale_index)
             )),
             Stmt::TileProduct(t) => {
                 let ptr = |buf: &str, i: &Expr| format!("&{buf}[{}]", expr(i));

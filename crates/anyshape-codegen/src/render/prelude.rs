@@ -103,6 +103,7 @@ return (as_vf)((nan & (as_vi)x) | (~nan & ~under & bits)); }\n";
         );
     }
     s.push_str(&bf16(lanes));
+    s.push_str(&i8(lanes));
     if amx {
         s.push_str(&amx_tiles());
     }
@@ -204,6 +205,52 @@ fn bf16(lanes: usize) -> String {
             ));
         } else {
             s.push_str(emulated);
+        }
+    }
+    s
+}
+
+/// The helpers of i8 contractions (see `anyshape_ir::Precision::I8`; 32-bit integers
+/// and words of four bytes carried in floats): `as_quantize_row` (`Stmt::QuantizeRow`:
+/// plain loops GCC vectorizes; a NaN passed over by the maximum and quantized to 0,
+/// `rintf` rounding to nearest even in the default mode), `as_int_float` and
+/// `as_vint_float` (`Value::IntToFloat`), `as_dot_i8` and `as_vdot_i8` (`Value::DotI8`,
+/// the vector form against a broadcast word). With AVX512_VNNI and 16 lanes the vector
+/// form is one `vpdpbusd` (inline assembly, as `vdpbf16ps`); elsewhere byte by byte.
+fn i8(lanes: usize) -> String {
+    let mut s = String::from(
+        "static inline float as_dot_i8(float c, float a, float b) { uint32_t x, y; int32_t r; \
+         memcpy(&x, &a, 4); memcpy(&y, &b, 4); memcpy(&r, &c, 4); \
+         for (int e = 0; e < 4; e++) r += (int32_t)(uint8_t)(x >> (8 * e)) * (int32_t)(int8_t)(y >> (8 * e)); \
+         memcpy(&c, &r, 4); return c; }\n\
+         static inline float as_int_float(float x) { int32_t u; memcpy(&u, &x, 4); return (float)u; }\n\
+         static inline void as_quantize_row(float *restrict dst, const float *restrict src, int64_t words, float *scale) {\n\
+         float m = 0.0f; for (int64_t i = 0; i < 4 * words; i++) { float a = fabsf(src[i]); m = a > m ? a : m; }\n\
+         float inv = 0.0f; scale[0] = 0.0f; if (m > 0.0f && m <= 3.40282346638528859812e+38f) { scale[0] = m / 127.0f; inv = 127.0f / m; }\n\
+         int8_t *q = (int8_t *)dst; int32_t sum = 0;\n\
+         for (int64_t i = 0; i < 4 * words; i++) { float v = src[i] * inv; \
+         v = v > 127.0f ? 127.0f : v; v = v < -127.0f ? -127.0f : v; \
+         int32_t r = v == v ? (int32_t)rintf(v) : 0; q[i] = (int8_t)r; sum += r; }\n\
+         scale[1] = -128.0f * (float)sum;\n}\n",
+    );
+    if lanes > 1 {
+        s.push_str(
+            "static inline as_vf as_vint_float(as_vf x) { return __builtin_convertvector((as_vi)x, as_vf); }\n",
+        );
+        let emulated = format!(
+            "static inline as_vf as_vdot_i8(as_vf c, as_vf a, float b) {{ \
+             for (int l = 0; l < {lanes}; l++) c[l] = as_dot_i8(c[l], a[l], b); return c; }}\n"
+        );
+        if lanes == 16 {
+            let broadcast = vec!["b"; lanes].join(",");
+            s.push_str(&format!(
+                "#if defined(__AVX512VNNI__)\n\
+                 static inline as_vf as_vdot_i8(as_vf c, as_vf a, float b) {{ as_vf v = {{{broadcast}}}; \
+                 __asm__(\"vpdpbusd %2, %1, %0\" : \"+v\"(c) : \"v\"(a), \"v\"(v)); return c; }}\n\
+                 #else\n{emulated}#endif\n"
+            ));
+        } else {
+            s.push_str(&emulated);
         }
     }
     s

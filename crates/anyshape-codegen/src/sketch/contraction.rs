@@ -565,7 +565,7 @@ impl Sketch for ContractionKernel {
             m.mc = (self.mc / self.mr).max(1) * m.mr;
             return m.fit(target, w);
         }
-        if w.precision != Precision::Bf16 {
+        if w.precision.is_f32() {
             return self;
         }
         let mut m = if self.dot {
@@ -575,6 +575,11 @@ impl Sketch for ContractionKernel {
         };
         m.ib = false;
         m.vm = false;
+        // An i8 contraction's A is its rows quantized before the tasks: packed from
+        // there, never read in place.
+        if w.precision == Precision::I8 {
+            m.ia = false;
+        }
         m
     }
 

@@ -275,7 +275,7 @@ pub(super) fn seeds(target: &CpuTarget, w: &Workload) -> Vec<ContractionKernel> 
     // 12 KB apart, all fall in one L1 set when read in place); BERT-base f32 1.02-1.09x
     // from sequence 32 on, level below.
     let packed_a = |mk: ContractionKernel| match w.precision {
-        Precision::Bf16 => ContractionKernel { ia: false, ..mk },
+        Precision::Bf16 | Precision::I8 => ContractionKernel { ia: false, ..mk },
         Precision::F32 if panels => ContractionKernel { ia: false, ..mk },
         Precision::F32 => mk,
     };

@@ -38,6 +38,17 @@ for (; w < words; w++) dst[w] = as_pair_bf16(src + 2 * w);
 }
 typedef uint32_t as_vu __attribute__((vector_size(32)));
 static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b; return c + (as_vf)(x << 16) * as_bf16_lo(a) + (as_vf)(x & 0xffff0000u) * as_bf16_hi(a); }
+static inline float as_dot_i8(float c, float a, float b) { uint32_t x, y; int32_t r; memcpy(&x, &a, 4); memcpy(&y, &b, 4); memcpy(&r, &c, 4); for (int e = 0; e < 4; e++) r += (int32_t)(uint8_t)(x >> (8 * e)) * (int32_t)(int8_t)(y >> (8 * e)); memcpy(&c, &r, 4); return c; }
+static inline float as_int_float(float x) { int32_t u; memcpy(&u, &x, 4); return (float)u; }
+static inline void as_quantize_row(float *restrict dst, const float *restrict src, int64_t words, float *scale) {
+float m = 0.0f; for (int64_t i = 0; i < 4 * words; i++) { float a = fabsf(src[i]); m = a > m ? a : m; }
+float inv = 0.0f; scale[0] = 0.0f; if (m > 0.0f && m <= 3.40282346638528859812e+38f) { scale[0] = m / 127.0f; inv = 127.0f / m; }
+int8_t *q = (int8_t *)dst; int32_t sum = 0;
+for (int64_t i = 0; i < 4 * words; i++) { float v = src[i] * inv; v = v > 127.0f ? 127.0f : v; v = v < -127.0f ? -127.0f : v; int32_t r = v == v ? (int32_t)rintf(v) : 0; q[i] = (int8_t)r; sum += r; }
+scale[1] = -128.0f * (float)sum;
+}
+static inline as_vf as_vint_float(as_vf x) { return __builtin_convertvector((as_vi)x, as_vf); }
+static inline as_vf as_vdot_i8(as_vf c, as_vf a, float b) { for (int l = 0; l < 8; l++) c[l] = as_dot_i8(c[l], a[l], b); return c; }
 static inline as_vf as_vload(const float *p) { as_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void as_vstore(float *p, as_vf v) { memcpy(p, &v, sizeof v); }
 #if defined(__AVX__)

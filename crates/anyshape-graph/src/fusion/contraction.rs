@@ -1,5 +1,6 @@
 //! Contractions (`MatMul`, `Gemm`, `Conv`) as backbones: which operand is a weight laid
-//! out in panels, the workload (`dense_packed`, `dense_bf16`, `batch_matmul_nn`,
+//! out in panels, the workload (`dense_packed`, `dense_bf16`, `dense_i8` and its
+//! channels' scales, `batch_matmul_nn`,
 //! `batch_matmul_packed` over a constant batch of matrices, or `conv_packed` over the
 //! input's patches), and the elementwise ops after it that
 //! become its epilogue while they fit (a bias, GELU, SiLU and a gate, a mask or a
@@ -7,24 +8,39 @@
 use super::{numel, Fuser, Layout, Step, StepKind, PANEL_WIDTH};
 use crate::fact;
 use anyshape_ir::{Binary, Expr, Precision, Unary, Workload};
-use anyshape_tensor::DType;
+use anyshape_tensor::{DType, ValueId};
 
 impl Fuser<'_> {
-    /// A dense layer over a constant weight `[n, k]` (`[k, n]` where `transposed`): its
-    /// workload in the fusion's precision where it can (bf16 pairs need an even
-    /// constant K), else `dense_packed`, and how it reads the weight.
-    fn dense(&self, m: Expr, n: &Expr, k: &Expr, transposed: bool) -> Option<(Workload, Layout)> {
+    /// A dense layer over the constant weight `weight` `[n, k]` (`[k, n]` where
+    /// `transposed`): its workload in the fusion's precision where it can (bf16 pairs
+    /// need an even constant K, i8 quads a multiple of 4), else `dense_packed`; the
+    /// weight pushed onto `inputs` with how it is read, and in i8 its output channels'
+    /// scales after it, the workload multiplying by them first in its epilogue.
+    fn dense(
+        &self,
+        m: Expr,
+        (n, k): (&Expr, &Expr),
+        (weight, transposed): (ValueId, bool),
+        inputs: &mut Vec<(ValueId, Layout)>,
+    ) -> Option<Workload> {
         let panel = Expr::Const(PANEL_WIDTH as i64);
         let precision = match (self.precision, k.as_const()) {
-            (Precision::Bf16, Some(k)) if k % 2 == 0 => Precision::Bf16,
+            (p, Some(k)) if !p.is_f32() && k % p.group() == 0 => p,
             _ => Precision::F32,
         };
         let op = match precision {
             Precision::F32 => "dense_packed",
             Precision::Bf16 => "dense_bf16",
+            Precision::I8 => "dense_i8",
         };
         let w = Workload::of(op, &[m, n.clone(), k.clone(), panel]).ok()?;
-        Some((w, Layout::panels(transposed, precision)))
+        inputs.push((weight, Layout::panels(transposed, precision)));
+        if precision != Precision::I8 {
+            return Some(w);
+        }
+        inputs.push((weight, Layout::I8Scales { transposed }));
+        let last = *w.output_axes().last()?;
+        w.then_with(Binary::Mul, &[last]).ok()
     }
 
     /// A 2-D convolution `Conv(X, W, B)` over constant filters `W` `[co, ci, kh, kw]`
@@ -116,8 +132,7 @@ impl Fuser<'_> {
             } else {
                 (&sb[1], &sb[0])
             };
-            let (w, layout) = self.dense(sa[0].clone(), n, kk, !trans_b)?;
-            inputs.push((b, layout));
+            let w = self.dense(sa[0].clone(), (n, kk), (b, !trans_b), &mut inputs)?;
             match node.optional_input(2) {
                 Some(c) => {
                     let cs = self.shape(c);
@@ -145,9 +160,7 @@ impl Fuser<'_> {
                 }
                 None => (b, true),
             };
-            let (w, layout) = self.dense(m, &sb[1], &sb[0], transposed)?;
-            inputs.push((src, layout));
-            w
+            self.dense(m, (&sb[1], &sb[0]), (src, transposed), &mut inputs)?
         } else if sa.len() >= 3 && sa.len() == sb.len() && sa[..sa.len() - 2] == sb[..sb.len() - 2]
         {
             let r = sa.len();

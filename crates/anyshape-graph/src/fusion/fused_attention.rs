@@ -96,7 +96,8 @@ impl Fuser<'_> {
         let masked = if mask.is_some() { "masked_" } else { "" };
         let precision = match self.precision {
             Precision::Bf16 => "_bf16",
-            Precision::F32 => "",
+            // An i8 module's attention multiplies activations by activations: f32.
+            Precision::F32 | Precision::I8 => "",
         };
         let op = format!("{masked}{}{precision}", form.fused);
         let workload = Workload::of(&op, &s)

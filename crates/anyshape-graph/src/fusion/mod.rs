@@ -86,12 +86,20 @@ pub enum Layout {
         width: usize,
         /// Whether the graph holds the weight as `[K, N]`.
         transposed: bool,
-        /// `f32` elements or words of two `bf16`.
+        /// `f32` elements, or words of two `bf16` or of four 8-bit values.
         precision: Precision,
         /// Whether it is a batch of matrices `[B, N, K]`, each in panels (what
         /// `batch_matmul_packed` reads: Winograd's transformed filters), one after
         /// another.
         batched: bool,
+    },
+    /// The scales of a constant weight's output channels as an `i8` contraction's
+    /// epilogue multiplies by them (`[N]`, each the largest magnitude of the channel's
+    /// weights over 127: `anyshape_ir::i8_row_scale`), the weight being laid out in
+    /// [`Layout::Panels`] of 8-bit quads; `transposed`: the graph holds it as `[K, N]`.
+    I8Scales {
+        /// Whether the graph holds the weight as `[K, N]`.
+        transposed: bool,
     },
     /// An NCHW image tensor's patches as the columns of a matrix per image
     /// (`[n, ci·kh·kw, oh·ow]`), laid out at run time by a host step before the kernel:
@@ -216,8 +224,10 @@ fn is_static(f: &Fact) -> bool {
 
 /// Group the run-time nodes of `g` (with the facts of [`crate::infer`]) into steps; dense
 /// layers over constant weights multiply in `precision` (`bf16`: `dense_bf16`, its
-/// weights in panels of bfloat16 pairs, where the reduction is an even constant; the
-/// others, and every other kernel, in `f32`).
+/// weights in panels of bfloat16 pairs, where the reduction is an even constant; `i8`:
+/// `dense_i8`, its weights in panels of 8-bit quads times its channels' scales, where
+/// the reduction is a constant multiple of 4; the others, and every other kernel, in
+/// `f32`, but for a bf16 module's attention).
 pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
     let runtime: Vec<bool> = g
         .nodes

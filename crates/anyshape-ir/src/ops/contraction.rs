@@ -41,28 +41,49 @@ pub fn dense_packed(a: &[Expr]) -> Workload {
 /// rows of such words (`[⌈N/P⌉, K/2, P]` words: half of `dense_packed`'s bytes). The
 /// reduction axis counts the `K/2` pairs; `K` must be an even constant.
 pub fn dense_bf16(a: &[Expr]) -> Workload {
+    dense_words(a, "dense_bf16", crate::Precision::Bf16)
+}
+
+/// `dense_i8(M, N, K, P)`: `dense` on 8-bit integers (see
+/// [`Precision::I8`](crate::Precision)): each row of `X` quantized to 8 bits by its
+/// largest magnitude, `X[m, 4k..4k+4]` times the four bytes of `W`'s word `k` of row
+/// `n` (each its 8-bit weight plus 128), summed, times the row's scale; `W` stored in
+/// panels of `P` rows of such words (`[⌈N/P⌉, K/4, P]` words: a quarter of
+/// `dense_packed`'s bytes). The reduction axis counts the `K/4` quads; `K` must be a
+/// constant multiple of 4. The result is in the units of `W`'s 8-bit values: a model
+/// multiplies each column by its weight scale in the epilogue.
+pub fn dense_i8(a: &[Expr]) -> Workload {
+    dense_words(a, "dense_i8", crate::Precision::I8)
+}
+
+/// `dense` over words of `precision`'s groups of elements along K (`dense_bf16`,
+/// `dense_i8`): the reduction counts groups, `X` read a group at a time, `W` in panels
+/// of `P` rows of words.
+fn dense_words(a: &[Expr], op: &str, precision: crate::Precision) -> Workload {
     let [m, n, k, p] = [&a[0], &a[1], &a[2], &a[3]];
-    // An odd or symbolic K fails validation (X's last dimension is not twice the pairs).
-    let pairs = match k.as_const() {
-        Some(k) if k % 2 == 0 => Expr::Const(k / 2),
-        _ => Expr::ceil_div(k.clone(), Expr::Const(2)),
+    let g = precision.group();
+    // A K that is not a constant multiple of the group fails validation (X's last
+    // dimension is not the group times the reduction).
+    let groups = match k.as_const() {
+        Some(k) if k % g == 0 => Expr::Const(k / g),
+        _ => Expr::ceil_div(k.clone(), Expr::Const(g)),
     };
     let axes = vec![
         axis("m", m, Spatial),
         axis("n", n, Spatial),
-        axis("k", &pairs, Reduction),
+        axis("k", &groups, Reduction),
     ];
     let mut w = contraction(
-        "dense_bf16",
+        op,
         &["M", "N", "K", "P"],
         a,
         axes,
         [&[0, 2], &[1, 2], &[0, 1]],
     );
-    w.precision = crate::Precision::Bf16;
+    w.precision = precision;
     w.inputs[0].shape[1] = k.clone();
     w.inputs[0].index[1] = crate::AffineIndex {
-        terms: vec![(2, 2)],
+        terms: vec![(2, g)],
         offset: 0,
     };
     w.inputs[1].panels = Some(p.as_const().unwrap_or(0));

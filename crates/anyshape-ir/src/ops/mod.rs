@@ -57,6 +57,13 @@ pub static OPERATORS: &[OpDef] = &[
         build: contraction::dense_bf16,
     },
     OpDef {
+        name: "dense_i8",
+        args: &["M", "N", "K", "P"],
+        doc: "dense on 8-bit integers (X quantized per row, i32 sums, times the row's scale), W in panels of P rows of words of four bytes along K (each weight + 128): stored [ceil(N/P), K/4, P] words; K a multiple of 4",
+        class: "contraction",
+        build: contraction::dense_i8,
+    },
+    OpDef {
         name: "batch_matmul_nt",
         args: &["B", "M", "N", "K"],
         doc: "Y[b,m,n] = sum_k X[b,m,k] * W[b,n,k]",
@@ -325,8 +332,8 @@ mod tests {
             let args: Vec<Expr> = (0..op.args.len())
                 .map(|i| match op.args[i] {
                     "P" => Expr::Const(16),
-                    // bf16 reduces over pairs: an even constant.
-                    "K" if op.name.ends_with("bf16") => Expr::Const(64),
+                    // bf16 (i8) reduces over pairs (quads): a constant multiple.
+                    "K" if op.name.ends_with("bf16") || op.name.ends_with("i8") => Expr::Const(64),
                     _ => Expr::var("T") + i as i64,
                 })
                 .collect();
@@ -357,6 +364,25 @@ mod tests {
         ] {
             let e = crate::Workload::parse(bad).unwrap_err().to_string();
             assert!(e.contains("even constant"), "{bad}: {e}");
+        }
+    }
+
+    /// i8 weights: words of four bytes along K in panels, a quarter of `dense_packed`'s
+    /// words; the reduction counts quads, so K must be a constant multiple of 4.
+    #[test]
+    fn i8_weights_are_quads_in_panels() {
+        let w = crate::Workload::parse("dense_i8(M=2,N=5,K=8,P=4)").unwrap();
+        assert_eq!(w.precision, crate::Precision::I8);
+        let b = w.bind(&crate::Bindings::default()).unwrap();
+        // X is 2 x 8 floats, W two panels of 4 rows by 2 words, Y 2 x 5.
+        assert_eq!(b.lens, vec![16, 16, 10]);
+        assert_eq!(b.axis_strides[0], vec![8, 0, 4]);
+        let packed = crate::Workload::parse("dense_packed(M=2,N=5,K=8,P=4)").unwrap();
+        let p = packed.bind(&crate::Bindings::default()).unwrap();
+        assert_eq!(w.flops(&b), packed.flops(&p));
+        for bad in ["dense_i8(M=2,N=5,K=6,P=4)", "dense_i8(M=2,N=5,K=4*T,P=4)"] {
+            let e = crate::Workload::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("multiple of 4"), "{bad}: {e}");
         }
     }
 
