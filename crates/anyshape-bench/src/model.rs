@@ -286,14 +286,14 @@ pub fn compare_model(
     let case_dir = scratch.path().to_path_buf();
     progress.note("measuring the FMA peak ...");
     let mut peak = Ceiling::measure(Peak::Fma, &h.target, &h.builder)?;
-    // A bf16 module's dense layers run on bf16 tiles (AMX) or pair products: their
-    // peak too.
-    let mut peak_bf16 = match Peak::of_bf16(&h.target) {
-        Some(kind) if model.manifest().precision == Precision::Bf16 => {
+    // A bf16 module's dense layers run on bf16 tiles (AMX) or pair products, an i8
+    // module's on quad products: their peak too.
+    let mut peak_precision = match Peak::of_precision(&h.target, model.manifest().precision) {
+        Some(kind) => {
             progress.note(&format!("measuring the {} ...", kind.describe()));
             Some(Ceiling::measure(kind, &h.target, &h.builder)?)
         }
-        _ => None,
+        None => None,
     };
     let flops: Vec<Option<f64>> = instances.iter().map(|b| run_flops(&model, b)).collect();
     let outputs: Vec<String> = model.outputs().iter().map(|s| s.name.clone()).collect();
@@ -397,14 +397,14 @@ pub fn compare_model(
         progress.note(&format!("warning: {f}"));
     }
     progress.note("measuring the peaks again ...");
-    for ceiling in std::iter::once(&mut peak).chain(peak_bf16.as_mut()) {
+    for ceiling in std::iter::once(&mut peak).chain(peak_precision.as_mut()) {
         ceiling.remeasure(&h.target, &h.builder)?;
     }
     let report = ModelReport {
         dir,
         target: &h.target.describe(),
         peak: peak.gflops,
-        peak_bf16: peak_bf16.map(|c| (c.kind, c.gflops)),
+        peak_precision: peak_precision.map(|c| (c.kind, c.gflops)),
         load_seconds,
         o,
         names: &names,
@@ -440,9 +440,10 @@ struct ModelReport<'a> {
     dir: &'a Path,
     target: &'a str,
     peak: f64,
-    /// A bf16 module's: the bf16 peak (tile products where the CPU has AMX-BF16, pair
-    /// products where it has AVX512_BF16), and which.
-    peak_bf16: Option<(Peak, f64)>,
+    /// A bf16 or i8 module's: its precision's peak (bf16: tile products where the CPU
+    /// has AMX-BF16, pair products where it has AVX512_BF16; i8: quad products where it
+    /// has AVX512_VNNI), and which.
+    peak_precision: Option<(Peak, f64)>,
     load_seconds: f64,
     o: &'a ModelCompareOptions<'a>,
     names: &'a [String],
@@ -470,7 +471,7 @@ impl ModelReport<'_> {
             "Machine: {}; FP32 FMA peak measured in this run: {:.1} GFLOP/s (all cores; the better of a measurement before the runs and one after)",
             self.target, self.peak
         );
-        match self.peak_bf16 {
+        match self.peak_precision {
             Some((kind, p)) => {
                 let _ = writeln!(s, "; {}: {p:.1} GFLOP/s.\n", kind.describe());
             }
@@ -479,7 +480,10 @@ impl ModelReport<'_> {
         let _ = writeln!(
             s,
             "anyshape GFLOP/s: the useful flops of its kernels (a multiply and an add per product, the softmax's and epilogues' own; host steps such as layer norms not counted) over its latency; % of peak: of the FP32 FMA peak{}.\n",
-            if self.peak_bf16.is_some() { " (and, for a bf16 module, of the bf16 one)" } else { "" }
+            match self.peak_precision {
+                Some((kind, _)) => format!(" (and, for a module in {0}, of the {0} one)", kind.precision()),
+                None => String::new(),
+            }
         );
         let _ = writeln!(
             s,
@@ -499,8 +503,8 @@ impl ModelReport<'_> {
             if p == 0 {
                 head.push_str(" anyshape GFLOP/s | % of FMA peak |");
                 rule.push_str("---:|---:|");
-                if self.peak_bf16.is_some() {
-                    head.push_str(" % of bf16 peak |");
+                if let Some((kind, _)) = self.peak_precision {
+                    let _ = write!(head, " % of {} peak |", kind.precision());
                     rule.push_str("---:|");
                 }
             }
@@ -538,7 +542,7 @@ impl ModelReport<'_> {
                         rate.map_or("-".into(), significant),
                         share(self.peak)
                     );
-                    if let Some((_, pb)) = self.peak_bf16 {
+                    if let Some((_, pb)) = self.peak_precision {
                         let _ = write!(s, " {} |", share(pb));
                     }
                 }

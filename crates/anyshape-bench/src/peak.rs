@@ -1,8 +1,9 @@
 //! The machine's peaks, the ceilings kernels are compared to (`anyshape peak`, and
 //! every comparison measures them in the same run): FP32 FMAs, where the CPU has
 //! AVX512_BF16 the bf16 pair products (`vdpbf16ps`) that a `--precision bf16` module's
-//! dense layers run on, and where it has AMX-BF16 the tile products (`tdpbf16ps`) they
-//! run on there.
+//! dense layers run on, where it has AMX-BF16 the tile products (`tdpbf16ps`) they
+//! run on there, and where it has AVX512_VNNI the 8-bit quad products (`vpdpbusd`) a
+//! `--precision i8` module's run on.
 //!
 //! The kernel runs independent vector chains (enough to cover the instruction's latency
 //! times its ports), or four independent output tiles, for `iters` iterations on every
@@ -29,6 +30,9 @@ pub enum Peak {
     /// bf16 tiles, 16,384 flops; four independent output tiles (2 x 2, as a register
     /// tile of the AMX variant holds).
     TileBf16,
+    /// `vpdpbusd`: four products of bytes and their sum added, 8 (integer) operations a
+    /// lane, counted as flops are.
+    DotI8,
 }
 
 impl Peak {
@@ -36,7 +40,7 @@ impl Peak {
     pub fn chains(self) -> usize {
         match self {
             Peak::Fma => CHAINS,
-            Peak::DotBf16 => 2 * CHAINS,
+            Peak::DotBf16 | Peak::DotI8 => 2 * CHAINS,
             Peak::TileBf16 => 4,
         }
     }
@@ -46,18 +50,31 @@ impl Peak {
         let per_chain = match self {
             Peak::Fma => 2.0 * lanes as f64,
             Peak::DotBf16 => 4.0 * lanes as f64,
+            Peak::DotI8 => 8.0 * lanes as f64,
             Peak::TileBf16 => 2.0 * 16.0 * 16.0 * 32.0,
         };
         per_chain * self.chains() as f64
     }
 
     /// Whether `target` can run it (bf16 products need AVX512_BF16, tiles AMX-BF16
-    /// and the OS's leave).
+    /// and the OS's leave, 8-bit products AVX512_VNNI).
     pub fn available(self, target: &CpuTarget) -> bool {
         match self {
             Peak::Fma => true,
             Peak::DotBf16 => target.avx512_bf16,
             Peak::TileBf16 => target.amx,
+            Peak::DotI8 => target.avx512_vnni,
+        }
+    }
+
+    /// The peak a module compiled in `precision` runs its dense layers against, beside
+    /// the FMA peak, where `target` has one: bf16's ([`Peak::of_bf16`]), or 8-bit quad
+    /// products.
+    pub fn of_precision(target: &CpuTarget, precision: anyshape_ir::Precision) -> Option<Peak> {
+        match precision {
+            anyshape_ir::Precision::F32 => None,
+            anyshape_ir::Precision::Bf16 => Peak::of_bf16(target),
+            anyshape_ir::Precision::I8 => Some(Peak::DotI8).filter(|p| p.available(target)),
         }
     }
 
@@ -76,6 +93,16 @@ impl Peak {
             Peak::Fma => "FP32 FMA peak",
             Peak::DotBf16 => "bf16 pair-product peak (`vdpbf16ps`)",
             Peak::TileBf16 => "bf16 tile-product peak (AMX `tdpbf16ps`)",
+            Peak::DotI8 => "i8 quad-product peak (`vpdpbusd`)",
+        }
+    }
+
+    /// The precision it is the peak of, as a report's column names it.
+    pub fn precision(self) -> &'static str {
+        match self {
+            Peak::Fma => "FMA",
+            Peak::DotBf16 | Peak::TileBf16 => "bf16",
+            Peak::DotI8 => "i8",
         }
     }
 
@@ -85,6 +112,11 @@ impl Peak {
             Peak::DotBf16 => {
                 format!(
                     "    __asm__(\"vdpbf16ps %1, %2, %0\" : \"+v\"(a{i}) : \"v\"(m), \"v\"(d));\n"
+                )
+            }
+            Peak::DotI8 => {
+                format!(
+                    "    __asm__(\"vpdpbusd %1, %2, %0\" : \"+v\"(a{i}) : \"v\"(m), \"v\"(d));\n"
                 )
             }
             Peak::TileBf16 => format!(
@@ -100,6 +132,7 @@ impl Peak {
             Peak::Fma => format!("as_peak_{threads}"),
             Peak::DotBf16 => format!("as_peak_bf16_{threads}"),
             Peak::TileBf16 => format!("as_peak_amx_{threads}"),
+            Peak::DotI8 => format!("as_peak_i8_{threads}"),
         }
     }
 }

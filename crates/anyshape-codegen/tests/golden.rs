@@ -20,6 +20,7 @@ fn target(simd: Simd) -> CpuTarget {
         l3_bytes: 32 << 20,
         amx: false,
         avx512_bf16: false,
+        avx512_vnni: false,
     }
 }
 
@@ -323,6 +324,7 @@ fn attention_kernels_are_unchanged() {
     let pairs_target = CpuTarget {
         amx: false,
         avx512_bf16: true,
+        avx512_vnni: false,
         ..target
     };
     let mk = AttentionKernel {

@@ -25,7 +25,7 @@ mod rotary;
 mod winograd;
 
 pub use error::{GraphError, Result};
-pub use fusion::{fuse, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};
+pub use fusion::{fuse, fuse_with_attention, Fusion, Layout, Step, StepKind, Task, PANEL_WIDTH};
 pub use graph::{Graph, Input};
 pub use infer::{fact, infer};
 pub use lower::lower;

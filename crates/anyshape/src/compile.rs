@@ -146,18 +146,15 @@ fn bf16_note(target: &CpuTarget, common: &Common) {
     );
 }
 
-/// Say so where an i8 module's products cannot run on `vpdpbusd` here: the kernels
-/// (compiled for this host) use it with AVX-512 vectors where the host has AVX512_VNNI,
-/// and multiply byte by byte elsewhere.
+/// Say so where an i8 module's products cannot run on `vpdpbusd`: the kernels use it
+/// with AVX-512 vectors where the CPU has AVX512_VNNI, and multiply byte by byte
+/// elsewhere.
 fn i8_note(target: &CpuTarget) {
-    let vnni = anyshape_abi::host_cpu_features()
-        .iter()
-        .any(|f| f == "avx512_vnni");
-    if !vnni || target.simd != anyshape_codegen::Simd::Avx512 {
+    if !Peak::DotI8.available(target) {
         eprintln!(
-            "note: without AVX512_VNNI (and AVX-512 vectors) the 8-bit products run byte by \
-             byte: the weights still take a quarter of f32's bytes, but compute-bound layers \
-             run slower than --precision f32 (anyshape bench --model tells on your shapes)"
+            "note: without AVX512_VNNI the 8-bit products run byte by byte: the weights \
+             still take a quarter of f32's bytes, but compute-bound layers run slower than \
+             --precision f32 (anyshape bench --model tells on your shapes)"
         );
     }
 }

@@ -323,6 +323,10 @@ fn peak(common: &Common, seconds: f64) -> Result<()> {
             Peak::TileBf16,
             "16,384 flops a tile product; what a --precision bf16 module's dense layers run on with AMX",
         ),
+        (
+            Peak::DotI8,
+            "8 operations a lane; what a --precision i8 module's dense layers run on",
+        ),
     ] {
         if kind.available(&target) {
             println!(

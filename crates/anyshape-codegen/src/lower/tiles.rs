@@ -316,6 +316,7 @@ mod tests {
             l3_bytes: 32 << 20,
             amx: false,
             avx512_bf16: false,
+            avx512_vnni: false,
         };
         let source = Program {
             workload: Workload::parse(w).unwrap(),

@@ -444,6 +444,7 @@ mod tests {
         let pairs = AttentionKernel::parse("rows=6,vectors=4,pairs=1").unwrap();
         let bf16_cpu = CpuTarget {
             avx512_bf16: true,
+            avx512_vnni: false,
             ..plain.clone()
         };
         assert!(pairs.validate(&bf16_cpu).is_ok());
@@ -504,6 +505,7 @@ mod tests {
         // the whole group) on.
         let pairs = CpuTarget {
             avx512_bf16: true,
+            avx512_vnni: false,
             ..CpuTarget::avx512_for_tests()
         };
         assert!(!rows(&plain, bf16, 100).pairs);

@@ -60,6 +60,11 @@ pub struct CpuTarget {
     /// the JSON form when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub avx512_bf16: bool,
+    /// AVX512_VNNI (`vpdpbusd`, the products of four bytes summed in 32-bit integers):
+    /// what an i8 contraction's products run on (elsewhere byte by byte). Absent from
+    /// the JSON form when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub avx512_vnni: bool,
 }
 
 impl CpuTarget {
@@ -82,10 +87,8 @@ impl CpuTarget {
             l2_bytes: cache("2", 1 << 20),
             l3_bytes: cache("3", 8 << 20),
             amx: simd == Simd::Avx512 && detect_amx(),
-            avx512_bf16: simd == Simd::Avx512
-                && anyshape_abi::host_cpu_features()
-                    .iter()
-                    .any(|f| f == "avx512_bf16"),
+            avx512_bf16: simd == Simd::Avx512 && host_has("avx512_bf16"),
+            avx512_vnni: simd == Simd::Avx512 && host_has("avx512_vnni"),
         }
     }
 
@@ -125,8 +128,14 @@ impl CpuTarget {
             l3_bytes: 32 << 20,
             amx: false,
             avx512_bf16: false,
+            avx512_vnni: false,
         }
     }
+}
+
+/// Whether this host's CPU has the feature flag `flag` (as Linux names it).
+fn host_has(flag: &str) -> bool {
+    anyshape_abi::host_cpu_features().iter().any(|f| f == flag)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -166,7 +166,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   return 1;
 }
 
-int32_t as_dce1317bb3b07c15(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_ee86f3ee91e8aa22(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

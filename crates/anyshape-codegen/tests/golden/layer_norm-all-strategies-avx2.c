@@ -116,7 +116,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_f89779cee7c8f19c(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_b34aec46e667916f(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -194,7 +194,7 @@ int32_t as_f89779cee7c8f19c(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_b4e745b3146ae31d(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_8e1e2239e610cb6e(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -274,7 +274,7 @@ int32_t as_b4e745b3146ae31d(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_4fff7a0b99ba54c0(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_89e20b38a49f4f5a(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -337,7 +337,7 @@ int32_t as_4fff7a0b99ba54c0(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_3987180f243ccac8(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_83b4cb6b23b7cdd5(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

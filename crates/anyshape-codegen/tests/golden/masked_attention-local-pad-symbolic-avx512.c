@@ -165,7 +165,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_d67e4143491abfcc(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_b9896d46ee4a4059(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

@@ -234,7 +234,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_51e1a5299d33b6ca(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_1fa7df4e7ec103d6(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

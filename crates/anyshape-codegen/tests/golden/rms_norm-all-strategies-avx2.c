@@ -116,7 +116,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_859a83918ee043db(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_a03857a97c2f0fbf(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -175,7 +175,7 @@ int32_t as_859a83918ee043db(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_8a15cc862217b1fb(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_c448c9d9ffca6efb(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -241,7 +241,7 @@ int32_t as_8a15cc862217b1fb(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_14bdcd9ce9a4d430(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_16b3bacb22ce37b3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -290,7 +290,7 @@ int32_t as_14bdcd9ce9a4d430(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_78452f3b5adf6282(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_bfd3ec59cb7f5fb5(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

@@ -116,7 +116,7 @@ static inline int as_claim(int slot, int64_t call, int64_t key) {
   as_held[slot][1] = key;
   return 1;
 }
-int32_t as_cdf59d446308745c(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_c032279eb1557696(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -192,7 +192,7 @@ int32_t as_cdf59d446308745c(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_a10329f48bafb580(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_9964bf932004e363(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -259,7 +259,7 @@ int32_t as_a10329f48bafb580(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_5e2fa140b199dcc3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_1b71c089605a9ed3(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;
@@ -320,7 +320,7 @@ int32_t as_5e2fa140b199dcc3(const int64_t *restrict vars, const float *const *re
   }
   return as_status;
 }
-int32_t as_53589d5c67d25d00(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
+int32_t as_f66f5f2902714fb7(const int64_t *restrict vars, const float *const *restrict ins, float *const *restrict outs) {
   int32_t as_status = 0;
   const int64_t as_call = __atomic_add_fetch(&as_calls, 1, __ATOMIC_RELAXED);
   (void)as_call;

@@ -159,14 +159,14 @@ impl Fuser<'_> {
         })
     }
 
-    /// The workload `op(args)`: in a bf16 fusion, scores whose reduction (the head dim)
-    /// is an even constant in bf16 (`op` with `_bf16`).
+    /// The workload `op(args)`: where attention multiplies in bf16, scores whose
+    /// reduction (the head dim) is an even constant in bf16 (`op` with `_bf16`).
     fn attention_workload(&self, op: &str, args: &[Expr]) -> Option<Workload> {
         let w = Workload::of(op, args).ok()?;
         let even = |a: &anyshape_ir::Axis| {
             a.kind == AxisKind::Reduction && a.extent.as_const().is_some_and(|k| k % 2 == 0)
         };
-        match self.precision == Precision::Bf16
+        match self.attention_precision == Precision::Bf16
             && op.ends_with("_scores")
             && w.axes.iter().any(even)
         {

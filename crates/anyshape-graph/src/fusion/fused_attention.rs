@@ -94,9 +94,8 @@ impl Fuser<'_> {
             return None;
         }
         let masked = if mask.is_some() { "masked_" } else { "" };
-        let precision = match self.precision {
+        let precision = match self.attention_precision {
             Precision::Bf16 => "_bf16",
-            // An i8 module's attention multiplies activations by activations: f32.
             Precision::F32 | Precision::I8 => "",
         };
         let op = format!("{masked}{}{precision}", form.fused);

@@ -215,6 +215,8 @@ struct Fuser<'a> {
     attention: std::collections::HashMap<usize, attention::Attention>,
     /// What dense layers over constant weights multiply in.
     precision: Precision,
+    /// What attention's products multiply in (`f32` or `bf16`).
+    attention_precision: Precision,
 }
 
 /// Whether value `v` is known at compile time (a constant, or shape plumbing).
@@ -227,8 +229,26 @@ fn is_static(f: &Fact) -> bool {
 /// weights in panels of bfloat16 pairs, where the reduction is an even constant; `i8`:
 /// `dense_i8`, its weights in panels of 8-bit quads times its channels' scales, where
 /// the reduction is a constant multiple of 4; the others, and every other kernel, in
-/// `f32`, but for a bf16 module's attention).
+/// `f32`), attention's products as the dense layers in `bf16`, else in `f32`
+/// ([`fuse_with_attention`] chooses).
 pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
+    let attention = match precision {
+        Precision::Bf16 => Precision::Bf16,
+        Precision::F32 | Precision::I8 => Precision::F32,
+    };
+    fuse_with_attention(g, facts, precision, attention)
+}
+
+/// [`fuse`], attention's products in `attention` (`f32` or `bf16`: the fused attention's
+/// `_bf16` forms, and a decoder's scores in bf16 where their reduction is an even
+/// constant; an 8-bit attention does not exist, so `i8` is `f32`) whatever the dense
+/// layers multiply in.
+pub fn fuse_with_attention(
+    g: &Graph,
+    facts: &[Option<Fact>],
+    precision: Precision,
+    attention: Precision,
+) -> Fusion {
     let runtime: Vec<bool> = g
         .nodes
         .iter()
@@ -255,6 +275,7 @@ pub fn fuse(g: &Graph, facts: &[Option<Fact>], precision: Precision) -> Fusion {
         transposed: Default::default(),
         attention: Default::default(),
         precision,
+        attention_precision: attention,
     };
     // A node that reads or makes a value with run-time dims runs alone on the host:
     // no kernel's task, view or fused chain is over dims the compile cannot know.
