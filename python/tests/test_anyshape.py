@@ -148,38 +148,23 @@ def test_modules_and_options_are_checked(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-def test_bf16_matches_onnxruntime_within_its_precision(tmp_path):
+# Rounded to bfloat16, or quantized to 8 bits: within the precision's bound, yet not
+# the f32 result.
+@pytest.mark.parametrize("precision,bound", [("bf16", 2e-2), ("i8", 1e-1)])
+def test_lower_precisions_match_onnxruntime_within_their_bounds(tmp_path, precision, bound):
     model = anyshape.compile(
         MODELS / "bert_tiny.ts.onnx",
         dims={"batch": (1, 2), "sequence": range(1, 65)},
-        out=tmp_path / "bf16.module",
+        out=tmp_path / f"{precision}.module",
         progress=False,
-        precision="bf16",
+        precision=precision,
     )
     for case in CASES:
         data = recorded(case)
         outs = model.run({i.name: data[i.name] for i in model.inputs})
         for name, got in outs.items():
             error = relative_error(got, data[name])
-            # Rounded to bfloat16, not the f32 result: within 2e-2, yet not exact.
-            assert 1e-6 < error <= 2e-2, (case, name, error)
-
-
-def test_i8_matches_onnxruntime_within_its_precision(tmp_path):
-    model = anyshape.compile(
-        MODELS / "bert_tiny.ts.onnx",
-        dims={"batch": (1, 2), "sequence": range(1, 65)},
-        out=tmp_path / "i8.module",
-        progress=False,
-        precision="i8",
-    )
-    for case in CASES:
-        data = recorded(case)
-        outs = model.run({i.name: data[i.name] for i in model.inputs})
-        for name, got in outs.items():
-            error = relative_error(got, data[name])
-            # Activations and weights quantized to 8 bits: within 1e-1, yet not exact.
-            assert 1e-5 < error <= 1e-1, (case, name, error)
+            assert 1e-5 < error <= bound, (case, name, error)
 
 
 @pytest.mark.parametrize("winograd", [True, False])

@@ -275,6 +275,28 @@ fn batch_matmul_nn_all_strategies_and_modes() {
     contraction("batch_matmul_nn(B=2,M=T,N=T+3,K=19)", 3);
 }
 
+/// Every padding strategy but global padding (which bf16 and i8 contractions refuse).
+fn local_strategies() -> Vec<PaddingStrategy> {
+    PADDING_STRATEGIES
+        .into_iter()
+        .filter(|s| !s.policy().copy)
+        .collect()
+}
+
+/// `native`, then the same CPU with narrower vectors (AVX2, SSE; 16 registers): where
+/// bf16 and i8 products have no instruction and are emulated.
+fn this_and_narrower_vectors(native: &CpuTarget) -> Vec<CpuTarget> {
+    [native.simd, Simd::Avx2, Simd::Sse]
+        .into_iter()
+        .filter(|simd| simd.vector_bytes() <= native.simd.vector_bytes())
+        .map(|simd| CpuTarget {
+            simd,
+            vector_registers: native.vector_registers.min(16),
+            ..native.clone()
+        })
+        .collect()
+}
+
 /// bf16 contractions: words of bfloat16 pairs in panels read in place (or attention's
 /// keys packed as such words), A's pairs
 /// rounded in the register tile (read in place) or as it is packed, by the default and
@@ -286,19 +308,9 @@ fn batch_matmul_nn_all_strategies_and_modes() {
 #[test]
 fn dense_bf16_all_strategies_modes_and_vectors() {
     let native = CpuTarget::detect();
-    let strategies: Vec<PaddingStrategy> = PADDING_STRATEGIES
-        .into_iter()
-        .filter(|s| !s.policy().copy)
-        .collect();
-    for simd in [native.simd, Simd::Avx2, Simd::Sse] {
-        if simd.vector_bytes() > native.simd.vector_bytes() {
-            continue;
-        }
-        let target = CpuTarget {
-            simd,
-            vector_registers: native.vector_registers.min(16),
-            ..native.clone()
-        };
+    let strategies = local_strategies();
+    for target in this_and_narrower_vectors(&native) {
+        let simd = target.simd;
         // Attention's scores read both operands in pairs (B packed, its pairs rounded
         // into words): the projections' layout, a cache's with rows to spare, and
         // grouped heads reading one cache head (on this machine's vectors only: the
@@ -347,19 +359,8 @@ fn dense_bf16_all_strategies_modes_and_vectors() {
 #[test]
 fn dense_i8_all_strategies_modes_and_vectors() {
     let native = CpuTarget::detect();
-    let strategies: Vec<PaddingStrategy> = PADDING_STRATEGIES
-        .into_iter()
-        .filter(|s| !s.policy().copy)
-        .collect();
-    for simd in [native.simd, Simd::Avx2, Simd::Sse] {
-        if simd.vector_bytes() > native.simd.vector_bytes() {
-            continue;
-        }
-        let target = CpuTarget {
-            simd,
-            vector_registers: native.vector_registers.min(16),
-            ..native.clone()
-        };
+    let strategies = local_strategies();
+    for target in this_and_narrower_vectors(&native) {
         for &(workload, every) in &[
             ("dense_i8(M=T,N=80,K=44,P=16)+bias+gelu", 1),
             ("dense_i8(M=2*T,N=T+3,K=128,P=16)+add(n)+add(m,n)", 3),

@@ -387,7 +387,7 @@ impl Observer for Quiet {
 
 /// Compile the ONNX model `model` for `dims` (`NAME=DOMAIN` texts) into the model
 /// module `out`, tuning each task with `trials` on average (0: untuned, seconds), its
-/// dense layers in `precision` (`f32` or `bf16`), 3 x 3 convolutions of stride 1 by
+/// dense layers in `precision` (`f32`, `bf16` or `i8`), 3 x 3 convolutions of stride 1 by
 /// Winograd's F(2x2, 3x3) or F(4x4, 3x3) (by the images' smallest size) where
 /// `winograd`; tuning records its trials in the
 /// tuning database `db` too (and starts from its earlier runs), where `use_db`: `db`,

@@ -43,7 +43,7 @@ pub struct ModelOptions {
     /// What follows each search.
     pub pipeline: PipelineOptions,
     /// What dense layers over constant weights multiply in (see
-    /// [`anyshape_graph::fuse`]; attention: [`attention_precision`]).
+    /// [`anyshape_graph::fuse`]; attention: `attention_precision`).
     pub precision: Precision,
     /// 3 x 3 convolutions of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3), by
     /// the dims' smallest values (see [`anyshape_graph::winograd`]); else every
@@ -149,7 +149,7 @@ fn check_dims(names: &[String], dims: &[ShapeVar]) -> Result<()> {
 /// bf16 faster than rounding costs (AVX512_BF16's pairs or AMX's tiles: BERT-base at
 /// sequence 512 on Zen 4, attention 55 -> 34 ms of a 194 ms run), else f32 — its
 /// operands are activations, which are not quantized; f32 otherwise.
-pub fn attention_precision(precision: Precision, target: &CpuTarget) -> Precision {
+pub(crate) fn attention_precision(precision: Precision, target: &CpuTarget) -> Precision {
     match precision {
         Precision::I8 if target.avx512_bf16 || target.amx => Precision::Bf16,
         Precision::Bf16 => Precision::Bf16,

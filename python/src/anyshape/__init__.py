@@ -94,7 +94,10 @@ def compile(
     bytes) and multiplies them in bfloat16 with f32 sums (on AMX tiles, `tdpbf16ps`,
     where the CPU has AMX-BF16; else AVX512_BF16's `vdpbf16ps`; emulated where the CPU
     lacks both); everything else stays f32, and outputs move by up to ~1e-2 of their
-    range.
+    range. `precision="i8"` runs them on 8-bit integers (weights per output channel,
+    activations per row as they run, AVX512_VNNI's `vpdpbusd`; byte by byte without
+    it), attention in bf16 where the CPU has bf16 products; outputs move by a few
+    1e-2 of their range.
     Tuning records every trial in a tuning database too, and a task starts from the
     database's best earlier run of its workload (this model's or another's with the same
     layers): `db=True` is `tuning.sqlite` in the kernel cache, a path names another,
