@@ -136,7 +136,7 @@ fn inspect_model_module(dir: &Path) -> Result<()> {
             "precision    bf16 (dense layers over weights and attention's scores; the rest f32)"
         ),
         Precision::I8 => println!(
-            "precision    i8 (dense layers over weights: 8-bit weights per output channel, activations quantized per row; the rest f32)"
+            "precision    i8 (dense layers over weights: 8-bit weights per output channel, activations quantized per row; attention in bf16 where the compiling CPU had bf16 products, its tasks say; the rest f32)"
         ),
     }
     for s in model.inputs() {
