@@ -163,15 +163,16 @@ pub fn bf16_unpair(word: f32) -> (f32, f32) {
 
 /// The scale of a row quantized to 8 bits ([`Precision::I8`]) from its elements:
 /// `(scale, inverse)`, from the largest magnitude `max` among them (a NaN passed over),
-/// `scale = max / 127` and `inverse = 127 / max` in `f32` (both 0 for a row of zeros or
-/// one whose largest magnitude is infinite) — exactly as the generated kernels compute
-/// them.
+/// `scale = max / 127` and `inverse = 127 / max` in `f32` (both 0 for a row of zeros,
+/// one whose largest magnitude is infinite, or one so small that the inverse is) —
+/// exactly as the generated kernels compute them.
 pub fn i8_row_scale(row: impl IntoIterator<Item = f32>) -> (f32, f32) {
     let max = row
         .into_iter()
         .fold(0.0f32, |m, x| if x.abs() > m { x.abs() } else { m });
-    if max > 0.0 && max.is_finite() {
-        (max / 127.0, 127.0 / max)
+    let inverse = 127.0 / max;
+    if max > 0.0 && max.is_finite() && inverse.is_finite() {
+        (max / 127.0, inverse)
     } else {
         (0.0, 0.0)
     }
@@ -246,7 +247,12 @@ mod tests {
         assert_eq!(i8_quantize(0.5, 1.0), 0);
         assert_eq!(i8_quantize(1.5, 1.0), 2);
         assert_eq!(i8_quantize(f32::NAN, 1.0), 0);
-        for row in [[0.0, -0.0], [1.0, f32::NEG_INFINITY], [f32::NAN, 0.0]] {
+        for row in [
+            [0.0, -0.0],
+            [1.0, f32::NEG_INFINITY],
+            [f32::NAN, 0.0],
+            [1e-40, 0.0],
+        ] {
             assert_eq!(i8_row_scale(row), (0.0, 0.0));
         }
         let q = [-128, -1, 0, 127];

@@ -51,10 +51,14 @@ static inline as_vf as_vdot_bf16(as_vf c, as_vf b, float a) { as_vu x = (as_vu)b
 static inline float as_dot_i8(float c, float a, float b) { uint32_t x, y; int32_t r; memcpy(&x, &a, 4); memcpy(&y, &b, 4); memcpy(&r, &c, 4); for (int e = 0; e < 4; e++) r += (int32_t)(uint8_t)(x >> (8 * e)) * (int32_t)(int8_t)(y >> (8 * e)); memcpy(&c, &r, 4); return c; }
 static inline float as_int_float(float x) { int32_t u; memcpy(&u, &x, 4); return (float)u; }
 static inline void as_quantize_row(float *restrict dst, const float *restrict src, int64_t words, float *scale) {
-float m = 0.0f; for (int64_t i = 0; i < 4 * words; i++) { float a = fabsf(src[i]); m = a > m ? a : m; }
-float inv = 0.0f; scale[0] = 0.0f; if (m > 0.0f && m <= 3.40282346638528859812e+38f) { scale[0] = m / 127.0f; inv = 127.0f / m; }
+const int64_t n = 4 * words; float m = 0.0f; int64_t i = 0;
+as_vf mv = {0}; for (; i + (int64_t)(sizeof mv / 4) <= n; i += sizeof mv / 4) { as_vf a; memcpy(&a, src + i, sizeof a); mv = as_vmax((as_vf)((as_vi)a & 0x7fffffff), mv); }
+m = as_hmax(mv);
+for (; i < n; i++) { float a = fabsf(src[i]); m = a > m ? a : m; }
+float inv = 127.0f / m; scale[0] = m / 127.0f;
+if (!(m > 0.0f && m <= 3.40282346638528859812e+38f && inv <= 3.40282346638528859812e+38f)) { scale[0] = 0.0f; inv = 0.0f; }
 int8_t *q = (int8_t *)dst; int32_t sum = 0;
-for (int64_t i = 0; i < 4 * words; i++) { float v = src[i] * inv; v = v > 127.0f ? 127.0f : v; v = v < -127.0f ? -127.0f : v; int32_t r = v == v ? (int32_t)rintf(v) : 0; q[i] = (int8_t)r; sum += r; }
+for (i = 0; i < n; i++) { float v = src[i] * inv; int32_t r = v == v ? (int32_t)rintf(v) : 0; q[i] = (int8_t)r; sum += r; }
 scale[1] = -128.0f * (float)sum;
 }
 static inline as_vf as_vint_float(as_vf x) { return __builtin_convertvector((as_vi)x, as_vf); }
