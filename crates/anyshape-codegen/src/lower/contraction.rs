@@ -150,9 +150,8 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         });
     }
     let i8 = w.precision == Precision::I8;
-    if i8 && (mk.dot || mk.vm || mk.ia || mk.amx || policy.copy || b_in_place.is_none())
-        || (i8 && !g.batch.is_empty())
-    {
+    let usual = !(mk.dot || mk.vm || mk.ia || mk.amx || policy.copy);
+    if i8 && !(usual && b_in_place.is_some() && g.batch.is_empty()) {
         return Err(CodegenError::SketchNotApplicable {
             workload: w.to_string(),
             reason: format!(
