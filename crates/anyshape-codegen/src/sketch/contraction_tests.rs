@@ -267,10 +267,11 @@ fn rejects_what_breaks_the_target() {
 /// An untuned module's micro-kernel at an instance: the workload's default, except
 /// over a first operand in panels (filters, Winograd's transformed ones) where N is
 /// narrower than that default's tile: there the transposed one reading the panels in
-/// place. Not for weights in panels as B (dense layers; see the next test), nor at a
-/// wide N.
+/// place; on 16-float vectors, also at any N where the filters are deep. Not for weights
+/// in panels as B (dense layers; see the next test), nor at a wide N over shallow
+/// filters or on 8-float vectors.
 #[test]
-fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
+fn narrow_outputs_and_deep_filters_in_panels_run_transposed_by_default() {
     let avx2 = CpuTarget {
         simd: Simd::Avx2,
         vector_registers: 16,
@@ -278,9 +279,13 @@ fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
         ..avx512()
     };
     for target in [avx2, avx512()] {
-        for text in [
-            "batch_matmul_packed(B=16,M=512,N=T,K=512,P=16)",
-            "conv_packed(B=1,M=2048,N=T,K=512,P=16)+add(m)+relu",
+        let wide_vectors = target.lanes_f32() >= 16;
+        for (text, deep) in [
+            ("batch_matmul_packed(B=16,M=512,N=T,K=512,P=16)", true),
+            ("conv_packed(B=1,M=2048,N=T,K=512,P=16)+add(m)+relu", true),
+            ("conv_packed(B=1,M=256,N=T,K=1152,P=16)+add(m)+relu", true),
+            ("conv_packed(B=1,M=1024,N=T,K=256,P=16)+add(m)", false),
+            ("conv_packed(B=1,M=256,N=T,K=512,P=16)+add(m)+relu", false),
         ] {
             let w = Workload::parse(text).unwrap();
             let default = ContractionKernel::default_for_workload(&target, &w);
@@ -295,8 +300,15 @@ fn narrow_outputs_over_filters_in_panels_run_transposed_by_default() {
             assert!(narrow.vm && narrow.ia && narrow.pf, "{text}: {narrow}");
             narrow.validate(&target).unwrap();
             assert_eq!(at(1), narrow, "{text}");
-            assert_eq!(at(default.nr as i64), default, "{text}");
-            assert_eq!(at(100), default, "{text}");
+            // Deep filters run transposed at any N on 16-float vectors.
+            let wide = if deep && wide_vectors {
+                narrow
+            } else {
+                default
+            };
+            assert_eq!(at(default.nr as i64), wide, "{text}");
+            assert_eq!(at(100), wide, "{text}");
+            assert_eq!(at(6400), wide, "{text}");
         }
         // Weights in panels as the second operand keep the default at any N.
         let dense = Workload::parse("dense_packed(M=T,N=4,K=64,P=16)").unwrap();
