@@ -97,35 +97,46 @@ pub(super) fn input_lanes<const A: usize, const M: usize, F: Filtering<A, M>>(
     let planes = lanes / tiles;
     let (ph, pw) = (th * M + 2, tw * M + 2);
     let area = ph * pw;
-    scratch.clear();
-    scratch.resize(planes * area, 0.0);
+    // The planes, and a chunk's width of zeros past the last (the gather loads whole
+    // chunks of a row): what lies outside the image zeroed, the rest copied over.
+    scratch.resize(planes * area + L, 0.0);
+    scratch[planes * area..].fill(0.0);
+    let avx = gather::available();
     // The image's rows and columns that lie in the padded plane (all of them: the
     // tiles cover the output, which is the padded image less 2 each way).
     let (y1, x1) = (h.min(ph.saturating_sub(pt)), w.min(pw.saturating_sub(pl)));
-    for (q, padded) in scratch.chunks_exact_mut(area).enumerate() {
+    for (q, padded) in scratch.chunks_exact_mut(area).take(planes).enumerate() {
         let (ch, b) = (c0 + q / n, q % n);
         let plane = &img.x[(b * img.c + ch) * h * w..][..h * w];
+        padded[..pt * pw].fill(0.0);
         for y in 0..y1 {
-            padded[(pt + y) * pw + pl..][..x1].copy_from_slice(&plane[y * w..][..x1]);
+            let row = &mut padded[(pt + y) * pw..][..pw];
+            row[..pl].fill(0.0);
+            row[pl..pl + x1].copy_from_slice(&plane[y * w..][..x1]);
+            row[pl + x1..].fill(0.0);
         }
+        padded[(pt + y1) * pw..].fill(0.0);
     }
     let padded = &scratch[..];
     let mut at = Cursor::default();
     // A block's tiles transformed across their rows: chunk k's element (a, j) at
     // across[k][a][j].
     let mut across = [[[ZERO; A]; A]; CHUNKS];
+    // A chunk's tiles, element (a, b) of every lane in d[a][b].
+    let mut d = [[ZERO; A]; A];
     for s0 in (0..lanes).step_by(BLOCK) {
         let chunks = (lanes - s0).min(BLOCK).div_ceil(L);
         for (k, e) in across.iter_mut().enumerate().take(chunks) {
             let chunk = at.chunk(lanes - s0 - k * L, th, tw, 0);
-            // The tiles, element (a, b) of every lane in d[a][b].
-            let mut d = [[ZERO; A]; A];
-            for (l, c) in chunk.iter().enumerate() {
-                let corner = c.q * area + c.ty * M * pw + c.tx * M;
-                for (a, da) in d.iter_mut().enumerate() {
-                    let row = &padded[corner + a * pw..][..A];
-                    for (x, &v) in da.iter_mut().zip(row) {
-                        x.0[l] = v;
+            // Every lane of every element of d written (the last lane repeated).
+            let corners = chunk.map(|c| c.q * area + c.ty * M * pw + c.tx * M);
+            if !(avx && gather::rows(padded, &corners, pw, &mut d)) {
+                for (l, corner) in corners.into_iter().enumerate() {
+                    for (a, da) in d.iter_mut().enumerate() {
+                        let row = &padded[corner + a * pw..][..A];
+                        for (x, &v) in da.iter_mut().zip(row) {
+                            x.0[l] = v;
+                        }
                     }
                 }
             }
@@ -233,4 +244,115 @@ pub(super) fn output_lanes<const A: usize, const M: usize, F: Filtering<A, M>>(
         }
     }
     residual(p, first * area, out);
+}
+
+/// The gather of a chunk's tiles as 8 x 8 transposes of whole rows (AVX).
+mod gather {
+    use super::{L, V};
+
+    /// Whether the CPU runs AVX.
+    pub(super) fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Element `(a, b)` of the tile at `corners[l]` (rows `pw` apart) into
+    /// `d[a][b].0[l]`: for each of the tiles' rows `a`, the eight tiles' rows loaded
+    /// whole (`L` elements from each corner) and transposed. False (nothing done) where
+    /// a load would pass the end of `padded`; only call it where AVX runs.
+    #[inline(always)]
+    pub(super) fn rows<const A: usize>(
+        padded: &[f32],
+        corners: &[usize; L],
+        pw: usize,
+        d: &mut [[V; A]; A],
+    ) -> bool {
+        let last = corners.iter().max().map_or(0, |&c| c + (A - 1) * pw + L);
+        if A > L || last > padded.len() {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: every load reads `L` elements from `corner + a·pw` (a < A), which the
+        // check above keeps inside `padded`; every store writes one `V` of `d`; the
+        // caller runs this only where the CPU has AVX.
+        unsafe {
+            use std::arch::x86_64::*;
+            let p = padded.as_ptr();
+            for (a, da) in d.iter_mut().enumerate() {
+                let r = corners.map(|c| _mm256_loadu_ps(p.add(c + a * pw)));
+                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let columns = [
+                    _mm256_permute2f128_ps::<0x20>(s0, s4),
+                    _mm256_permute2f128_ps::<0x20>(s1, s5),
+                    _mm256_permute2f128_ps::<0x20>(s2, s6),
+                    _mm256_permute2f128_ps::<0x20>(s3, s7),
+                    _mm256_permute2f128_ps::<0x31>(s0, s4),
+                    _mm256_permute2f128_ps::<0x31>(s1, s5),
+                    _mm256_permute2f128_ps::<0x31>(s2, s6),
+                    _mm256_permute2f128_ps::<0x31>(s3, s7),
+                ];
+                for (x, column) in da.iter_mut().zip(columns) {
+                    _mm256_storeu_ps(x.0.as_mut_ptr(), column);
+                }
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{gather, L, V, ZERO};
+
+    /// The transposes gather what element-by-element reads would, for both tiles'
+    /// extents, tiles anywhere in the rows (the last 6 x 6 one's last load ending at the
+    /// slice's end), and refuse a load past the end.
+    #[test]
+    fn the_transposes_gather_each_tiles_elements() {
+        if !gather::available() {
+            return;
+        }
+        let pw = 13;
+        let padded: Vec<f32> = (0..6 * pw + L).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let corners = [0, 3, 5, 4, 1, 2, 2, pw];
+        fn check<const A: usize>(padded: &[f32], corners: &[usize; L], pw: usize) {
+            let mut d = [[ZERO; A]; A];
+            assert!(gather::rows(padded, corners, pw, &mut d));
+            for (l, &c) in corners.iter().enumerate() {
+                for (a, da) in d.iter().enumerate() {
+                    for (b, x) in da.iter().enumerate() {
+                        assert_eq!(x.0[l], padded[c + a * pw + b], "A={A} ({a}, {b}) lane {l}");
+                    }
+                }
+            }
+            let past = corners.map(|c| c + padded.len());
+            assert!(!gather::rows::<A>(
+                padded,
+                &past,
+                pw,
+                &mut [[V([0.0; L]); A]; A]
+            ));
+        }
+        check::<4>(&padded, &corners, pw);
+        check::<6>(&padded, &corners, pw);
+    }
 }
