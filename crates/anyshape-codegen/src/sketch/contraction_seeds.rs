@@ -378,9 +378,10 @@ fn transposed_filters(mk: ContractionKernel) -> ContractionKernel {
 ///
 /// On a target with 16-float vectors the transposed default also runs filters in panels
 /// that are deep ([`deep_filters`]), at any N: ResNet-50 tuned on Zen 4 (16 trials a
-/// task, images 96..320) voted for it at 37 of the 40 instances of its ten such layers, and
-/// alone, cold, it was 1.0-1.2x the usual default from 144 to 6400 columns; the
-/// untuned module with this rule ran 1.04x the one without (paired, 9 image sizes).
+/// task, images 96..320) voted for it at 37 of the 40 instances of its ten such
+/// layers, and alone, cold, it was 1.0-1.2x the usual default from 144 to 6400
+/// columns; the untuned module with this rule ran 1.04x the one without (paired, 9
+/// image sizes).
 ///
 /// And where the second operand is a weight in panels (`dense_packed`, f32) and the
 /// instance has at most [`ROW_DEFAULT_ROWS`] rows (a decoder's step, an encoder at
@@ -427,9 +428,9 @@ const ROW_DEFAULT_ROWS: i64 = 2;
 /// [`default_for_instance`]): a reduction of 1024 or more, or of 512 or more into 512
 /// channels or more. Where the tuner's votes went on Zen 4 (ResNet-50's third and
 /// fourth stages: 1 x 1 convolutions of 1024 -> 256, 2048 -> 512, 512 -> 2048, 512 ->
-/// 1024, 1024 -> 512 and 1024 -> 2048 channels, the strided 3 x 3 ones of 128 to 512 channels,
-/// Winograd's products of 512 channels); shallower ones (256 -> 1024, 512 -> 256, 128
-/// -> 512) kept N on the vectors. On Zen 3 (AVX2, 8-float vectors) the transposed tile
+/// 1024, 1024 -> 512 and 1024 -> 2048 channels, the strided 3 x 3 ones of 128 to 512
+/// channels, Winograd's products of 512 channels); shallower ones (256 -> 1024, 512 ->
+/// 256, 128 -> 512) kept N on the vectors. On Zen 3 (AVX2, 8-float vectors) the transposed tile
 /// was the slower at 16 and 49 columns, hence the vectors' condition.
 fn deep_filters(m: Option<i64>, k: Option<i64>) -> bool {
     match (m, k) {

@@ -9,8 +9,9 @@
 //! channels where an image has few tiles (a 3 x 3 image has 4). A chunk's tiles are
 //! gathered into `α x α` vectors of `L` lanes (where the CPU has AVX, as 8 x 8
 //! transposes of the tiles' rows: ResNet-50's input transforms 2.23 -> 1.76 ms at 224 x
-//! 224, Zen 4, together with zeroing only the padded planes' borders), transformed there (`Bᵀ` across, then
-//! down: [`Filtering`]) and written as vectors, each into its position's row. The
+//! 224, Zen 4, together with zeroing only the padded planes' borders), transformed
+//! there (`Bᵀ` across, then down: [`Filtering`]) and written as vectors, each into its
+//! position's row. The
 //! output transform does the same (`Aᵀ`, its `m x m` results written lane by lane into
 //! the output's planes) where rows of tiles are narrow, and a row of tiles at a time
 //! where they are wide ([`ROW_TILES`]). (Measured serially on a Zen 3 against passes

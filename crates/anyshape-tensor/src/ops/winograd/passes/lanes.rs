@@ -263,7 +263,7 @@ mod gather {
     /// Element `(a, b)` of the tile at `corners[l]` (rows `pw` apart) into
     /// `d[a][b].0[l]`: for each of the tiles' rows `a`, the eight tiles' rows loaded
     /// whole (`L` elements from each corner) and transposed. False (nothing done) where
-    /// a load would pass the end of `padded`; only call it where AVX runs.
+    /// a load would pass the end of `padded`, or off x86-64; only call it where AVX runs.
     #[inline(always)]
     pub(super) fn rows<const A: usize>(
         padded: &[f32],
@@ -272,7 +272,7 @@ mod gather {
         d: &mut [[V; A]; A],
     ) -> bool {
         let last = corners.iter().max().map_or(0, |&c| c + (A - 1) * pw + L);
-        if A > L || last > padded.len() {
+        if A > L || last > padded.len() || cfg!(not(target_arch = "x86_64")) {
             return false;
         }
         #[cfg(target_arch = "x86_64")]
