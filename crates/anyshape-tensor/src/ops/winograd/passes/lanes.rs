@@ -1,6 +1,7 @@
 //! The passes on lanes (see the parent's doc): chunks of tiles side by side in the
-//! products' order, gathered, transformed in vectors and written out — every input
-//! transform, and the output transforms of narrow rows of tiles.
+//! products' order, gathered (where the CPU has AVX, by 8 x 8 transposes: `gather`,
+//! the module's one `unsafe` block), transformed in vectors and written out — every
+//! input transform, and the output transforms of narrow rows of tiles.
 use super::{clamps, load, residual, store, Filtering, Image, Products, Tiles, L, V};
 
 /// Chunks of a block: a pass transforms a block's chunks a row (or column) of
