@@ -1,12 +1,15 @@
 //! `anyshape bench --model M --compare`: a model module raced against onnxruntime,
-//! OpenVINO (FP32 and its default precision) and tract on the same `.onnx` (the one it was compiled from, checked by its SHA-256) and
-//! the same inputs, over a grid of dim values. Systems are timed in interleaved rounds (the order rotates each
-//! round) and each keeps its minimum latency; every peer's outputs are checked against
-//! anyshape's. Writes `model.csv`, `model.md` and `model-latency.svg`.
+//! OpenVINO (FP32 and its default precision) and tract on the same `.onnx` (the one it
+//! was compiled from, checked by its SHA-256) and the same inputs, over a grid of dim
+//! values (generated inputs) or on recorded cases (`.npz` files: [`Case`]). Systems are
+//! timed in interleaved rounds (the order rotates each round) and each keeps its minimum
+//! latency; every system's outputs are checked against the case's recorded outputs
+//! where it has them all, else every peer's against anyshape's. Writes `model.csv`,
+//! `model.md` and `model-latency.svg`.
 use crate::error::{BenchError, Result};
 use crate::out::OutDir;
 use crate::peak::{Ceiling, Peak};
-use crate::peers::{Anyshape, Case, Peer, PeerKind, PeerOptions, PeerStart, Started};
+use crate::peers::{Anyshape, Case as PeerCase, Peer, PeerKind, PeerOptions, PeerStart, Started};
 use crate::plot::{lines_svg, Series};
 use crate::report::{geomean, paired_speedup, significant};
 use crate::Harness;
@@ -14,6 +17,7 @@ use anyshape_codegen::Target;
 use anyshape_files::Reads;
 use anyshape_ir::{Bindings, Precision};
 use anyshape_measure::Progress;
+use anyshape_runtime::Case;
 use anyshape_tensor::{DType, Data, Tensor, TensorSpec};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,8 +25,12 @@ use std::path::{Path, PathBuf};
 /// What `compare_model` measures and where it writes.
 pub struct ModelCompareOptions<'a> {
     /// Values of each of the model's dims (every dim named); the instances are their
-    /// cross product.
+    /// cross product, on generated inputs. Empty where `cases` are given.
     pub dims: &'a [(String, Vec<i64>)],
+    /// Recorded cases (`.npz` files of the model's inputs by name, and of its outputs
+    /// where recorded), raced instead of the dims' grid: one instance each, on its
+    /// inputs, every system's outputs checked against the recorded ones.
+    pub cases: &'a [PathBuf],
     /// Interleaved rounds per instance.
     pub rounds: usize,
     /// Seconds of timed runs per system, instance and round (at least one run).
@@ -38,9 +46,14 @@ pub struct ModelCompareOptions<'a> {
 }
 
 /// One instance's results: per system, its best latency of each round (seconds) and the
-/// largest relative difference of its outputs from anyshape's (`None`: it failed).
+/// largest relative difference of its outputs from the reference (`None`: it failed).
 struct Row {
     bindings: Bindings,
+    /// The recorded case it ran (its file's name), where it ran one.
+    case: Option<String>,
+    /// Whether the errors are against the case's recorded outputs (else against
+    /// anyshape's, whose own error is then 0).
+    recorded: bool,
     /// The useful flops of anyshape's run (its kernels'; see [`run_flops`]).
     flops: Option<f64>,
     error: Vec<Option<f64>>,
@@ -50,6 +63,14 @@ struct Row {
 }
 
 impl Row {
+    /// How the reports name the instance: its case and dims, or its dims.
+    fn label(&self) -> String {
+        match &self.case {
+            Some(c) => format!("{c} ({})", self.bindings),
+            None => self.bindings.to_string(),
+        }
+    }
+
     /// System `p`'s latency: its minimum over the rounds.
     fn latency(&self, p: usize) -> Option<f64> {
         self.rounds[p].iter().flatten().copied().reduce(f64::min)
@@ -200,6 +221,38 @@ pub(crate) fn dim_cells(dims: &[(String, Vec<i64>)], b: &Bindings) -> String {
     cells.join(",")
 }
 
+/// A recorded case, read: its name, inputs in the model's order, the dims they bind
+/// and its recorded outputs in the model's order (where it records them all).
+struct Recorded {
+    name: String,
+    inputs: Vec<(String, Tensor)>,
+    bindings: Bindings,
+    outputs: Option<Vec<Tensor>>,
+}
+
+impl Recorded {
+    /// The case at `path`, for `model`: every input given, their dims agreeing.
+    fn read(model: &anyshape_runtime::Model, path: &Path) -> Result<Recorded> {
+        let case: Case = model.read_case(path)?;
+        let given = case.given(model)?;
+        let (_, bindings) = anyshape_tensor::bind(model.inputs(), &given)
+            .map_err(|e| BenchError::Options(format!("{}: {e}", path.display())))?;
+        let inputs = given
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_tensor()))
+            .collect();
+        Ok(Recorded {
+            name: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            inputs,
+            bindings,
+            outputs: case.recorded_outputs(model),
+        })
+    }
+}
+
 /// The module in `other`, loaded, where it is a compile of `model`'s source model (the
 /// same SHA-256): `bench --model --against`.
 fn same_model(model: &anyshape_runtime::Model, other: &Path) -> Result<anyshape_runtime::Model> {
@@ -250,7 +303,15 @@ pub fn compare_model(
     for other in o.against {
         reads.dir(other);
     }
+    for case in o.cases {
+        reads.file(case);
+    }
     let out = OutDir::new(o.out_dir, reads)?;
+    if !o.cases.is_empty() && !o.dims.is_empty() {
+        return Err(BenchError::Options(
+            "race either on generated inputs at the --dim values or on recorded cases (--inputs), not both".into(),
+        ));
+    }
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
@@ -277,7 +338,29 @@ pub fn compare_model(
         false => source_model(&model, o.peers.onnx)?,
     };
     let specs = model.inputs().to_vec();
-    let instances = instances(model.dims(), o.dims)?;
+    let cases = o
+        .cases
+        .iter()
+        .map(|p| Recorded::read(&model, p))
+        .collect::<Result<Vec<_>>>()?;
+    let instances = match cases.is_empty() {
+        true => instances(model.dims(), o.dims)?,
+        false => cases.iter().map(|c| c.bindings.clone()).collect(),
+    };
+    // The reports' dim columns: the --dim values, or the values the cases bind.
+    let dims = match cases.is_empty() {
+        true => o.dims.to_vec(),
+        false => model
+            .dims()
+            .iter()
+            .map(|d| {
+                let mut values: Vec<i64> =
+                    instances.iter().filter_map(|b| b.get(&d.name)).collect();
+                values.dedup();
+                (d.name.clone(), values)
+            })
+            .collect(),
+    };
     // The generated inputs (and onnxruntime's outputs) live only as long as the run.
     let scratch = tempfile::Builder::new()
         .prefix("anyshape-bench-model")
@@ -336,19 +419,26 @@ pub fn compare_model(
     for (i, b) in instances.iter().enumerate() {
         progress.message(&b.to_string());
         let npz = case_dir.join(format!("case-{i}.npz"));
-        let tensors = inputs(&specs, b)?;
+        let recorded = cases.get(i);
+        let tensors = match recorded {
+            Some(c) => c.inputs.clone(),
+            None => inputs(&specs, b)?,
+        };
         anyshape_tensor::npz::write(&npz, &tensors, &Reads::new(), "a case file")
             .map_err(|e| BenchError::Environment(e.to_string()))?;
-        let case = Case { tensors, npz };
+        let case = PeerCase { tensors, npz };
         let n = peers.len();
+        // The first run of each: its outputs, checked against the recorded ones where
+        // the case has them all, else against anyshape's.
+        let mut want = recorded.and_then(|c| c.outputs.clone());
         let mut row = Row {
             bindings: b.clone(),
+            case: recorded.map(|c| c.name.clone()),
+            recorded: want.is_some(),
             flops: flops[i],
             error: vec![None; n],
             rounds: vec![vec![None; o.rounds]; n],
         };
-        // The first run of each: its outputs, checked against anyshape's.
-        let mut want = None;
         let mut ok = vec![false; n];
         for (p, peer) in peers.iter_mut().enumerate() {
             match peer.time(&case, 0.0, true) {
@@ -388,7 +478,7 @@ pub fn compare_model(
                 None => format!("{s} failed"),
             })
             .collect();
-        progress.note(&format!("{b}: {}", line.join(", ")));
+        progress.note(&format!("{}: {}", row.label(), line.join(", ")));
         rows.push(row);
         progress.inc(1);
     }
@@ -407,6 +497,7 @@ pub fn compare_model(
         peak_precision: peak_precision.map(|c| (c.kind, c.gflops)),
         load_seconds,
         o,
+        dims: &dims,
         names: &names,
         rows: &rows,
         unavailable: &unavailable,
@@ -446,6 +537,8 @@ struct ModelReport<'a> {
     peak_precision: Option<(Peak, f64)>,
     load_seconds: f64,
     o: &'a ModelCompareOptions<'a>,
+    /// The dims' columns: the --dim values, or those the recorded cases bind.
+    dims: &'a [(String, Vec<i64>)],
     names: &'a [String],
     rows: &'a [Row],
     unavailable: &'a [String],
@@ -492,9 +585,13 @@ impl ModelReport<'_> {
         );
         let _ = writeln!(
             s,
-            "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster); paired = the median over rounds of that ratio within each round (less hostage to a noisy machine than the ratio of minima). Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.\n",
-            self.o.rounds, self.o.seconds
+            "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster); paired = the median over rounds of that ratio within each round (less hostage to a noisy machine than the ratio of minima). {}\n",
+            self.o.rounds, self.o.seconds, match self.rows.iter().any(|r| r.recorded) {
+                true => "Error: max |system - recorded| / max |recorded| over the outputs of the first run, against the outputs the case records (where a case records none: of each peer against anyshape's).",
+                false => "Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.",
+            }
         );
+        let recorded = self.rows.iter().any(|r| r.recorded);
         let mut head = "| instance |".to_string();
         let mut rule = "|---|".to_string();
         for (p, n) in self.names.iter().enumerate() {
@@ -507,6 +604,10 @@ impl ModelReport<'_> {
                     let _ = write!(head, " % of {} peak |", kind.precision());
                     rule.push_str("---:|");
                 }
+                if recorded {
+                    let _ = write!(head, " error of {n} |");
+                    rule.push_str("---:|");
+                }
             }
         }
         for n in &self.names[1..] {
@@ -517,7 +618,7 @@ impl ModelReport<'_> {
         let speedups: Vec<Vec<Option<f64>>> =
             (1..self.names.len()).map(|p| self.speedups(p)).collect();
         for (i, r) in self.rows.iter().enumerate() {
-            let _ = write!(s, "| {} |", r.bindings);
+            let _ = write!(s, "| {} |", r.label());
             for p in 0..self.names.len() {
                 let _ = write!(
                     s,
@@ -545,6 +646,10 @@ impl ModelReport<'_> {
                     if let Some((_, pb)) = self.peak_precision {
                         let _ = write!(s, " {} |", share(pb));
                     }
+                    if recorded {
+                        let e = r.error[0].filter(|_| r.recorded);
+                        let _ = write!(s, " {} |", e.map_or("-".into(), |e| format!("{e:.2e}")));
+                    }
                 }
             }
             for (p, sp) in speedups.iter().enumerate() {
@@ -554,7 +659,7 @@ impl ModelReport<'_> {
                     sp[i].map_or("-".into(), |x| format!("{x:.2}x")),
                     r.paired_speedup(p + 1)
                         .map_or("-".into(), |x| format!("{x:.2}x")),
-                    r.error[p + 1].map_or("-".into(), |e| format!("{e:.1e}"))
+                    r.error[p + 1].map_or("-".into(), |e| format!("{e:.2e}"))
                 );
             }
             s.push('\n');
@@ -583,7 +688,7 @@ impl ModelReport<'_> {
                 geomean(&v),
                 v.len(),
                 lo,
-                self.rows[at].bindings,
+                self.rows[at].label(),
                 geomean(&paired)
             );
         }
@@ -598,11 +703,13 @@ impl ModelReport<'_> {
 
     fn csv(&self) -> String {
         let mut s = format!(
-            "{},system,latency_ms,speedup_of_anyshape,max_rel_error_vs_anyshape,paired_speedup_of_anyshape\n",
-            dim_columns(self.o.dims)
+            "{},system,latency_ms,speedup_of_anyshape,max_rel_error,paired_speedup_of_anyshape,error_against,case\n",
+            dim_columns(self.dims)
         );
         for r in self.rows {
-            let at = dim_cells(self.o.dims, &r.bindings);
+            let at = dim_cells(self.dims, &r.bindings);
+            let case = r.case.as_deref().unwrap_or("");
+            let against = if r.recorded { "recorded" } else { "anyshape" };
             for (p, n) in self.names.iter().enumerate() {
                 let l = r.latency(p);
                 let sp = match (r.latency(0), l) {
@@ -615,7 +722,7 @@ impl ModelReport<'_> {
                 };
                 let _ = writeln!(
                     s,
-                    "{at},\"{n}\",{},{sp},{},{paired}",
+                    "{at},\"{n}\",{},{sp},{},{paired},{against},{case}",
                     l.map_or(String::new(), |l| format!("{:.6}", l * 1e3)),
                     r.error[p].map_or(String::new(), |e| format!("{e:.3e}"))
                 );
@@ -627,7 +734,6 @@ impl ModelReport<'_> {
     /// Latency against the dim that varies (the instance number if several do).
     fn plot(&self) -> std::result::Result<String, crate::plot::PlotError> {
         let varying: Vec<&str> = self
-            .o
             .dims
             .iter()
             .filter(|(_, v)| v.len() > 1)

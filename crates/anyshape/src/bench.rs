@@ -79,6 +79,19 @@ pub struct BenchArgs {
     /// --dim batch=1` (ranges such as `1..4` too); every dim of the model is named.
     #[arg(long = "dim", value_name = "NAME=VALUES", requires = "model")]
     dims: Vec<String>,
+    /// With --model and --compare: race on recorded cases instead of generated inputs
+    /// at --dim values — `.npz` files of the model's inputs by name (the arrays
+    /// `anyshape run --inputs` takes), one instance each, comma-separated or repeated;
+    /// where a case also records every output (the models' `models/full/*.npz`), every
+    /// system's error is against those outputs, anyshape's too.
+    #[arg(
+        long = "inputs",
+        value_name = "FILE.npz",
+        value_delimiter = ',',
+        requires = "model",
+        conflicts_with = "dims"
+    )]
+    cases: Vec<PathBuf>,
     /// Interleaved rounds per instance, for --model and --compare: every system is timed
     /// once per round, in an order that rotates; each keeps its minimum, and the paired
     /// speedup is the median over rounds of the ratio within a round.
@@ -283,6 +296,9 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     if !args.compare && !args.conv_kernels && !args.dims.is_empty() {
         bail!("--dim is for --compare and --conv-kernels");
     }
+    if !args.compare && !args.cases.is_empty() {
+        bail!("--inputs is for --compare (the recorded cases a model is raced on)");
+    }
     if args.generate {
         if !args.compare && !args.dims.is_empty() {
             bail!("--dim is for --compare; --generate runs at the --prompts lengths");
@@ -341,6 +357,7 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     }
     let options = ModelCompareOptions {
         dims: &dims,
+        cases: &args.cases,
         rounds: args.rounds as usize,
         seconds: args.seconds,
         peers: peer_options(args),

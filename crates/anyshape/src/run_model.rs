@@ -1,12 +1,13 @@
 //! `anyshape run --module M` of a model module: its inputs from `.npz`/`.npy` files
-//! (read strictly: every array must be one the model takes or gives), its outputs
+//! (a recorded [`anyshape_runtime::Case`], read strictly: every array must be one the
+//! model takes or gives), its outputs
 //! printed and compared with those the `.npz` records (shapes and element types first,
 //! a NaN or an infinity only matching itself, the worst element named), written with
 //! `--output` (atomically, never over a file the command reads), and the latency of a
 //! run.
 use anyhow::{bail, Context, Result};
 use anyshape_files::Reads;
-use anyshape_tensor::{Data, TensorRef};
+use anyshape_tensor::Data;
 use std::path::Path;
 use std::time::Instant;
 
@@ -71,7 +72,6 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
     let loaded = loading.elapsed().as_secs_f64();
     let max_error = max_error.unwrap_or(model.manifest().precision.expected_error());
     let input_names: Vec<&str> = model.inputs().iter().map(|s| s.name.as_str()).collect();
-    let output_names: Vec<&str> = model.outputs().iter().map(|s| s.name.as_str()).collect();
     for (name, _) in &files {
         if !input_names.contains(name) {
             bail!(
@@ -80,46 +80,19 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
             );
         }
     }
-    let mut arrays = match inputs {
-        Some(p) => anyshape_tensor::npz::read(p)?,
-        None => Vec::new(),
+    let mut case = match inputs {
+        Some(p) => model.read_case(p)?,
+        None => model.case(Vec::new(), "--input")?,
     };
-    let unknown: Vec<&str> = arrays
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .filter(|n| !input_names.contains(n) && !output_names.contains(n))
-        .collect();
-    if !unknown.is_empty() {
-        bail!(
-            "{} holds arrays the model neither takes nor gives: {} (its inputs: {}; its outputs: {}); a misspelt name would be an input left out",
-            inputs.map_or(String::new(), |p| p.display().to_string()),
-            unknown.join(", "),
-            input_names.join(", "),
-            output_names.join(", ")
-        );
+    if !files.is_empty() {
+        for (name, file) in &files {
+            case.set_input(name, anyshape_tensor::npz::read_npy(file)?);
+        }
+        if let Some(p) = inputs {
+            case.source = format!("{} and --input", p.display());
+        }
     }
-    for (name, file) in &files {
-        let t = anyshape_tensor::npz::read_npy(file)?;
-        arrays.retain(|(n, _)| n != name);
-        arrays.push((name.to_string(), t));
-    }
-    let sources = match (inputs, files.is_empty()) {
-        (Some(p), true) => p.display().to_string(),
-        (Some(p), false) => format!("{} and --input", p.display()),
-        (None, _) => "--input".to_string(),
-    };
-    let given: Vec<(&str, TensorRef)> = input_names
-        .iter()
-        .map(|&name| {
-            arrays
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| (name, t.view()))
-                .with_context(|| {
-                    format!("the model's input `{name}` is not given ({sources} has no array of that name)")
-                })
-        })
-        .collect::<Result<_>>()?;
+    let given = case.given(&model)?;
     let t0 = Instant::now();
     let outs = model.run(&given)?;
     let first = t0.elapsed().as_secs_f64();
@@ -155,6 +128,8 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
             );
         }
     }
+    let output_names: Vec<&str> = model.outputs().iter().map(|s| s.name.as_str()).collect();
+    let sources = &case.source;
     let mut named = Vec::new();
     let mut mismatched = Vec::new();
     for (name, t) in output_names.iter().zip(outs) {
@@ -169,7 +144,7 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
             preview.join(", ")
         );
         // Where the inputs file also holds this output (a recorded case), compare.
-        if let Some((_, want)) = arrays.iter().find(|(n, _)| n == name) {
+        if let Some(want) = case.recorded(name) {
             match anyshape_tensor::compare(&t, want) {
                 Ok(c) => {
                     println!("check        {name}: {c} against {sources}");

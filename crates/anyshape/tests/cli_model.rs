@@ -119,7 +119,7 @@ fn compile_run_and_bench_a_model() {
         rows.iter().filter(|r| r[2] == "\"anyshape\"").count() == 4,
         "{csv}"
     );
-    assert!(rows.iter().all(|r| r.len() == 7), "{csv}");
+    assert!(rows.iter().all(|r| r.len() == 9), "{csv}");
     // The report gives anyshape's rate: its kernels' flops over its latency, and the
     // share of the FMA peak measured in the run.
     let md = std::fs::read_to_string(report.join("model.md")).unwrap();
@@ -828,8 +828,10 @@ fn inspect_prints_a_models_values() {
 
 /// `bench --model A --compare --against B`: two compiles of one model race side by
 /// side in one process (no Python peers unless named), each labelled by its module,
-/// their outputs the same; a compile of another model and `--against` without
-/// `--compare` are clear errors.
+/// their outputs the same; on recorded cases (`--inputs`), each named by its file and
+/// every system's error against the recorded outputs; a compile of another model,
+/// `--against` without `--compare`, a case without the model's inputs and `--inputs`
+/// with `--dim` are clear errors.
 #[test]
 fn bench_races_compiles_of_a_model_against_each_other() {
     let dir = tempfile::tempdir().unwrap();
@@ -890,6 +892,86 @@ fn bench_races_compiles_of_a_model_against_each_other() {
             .unwrap();
         assert!(error < 1e-5, "{line}");
     }
+    // On recorded cases: 37 is past the narrow compile's range.
+    let case = |name: &str| models.join(name).to_str().unwrap().to_string();
+    let cases = format!(
+        "{},{}",
+        case("bert_tiny.dynamo.s1.npz"),
+        case("bert_tiny.dynamo.s37.npz")
+    );
+    let race_cases = |cases: &str, extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--model",
+            &wide,
+            "--against",
+            &narrow,
+            "--compare",
+            "--inputs",
+            cases,
+        ];
+        args.extend(extra);
+        args.extend(["--rounds", "1", "--seconds", "0", "--quiet"]);
+        args.extend(["--out-dir", report.to_str().unwrap()]);
+        anyshape_cached(&args, dir.path())
+    };
+    let o = race_cases(&cases, &[]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    for row in &rows {
+        // batch, sequence, system, latency, speedup, error, paired, against, case
+        assert!(row[8].starts_with("bert_tiny.dynamo.s"), "{csv}");
+        assert_eq!(row[7], "recorded", "{csv}");
+        let error: f64 = row[5].parse().unwrap();
+        assert!(error < 1e-4, "{csv}");
+    }
+    assert_eq!(rows[2][1], "37", "{csv}");
+    let md = std::fs::read_to_string(report.join("model.md")).unwrap();
+    assert!(
+        md.contains("| error of anyshape (wide.module) |")
+            && md.contains("| bert_tiny.dynamo.s37.npz (batch=1,sequence=37) |")
+            && md.contains("against the outputs the case records"),
+        "{md}"
+    );
+    // A file of outputs only is no case; nor is a grid at once.
+    let outputs = dir.path().join("outputs.npz");
+    let o = anyshape(
+        dir.path(),
+        &[
+            "run",
+            "--module",
+            &wide,
+            "--inputs",
+            &case("bert_tiny.dynamo.s1.npz"),
+            "--output",
+            outputs.to_str().unwrap(),
+            "--seconds",
+            "0",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = race_cases(outputs.to_str().unwrap(), &[]);
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains("the model's input `input_ids` is not given")
+            && out.contains("outputs.npz has no array of that name")
+            && !out.contains("panicked"),
+        "{out}"
+    );
+    let o = race_cases(&cases, &["--dim", "batch=1"]);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("cannot be used with"),
+        "{out}"
+    );
     let o = bench(&other, true);
     let out = text(&o);
     assert!(
