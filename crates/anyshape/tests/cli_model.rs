@@ -4,6 +4,14 @@ mod support;
 
 use support::{anyshape, anyshape_cached, text};
 
+/// A CSV report's rows after its header, cell by cell.
+fn csv_rows(csv: &str) -> Vec<Vec<&str>> {
+    csv.lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect()
+}
+
 /// The options that race both Python peers where the test command gave their Python
 /// (`ANYSHAPE_TEST_PYTHON`, which must then have them); none otherwise (the peers at
 /// hand are raced).
@@ -110,11 +118,7 @@ fn compile_run_and_bench_a_model() {
     let out = text(&o);
     assert!(o.status.success() && out.contains("sequence=70"), "{out}");
     let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
-    let rows: Vec<Vec<&str>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
+    let rows = csv_rows(&csv);
     assert!(
         rows.iter().filter(|r| r[2] == "\"anyshape\"").count() == 4,
         "{csv}"
@@ -599,11 +603,7 @@ fn generate_text_and_race_it() {
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let csv = std::fs::read_to_string(d.join("report/generate.csv")).unwrap();
-    let rows: Vec<Vec<&str>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
+    let rows = csv_rows(&csv);
     assert!(rows.len() >= 2, "{csv}");
     if python.is_some() {
         // anyshape, onnxruntime and OpenVINO at FP32; OpenVINO at its default precision
@@ -730,11 +730,7 @@ fn convolutions_against_onednn() {
         "{out}"
     );
     let csv = std::fs::read_to_string(report.join("conv.csv")).unwrap();
-    let rows: Vec<Vec<&str>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
+    let rows = csv_rows(&csv);
     assert!(
         csv.starts_with("batch,height,width,convolution,calls,"),
         "{csv}"
@@ -919,11 +915,7 @@ fn bench_races_compiles_of_a_model_against_each_other() {
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let csv = std::fs::read_to_string(report.join("model.csv")).unwrap();
-    let rows: Vec<Vec<&str>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
+    let rows = csv_rows(&csv);
     assert_eq!(rows.len(), 4, "{csv}");
     for row in &rows {
         // batch, sequence, system, latency, speedup, error, paired, against, case
