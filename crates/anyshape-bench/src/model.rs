@@ -306,12 +306,12 @@ pub fn compare_model(
     for case in o.cases {
         reads.file(case);
     }
-    let out = OutDir::new(o.out_dir, reads)?;
     if !o.cases.is_empty() && !o.dims.is_empty() {
         return Err(BenchError::Options(
             "race either on generated inputs at the --dim values or on recorded cases (--inputs), not both".into(),
         ));
     }
+    let out = OutDir::new(o.out_dir, reads)?;
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
@@ -356,6 +356,7 @@ pub fn compare_model(
             .map(|d| {
                 let mut values: Vec<i64> =
                     instances.iter().filter_map(|b| b.get(&d.name)).collect();
+                values.sort_unstable();
                 values.dedup();
                 (d.name.clone(), values)
             })
@@ -583,15 +584,15 @@ impl ModelReport<'_> {
             "Loading the module took {:.3} s (its plan mapped and checked), once per process.\n",
             self.load_seconds
         );
+        let recorded = self.rows.iter().any(|r| r.recorded);
         let _ = writeln!(
             s,
             "Latency: the minimum over {} interleaved rounds of >= {} s of runs per system (the order rotates each round). Speedup = peer latency / anyshape latency (> 1: anyshape is faster); paired = the median over rounds of that ratio within each round (less hostage to a noisy machine than the ratio of minima). {}\n",
-            self.o.rounds, self.o.seconds, match self.rows.iter().any(|r| r.recorded) {
+            self.o.rounds, self.o.seconds, match recorded {
                 true => "Error: max |system - recorded| / max |recorded| over the outputs of the first run, against the outputs the case records (where a case records none: of each peer against anyshape's).",
                 false => "Error: max |peer - anyshape| / max |anyshape| over the outputs of the first run.",
             }
         );
-        let recorded = self.rows.iter().any(|r| r.recorded);
         let mut head = "| instance |".to_string();
         let mut rule = "|---|".to_string();
         for (p, n) in self.names.iter().enumerate() {
