@@ -315,6 +315,13 @@ pub fn compare_model(
     let loading = std::time::Instant::now();
     let model = anyshape_runtime::Model::load(dir)?;
     let load_seconds = loading.elapsed().as_secs_f64();
+    if o.cases.is_empty() && o.dims.is_empty() {
+        let names: Vec<&str> = model.dims().iter().map(|d| d.name.as_str()).collect();
+        return Err(BenchError::Options(format!(
+            "race on generated inputs at dim values (--dim NAME=VALUES for each of {}) or on recorded cases (--inputs CASE.npz,...)",
+            names.join(", ")
+        )));
+    }
     let others = o
         .against
         .iter()

@@ -826,8 +826,8 @@ fn inspect_prints_a_models_values() {
 /// side in one process (no Python peers unless named), each labelled by its module,
 /// their outputs the same; on recorded cases (`--inputs`), each named by its file and
 /// every system's error against the recorded outputs; a compile of another model,
-/// `--against` without `--compare`, a case without the model's inputs and `--inputs`
-/// with `--dim` are clear errors.
+/// `--against` without `--compare`, a case without the model's inputs, neither `--dim`
+/// nor `--inputs`, and both, are clear errors.
 #[test]
 fn bench_races_compiles_of_a_model_against_each_other() {
     let dir = tempfile::tempdir().unwrap();
@@ -956,6 +956,25 @@ fn bench_races_compiles_of_a_model_against_each_other() {
             && out.contains("the model's input `input_ids` is not given")
             && out.contains("outputs.npz has no array of that name")
             && !out.contains("panicked"),
+        "{out}"
+    );
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--model",
+            &wide,
+            "--compare",
+            "--out-dir",
+            report.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains(
+                "(--dim NAME=VALUES for each of batch, sequence) or on recorded cases (--inputs"
+            ),
         "{out}"
     );
     let o = race_cases(&cases, &["--dim", "batch=1"]);
