@@ -84,13 +84,11 @@ pub fn run_model(dir: &Path, r: &ModelRun) -> Result<()> {
         Some(p) => model.read_case(p)?,
         None => model.case(Vec::new(), "--input")?,
     };
-    if !files.is_empty() {
-        for (name, file) in &files {
-            case.set_input(name, anyshape_tensor::npz::read_npy(file)?);
-        }
-        if let Some(p) = inputs {
-            case.source = format!("{} and --input", p.display());
-        }
+    for (name, file) in &files {
+        case.set_input(name, anyshape_tensor::npz::read_npy(file)?);
+    }
+    if let (Some(p), false) = (inputs, files.is_empty()) {
+        case.source = format!("{} and --input", p.display());
     }
     let given = case.given(&model)?;
     let t0 = Instant::now();
