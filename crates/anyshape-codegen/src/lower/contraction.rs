@@ -84,6 +84,24 @@ pub(super) struct Nest<'a> {
     /// into L1) and as much as not prefetching; at 96 x 96, where stage 4's images are
     /// 3 x 3 pixels and the filters stream from memory, 11 % and 9 % less.
     pub prefetch_a: bool,
+    /// Which of the M loop's register tiles the tile bodies lowered from this nest
+    /// compute (see [`Nest::by_height`]).
+    pub rows: Rows,
+}
+
+/// Which rows a register tile body computes: `mr` (a whole tile), or the rows left
+/// below `mi` in the lowest of the micro-kernel's heights that covers them (`mr` where
+/// that many are left). Where the micro-kernel has several heights, the M loop runs
+/// the whole tiles and the edge tile after it, so that no other height's body sits in
+/// the loop: with the edge's bodies inside it (a test of the rows left in each tile),
+/// one body more (8 rows beside 6 and 12) made the tiles it did not run 3-7 % slower
+/// (gcc 12, Zen 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// `mr` rows.
+    Whole,
+    /// The rows left, in the lowest height that covers them.
+    Left,
 }
 
 /// The longest reduction slice (`kc`, in quads) of an i8 contraction: its sums of
@@ -192,6 +210,7 @@ pub(crate) fn lower(p: &Program, target: &CpuTarget) -> Result<Func> {
         roles,
         whole_k: mk.vm && mk.ia && policy.compute == Compute::Unchecked,
         prefetch_a: mk.pf && mk.ia && w.inputs[roles[0]].panels.is_some(),
+        rows: Rows::Left,
     };
     let mut body = Vec::new();
 

@@ -6,7 +6,7 @@
 //! residual lines by every tile ([`Nest::prefetch_next_tile`]). The nest around it is
 //! `contraction.rs`'s.
 use super::compute::CACHE_LINE_FLOATS;
-use super::contraction::{Nest, Operand};
+use super::contraction::{Nest, Operand, Rows};
 use super::fetch::{Packing, ROUNDED_ROWS, ROUNDED_ROWS_SLOT};
 use super::{c, v};
 use crate::loop_ir::{for_, if_, let_, Cond, LoopKind, Scope, Stmt};
@@ -68,9 +68,21 @@ impl Nest<'_> {
         if !self.mk.ia {
             kt_body.push(self.pack(0, &ops[0]));
         }
+        let tiles = self.packed_tiles(ops);
+        if self.whole_k {
+            s.push(tiles);
+        } else {
+            kt_body.push(tiles);
+            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        }
+        s
+    }
+
+    /// The register tile at (`ib`, `jb`), computing the rows [`Nest::rows`] says.
+    fn tile(&self, ops: &[Operand; 3]) -> Vec<Stmt> {
         let mut tile = vec![
-            let_("mi", v("m0") + v("ib") * c(mk.mr)),
-            let_("nj", v("n0") + v("jb") * c(mk.nr)),
+            let_("mi", v("m0") + v("ib") * c(self.mk.mr)),
+            let_("nj", v("n0") + v("jb") * c(self.mk.nr)),
         ];
         // The checked tile prefetches nothing: one body serves every column.
         if self.prefetch_a && self.policy.compute != Compute::Checked {
@@ -86,13 +98,46 @@ impl Nest<'_> {
         } else {
             tile.extend(self.packed_tile(ops));
         }
-        if self.whole_k {
-            s.push(self.register_tiles(tile));
-        } else {
-            kt_body.push(self.register_tiles(tile));
-            s.push(for_("kt", v("tiles_k"), LoopKind::Serial, kt_body));
+        tile
+    }
+
+    /// The slice's register tiles: where they have several heights, each column's
+    /// whole tiles in the M loop and its edge tile after it (see [`Rows`]).
+    fn packed_tiles(&self, ops: &[Operand; 3]) -> Stmt {
+        let left = Nest {
+            rows: Rows::Left,
+            ..self.clone()
+        };
+        if self.policy.compute != Compute::Unchecked || self.mk.heights().len() < 2 {
+            return self.register_tiles(left.tile(ops));
         }
-        s
+        let whole = Nest {
+            rows: Rows::Whole,
+            ..self.clone()
+        };
+        let full = v("mlen") / c(self.mk.mr);
+        let mut edge = vec![let_("ib", full.clone())];
+        edge.extend(left.tile(ops));
+        for_(
+            "jb",
+            v("nnb"),
+            LoopKind::Serial,
+            vec![
+                for_("ib", full.clone(), LoopKind::Serial, whole.tile(ops)),
+                if_(Cond::Lt(full, v("nmb")), edge),
+            ],
+        )
+    }
+
+    /// `tile` on every register tile of the task's cache tile: N blocks outer, M blocks
+    /// inner (a B micro-panel stays in L1 across the M blocks).
+    pub(super) fn register_tiles(&self, tile: Vec<Stmt>) -> Stmt {
+        for_(
+            "jb",
+            v("nnb"),
+            LoopKind::Serial,
+            vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
+        )
     }
 
     /// The usual variant's register tile at (`mi`, `nj`), by the compute policy.
@@ -135,17 +180,6 @@ impl Nest<'_> {
             let_("kp", kp),
             let_("bofs", v("kt") * c(mk.kc * mk.nc)),
         ]
-    }
-
-    /// `tile` on every register tile of the task's cache tile: N blocks outer, M blocks
-    /// inner (a B micro-panel stays in L1 across the M blocks).
-    pub(super) fn register_tiles(&self, tile: Vec<Stmt>) -> Stmt {
-        for_(
-            "jb",
-            v("nnb"),
-            LoopKind::Serial,
-            vec![for_("ib", v("nmb"), LoopKind::Serial, tile)],
-        )
     }
 
     /// Whether the register tile at (`mi`, `nj`), `width` columns wide, lies wholly
@@ -275,20 +309,31 @@ impl Nest<'_> {
         edge
     }
 
-    /// `tile(rows)` for the register tile at `mi`: `mr` rows, or half as many at the M
-    /// edge where those cover the rows left (one tile body more: `batch_matmul_nt` with
-    /// M = 33 and 8-row tiles computes 36 rows, not 40; a model's dense at sequence 8
-    /// with 6-row tiles, 9 rather than 12).
+    /// `tile(rows)` for the register tile at `mi`: `mr` rows in a whole tile
+    /// ([`Rows::Whole`]); elsewhere ([`Rows::Left`]) the lowest of the micro-kernel's
+    /// heights that covers the rows left
+    /// (`mr` where that many are left; [`ContractionKernel::heights`](crate::ContractionKernel::heights): one tile body
+    /// per height; `batch_matmul_nt` with M = 33 and 8-row tiles computes 35 rows, not
+    /// 40; a model's dense at sequence 32 with 12-row tiles, 32 rather than 36).
     fn by_height(&self, tile: &dyn Fn(usize) -> Vec<Stmt>) -> Vec<Stmt> {
-        let mr = self.mk.mr;
-        if mr < 2 {
-            return tile(mr);
+        let heights = self.mk.heights();
+        let Some((&lowest, higher)) = heights.split_first() else {
+            return tile(self.mk.mr);
+        };
+        if self.rows == Rows::Whole {
+            return tile(self.mk.mr);
         }
-        vec![Stmt::If {
-            cond: Cond::Lt(c(mr / 2), v("p_m") - v("mi")),
-            then: tile(mr),
-            otherwise: tile(mr / 2),
-        }]
+        let mut body = tile(lowest);
+        let mut below = lowest;
+        for &h in higher {
+            body = vec![Stmt::If {
+                cond: Cond::Lt(c(below), v("p_m") - v("mi")),
+                then: tile(h),
+                otherwise: body,
+            }];
+            below = h;
+        }
+        body
     }
 
     /// A register tile with a boundary check on every element in the compute stage.

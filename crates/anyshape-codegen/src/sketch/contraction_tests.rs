@@ -467,3 +467,51 @@ fn tiles_share_the_threads() {
         );
     }
 }
+
+/// The usual variant's edge tiles are `mr`'s thirds: the rows computed for M waste at
+/// most a third of `mr`, none where M is a multiple of one; the dot variant and a
+/// one-row tile compute whole tiles; the cost model's padding counts the same rows.
+#[test]
+fn edge_tiles_cover_the_rows_left_in_thirds() {
+    let mk = |text: &str| ContractionKernel::parse(text).unwrap();
+    let usual = mk("mr=12,nr=32,mc=96,nc=384,kc=192,uk=4");
+    assert_eq!(usual.heights(), [4, 8, 12]);
+    for (m, rows) in [
+        (0, 0),
+        (1, 4),
+        (4, 4),
+        (5, 8),
+        (8, 8),
+        (9, 12),
+        (12, 12),
+        (13, 16),
+    ] {
+        assert_eq!(usual.rows_computed(m), rows, "M = {m}");
+    }
+    for m in 1..=100u64 {
+        let rows = usual.rows_computed(m);
+        assert!(rows >= m && rows - m < 4, "M = {m}: {rows} rows");
+        assert_eq!(rows == m, m % 4 == 0, "M = {m}: {rows} rows");
+    }
+    assert_eq!(
+        mk("mr=8,nr=32,mc=32,nc=384,kc=192,uk=4").heights(),
+        [3, 6, 8]
+    );
+    assert_eq!(mk("mr=2,nr=32,mc=32,nc=384,kc=192,uk=4").heights(), [1, 2]);
+    assert_eq!(mk("mr=1,nr=64,mc=16,nc=384,kc=128,uk=4").heights(), [1]);
+    let dot = mk("mr=1,nr=4,mc=16,nc=64,kc=256,uk=2,dot=1");
+    assert_eq!(dot.heights(), [1]);
+    let dot = ContractionKernel { mr: 3, ..dot };
+    assert_eq!((dot.heights(), dot.rows_computed(7)), (vec![3], 9));
+
+    let target = avx512();
+    let w = anyshape_ir::Workload::parse("dense(M=T,N=64,K=64)").unwrap();
+    let at = |m: i64| {
+        let bound = w
+            .bind(&anyshape_ir::Bindings::from_pairs([("T", m)]))
+            .unwrap();
+        usual.adaptation(&target, &w, &bound).pad
+    };
+    assert_eq!(at(32), 1.0);
+    assert!((at(13) - 13.0 / 16.0).abs() < 1e-12, "{}", at(13));
+}

@@ -215,11 +215,120 @@ int32_t as_c259b7f19223d41d(const int64_t *restrict vars, const float *const *re
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {
-        for (int64_t ib = 0; ib < nmb; ib++) {
+        for (int64_t ib = 0; ib < as_fdiv(mlen, 5); ib++) {
           const int64_t mi = (m0 + (ib * 5));
           const int64_t nj = (n0 + (jb * 16));
           if (8 < (p_n - nj)) {
-            if (2 < (p_m - mi)) {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_0_1 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_1_1 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_2_1 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_3_1 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            as_vf acc_4_1 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+              #pragma GCC unroll 2
+              for (int64_t u = 0; u < 2; u++) {
+                const int64_t kk = ((kq * 2) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+                acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                acc_2_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_1);
+                acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                acc_3_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_1);
+                acc_4_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_0);
+                acc_4_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_1);
+              }
+            }
+            if (kt == 0) {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+              as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], acc_0_1);
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+              as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], acc_1_1);
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], acc_2_0);
+              as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)], acc_2_1);
+              as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], acc_3_0);
+              as_vstore(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)], acc_3_1);
+              as_vstore(&Cg[((base2 + ((mi + 4) * p_n)) + nj)], acc_4_0);
+              as_vstore(&Cg[(((base2 + ((mi + 4) * p_n)) + nj) + 8)], acc_4_1);
+            } else {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+              as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 8)]) + acc_0_1));
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+              as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)]) + acc_1_1));
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 2) * p_n)) + nj)]) + acc_2_0));
+              as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)]) + acc_2_1));
+              as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 3) * p_n)) + nj)]) + acc_3_0));
+              as_vstore(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)]) + acc_3_1));
+              as_vstore(&Cg[((base2 + ((mi + 4) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 4) * p_n)) + nj)]) + acc_4_0));
+              as_vstore(&Cg[(((base2 + ((mi + 4) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 4) * p_n)) + nj) + 8)]) + acc_4_1));
+            }
+          } else {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+            for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+              #pragma GCC unroll 2
+              for (int64_t u = 0; u < 2; u++) {
+                const int64_t kk = ((kq * 2) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                acc_4_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_0);
+              }
+            }
+            if (kt == 0) {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], acc_2_0);
+              as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], acc_3_0);
+              as_vstore(&Cg[((base2 + ((mi + 4) * p_n)) + nj)], acc_4_0);
+            } else {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 2) * p_n)) + nj)]) + acc_2_0));
+              as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 3) * p_n)) + nj)]) + acc_3_0));
+              as_vstore(&Cg[((base2 + ((mi + 4) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 4) * p_n)) + nj)]) + acc_4_0));
+            }
+          }
+        }
+        if (as_fdiv(mlen, 5) < nmb) {
+          const int64_t ib = as_fdiv(mlen, 5);
+          const int64_t mi = (m0 + (ib * 5));
+          const int64_t nj = (n0 + (jb * 16));
+          if (8 < (p_n - nj)) {
+            if (4 < (p_m - mi)) {
               as_vf acc_0_0 = (as_vf){0};
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
@@ -282,42 +391,98 @@ int32_t as_c259b7f19223d41d(const int64_t *restrict vars, const float *const *re
                 as_vstore(&Cg[(((base2 + ((mi + 4) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 4) * p_n)) + nj) + 8)]) + acc_4_1));
               }
             } else {
-              as_vf acc_0_0 = (as_vf){0};
-              as_vf acc_0_1 = (as_vf){0};
-              as_vf acc_1_0 = (as_vf){0};
-              as_vf acc_1_1 = (as_vf){0};
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
-              for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
-                #pragma GCC unroll 2
-                for (int64_t u = 0; u < 2; u++) {
-                  const int64_t kk = ((kq * 2) + u);
-                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
-                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
-                  acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
-                  acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
-                  acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
-                  acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+              if (2 < (p_m - mi)) {
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                as_vf acc_2_0 = (as_vf){0};
+                as_vf acc_2_1 = (as_vf){0};
+                as_vf acc_3_0 = (as_vf){0};
+                as_vf acc_3_1 = (as_vf){0};
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+                  #pragma GCC unroll 2
+                  for (int64_t u = 0; u < 2; u++) {
+                    const int64_t kk = ((kq * 2) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+                    acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                    acc_2_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_1);
+                    acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                    acc_3_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_1);
+                  }
                 }
-              }
-              if (kt == 0) {
-                as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
-                as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], acc_0_1);
-                as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
-                as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], acc_1_1);
+                if (kt == 0) {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], acc_0_1);
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], acc_1_1);
+                  as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], acc_2_0);
+                  as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)], acc_2_1);
+                  as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], acc_3_0);
+                  as_vstore(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)], acc_3_1);
+                } else {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 8)]) + acc_0_1));
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)]) + acc_1_1));
+                  as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 2) * p_n)) + nj)]) + acc_2_0));
+                  as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 8)]) + acc_2_1));
+                  as_vstore(&Cg[((base2 + ((mi + 3) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 3) * p_n)) + nj)]) + acc_3_0));
+                  as_vstore(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 3) * p_n)) + nj) + 8)]) + acc_3_1));
+                }
               } else {
-                as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
-                as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 8)]) + acc_0_1));
-                as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
-                as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)]) + acc_1_1));
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 5) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 5) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 6) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 6) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 7) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 7) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 8) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 8) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)(((base2 + ((mi + 9) * p_n)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)Cg + (uintptr_t)((((base2 + ((mi + 9) * p_n)) + nj) + 15)) * sizeof(float)), 1, 2);
+                for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+                  #pragma GCC unroll 2
+                  for (int64_t u = 0; u < 2; u++) {
+                    const int64_t kk = ((kq * 2) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+                  }
+                }
+                if (kt == 0) {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], acc_0_1);
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], acc_1_1);
+                } else {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 8)]) + acc_0_1));
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 8)]) + acc_1_1));
+                }
               }
             }
           } else {

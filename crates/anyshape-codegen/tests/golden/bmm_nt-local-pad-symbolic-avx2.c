@@ -192,11 +192,322 @@ int32_t as_9f69492d8d46bdec(const int64_t *restrict vars, const float *const *re
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {
-        for (int64_t ib = 0; ib < nmb; ib++) {
+        for (int64_t ib = 0; ib < as_fdiv(mlen, 5); ib++) {
           const int64_t mi = (m0 + (ib * 5));
           const int64_t nj = (n0 + (jb * 16));
           if (8 < (p_n - nj)) {
-            if (2 < (p_m - mi)) {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_0_1 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_1_1 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_2_1 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_3_1 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            as_vf acc_4_1 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+              #pragma GCC unroll 2
+              for (int64_t u = 0; u < 2; u++) {
+                const int64_t kk = ((kq * 2) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+                acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                acc_2_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_1);
+                acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                acc_3_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_1);
+                acc_4_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_0);
+                acc_4_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_1);
+              }
+            }
+            if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
+              if (kt == 0) {
+                as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1);
+                as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1);
+                as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0);
+                as_vstore(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], acc_4_1);
+              } else {
+                as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)]) + acc_2_1));
+                as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)]) + acc_3_1));
+                as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * sc_m)) + nj)]) + acc_4_0));
+                as_vstore(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)]) + acc_4_1));
+              }
+            } else {
+              if (kt == 0) {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0, (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0, (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0, (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0, (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0, (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], acc_4_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], acc_4_1, ((e_n - nj) + (-8)));
+                  }
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload_first(&out0[((base2 + (mi * sc_m)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)]) + acc_2_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)]) + acc_3_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * sc_m)) + nj)]) + acc_4_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                  }
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)]) + acc_4_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 4) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_4_1), ((e_n - nj) + (-8)));
+                  }
+                }
+              }
+            }
+          } else {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+            __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+            for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+              #pragma GCC unroll 2
+              for (int64_t u = 0; u < 2; u++) {
+                const int64_t kk = ((kq * 2) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                acc_4_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 4)] + acc_4_0);
+              }
+            }
+            if (((mi + 5) <= e_m) && ((nj + 8) <= e_n)) {
+              if (kt == 0) {
+                as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0);
+              } else {
+                as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * sc_m)) + nj)]) + acc_4_0));
+              }
+            } else {
+              if (kt == 0) {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], acc_4_0, (e_n - nj));
+                  }
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload_first(&out0[((base2 + (mi * sc_m)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * sc_m)) + nj)]) + acc_4_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * sc_m)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                  }
+                }
+              }
+            }
+          }
+        }
+        if (as_fdiv(mlen, 5) < nmb) {
+          const int64_t ib = as_fdiv(mlen, 5);
+          const int64_t mi = (m0 + (ib * 5));
+          const int64_t nj = (n0 + (jb * 16));
+          if (8 < (p_n - nj)) {
+            if (4 < (p_m - mi)) {
               as_vf acc_0_0 = (as_vf){0};
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
@@ -385,93 +696,251 @@ int32_t as_9f69492d8d46bdec(const int64_t *restrict vars, const float *const *re
                 }
               }
             } else {
-              as_vf acc_0_0 = (as_vf){0};
-              as_vf acc_0_1 = (as_vf){0};
-              as_vf acc_1_0 = (as_vf){0};
-              as_vf acc_1_1 = (as_vf){0};
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
-              __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
-              for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
-                #pragma GCC unroll 2
-                for (int64_t u = 0; u < 2; u++) {
-                  const int64_t kk = ((kq * 2) + u);
-                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
-                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
-                  acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
-                  acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
-                  acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
-                  acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+              if (2 < (p_m - mi)) {
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                as_vf acc_2_0 = (as_vf){0};
+                as_vf acc_2_1 = (as_vf){0};
+                as_vf acc_3_0 = (as_vf){0};
+                as_vf acc_3_1 = (as_vf){0};
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+                  #pragma GCC unroll 2
+                  for (int64_t u = 0; u < 2; u++) {
+                    const int64_t kk = ((kq * 2) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
+                    acc_2_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_0);
+                    acc_2_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 2)] + acc_2_1);
+                    acc_3_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_0);
+                    acc_3_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_1);
+                  }
                 }
-              }
-              if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
-                if (kt == 0) {
-                  as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
-                  as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
-                  as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
-                  as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
+                  if (kt == 0) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                    as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1);
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                    as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1);
+                  } else {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                    as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                    as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)]) + acc_2_1));
+                    as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                    as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)]) + acc_3_1));
+                  }
                 } else {
-                  as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
-                  as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
-                  as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
-                  as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                  if (kt == 0) {
+                    if (mi < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], acc_2_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], acc_3_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
+                      }
+                    }
+                  } else {
+                    if (mi < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload_first(&out0[((base2 + (mi * sc_m)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * sc_m)) + nj)]) + acc_2_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * sc_m)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)]) + acc_2_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
+                      }
+                    }
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * sc_m)) + nj)]) + acc_3_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * sc_m)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)]) + acc_3_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
+                      }
+                    }
+                  }
                 }
               } else {
-                if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
-                    }
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 5) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 5) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 6) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 6) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 7) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 7) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 8) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 8) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)(((base2 + ((mi + 9) * sc_m)) + nj)) * sizeof(float)), 1, 2);
+                __builtin_prefetch((const void *)((uintptr_t)out0 + (uintptr_t)((((base2 + ((mi + 9) * sc_m)) + nj) + 15)) * sizeof(float)), 1, 2);
+                for (int64_t kq = 0; kq < as_fdiv(kp, 2); kq++) {
+                  #pragma GCC unroll 2
+                  for (int64_t u = 0; u < 2; u++) {
+                    const int64_t kk = ((kq * 2) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 384)) + (kk * 16))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 384)) + (kk * 16)) + 8)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 120) + (kk * 5))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 120) + (kk * 5))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
                   }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
-                    }
+                }
+                if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
+                  if (kt == 0) {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                  } else {
+                    as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                    as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                    as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                    as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload_first(&out0[((base2 + (mi * sc_m)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  if (kt == 0) {
+                    if (mi < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], acc_0_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
+                      }
                     }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], acc_1_0, (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
+                      }
                     }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                  } else {
+                    if (mi < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload(&out0[((base2 + (mi * sc_m)) + nj)]) + acc_0_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * sc_m)) + nj)], (as_vload_first(&out0[((base2 + (mi * sc_m)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * sc_m)) + nj) + 8)]) + acc_0_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
+                      }
                     }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * sc_m)) + nj)]) + acc_1_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * sc_m)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)]) + acc_1_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * sc_m)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
+                      }
                     }
                   }
                 }

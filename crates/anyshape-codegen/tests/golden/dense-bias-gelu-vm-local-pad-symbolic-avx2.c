@@ -183,11 +183,262 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
       }
     }
     for (int64_t jb = 0; jb < nnb; jb++) {
-      for (int64_t ib = 0; ib < nmb; ib++) {
+      for (int64_t ib = 0; ib < as_fdiv(mlen, 4); ib++) {
         const int64_t mi = (m0 + (ib * 4));
         const int64_t nj = (n0 + (jb * 16));
         if (8 < (p_n - nj)) {
-          if (2 < (p_m - mi)) {
+          as_vf acc_0_0 = (as_vf){0};
+          as_vf acc_0_1 = (as_vf){0};
+          as_vf acc_1_0 = (as_vf){0};
+          as_vf acc_1_1 = (as_vf){0};
+          as_vf acc_2_0 = (as_vf){0};
+          as_vf acc_2_1 = (as_vf){0};
+          as_vf acc_3_0 = (as_vf){0};
+          as_vf acc_3_1 = (as_vf){0};
+          for (int64_t kt = 0; kt < tiles_k; kt++) {
+            const int64_t k0 = (kt * 16);
+            const int64_t klen = as_max(0, as_min(16, (p_k - k0)));
+            const int64_t kp = (as_cdiv(klen, 2) * 2);
+            const int64_t bofs = (kt * 512);
+            const int64_t ar_0 = ((base0 + (as_min(mi, (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_2 = ((base0 + (as_min((mi + 2), (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_3 = ((base0 + (as_min((mi + 3), (p_m + (-1))) * 768)) + k0);
+            #pragma GCC unroll 2
+            for (int64_t kk = 0; kk < klen; kk++) {
+              as_vf b_0 = as_vload(&Bp[((bofs + (jb * 256)) + (kk * 16))]);
+              as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 256)) + (kk * 16)) + 8)]);
+              acc_0_0 = (b_0 * in1[(ar_0 + kk)] + acc_0_0);
+              acc_0_1 = (b_1 * in1[(ar_0 + kk)] + acc_0_1);
+              acc_1_0 = (b_0 * in1[(ar_1 + kk)] + acc_1_0);
+              acc_1_1 = (b_1 * in1[(ar_1 + kk)] + acc_1_1);
+              acc_2_0 = (b_0 * in1[(ar_2 + kk)] + acc_2_0);
+              acc_2_1 = (b_1 * in1[(ar_2 + kk)] + acc_2_1);
+              acc_3_0 = (b_0 * in1[(ar_3 + kk)] + acc_3_0);
+              acc_3_1 = (b_1 * in1[(ar_3 + kk)] + acc_3_1);
+            }
+          }
+          if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
+            for (int64_t l = 0; l < 8; l++) {
+              out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
+            }
+          } else {
+            if (mi < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                  }
+                }
+              }
+              if ((nj + 16) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if (((nj + l) + 8) < e_n) {
+                    out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 1) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                  }
+                }
+              }
+              if ((nj + 16) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if (((nj + l) + 8) < e_n) {
+                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 2) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                  }
+                }
+              }
+              if ((nj + 16) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if (((nj + l) + 8) < e_n) {
+                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 3) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                  }
+                }
+              }
+              if ((nj + 16) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if (((nj + l) + 8) < e_n) {
+                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
+                  }
+                }
+              }
+            }
+          }
+        } else {
+          as_vf acc_0_0 = (as_vf){0};
+          as_vf acc_1_0 = (as_vf){0};
+          as_vf acc_2_0 = (as_vf){0};
+          as_vf acc_3_0 = (as_vf){0};
+          for (int64_t kt = 0; kt < tiles_k; kt++) {
+            const int64_t k0 = (kt * 16);
+            const int64_t klen = as_max(0, as_min(16, (p_k - k0)));
+            const int64_t kp = (as_cdiv(klen, 2) * 2);
+            const int64_t bofs = (kt * 512);
+            const int64_t ar_0 = ((base0 + (as_min(mi, (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_2 = ((base0 + (as_min((mi + 2), (p_m + (-1))) * 768)) + k0);
+            const int64_t ar_3 = ((base0 + (as_min((mi + 3), (p_m + (-1))) * 768)) + k0);
+            #pragma GCC unroll 2
+            for (int64_t kk = 0; kk < klen; kk++) {
+              as_vf b_0 = as_vload(&Bp[((bofs + (jb * 256)) + (kk * 16))]);
+              acc_0_0 = (b_0 * in1[(ar_0 + kk)] + acc_0_0);
+              acc_1_0 = (b_0 * in1[(ar_1 + kk)] + acc_1_0);
+              acc_2_0 = (b_0 * in1[(ar_2 + kk)] + acc_2_0);
+              acc_3_0 = (b_0 * in1[(ar_3 + kk)] + acc_3_0);
+            }
+          }
+          if (((mi + 4) <= e_m) && ((nj + 8) <= e_n)) {
+            for (int64_t l = 0; l < 8; l++) {
+              out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+            }
+            for (int64_t l = 0; l < 8; l++) {
+              out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+            }
+          } else {
+            if (mi < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 1) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 2) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                  }
+                }
+              }
+            }
+            if ((mi + 3) < e_m) {
+              if ((nj + 8) <= e_n) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                }
+              } else {
+                for (int64_t l = 0; l < 8; l++) {
+                  if ((nj + l) < e_n) {
+                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+      if (as_fdiv(mlen, 4) < nmb) {
+        const int64_t ib = as_fdiv(mlen, 4);
+        const int64_t mi = (m0 + (ib * 4));
+        const int64_t nj = (n0 + (jb * 16));
+        if (8 < (p_n - nj)) {
+          if (3 < (p_m - mi)) {
             as_vf acc_0_0 = (as_vf){0};
             as_vf acc_0_1 = (as_vf){0};
             as_vf acc_1_0 = (as_vf){0};
@@ -343,85 +594,207 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
               }
             }
           } else {
-            as_vf acc_0_0 = (as_vf){0};
-            as_vf acc_0_1 = (as_vf){0};
-            as_vf acc_1_0 = (as_vf){0};
-            as_vf acc_1_1 = (as_vf){0};
-            for (int64_t kt = 0; kt < tiles_k; kt++) {
-              const int64_t k0 = (kt * 16);
-              const int64_t klen = as_max(0, as_min(16, (p_k - k0)));
-              const int64_t kp = (as_cdiv(klen, 2) * 2);
-              const int64_t bofs = (kt * 512);
-              const int64_t ar_0 = ((base0 + (as_min(mi, (p_m + (-1))) * 768)) + k0);
-              const int64_t ar_1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * 768)) + k0);
-              #pragma GCC unroll 2
-              for (int64_t kk = 0; kk < klen; kk++) {
-                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 256)) + (kk * 16))]);
-                as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 256)) + (kk * 16)) + 8)]);
-                acc_0_0 = (b_0 * in1[(ar_0 + kk)] + acc_0_0);
-                acc_0_1 = (b_1 * in1[(ar_0 + kk)] + acc_0_1);
-                acc_1_0 = (b_0 * in1[(ar_1 + kk)] + acc_1_0);
-                acc_1_1 = (b_1 * in1[(ar_1 + kk)] + acc_1_1);
+            if (2 < (p_m - mi)) {
+              as_vf acc_0_0 = (as_vf){0};
+              as_vf acc_0_1 = (as_vf){0};
+              as_vf acc_1_0 = (as_vf){0};
+              as_vf acc_1_1 = (as_vf){0};
+              as_vf acc_2_0 = (as_vf){0};
+              as_vf acc_2_1 = (as_vf){0};
+              for (int64_t kt = 0; kt < tiles_k; kt++) {
+                const int64_t k0 = (kt * 16);
+                const int64_t klen = as_max(0, as_min(16, (p_k - k0)));
+                const int64_t kp = (as_cdiv(klen, 2) * 2);
+                const int64_t bofs = (kt * 512);
+                const int64_t ar_0 = ((base0 + (as_min(mi, (p_m + (-1))) * 768)) + k0);
+                const int64_t ar_1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * 768)) + k0);
+                const int64_t ar_2 = ((base0 + (as_min((mi + 2), (p_m + (-1))) * 768)) + k0);
+                #pragma GCC unroll 2
+                for (int64_t kk = 0; kk < klen; kk++) {
+                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 256)) + (kk * 16))]);
+                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 256)) + (kk * 16)) + 8)]);
+                  acc_0_0 = (b_0 * in1[(ar_0 + kk)] + acc_0_0);
+                  acc_0_1 = (b_1 * in1[(ar_0 + kk)] + acc_0_1);
+                  acc_1_0 = (b_0 * in1[(ar_1 + kk)] + acc_1_0);
+                  acc_1_1 = (b_1 * in1[(ar_1 + kk)] + acc_1_1);
+                  acc_2_0 = (b_0 * in1[(ar_2 + kk)] + acc_2_0);
+                  acc_2_1 = (b_1 * in1[(ar_2 + kk)] + acc_2_1);
+                }
               }
-            }
-            if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
-              for (int64_t l = 0; l < 8; l++) {
-                out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-              }
-              for (int64_t l = 0; l < 8; l++) {
-                out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
-              }
-              for (int64_t l = 0; l < 8; l++) {
-                out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-              }
-              for (int64_t l = 0; l < 8; l++) {
-                out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-              }
-            } else {
-              if (mi < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
+              if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
                       out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
                     }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                      }
+                    }
+                  }
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                      }
+                    }
                   }
                 }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                      }
+                    }
                   }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
-                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                      }
+                    }
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
+                      }
+                    }
+                  }
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                      }
                     }
                   }
                 }
               }
-              if ((mi + 1) < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+            } else {
+              as_vf acc_0_0 = (as_vf){0};
+              as_vf acc_0_1 = (as_vf){0};
+              as_vf acc_1_0 = (as_vf){0};
+              as_vf acc_1_1 = (as_vf){0};
+              for (int64_t kt = 0; kt < tiles_k; kt++) {
+                const int64_t k0 = (kt * 16);
+                const int64_t klen = as_max(0, as_min(16, (p_k - k0)));
+                const int64_t kp = (as_cdiv(klen, 2) * 2);
+                const int64_t bofs = (kt * 512);
+                const int64_t ar_0 = ((base0 + (as_min(mi, (p_m + (-1))) * 768)) + k0);
+                const int64_t ar_1 = ((base0 + (as_min((mi + 1), (p_m + (-1))) * 768)) + k0);
+                #pragma GCC unroll 2
+                for (int64_t kk = 0; kk < klen; kk++) {
+                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 256)) + (kk * 16))]);
+                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 256)) + (kk * 16)) + 8)]);
+                  acc_0_0 = (b_0 * in1[(ar_0 + kk)] + acc_0_0);
+                  acc_0_1 = (b_1 * in1[(ar_0 + kk)] + acc_0_1);
+                  acc_1_0 = (b_0 * in1[(ar_1 + kk)] + acc_1_0);
+                  acc_1_1 = (b_1 * in1[(ar_1 + kk)] + acc_1_1);
+                }
+              }
+              if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                }
+                for (int64_t l = 0; l < 8; l++) {
+                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                      }
+                    }
                   }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                      }
                     }
                   }
                 }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                if ((mi + 1) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
+                      }
+                    }
                   }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
                       out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                      }
                     }
                   }
                 }

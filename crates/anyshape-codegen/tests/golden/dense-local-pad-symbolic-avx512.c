@@ -240,11 +240,652 @@ int32_t as_ee86f3ee91e8aa22(const int64_t *restrict vars, const float *const *re
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {
-        for (int64_t ib = 0; ib < nmb; ib++) {
+        for (int64_t ib = 0; ib < as_fdiv(mlen, 12); ib++) {
           const int64_t mi = (m0 + (ib * 12));
           const int64_t nj = (n0 + (jb * 32));
           if (16 < (p_n - nj)) {
-            if (6 < (p_m - mi)) {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_0_1 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_1_1 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_2_1 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_3_1 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            as_vf acc_4_1 = (as_vf){0};
+            as_vf acc_5_0 = (as_vf){0};
+            as_vf acc_5_1 = (as_vf){0};
+            as_vf acc_6_0 = (as_vf){0};
+            as_vf acc_6_1 = (as_vf){0};
+            as_vf acc_7_0 = (as_vf){0};
+            as_vf acc_7_1 = (as_vf){0};
+            as_vf acc_8_0 = (as_vf){0};
+            as_vf acc_8_1 = (as_vf){0};
+            as_vf acc_9_0 = (as_vf){0};
+            as_vf acc_9_1 = (as_vf){0};
+            as_vf acc_10_0 = (as_vf){0};
+            as_vf acc_10_1 = (as_vf){0};
+            as_vf acc_11_0 = (as_vf){0};
+            as_vf acc_11_1 = (as_vf){0};
+            for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+              #pragma GCC unroll 4
+              for (int64_t u = 0; u < 4; u++) {
+                const int64_t kk = ((kq * 4) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 8192)) + (kk * 32))]);
+                as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 8192)) + (kk * 32)) + 16)]);
+                acc_0_0 = (b_0 * Ap[((ib * 3072) + (kk * 12))] + acc_0_0);
+                acc_0_1 = (b_1 * Ap[((ib * 3072) + (kk * 12))] + acc_0_1);
+                acc_1_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_0);
+                acc_1_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_1);
+                acc_2_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_0);
+                acc_2_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_1);
+                acc_3_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_0);
+                acc_3_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_1);
+                acc_4_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_0);
+                acc_4_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_1);
+                acc_5_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_0);
+                acc_5_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_1);
+                acc_6_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 6)] + acc_6_0);
+                acc_6_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 6)] + acc_6_1);
+                acc_7_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 7)] + acc_7_0);
+                acc_7_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 7)] + acc_7_1);
+                acc_8_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 8)] + acc_8_0);
+                acc_8_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 8)] + acc_8_1);
+                acc_9_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 9)] + acc_9_0);
+                acc_9_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 9)] + acc_9_1);
+                acc_10_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 10)] + acc_10_0);
+                acc_10_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 10)] + acc_10_1);
+                acc_11_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 11)] + acc_11_0);
+                acc_11_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 11)] + acc_11_1);
+              }
+            }
+            if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
+              if (kt == 0) {
+                as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
+                as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
+                as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1);
+                as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1);
+                as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
+                as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], acc_8_1);
+                as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
+                as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], acc_9_1);
+                as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
+                as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], acc_10_1);
+                as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
+                as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], acc_11_1);
+              } else {
+                as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
+                as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
+                as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
+                as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)]) + acc_6_1));
+                as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)]) + acc_7_1));
+                as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
+                as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)]) + acc_8_1));
+                as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
+                as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)]) + acc_9_1));
+                as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
+                as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)]) + acc_10_1));
+                as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
+                as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)]) + acc_11_1));
+              }
+            } else {
+              if (kt == 0) {
+                if (mi < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 5) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 6) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 7) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 8) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], acc_8_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 9) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], acc_9_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 10) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], acc_10_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 11) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0, (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], acc_11_1);
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
+                  }
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 5) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 6) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)]) + acc_6_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 7) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)]) + acc_7_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 8) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)]) + acc_8_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 9) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)]) + acc_9_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 10) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)]) + acc_10_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
+                  }
+                }
+                if ((mi + 11) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
+                  }
+                  if ((nj + 32) <= e_n) {
+                    as_vstore(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)]) + acc_11_1));
+                  } else {
+                    as_vstore_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
+                  }
+                }
+              }
+            }
+          } else {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_3_0 = (as_vf){0};
+            as_vf acc_4_0 = (as_vf){0};
+            as_vf acc_5_0 = (as_vf){0};
+            as_vf acc_6_0 = (as_vf){0};
+            as_vf acc_7_0 = (as_vf){0};
+            as_vf acc_8_0 = (as_vf){0};
+            as_vf acc_9_0 = (as_vf){0};
+            as_vf acc_10_0 = (as_vf){0};
+            as_vf acc_11_0 = (as_vf){0};
+            for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+              #pragma GCC unroll 4
+              for (int64_t u = 0; u < 4; u++) {
+                const int64_t kk = ((kq * 4) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 8192)) + (kk * 32))]);
+                acc_0_0 = (b_0 * Ap[((ib * 3072) + (kk * 12))] + acc_0_0);
+                acc_1_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_0);
+                acc_2_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_0);
+                acc_3_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_0);
+                acc_4_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_0);
+                acc_5_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_0);
+                acc_6_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 6)] + acc_6_0);
+                acc_7_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 7)] + acc_7_0);
+                acc_8_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 8)] + acc_8_0);
+                acc_9_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 9)] + acc_9_0);
+                acc_10_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 10)] + acc_10_0);
+                acc_11_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 11)] + acc_11_0);
+              }
+            }
+            if (((mi + 12) <= e_m) && ((nj + 16) <= e_n)) {
+              if (kt == 0) {
+                as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
+                as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
+                as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
+                as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
+              } else {
+                as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
+                as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
+                as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
+                as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
+              }
+            } else {
+              if (kt == 0) {
+                if (mi < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 5) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 6) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 7) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 8) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], acc_8_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 9) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], acc_9_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 10) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], acc_10_0, (e_n - nj));
+                  }
+                }
+                if ((mi + 11) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0);
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], acc_11_0, (e_n - nj));
+                  }
+                }
+              } else {
+                if (mi < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 1) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 2) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 3) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 4) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 5) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 6) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 7) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 8) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 2304)) + nj)]) + acc_8_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 2304)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 9) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 2304)) + nj)]) + acc_9_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 2304)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 10) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 2304)) + nj)]) + acc_10_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 2304)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
+                  }
+                }
+                if ((mi + 11) < e_m) {
+                  if ((nj + 16) <= e_n) {
+                    as_vstore(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 2304)) + nj)]) + acc_11_0));
+                  } else {
+                    as_vstore_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 2304)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
+                  }
+                }
+              }
+            }
+          }
+        }
+        if (as_fdiv(mlen, 12) < nmb) {
+          const int64_t ib = as_fdiv(mlen, 12);
+          const int64_t mi = (m0 + (ib * 12));
+          const int64_t nj = (n0 + (jb * 32));
+          if (16 < (p_n - nj)) {
+            if (8 < (p_m - mi)) {
               as_vf acc_0_0 = (as_vf){0};
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
@@ -647,211 +1288,423 @@ int32_t as_ee86f3ee91e8aa22(const int64_t *restrict vars, const float *const *re
                 }
               }
             } else {
-              as_vf acc_0_0 = (as_vf){0};
-              as_vf acc_0_1 = (as_vf){0};
-              as_vf acc_1_0 = (as_vf){0};
-              as_vf acc_1_1 = (as_vf){0};
-              as_vf acc_2_0 = (as_vf){0};
-              as_vf acc_2_1 = (as_vf){0};
-              as_vf acc_3_0 = (as_vf){0};
-              as_vf acc_3_1 = (as_vf){0};
-              as_vf acc_4_0 = (as_vf){0};
-              as_vf acc_4_1 = (as_vf){0};
-              as_vf acc_5_0 = (as_vf){0};
-              as_vf acc_5_1 = (as_vf){0};
-              for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
-                #pragma GCC unroll 4
-                for (int64_t u = 0; u < 4; u++) {
-                  const int64_t kk = ((kq * 4) + u);
-                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 8192)) + (kk * 32))]);
-                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 8192)) + (kk * 32)) + 16)]);
-                  acc_0_0 = (b_0 * Ap[((ib * 3072) + (kk * 12))] + acc_0_0);
-                  acc_0_1 = (b_1 * Ap[((ib * 3072) + (kk * 12))] + acc_0_1);
-                  acc_1_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_0);
-                  acc_1_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_1);
-                  acc_2_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_0);
-                  acc_2_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_1);
-                  acc_3_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_0);
-                  acc_3_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_1);
-                  acc_4_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_0);
-                  acc_4_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_1);
-                  acc_5_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_0);
-                  acc_5_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_1);
+              if (4 < (p_m - mi)) {
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                as_vf acc_2_0 = (as_vf){0};
+                as_vf acc_2_1 = (as_vf){0};
+                as_vf acc_3_0 = (as_vf){0};
+                as_vf acc_3_1 = (as_vf){0};
+                as_vf acc_4_0 = (as_vf){0};
+                as_vf acc_4_1 = (as_vf){0};
+                as_vf acc_5_0 = (as_vf){0};
+                as_vf acc_5_1 = (as_vf){0};
+                as_vf acc_6_0 = (as_vf){0};
+                as_vf acc_6_1 = (as_vf){0};
+                as_vf acc_7_0 = (as_vf){0};
+                as_vf acc_7_1 = (as_vf){0};
+                for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+                  #pragma GCC unroll 4
+                  for (int64_t u = 0; u < 4; u++) {
+                    const int64_t kk = ((kq * 4) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 8192)) + (kk * 32))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 8192)) + (kk * 32)) + 16)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 3072) + (kk * 12))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 3072) + (kk * 12))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_1);
+                    acc_2_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_0);
+                    acc_2_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_1);
+                    acc_3_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_0);
+                    acc_3_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_1);
+                    acc_4_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_0);
+                    acc_4_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 4)] + acc_4_1);
+                    acc_5_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_0);
+                    acc_5_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 5)] + acc_5_1);
+                    acc_6_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 6)] + acc_6_0);
+                    acc_6_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 6)] + acc_6_1);
+                    acc_7_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 7)] + acc_7_0);
+                    acc_7_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 7)] + acc_7_1);
+                  }
                 }
-              }
-              if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
-                if (kt == 0) {
-                  as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                  as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
-                  as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                  as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
-                  as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                  as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
-                  as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                  as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
-                  as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                  as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
-                  as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
-                  as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
+                if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
+                  if (kt == 0) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                    as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                    as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1);
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                    as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1);
+                  } else {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
+                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
+                    as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                    as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
+                    as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                    as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)]) + acc_6_1));
+                    as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                    as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)]) + acc_7_1));
+                  }
                 } else {
-                  as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                  as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
-                  as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                  as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
-                  as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                  as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
-                  as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                  as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
-                  as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                  as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
-                  as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
-                  as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
+                  if (kt == 0) {
+                    if (mi < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 4) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 5) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 6) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], acc_6_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 7) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], acc_7_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
+                      }
+                    }
+                  } else {
+                    if (mi < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 4) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 5) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 6) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 2304)) + nj)]) + acc_6_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 2304)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)]) + acc_6_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                    if ((mi + 7) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 2304)) + nj)]) + acc_7_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 2304)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)]) + acc_7_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
+                      }
+                    }
+                  }
                 }
               } else {
-                if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                    }
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                as_vf acc_2_0 = (as_vf){0};
+                as_vf acc_2_1 = (as_vf){0};
+                as_vf acc_3_0 = (as_vf){0};
+                as_vf acc_3_1 = (as_vf){0};
+                for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+                  #pragma GCC unroll 4
+                  for (int64_t u = 0; u < 4; u++) {
+                    const int64_t kk = ((kq * 4) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 8192)) + (kk * 32))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 8192)) + (kk * 32)) + 16)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 3072) + (kk * 12))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 3072) + (kk * 12))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 1)] + acc_1_1);
+                    acc_2_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_0);
+                    acc_2_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 2)] + acc_2_1);
+                    acc_3_0 = (b_0 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_0);
+                    acc_3_1 = (b_1 * Ap[(((ib * 3072) + (kk * 12)) + 3)] + acc_3_1);
                   }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                    }
+                }
+                if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
+                  if (kt == 0) {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                  } else {
+                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                  if (kt == 0) {
+                    if (mi < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
+                      }
                     }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
+                      }
                     }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
+                      }
                     }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1);
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
+                      }
                     }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                  } else {
+                    if (mi < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 16)]) + acc_0_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
+                      }
                     }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
+                    if ((mi + 1) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)]) + acc_1_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
+                      }
                     }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                    if ((mi + 2) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)]) + acc_2_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
+                      }
                     }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)]) + acc_4_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 2304)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 2304)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)]) + acc_5_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
+                    if ((mi + 3) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)]) + acc_3_1));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 }

@@ -189,11 +189,76 @@ int32_t as_1f564e99b66323e4(const int64_t *restrict vars, const float *const *re
         }
       }
       for (int64_t jb = 0; jb < nnb; jb++) {
-        for (int64_t ib = 0; ib < nmb; ib++) {
+        for (int64_t ib = 0; ib < as_fdiv(mlen, 3); ib++) {
           const int64_t mi = (m0 + (ib * 3));
           const int64_t nj = (n0 + (jb * 8));
           if (4 < (p_n - nj)) {
-            if (1 < (p_m - mi)) {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_0_1 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_1_1 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            as_vf acc_2_1 = (as_vf){0};
+            for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+              #pragma GCC unroll 4
+              for (int64_t u = 0; u < 4; u++) {
+                const int64_t kk = ((kq * 4) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 64)) + (kk * 8))]);
+                as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 64)) + (kk * 8)) + 4)]);
+                acc_0_0 = (b_0 * Ap[((ib * 24) + (kk * 3))] + acc_0_0);
+                acc_0_1 = (b_1 * Ap[((ib * 24) + (kk * 3))] + acc_0_1);
+                acc_1_0 = (b_0 * Ap[(((ib * 24) + (kk * 3)) + 1)] + acc_1_0);
+                acc_1_1 = (b_1 * Ap[(((ib * 24) + (kk * 3)) + 1)] + acc_1_1);
+                acc_2_0 = (b_0 * Ap[(((ib * 24) + (kk * 3)) + 2)] + acc_2_0);
+                acc_2_1 = (b_1 * Ap[(((ib * 24) + (kk * 3)) + 2)] + acc_2_1);
+              }
+            }
+            if (kt == 0) {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+              as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], acc_0_1);
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+              as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)], acc_1_1);
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], acc_2_0);
+              as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 4)], acc_2_1);
+            } else {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+              as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 4)]) + acc_0_1));
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+              as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)]) + acc_1_1));
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 2) * p_n)) + nj)]) + acc_2_0));
+              as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 4)]) + acc_2_1));
+            }
+          } else {
+            as_vf acc_0_0 = (as_vf){0};
+            as_vf acc_1_0 = (as_vf){0};
+            as_vf acc_2_0 = (as_vf){0};
+            for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+              #pragma GCC unroll 4
+              for (int64_t u = 0; u < 4; u++) {
+                const int64_t kk = ((kq * 4) + u);
+                as_vf b_0 = as_vload(&Bp[((bofs + (jb * 64)) + (kk * 8))]);
+                acc_0_0 = (b_0 * Ap[((ib * 24) + (kk * 3))] + acc_0_0);
+                acc_1_0 = (b_0 * Ap[(((ib * 24) + (kk * 3)) + 1)] + acc_1_0);
+                acc_2_0 = (b_0 * Ap[(((ib * 24) + (kk * 3)) + 2)] + acc_2_0);
+              }
+            }
+            if (kt == 0) {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], acc_2_0);
+            } else {
+              as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+              as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+              as_vstore(&Cg[((base2 + ((mi + 2) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 2) * p_n)) + nj)]) + acc_2_0));
+            }
+          }
+        }
+        if (as_fdiv(mlen, 3) < nmb) {
+          const int64_t ib = as_fdiv(mlen, 3);
+          const int64_t mi = (m0 + (ib * 3));
+          const int64_t nj = (n0 + (jb * 8));
+          if (4 < (p_n - nj)) {
+            if (2 < (p_m - mi)) {
               as_vf acc_0_0 = (as_vf){0};
               as_vf acc_0_1 = (as_vf){0};
               as_vf acc_1_0 = (as_vf){0};
@@ -230,24 +295,54 @@ int32_t as_1f564e99b66323e4(const int64_t *restrict vars, const float *const *re
                 as_vstore(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + ((mi + 2) * p_n)) + nj) + 4)]) + acc_2_1));
               }
             } else {
-              as_vf acc_0_0 = (as_vf){0};
-              as_vf acc_0_1 = (as_vf){0};
-              for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
-                #pragma GCC unroll 4
-                for (int64_t u = 0; u < 4; u++) {
-                  const int64_t kk = ((kq * 4) + u);
-                  as_vf b_0 = as_vload(&Bp[((bofs + (jb * 64)) + (kk * 8))]);
-                  as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 64)) + (kk * 8)) + 4)]);
-                  acc_0_0 = (b_0 * Ap[((ib * 24) + (kk * 3))] + acc_0_0);
-                  acc_0_1 = (b_1 * Ap[((ib * 24) + (kk * 3))] + acc_0_1);
+              if (1 < (p_m - mi)) {
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                as_vf acc_1_0 = (as_vf){0};
+                as_vf acc_1_1 = (as_vf){0};
+                for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+                  #pragma GCC unroll 4
+                  for (int64_t u = 0; u < 4; u++) {
+                    const int64_t kk = ((kq * 4) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 64)) + (kk * 8))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 64)) + (kk * 8)) + 4)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 24) + (kk * 3))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 24) + (kk * 3))] + acc_0_1);
+                    acc_1_0 = (b_0 * Ap[(((ib * 24) + (kk * 3)) + 1)] + acc_1_0);
+                    acc_1_1 = (b_1 * Ap[(((ib * 24) + (kk * 3)) + 1)] + acc_1_1);
+                  }
                 }
-              }
-              if (kt == 0) {
-                as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
-                as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], acc_0_1);
+                if (kt == 0) {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], acc_0_1);
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], acc_1_0);
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)], acc_1_1);
+                } else {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 4)]) + acc_0_1));
+                  as_vstore(&Cg[((base2 + ((mi + 1) * p_n)) + nj)], (as_vload(&Cg[((base2 + ((mi + 1) * p_n)) + nj)]) + acc_1_0));
+                  as_vstore(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + ((mi + 1) * p_n)) + nj) + 4)]) + acc_1_1));
+                }
               } else {
-                as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
-                as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 4)]) + acc_0_1));
+                as_vf acc_0_0 = (as_vf){0};
+                as_vf acc_0_1 = (as_vf){0};
+                for (int64_t kq = 0; kq < as_fdiv(kp, 4); kq++) {
+                  #pragma GCC unroll 4
+                  for (int64_t u = 0; u < 4; u++) {
+                    const int64_t kk = ((kq * 4) + u);
+                    as_vf b_0 = as_vload(&Bp[((bofs + (jb * 64)) + (kk * 8))]);
+                    as_vf b_1 = as_vload(&Bp[(((bofs + (jb * 64)) + (kk * 8)) + 4)]);
+                    acc_0_0 = (b_0 * Ap[((ib * 24) + (kk * 3))] + acc_0_0);
+                    acc_0_1 = (b_1 * Ap[((ib * 24) + (kk * 3))] + acc_0_1);
+                  }
+                }
+                if (kt == 0) {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], acc_0_0);
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], acc_0_1);
+                } else {
+                  as_vstore(&Cg[((base2 + (mi * p_n)) + nj)], (as_vload(&Cg[((base2 + (mi * p_n)) + nj)]) + acc_0_0));
+                  as_vstore(&Cg[(((base2 + (mi * p_n)) + nj) + 4)], (as_vload(&Cg[(((base2 + (mi * p_n)) + nj) + 4)]) + acc_0_1));
+                }
               }
             }
           } else {
