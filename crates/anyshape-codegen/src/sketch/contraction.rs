@@ -182,10 +182,10 @@ impl ContractionKernel {
     /// `mr`, and at the M edge the lowest of these that covers the rows left — `mr`'s
     /// thirds, rounded up (`mr` = 12: 4, 8, 12; every M a multiple of 4 without a
     /// wasted row). Halves only (6, 12) computed 36 rows for 32 and 12 for 8; BERT-base
-    /// untuned, f32, against them (paired, 5 interleaved rounds, Zen 4): 1.36x at
-    /// sequence 8, 1.09x at 32, 1.06-1.10x at 13-20, 0.97-1.02x where the edge kept its
-    /// height. Each height is one more tile body: the kernels' C takes 1.8x as long to
-    /// build. The dot variant tiles M by `mr` only.
+    /// untuned, f32, against them (minima of 5 interleaved rounds, Zen 4): 1.45x at
+    /// sequence 8, 1.15x at 20, 1.11x at 32, 0.95x at 77 (its edge 8 rows, not 6),
+    /// level elsewhere. Each height is one more tile body: the kernels' C takes 1.8x as
+    /// long to build. The dot variant tiles M by `mr` only.
     pub fn heights(&self) -> Vec<usize> {
         if self.dot || self.mr < 2 {
             return vec![self.mr];
