@@ -68,7 +68,7 @@ fn seeds_are_valid_and_distinct() {
         2
     );
     // A B with contiguous N (batch_matmul_nn's [K, N]) gets seeds reading it in
-    // place (the four usual-variant ones and the six-row wide default); one with
+    // place (the five usual-variant ones and the six-row wide default); one with
     // contiguous K (dense's [N, K]) none.
     let nn = Workload::parse("batch_matmul_nn(B=2,M=T,N=64,K=T)").unwrap();
     let ib = |w: &Workload| {
@@ -77,7 +77,7 @@ fn seeds_are_valid_and_distinct() {
             .filter(|mk| mk.ib)
             .count()
     };
-    assert_eq!(ib(&nn), 5);
+    assert_eq!(ib(&nn), 6);
     assert_eq!(ib(&dense) + ib(&packed), 0);
     // A B with contiguous K (dense's) gets the transposed variant; others not.
     let vm = |w: &Workload| {
