@@ -115,16 +115,16 @@ impl Nest<'_> {
             rows: Rows::Whole,
             ..self.clone()
         };
-        let full = v("mlen") / c(self.mk.mr);
-        let mut edge = vec![let_("ib", full.clone())];
+        let whole_tiles = v("mlen") / c(self.mk.mr);
+        let mut edge = vec![let_("ib", whole_tiles.clone())];
         edge.extend(left.tile(ops));
         for_(
             "jb",
             v("nnb"),
             LoopKind::Serial,
             vec![
-                for_("ib", full.clone(), LoopKind::Serial, whole.tile(ops)),
-                if_(Cond::Lt(full, v("nmb")), edge),
+                for_("ib", whole_tiles.clone(), LoopKind::Serial, whole.tile(ops)),
+                if_(Cond::Lt(whole_tiles, v("nmb")), edge),
             ],
         )
     }
@@ -311,10 +311,10 @@ impl Nest<'_> {
 
     /// `tile(rows)` for the register tile at `mi`: `mr` rows in a whole tile
     /// ([`Rows::Whole`]); elsewhere ([`Rows::Left`]) the lowest of the micro-kernel's
-    /// heights that covers the rows left
-    /// (`mr` where that many are left; [`ContractionKernel::heights`](crate::ContractionKernel::heights): one tile body
-    /// per height; `batch_matmul_nt` with M = 33 and 8-row tiles computes 35 rows, not
-    /// 40; a model's dense at sequence 32 with 12-row tiles, 32 rather than 36).
+    /// heights that covers the rows left (`mr` where that many are left;
+    /// [`ContractionKernel::heights`](crate::ContractionKernel::heights)), one tile
+    /// body per height: `batch_matmul_nt` with M = 33 and 8-row tiles computes 35 rows,
+    /// not 40; a model's dense at sequence 32 with 12-row tiles, 32 rather than 36.
     fn by_height(&self, tile: &dyn Fn(usize) -> Vec<Stmt>) -> Vec<Stmt> {
         let heights = self.mk.heights();
         let Some((&lowest, higher)) = heights.split_first() else {
