@@ -97,7 +97,7 @@ pub(super) struct Nest<'a> {
 /// one body more (8 rows beside 6 and 12) made the tiles it did not run 3-7 % slower
 /// (gcc 12, Zen 4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rows {
+pub(super) enum Rows {
     /// `mr` rows.
     Whole,
     /// The rows left, in the lowest height that covers them.

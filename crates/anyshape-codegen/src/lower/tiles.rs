@@ -1,6 +1,7 @@
 //! The usual variant's task body (the packed one: vectors along N): B's panel packed
 //! once per task (unless read in place), the reduction slices, and each slice's
-//! register tiles — as wide and as high as the columns and rows left need, split by
+//! register tiles — as wide and as high as the columns and rows left need (each
+//! column's whole tiles in the M loop, its edge tile after it: [`Rows`]), split by
 //! the compute policy, with the filters prefetched by the first column only
 //! ([`Nest::prefetch_a`]) and, over a short reduction, the next tile's output and
 //! residual lines by every tile ([`Nest::prefetch_next_tile`]). The nest around it is
@@ -316,13 +317,13 @@ impl Nest<'_> {
     /// body per height: `batch_matmul_nt` with M = 33 and 8-row tiles computes 35 rows,
     /// not 40; a model's dense at sequence 32 with 12-row tiles, 32 rather than 36.
     fn by_height(&self, tile: &dyn Fn(usize) -> Vec<Stmt>) -> Vec<Stmt> {
-        let heights = self.mk.heights();
+        let heights = match self.rows {
+            Rows::Whole => return tile(self.mk.mr),
+            Rows::Left => self.mk.heights(),
+        };
         let Some((&lowest, higher)) = heights.split_first() else {
             return tile(self.mk.mr);
         };
-        if self.rows == Rows::Whole {
-            return tile(self.mk.mr);
-        }
         let mut body = tile(lowest);
         let mut below = lowest;
         for &h in higher {
