@@ -244,98 +244,38 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
               out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
             }
           } else {
-            if (mi < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+            float spill[64] __attribute__((aligned(64)));
+            as_vstore(&spill[0], acc_0_0);
+            as_vstore(&spill[8], acc_0_1);
+            as_vstore(&spill[16], acc_1_0);
+            as_vstore(&spill[24], acc_1_1);
+            as_vstore(&spill[32], acc_2_0);
+            as_vstore(&spill[40], acc_2_1);
+            as_vstore(&spill[48], acc_3_0);
+            as_vstore(&spill[56], acc_3_1);
+            #pragma GCC unroll 1
+            for (int64_t i = 0; i < 4; i++) {
+              if ((mi + i) < e_m) {
+                if ((nj + 8) <= e_n) {
+                  for (int64_t l = 0; l < 8; l++) {
+                    out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                  }
+                } else {
+                  for (int64_t l = 0; l < 8; l++) {
+                    if ((nj + l) < e_n) {
+                      out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                    }
                   }
                 }
-              }
-              if ((nj + 16) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if (((nj + l) + 8) < e_n) {
-                    out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                if ((nj + 16) <= e_n) {
+                  for (int64_t l = 0; l < 8; l++) {
+                    out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
                   }
-                }
-              }
-            }
-            if ((mi + 1) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                  }
-                }
-              }
-              if ((nj + 16) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if (((nj + l) + 8) < e_n) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 2) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                  }
-                }
-              }
-              if ((nj + 16) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if (((nj + l) + 8) < e_n) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 3) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                  }
-                }
-              }
-              if ((nj + 16) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if (((nj + l) + 8) < e_n) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
+                } else {
+                  for (int64_t l = 0; l < 8; l++) {
+                    if (((nj + l) + 8) < e_n) {
+                      out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
+                    }
                   }
                 }
               }
@@ -378,54 +318,23 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
               out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
             }
           } else {
-            if (mi < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+            float spill[32] __attribute__((aligned(64)));
+            as_vstore(&spill[0], acc_0_0);
+            as_vstore(&spill[8], acc_1_0);
+            as_vstore(&spill[16], acc_2_0);
+            as_vstore(&spill[24], acc_3_0);
+            #pragma GCC unroll 1
+            for (int64_t i = 0; i < 4; i++) {
+              if ((mi + i) < e_m) {
+                if ((nj + 8) <= e_n) {
+                  for (int64_t l = 0; l < 8; l++) {
+                    out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 8) + l)];
                   }
-                }
-              }
-            }
-            if ((mi + 1) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 2) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 3) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                } else {
+                  for (int64_t l = 0; l < 8; l++) {
+                    if ((nj + l) < e_n) {
+                      out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 8) + l)];
+                    }
                   }
                 }
               }
@@ -496,98 +405,38 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
                 out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
               }
             } else {
-              if (mi < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
-                      out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+              float spill[64] __attribute__((aligned(64)));
+              as_vstore(&spill[0], acc_0_0);
+              as_vstore(&spill[8], acc_0_1);
+              as_vstore(&spill[16], acc_1_0);
+              as_vstore(&spill[24], acc_1_1);
+              as_vstore(&spill[32], acc_2_0);
+              as_vstore(&spill[40], acc_2_1);
+              as_vstore(&spill[48], acc_3_0);
+              as_vstore(&spill[56], acc_3_1);
+              #pragma GCC unroll 1
+              for (int64_t i = 0; i < 4; i++) {
+                if ((mi + i) < e_m) {
+                  if ((nj + 8) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                    }
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if ((nj + l) < e_n) {
+                        out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                      }
                     }
                   }
-                }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
-                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                  if ((nj + 16) <= e_n) {
+                    for (int64_t l = 0; l < 8; l++) {
+                      out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
                     }
-                  }
-                }
-              }
-              if ((mi + 1) < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                    }
-                  }
-                }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                    }
-                  }
-                }
-              }
-              if ((mi + 2) < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                    }
-                  }
-                }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
-                    }
-                  }
-                }
-              }
-              if ((mi + 3) < e_m) {
-                if ((nj + 8) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if ((nj + l) < e_n) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                    }
-                  }
-                }
-                if ((nj + 16) <= e_n) {
-                  for (int64_t l = 0; l < 8; l++) {
-                    out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
-                  }
-                } else {
-                  for (int64_t l = 0; l < 8; l++) {
-                    if (((nj + l) + 8) < e_n) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 3)] = acc_3_1[l];
+                  } else {
+                    for (int64_t l = 0; l < 8; l++) {
+                      if (((nj + l) + 8) < e_n) {
+                        out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
+                      }
                     }
                   }
                 }
@@ -621,7 +470,7 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
                   acc_2_1 = (b_1 * in1[(ar_2 + kk)] + acc_2_1);
                 }
               }
-              if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
+              if (((mi + 3) <= e_m) && ((nj + 16) <= e_n)) {
                 for (int64_t l = 0; l < 8; l++) {
                   out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
                 }
@@ -641,74 +490,36 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
                   out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                float spill[48] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[8], acc_0_1);
+                as_vstore(&spill[16], acc_1_0);
+                as_vstore(&spill[24], acc_1_1);
+                as_vstore(&spill[32], acc_2_0);
+                as_vstore(&spill[40], acc_2_1);
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 3; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      for (int64_t l = 0; l < 8; l++) {
+                        out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                      }
+                    } else {
+                      for (int64_t l = 0; l < 8; l++) {
+                        if ((nj + l) < e_n) {
+                          out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                        }
                       }
                     }
-                  }
-                  if ((nj + 16) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if (((nj + l) + 8) < e_n) {
-                        out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                    if ((nj + 16) <= e_n) {
+                      for (int64_t l = 0; l < 8; l++) {
+                        out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
                       }
-                    }
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                      }
-                    }
-                  }
-                  if ((nj + 16) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if (((nj + l) + 8) < e_n) {
-                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                      }
-                    }
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                      }
-                    }
-                  }
-                  if ((nj + 16) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if (((nj + l) + 8) < e_n) {
-                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 2)] = acc_2_1[l];
+                    } else {
+                      for (int64_t l = 0; l < 8; l++) {
+                        if (((nj + l) + 8) < e_n) {
+                          out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
+                        }
                       }
                     }
                   }
@@ -736,7 +547,7 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
                   acc_1_1 = (b_1 * in1[(ar_1 + kk)] + acc_1_1);
                 }
               }
-              if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
+              if (((mi + 2) <= e_m) && ((nj + 16) <= e_n)) {
                 for (int64_t l = 0; l < 8; l++) {
                   out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
                 }
@@ -750,50 +561,34 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
                   out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+                float spill[32] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[8], acc_0_1);
+                as_vstore(&spill[16], acc_1_0);
+                as_vstore(&spill[24], acc_1_1);
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 2; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      for (int64_t l = 0; l < 8; l++) {
+                        out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                      }
+                    } else {
+                      for (int64_t l = 0; l < 8; l++) {
+                        if ((nj + l) < e_n) {
+                          out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 16) + l)];
+                        }
                       }
                     }
-                  }
-                  if ((nj + 16) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if (((nj + l) + 8) < e_n) {
-                        out0[((base2 + mi) + (((nj + l) + 8) * 3072))] = acc_0_1[l];
+                    if ((nj + 16) <= e_n) {
+                      for (int64_t l = 0; l < 8; l++) {
+                        out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
                       }
-                    }
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if ((nj + l) < e_n) {
-                        out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                      }
-                    }
-                  }
-                  if ((nj + 16) <= e_n) {
-                    for (int64_t l = 0; l < 8; l++) {
-                      out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
-                    }
-                  } else {
-                    for (int64_t l = 0; l < 8; l++) {
-                      if (((nj + l) + 8) < e_n) {
-                        out0[(((base2 + mi) + (((nj + l) + 8) * 3072)) + 1)] = acc_1_1[l];
+                    } else {
+                      for (int64_t l = 0; l < 8; l++) {
+                        if (((nj + l) + 8) < e_n) {
+                          out0[((base2 + (mi + i)) + (((nj + l) + 8) * 3072))] = spill[((((i * 2) + 1) * 8) + l)];
+                        }
                       }
                     }
                   }
@@ -838,54 +633,23 @@ int32_t as_f41f14291e4bec49(const int64_t *restrict vars, const float *const *re
               out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
             }
           } else {
-            if (mi < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[((base2 + mi) + ((nj + l) * 3072))] = acc_0_0[l];
+            float spill[32] __attribute__((aligned(64)));
+            as_vstore(&spill[0], acc_0_0);
+            as_vstore(&spill[8], acc_1_0);
+            as_vstore(&spill[16], acc_2_0);
+            as_vstore(&spill[24], acc_3_0);
+            #pragma GCC unroll 1
+            for (int64_t i = 0; i < 4; i++) {
+              if ((mi + i) < e_m) {
+                if ((nj + 8) <= e_n) {
+                  for (int64_t l = 0; l < 8; l++) {
+                    out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 8) + l)];
                   }
-                }
-              }
-            }
-            if ((mi + 1) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 1)] = acc_1_0[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 2) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 2)] = acc_2_0[l];
-                  }
-                }
-              }
-            }
-            if ((mi + 3) < e_m) {
-              if ((nj + 8) <= e_n) {
-                for (int64_t l = 0; l < 8; l++) {
-                  out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
-                }
-              } else {
-                for (int64_t l = 0; l < 8; l++) {
-                  if ((nj + l) < e_n) {
-                    out0[(((base2 + mi) + ((nj + l) * 3072)) + 3)] = acc_3_0[l];
+                } else {
+                  for (int64_t l = 0; l < 8; l++) {
+                    if ((nj + l) < e_n) {
+                      out0[((base2 + (mi + i)) + ((nj + l) * 3072))] = spill[((i * 8) + l)];
+                    }
                   }
                 }
               }

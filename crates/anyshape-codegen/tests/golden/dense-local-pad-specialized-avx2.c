@@ -249,126 +249,47 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                 as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)]) + acc_4_1));
               }
             } else {
+              float spill[80] __attribute__((aligned(64)));
+              as_vstore(&spill[0], acc_0_0);
+              as_vstore(&spill[8], acc_0_1);
+              as_vstore(&spill[16], acc_1_0);
+              as_vstore(&spill[24], acc_1_1);
+              as_vstore(&spill[32], acc_2_0);
+              as_vstore(&spill[40], acc_2_1);
+              as_vstore(&spill[48], acc_3_0);
+              as_vstore(&spill[56], acc_3_1);
+              as_vstore(&spill[64], acc_4_0);
+              as_vstore(&spill[72], acc_4_1);
               if (kt == 0) {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1, ((e_n - nj) + (-8)));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                    }
+                    if ((nj + 16) <= e_n) {
+                      as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]));
+                    } else {
+                      as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]), ((e_n - nj) + (-8)));
+                    }
                   }
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)]) + acc_2_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)]) + acc_3_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                  }
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)]) + acc_4_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_4_1), ((e_n - nj) + (-8)));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 16)])));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                    }
+                    if ((nj + 16) <= e_n) {
+                      as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)]) + as_vload(&spill[(((i * 2) + 1) * 8)])));
+                    } else {
+                      as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + as_vload(&spill[(((i * 2) + 1) * 8)])), ((e_n - nj) + (-8)));
+                    }
                   }
                 }
               }
@@ -406,76 +327,32 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                 as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
               }
             } else {
+              float spill[40] __attribute__((aligned(64)));
+              as_vstore(&spill[0], acc_0_0);
+              as_vstore(&spill[8], acc_1_0);
+              as_vstore(&spill[16], acc_2_0);
+              as_vstore(&spill[24], acc_3_0);
+              as_vstore(&spill[32], acc_4_0);
               if (kt == 0) {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 8)]));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 8)]), (e_n - nj));
+                    }
                   }
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 8)])));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 8)])), (e_n - nj));
+                    }
                   }
                 }
               }
@@ -541,126 +418,47 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)]) + acc_4_1));
                 }
               } else {
+                float spill[80] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[8], acc_0_1);
+                as_vstore(&spill[16], acc_1_0);
+                as_vstore(&spill[24], acc_1_1);
+                as_vstore(&spill[32], acc_2_0);
+                as_vstore(&spill[40], acc_2_1);
+                as_vstore(&spill[48], acc_3_0);
+                as_vstore(&spill[56], acc_3_1);
+                as_vstore(&spill[64], acc_4_0);
+                as_vstore(&spill[72], acc_4_1);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], acc_4_1, ((e_n - nj) + (-8)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 5; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]), ((e_n - nj) + (-8)));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)]) + acc_2_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)]) + acc_3_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 8) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)]) + acc_4_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_4_1), ((e_n - nj) + (-8)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 5; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 8) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 16)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                      }
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)]) + as_vload(&spill[(((i * 2) + 1) * 8)])));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + as_vload(&spill[(((i * 2) + 1) * 8)])), ((e_n - nj) + (-8)));
+                      }
                     }
                   }
                 }
@@ -691,7 +489,7 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                     acc_3_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 3)] + acc_3_1);
                   }
                 }
-                if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
+                if (((mi + 4) <= e_m) && ((nj + 16) <= e_n)) {
                   if (kt == 0) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
@@ -712,102 +510,45 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                     as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)]) + acc_3_1));
                   }
                 } else {
+                  float spill[64] __attribute__((aligned(64)));
+                  as_vstore(&spill[0], acc_0_0);
+                  as_vstore(&spill[8], acc_0_1);
+                  as_vstore(&spill[16], acc_1_0);
+                  as_vstore(&spill[24], acc_1_1);
+                  as_vstore(&spill[32], acc_2_0);
+                  as_vstore(&spill[40], acc_2_1);
+                  as_vstore(&spill[48], acc_3_0);
+                  as_vstore(&spill[56], acc_3_1);
                   if (kt == 0) {
-                    if (mi < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], acc_2_1, ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], acc_3_1, ((e_n - nj) + (-8)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 4; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 8) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                        }
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]), ((e_n - nj) + (-8)));
+                        }
                       }
                     }
                   } else {
-                    if (mi < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)]) + acc_2_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_2_1), ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)]) + acc_3_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_3_1), ((e_n - nj) + (-8)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 4; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 8) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 16)])));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                        }
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)]) + as_vload(&spill[(((i * 2) + 1) * 8)])));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + as_vload(&spill[(((i * 2) + 1) * 8)])), ((e_n - nj) + (-8)));
+                        }
                       }
                     }
                   }
@@ -829,7 +570,7 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                     acc_1_1 = (b_1 * Ap[(((ib * 120) + (kk * 5)) + 1)] + acc_1_1);
                   }
                 }
-                if (((mi + 5) <= e_m) && ((nj + 16) <= e_n)) {
+                if (((mi + 2) <= e_m) && ((nj + 16) <= e_n)) {
                   if (kt == 0) {
                     as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
                     as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
@@ -842,54 +583,41 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                     as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
                   }
                 } else {
+                  float spill[32] __attribute__((aligned(64)));
+                  as_vstore(&spill[0], acc_0_0);
+                  as_vstore(&spill[8], acc_0_1);
+                  as_vstore(&spill[16], acc_1_0);
+                  as_vstore(&spill[24], acc_1_1);
                   if (kt == 0) {
-                    if (mi < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], acc_0_1, ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], acc_1_1, ((e_n - nj) + (-8)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 2; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 8) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                        }
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], as_vload(&spill[(((i * 2) + 1) * 8)]), ((e_n - nj) + (-8)));
+                        }
                       }
                     }
                   } else {
-                    if (mi < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + (mi * 2304)) + nj) + 8)]) + acc_0_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + (mi * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_0_1), ((e_n - nj) + (-8)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 8) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                      }
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)]) + acc_1_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + acc_1_1), ((e_n - nj) + (-8)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 2; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 8) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 16)])));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                        }
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)]) + as_vload(&spill[(((i * 2) + 1) * 8)])));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], (as_vload_first(&out0[(((base2 + ((mi + i) * 2304)) + nj) + 8)], ((e_n - nj) + (-8))) + as_vload(&spill[(((i * 2) + 1) * 8)])), ((e_n - nj) + (-8)));
+                        }
                       }
                     }
                   }
@@ -929,76 +657,32 @@ int32_t as_d3686962735668b7(const int64_t *restrict vars, const float *const *re
                 as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
               }
             } else {
+              float spill[40] __attribute__((aligned(64)));
+              as_vstore(&spill[0], acc_0_0);
+              as_vstore(&spill[8], acc_1_0);
+              as_vstore(&spill[16], acc_2_0);
+              as_vstore(&spill[24], acc_3_0);
+              as_vstore(&spill[32], acc_4_0);
               if (kt == 0) {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], acc_0_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], acc_1_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], acc_2_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], acc_3_0, (e_n - nj));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], acc_4_0, (e_n - nj));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 8)]));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], as_vload(&spill[(i * 8)]), (e_n - nj));
+                    }
                   }
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 2304)) + nj)], (as_vload(&out0[((base2 + (mi * 2304)) + nj)]) + acc_0_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 2304)) + nj)], (as_vload_first(&out0[((base2 + (mi * 2304)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 2304)) + nj)]) + acc_1_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 2304)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 2304)) + nj)]) + acc_2_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 2304)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 2304)) + nj)]) + acc_3_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 2304)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 8) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 2304)) + nj)]) + acc_4_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 2304)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 5; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 8) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 2304)) + nj)]) + as_vload(&spill[(i * 8)])));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 2304)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 8)])), (e_n - nj));
+                    }
                   }
                 }
               }

@@ -378,294 +378,61 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                 as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
               }
             } else {
+              float spill[384] __attribute__((aligned(64)));
+              as_vstore(&spill[0], acc_0_0);
+              as_vstore(&spill[16], acc_0_1);
+              as_vstore(&spill[32], acc_1_0);
+              as_vstore(&spill[48], acc_1_1);
+              as_vstore(&spill[64], acc_2_0);
+              as_vstore(&spill[80], acc_2_1);
+              as_vstore(&spill[96], acc_3_0);
+              as_vstore(&spill[112], acc_3_1);
+              as_vstore(&spill[128], acc_4_0);
+              as_vstore(&spill[144], acc_4_1);
+              as_vstore(&spill[160], acc_5_0);
+              as_vstore(&spill[176], acc_5_1);
+              as_vstore(&spill[192], acc_6_0);
+              as_vstore(&spill[208], acc_6_1);
+              as_vstore(&spill[224], acc_7_0);
+              as_vstore(&spill[240], acc_7_1);
+              as_vstore(&spill[256], acc_8_0);
+              as_vstore(&spill[272], acc_8_1);
+              as_vstore(&spill[288], acc_9_0);
+              as_vstore(&spill[304], acc_9_1);
+              as_vstore(&spill[320], acc_10_0);
+              as_vstore(&spill[336], acc_10_1);
+              as_vstore(&spill[352], acc_11_0);
+              as_vstore(&spill[368], acc_11_1);
               if (kt == 0) {
-                if (mi < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 5) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 6) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 7) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 8) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 9) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 10) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 11) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1);
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 12; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 16) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                    }
+                    if ((nj + 32) <= e_n) {
+                      as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                    } else {
+                      as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                    }
                   }
                 }
               } else {
-                if (mi < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 1) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 2) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 3) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 4) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)]) + acc_4_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 5) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)]) + acc_5_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 6) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)]) + acc_6_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 7) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 8) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)]) + acc_8_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 9) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)]) + acc_9_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 10) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)]) + acc_10_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
-                  }
-                }
-                if ((mi + 11) < e_m) {
-                  if ((nj + 16) <= e_n) {
-                    as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                  } else {
-                    as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
-                  }
-                  if ((nj + 32) <= e_n) {
-                    as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
-                  } else {
-                    as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
+                #pragma GCC unroll 1
+                for (int64_t i = 0; i < 12; i++) {
+                  if ((mi + i) < e_m) {
+                    if ((nj + 16) <= e_n) {
+                      as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                    } else {
+                      as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                    }
+                    if ((nj + 32) <= e_n) {
+                      as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                    } else {
+                      as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                    }
                   }
                 }
               }
@@ -743,174 +510,39 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
                 }
               } else {
+                float spill[192] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[16], acc_1_0);
+                as_vstore(&spill[32], acc_2_0);
+                as_vstore(&spill[48], acc_3_0);
+                as_vstore(&spill[64], acc_4_0);
+                as_vstore(&spill[80], acc_5_0);
+                as_vstore(&spill[96], acc_6_0);
+                as_vstore(&spill[112], acc_7_0);
+                as_vstore(&spill[128], acc_8_0);
+                as_vstore(&spill[144], acc_9_0);
+                as_vstore(&spill[160], acc_10_0);
+                as_vstore(&spill[176], acc_11_0);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 16)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 16)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                      }
                     }
                   }
                 }
@@ -1050,294 +682,61 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
                 }
               } else {
+                float spill[384] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[16], acc_0_1);
+                as_vstore(&spill[32], acc_1_0);
+                as_vstore(&spill[48], acc_1_1);
+                as_vstore(&spill[64], acc_2_0);
+                as_vstore(&spill[80], acc_2_1);
+                as_vstore(&spill[96], acc_3_0);
+                as_vstore(&spill[112], acc_3_1);
+                as_vstore(&spill[128], acc_4_0);
+                as_vstore(&spill[144], acc_4_1);
+                as_vstore(&spill[160], acc_5_0);
+                as_vstore(&spill[176], acc_5_1);
+                as_vstore(&spill[192], acc_6_0);
+                as_vstore(&spill[208], acc_6_1);
+                as_vstore(&spill[224], acc_7_0);
+                as_vstore(&spill[240], acc_7_1);
+                as_vstore(&spill[256], acc_8_0);
+                as_vstore(&spill[272], acc_8_1);
+                as_vstore(&spill[288], acc_9_0);
+                as_vstore(&spill[304], acc_9_1);
+                as_vstore(&spill[320], acc_10_0);
+                as_vstore(&spill[336], acc_10_1);
+                as_vstore(&spill[352], acc_11_0);
+                as_vstore(&spill[368], acc_11_1);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)]) + acc_4_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)]) + acc_5_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)]) + acc_6_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)]) + acc_8_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)]) + acc_9_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)]) + acc_10_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 }
@@ -1483,294 +882,61 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
                 }
               } else {
+                float spill[384] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[16], acc_0_1);
+                as_vstore(&spill[32], acc_1_0);
+                as_vstore(&spill[48], acc_1_1);
+                as_vstore(&spill[64], acc_2_0);
+                as_vstore(&spill[80], acc_2_1);
+                as_vstore(&spill[96], acc_3_0);
+                as_vstore(&spill[112], acc_3_1);
+                as_vstore(&spill[128], acc_4_0);
+                as_vstore(&spill[144], acc_4_1);
+                as_vstore(&spill[160], acc_5_0);
+                as_vstore(&spill[176], acc_5_1);
+                as_vstore(&spill[192], acc_6_0);
+                as_vstore(&spill[208], acc_6_1);
+                as_vstore(&spill[224], acc_7_0);
+                as_vstore(&spill[240], acc_7_1);
+                as_vstore(&spill[256], acc_8_0);
+                as_vstore(&spill[272], acc_8_1);
+                as_vstore(&spill[288], acc_9_0);
+                as_vstore(&spill[304], acc_9_1);
+                as_vstore(&spill[320], acc_10_0);
+                as_vstore(&spill[336], acc_10_1);
+                as_vstore(&spill[352], acc_11_0);
+                as_vstore(&spill[368], acc_11_1);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)]) + acc_4_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)]) + acc_5_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)]) + acc_6_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)]) + acc_8_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)]) + acc_9_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)]) + acc_10_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 }
@@ -1832,7 +998,7 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                 acc_6_1 = ((as_vint_float(acc_6_1) + ((kt == 0) ? Sq[((as_min((mi + 6), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 6), (e_m + (-1))) * 2)]);
                 acc_7_0 = ((as_vint_float(acc_7_0) + ((kt == 0) ? Sq[((as_min((mi + 7), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 7), (e_m + (-1))) * 2)]);
                 acc_7_1 = ((as_vint_float(acc_7_1) + ((kt == 0) ? Sq[((as_min((mi + 7), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 7), (e_m + (-1))) * 2)]);
-                if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
+                if (((mi + 8) <= e_m) && ((nj + 32) <= e_n)) {
                   if (kt == 0) {
                     as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
                     as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
@@ -1869,198 +1035,53 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                     as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
                   }
                 } else {
+                  float spill[256] __attribute__((aligned(64)));
+                  as_vstore(&spill[0], acc_0_0);
+                  as_vstore(&spill[16], acc_0_1);
+                  as_vstore(&spill[32], acc_1_0);
+                  as_vstore(&spill[48], acc_1_1);
+                  as_vstore(&spill[64], acc_2_0);
+                  as_vstore(&spill[80], acc_2_1);
+                  as_vstore(&spill[96], acc_3_0);
+                  as_vstore(&spill[112], acc_3_1);
+                  as_vstore(&spill[128], acc_4_0);
+                  as_vstore(&spill[144], acc_4_1);
+                  as_vstore(&spill[160], acc_5_0);
+                  as_vstore(&spill[176], acc_5_1);
+                  as_vstore(&spill[192], acc_6_0);
+                  as_vstore(&spill[208], acc_6_1);
+                  as_vstore(&spill[224], acc_7_0);
+                  as_vstore(&spill[240], acc_7_1);
                   if (kt == 0) {
-                    if (mi < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 4) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 5) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 6) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 7) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 8; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                        }
+                        if ((nj + 32) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                        }
                       }
                     }
                   } else {
-                    if (mi < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 4) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)]) + acc_4_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 5) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)]) + acc_5_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 6) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)]) + acc_6_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 7) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 8; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                        }
+                        if ((nj + 32) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                        }
                       }
                     }
                   }
@@ -2097,7 +1118,7 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                 acc_2_1 = ((as_vint_float(acc_2_1) + ((kt == 0) ? Sq[((as_min((mi + 2), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 2), (e_m + (-1))) * 2)]);
                 acc_3_0 = ((as_vint_float(acc_3_0) + ((kt == 0) ? Sq[((as_min((mi + 3), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 3), (e_m + (-1))) * 2)]);
                 acc_3_1 = ((as_vint_float(acc_3_1) + ((kt == 0) ? Sq[((as_min((mi + 3), (e_m + (-1))) * 2) + 1)] : 0.0f)) * Sq[(as_min((mi + 3), (e_m + (-1))) * 2)]);
-                if (((mi + 12) <= e_m) && ((nj + 32) <= e_n)) {
+                if (((mi + 4) <= e_m) && ((nj + 32) <= e_n)) {
                   if (kt == 0) {
                     as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
                     as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
@@ -2118,102 +1139,45 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                     as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
                   }
                 } else {
+                  float spill[128] __attribute__((aligned(64)));
+                  as_vstore(&spill[0], acc_0_0);
+                  as_vstore(&spill[16], acc_0_1);
+                  as_vstore(&spill[32], acc_1_0);
+                  as_vstore(&spill[48], acc_1_1);
+                  as_vstore(&spill[64], acc_2_0);
+                  as_vstore(&spill[80], acc_2_1);
+                  as_vstore(&spill[96], acc_3_0);
+                  as_vstore(&spill[112], acc_3_1);
                   if (kt == 0) {
-                    if (mi < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 4; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                        }
+                        if ((nj + 32) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                        }
                       }
                     }
                   } else {
-                    if (mi < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 1) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 2) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                      }
-                    }
-                    if ((mi + 3) < e_m) {
-                      if ((nj + 16) <= e_n) {
-                        as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                      } else {
-                        as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                      }
-                      if ((nj + 32) <= e_n) {
-                        as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                      } else {
-                        as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
+                    #pragma GCC unroll 1
+                    for (int64_t i = 0; i < 4; i++) {
+                      if ((mi + i) < e_m) {
+                        if ((nj + 16) <= e_n) {
+                          as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                        } else {
+                          as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                        }
+                        if ((nj + 32) <= e_n) {
+                          as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                        } else {
+                          as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                        }
                       }
                     }
                   }
@@ -2293,174 +1257,39 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
                 }
               } else {
+                float spill[192] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[16], acc_1_0);
+                as_vstore(&spill[32], acc_2_0);
+                as_vstore(&spill[48], acc_3_0);
+                as_vstore(&spill[64], acc_4_0);
+                as_vstore(&spill[80], acc_5_0);
+                as_vstore(&spill[96], acc_6_0);
+                as_vstore(&spill[112], acc_7_0);
+                as_vstore(&spill[128], acc_8_0);
+                as_vstore(&spill[144], acc_9_0);
+                as_vstore(&spill[160], acc_10_0);
+                as_vstore(&spill[176], acc_11_0);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 16)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 16)]), (e_n - nj));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 16)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 16)])), (e_n - nj));
+                      }
                     }
                   }
                 }
@@ -2600,294 +1429,61 @@ int32_t as_ad5e2ec20bb44508(const int64_t *restrict vars, const float *const *re
                   as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
                 }
               } else {
+                float spill[384] __attribute__((aligned(64)));
+                as_vstore(&spill[0], acc_0_0);
+                as_vstore(&spill[16], acc_0_1);
+                as_vstore(&spill[32], acc_1_0);
+                as_vstore(&spill[48], acc_1_1);
+                as_vstore(&spill[64], acc_2_0);
+                as_vstore(&spill[80], acc_2_1);
+                as_vstore(&spill[96], acc_3_0);
+                as_vstore(&spill[112], acc_3_1);
+                as_vstore(&spill[128], acc_4_0);
+                as_vstore(&spill[144], acc_4_1);
+                as_vstore(&spill[160], acc_5_0);
+                as_vstore(&spill[176], acc_5_1);
+                as_vstore(&spill[192], acc_6_0);
+                as_vstore(&spill[208], acc_6_1);
+                as_vstore(&spill[224], acc_7_0);
+                as_vstore(&spill[240], acc_7_1);
+                as_vstore(&spill[256], acc_8_0);
+                as_vstore(&spill[272], acc_8_1);
+                as_vstore(&spill[288], acc_9_0);
+                as_vstore(&spill[304], acc_9_1);
+                as_vstore(&spill[320], acc_10_0);
+                as_vstore(&spill[336], acc_10_1);
+                as_vstore(&spill[352], acc_11_0);
+                as_vstore(&spill[368], acc_11_1);
                 if (kt == 0) {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], acc_0_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], acc_0_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], acc_0_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], acc_1_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], acc_1_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], acc_2_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], acc_2_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], acc_3_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], acc_3_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], acc_4_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], acc_4_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], acc_5_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], acc_5_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], acc_6_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], acc_6_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], acc_7_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], acc_7_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], acc_8_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], acc_8_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], acc_9_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], acc_9_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], acc_10_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], acc_10_1, ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0);
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], acc_11_0, (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1);
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], acc_11_1, ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], as_vload(&spill[(i * 32)]), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], as_vload(&spill[(((i * 2) + 1) * 16)]), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 } else {
-                  if (mi < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + (mi * 768)) + nj)], (as_vload(&out0[((base2 + (mi * 768)) + nj)]) + acc_0_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + (mi * 768)) + nj)], (as_vload_first(&out0[((base2 + (mi * 768)) + nj)], (e_n - nj)) + acc_0_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + (mi * 768)) + nj) + 16)]) + acc_0_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + (mi * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_0_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 1) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 1) * 768)) + nj)]) + acc_1_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 1) * 768)) + nj)], (e_n - nj)) + acc_1_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)]) + acc_1_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 1) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_1_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 2) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 2) * 768)) + nj)]) + acc_2_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 2) * 768)) + nj)], (e_n - nj)) + acc_2_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)]) + acc_2_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 2) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_2_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 3) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 3) * 768)) + nj)]) + acc_3_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 3) * 768)) + nj)], (e_n - nj)) + acc_3_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)]) + acc_3_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 3) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_3_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 4) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 4) * 768)) + nj)]) + acc_4_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 4) * 768)) + nj)], (e_n - nj)) + acc_4_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)]) + acc_4_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 4) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_4_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 5) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 5) * 768)) + nj)]) + acc_5_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 5) * 768)) + nj)], (e_n - nj)) + acc_5_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)]) + acc_5_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 5) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_5_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 6) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 6) * 768)) + nj)]) + acc_6_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 6) * 768)) + nj)], (e_n - nj)) + acc_6_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)]) + acc_6_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 6) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_6_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 7) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 7) * 768)) + nj)]) + acc_7_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 7) * 768)) + nj)], (e_n - nj)) + acc_7_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)]) + acc_7_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 7) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_7_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 8) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 8) * 768)) + nj)]) + acc_8_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 8) * 768)) + nj)], (e_n - nj)) + acc_8_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)]) + acc_8_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 8) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_8_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 9) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 9) * 768)) + nj)]) + acc_9_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 9) * 768)) + nj)], (e_n - nj)) + acc_9_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)]) + acc_9_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 9) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_9_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 10) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 10) * 768)) + nj)]) + acc_10_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 10) * 768)) + nj)], (e_n - nj)) + acc_10_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)]) + acc_10_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 10) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_10_1), ((e_n - nj) + (-16)));
-                    }
-                  }
-                  if ((mi + 11) < e_m) {
-                    if ((nj + 16) <= e_n) {
-                      as_vstore(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + 11) * 768)) + nj)]) + acc_11_0));
-                    } else {
-                      as_vstore_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + 11) * 768)) + nj)], (e_n - nj)) + acc_11_0), (e_n - nj));
-                    }
-                    if ((nj + 32) <= e_n) {
-                      as_vstore(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)]) + acc_11_1));
-                    } else {
-                      as_vstore_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + 11) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + acc_11_1), ((e_n - nj) + (-16)));
+                  #pragma GCC unroll 1
+                  for (int64_t i = 0; i < 12; i++) {
+                    if ((mi + i) < e_m) {
+                      if ((nj + 16) <= e_n) {
+                        as_vstore(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload(&out0[((base2 + ((mi + i) * 768)) + nj)]) + as_vload(&spill[(i * 32)])));
+                      } else {
+                        as_vstore_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (as_vload_first(&out0[((base2 + ((mi + i) * 768)) + nj)], (e_n - nj)) + as_vload(&spill[(i * 32)])), (e_n - nj));
+                      }
+                      if ((nj + 32) <= e_n) {
+                        as_vstore(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)]) + as_vload(&spill[(((i * 2) + 1) * 16)])));
+                      } else {
+                        as_vstore_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], (as_vload_first(&out0[(((base2 + ((mi + i) * 768)) + nj) + 16)], ((e_n - nj) + (-16))) + as_vload(&spill[(((i * 2) + 1) * 16)])), ((e_n - nj) + (-16)));
+                      }
                     }
                   }
                 }
