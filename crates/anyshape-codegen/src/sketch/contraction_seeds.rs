@@ -408,6 +408,16 @@ fn transposed_filters(mk: ContractionKernel) -> ContractionKernel {
 /// 0.38-0.39 -> 0.31-0.32, 1 x 2304 x 768 0.29-0.30 -> 0.22-0.27, 1 x 768 x 768 0.086
 /// -> 0.073, 2 x 3072 x 768 0.42 -> 0.36; at 4 rows it was the slower (0.37-0.42 ->
 /// 0.45-0.46).
+///
+/// And, again over weights in panels in f32 on 16-float vectors, where the instance's
+/// M is one whole tile of that default and an edge of at most its lowest height
+/// ([`short_edge`]: 13-16 rows for 12-row tiles): the default with two thirds of its
+/// rows ([`ContractionKernel::default_short_for`]), two tiles of 8 rows for 12 + 4.
+/// Cold, Zen 4, BERT-base's three shapes (3072 x 768, 768 x 3072, 768 x 768) at 13, 14
+/// and 16 rows, alternated twice: 1.11-1.21x (0.392 -> 0.329 ms at 13 x 3072 x 768,
+/// 0.399 -> 0.347 at 16 x 768 x 3072). Not in bf16, where it measured 0.97-1.10x, nor
+/// from 17 rows, where the short tile lost (0.89-0.98x at 17 and 20, f32 and bf16).
+/// Measured on Zen 4 only, hence 16-float vectors only.
 pub(super) fn default_for_instance(
     target: &CpuTarget,
     w: &Workload,
@@ -422,6 +432,8 @@ pub(super) fn default_for_instance(
     let narrow = extent(|g| g.n).is_some_and(|n| n < default.nr as i64);
     let deep = target.lanes_f32() >= 16 && deep_filters(extent(|g| g.m), extent(|g| g.k));
     let few_rows = extent(|g| g.m).is_some_and(|m| m <= ROW_DEFAULT_ROWS);
+    let short =
+        target.lanes_f32() >= 16 && extent(|g| g.m).is_some_and(|m| short_edge(&default, m));
     let f32_default = !default.vm && w.precision == Precision::F32;
     if filters_in_panels(w) && (narrow || deep) && f32_default {
         transposed_filters(ContractionKernel::default_for(target)).fit(target, w)
@@ -431,9 +443,24 @@ pub(super) fn default_for_instance(
             ..ContractionKernel::default_row_for(target)
         }
         .fit(target, w)
+    } else if weights_in_panels(w) && short && f32_default {
+        let rows = ContractionKernel::default_short_for(target);
+        ContractionKernel {
+            mr: rows.mr,
+            mc: rows.mc,
+            ..default
+        }
+        .fit(target, w)
     } else {
         default
     }
+}
+
+/// Whether `m` rows are one whole tile of `mk` and an edge of at most its lowest
+/// height (see [`default_for_instance`]).
+fn short_edge(mk: &ContractionKernel, m: i64) -> bool {
+    let (mr, lowest) = (mk.mr as i64, mk.heights()[0] as i64);
+    lowest < mr && m > mr && m <= mr + lowest
 }
 
 /// Rows up to which an untuned module runs a contraction over weights in panels on

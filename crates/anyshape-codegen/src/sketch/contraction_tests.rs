@@ -357,6 +357,57 @@ fn few_rows_over_weights_in_panels_run_the_row_default() {
     }
 }
 
+/// An untuned module's micro-kernel over weights in panels (f32, 16-float vectors) at
+/// one 12-row tile and an edge of at most 4 rows: the default with 8 rows; the default
+/// below and above, in bf16, and on 8-float vectors.
+#[test]
+fn a_short_edge_over_weights_in_panels_runs_two_thirds_of_the_rows() {
+    let avx2 = CpuTarget {
+        simd: Simd::Avx2,
+        vector_registers: 16,
+        ..avx512()
+    };
+    let at = |target: &CpuTarget, text: &str, t: i64| {
+        let w = Workload::parse(text).unwrap();
+        let b = w
+            .bind(&anyshape_ir::Bindings::from_pairs([("T", t)]))
+            .unwrap();
+        let mk = ContractionKernel::default_for_instance(target, &w, &b);
+        mk.validate(target).unwrap();
+        (mk, ContractionKernel::default_for_workload(target, &w))
+    };
+    let f32 = "dense_packed(M=T,N=3072,K=768,P=16)+add(n)+gelu";
+    let (_, default) = at(&avx512(), f32, 1);
+    assert_eq!(default.mr, 12);
+    let short = ContractionKernel::default_short_for(&avx512());
+    for t in 13..=16 {
+        let (mk, default) = at(&avx512(), f32, t);
+        assert_eq!(
+            mk,
+            ContractionKernel {
+                mr: short.mr,
+                mc: short.mc,
+                ..default
+            },
+            "T={t}"
+        );
+        assert_eq!(mk.mr, 8, "T={t}");
+        assert!(mk.rows_computed(t as u64) <= default.rows_computed(t as u64));
+    }
+    for t in [3, 8, 12, 17, 20, 28, 64] {
+        let (mk, default) = at(&avx512(), f32, t);
+        assert_eq!(mk, default, "T={t}");
+    }
+    for (target, text) in [
+        (avx512(), "dense_bf16(M=T,N=3072,K=768,P=16)+add(n)+gelu"),
+        (avx2, f32),
+        (avx512(), "dense(M=T,N=768,K=768)"),
+    ] {
+        let (mk, default) = at(&target, text, 14);
+        assert_eq!(mk, default, "{text} on {:?}", target.simd);
+    }
+}
+
 /// AMX tiles: the text form, the shapes a target with AMX-BF16 takes (none on one
 /// without), what `fit` makes of them on each workload, the seeds, and the space.
 #[test]
