@@ -19,7 +19,8 @@ pub enum LoopKind {
     Serial,
     /// Iterations spread over the target's cores.
     Parallel,
-    /// Unrolled by the given factor.
+    /// Unrolled by the given factor (in C `#pragma GCC unroll N`, so 1 keeps a loop
+    /// rolled that the compiler would unroll whole; CUDA unrolls it whole).
     Unrolled(usize),
 }
 

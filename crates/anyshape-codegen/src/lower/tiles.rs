@@ -157,7 +157,7 @@ impl Nest<'_> {
             Compute::Unchecked => self.fast_tiles_by_width(ops),
             Compute::Checked => self.checked_tile(ops),
             Compute::Partitioned => vec![Stmt::If {
-                cond: self.full_tile(mk.nr),
+                cond: self.full_tile(mk.mr, mk.nr),
                 then: self.fast_tile(ops, mk.mr, mk.nr / self.lanes, false),
                 otherwise: self.checked_tile(ops),
             }],
@@ -183,11 +183,11 @@ impl Nest<'_> {
         ]
     }
 
-    /// Whether the register tile at (`mi`, `nj`), `width` columns wide, lies wholly
-    /// inside the output.
-    pub fn full_tile(&self, width: usize) -> Cond {
+    /// Whether the register tile at (`mi`, `nj`), `rows` high and `width` columns wide,
+    /// lies wholly inside the output.
+    pub fn full_tile(&self, rows: usize, width: usize) -> Cond {
         Cond::and(
-            Cond::Le(v("mi") + c(self.mk.mr), v("e_m")),
+            Cond::Le(v("mi") + c(rows), v("e_m")),
             Cond::Le(v("nj") + c(width), v("e_n")),
         )
     }

@@ -1,9 +1,10 @@
 //! The write-back stage of the CPU contraction sketch: a register tile stored into the
 //! output (the first reduction tile) or added to it (the others), or stored once where
 //! it ran over the whole reduction (`Nest::whole_k`); whole vectors with
-//! vector stores where the output is contiguous, a vector that overhangs the output's
-//! edge with a partial (masked) store of the columns inside, as the padding strategy's
-//! policy says; element by element where the output is strided.
+//! vector stores where the output is contiguous, element by element where it is
+//! strided. Where the padding strategy's policy checks stores, a tile at the output's
+//! edge is spilled to the stack and stored from there in a loop over its rows, a
+//! vector that overhangs the edge with a partial (masked) store of the columns inside.
 use super::compute::acc;
 use super::contraction::{Nest, Operand};
 use super::{c, v};
@@ -134,12 +135,8 @@ impl Nest<'_> {
             )]
         };
         spill.extend(by_kt(&partial_store));
-        let inside_tile = Cond::and(
-            Cond::Le(v("mi") + c(rows), v("e_m")),
-            Cond::Le(v("nj") + c(nv * lanes), v("e_n")),
-        );
         vec![Stmt::If {
-            cond: inside_tile,
+            cond: self.full_tile(rows, nv * lanes),
             then: full,
             otherwise: spill,
         }]
