@@ -112,6 +112,28 @@ pub struct CompiledModel {
     pub tuning: Option<TuningLog>,
 }
 
+/// Instances an untuned task takes its defaults at, at most: every value of its dims
+/// up to this many ([`task_values`]).
+const DEFAULT_INSTANCES: u64 = 1024;
+
+/// The values of its dims a task's instances take. Tuned, each dim's
+/// `tune_values` spread values ([`ShapeVar::spread`]: what a search can measure).
+/// Untuned, every value where the task has at most [`DEFAULT_INSTANCES`]: the defaults
+/// cost nothing to choose, and the tree then follows their rules at every shape, not
+/// by the ranges between spread values (BERT-base's sequence 13 fell between 11 and 15
+/// and missed the 8-row tile that 13-16 rows take); past that (two image dims of 33
+/// values and more), spread values too.
+fn task_values(vars: Vec<ShapeVar>, options: &ModelOptions) -> Vec<ShapeVar> {
+    let instances = vars
+        .iter()
+        .map(|d| d.domain.len())
+        .fold(1u64, u64::saturating_mul);
+    if options.trials == 0 && instances <= DEFAULT_INSTANCES {
+        return vars;
+    }
+    vars.iter().map(|d| d.spread(options.tune_values)).collect()
+}
+
 /// Check the dims' domains against the model's dims: each named dim exists and none
 /// is negative (0 is allowed: a decoder's past is empty at the prompt), every dim of
 /// the model has a domain.
@@ -259,9 +281,9 @@ pub fn compile_model(
                 .iter()
                 .chain([&reserve])
                 .filter(|d| t.workload.shape_vars().contains(&d.name))
-                .map(|d| d.spread(options.tune_values))
+                .cloned()
                 .collect();
-            (t.workload.clone(), vars)
+            (t.workload.clone(), task_values(vars, options))
         })
         .collect();
     let job = |i: usize| TaskJob {
@@ -384,9 +406,9 @@ impl Drop for RemoveOnDrop<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::attention_precision;
+    use super::{attention_precision, task_values, ModelOptions};
     use anyshape_codegen::CpuTarget;
-    use anyshape_ir::Precision;
+    use anyshape_ir::{Precision, ShapeVar};
 
     /// An i8 module's attention is bf16 only where the CPU multiplies bf16 itself; the
     /// other precisions' attention is theirs.
@@ -412,5 +434,28 @@ mod tests {
             assert_eq!(attention_precision(Precision::F32, t), Precision::F32);
             assert_eq!(attention_precision(Precision::Bf16, t), Precision::Bf16);
         }
+    }
+
+    /// Untuned tasks take their defaults at every value up to `DEFAULT_INSTANCES`
+    /// instances, spread values past it; tuned ones always at spread values.
+    #[test]
+    fn untuned_tasks_take_every_value_until_the_instances_grow_too_many() {
+        let dims = |texts: &[&str]| -> Vec<ShapeVar> {
+            texts.iter().map(|t| ShapeVar::parse(t).unwrap()).collect()
+        };
+        let sizes =
+            |vars: &[ShapeVar]| -> Vec<u64> { vars.iter().map(|d| d.domain.len()).collect() };
+        let untuned = ModelOptions::default();
+        let tuned = ModelOptions {
+            trials: 8,
+            ..ModelOptions::default()
+        };
+        let sequence = dims(&["batch=1", "sequence=1..512"]);
+        assert_eq!(sizes(&task_values(sequence.clone(), &untuned)), [1, 512]);
+        assert_eq!(sizes(&task_values(sequence, &tuned)), [1, 24]);
+        let edge = dims(&["batch=1..2", "sequence=1..512"]);
+        assert_eq!(sizes(&task_values(edge, &untuned)), [2, 512]);
+        let images = dims(&["height=1..33", "width=1..32"]);
+        assert_eq!(sizes(&task_values(images, &untuned)), [24, 24]);
     }
 }
