@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod between;
 mod check;
 mod cost_model;
 mod curve;
@@ -41,6 +42,7 @@ mod votes;
 
 pub use anyshape_codegen::Factors;
 pub use backend::{Backend, CpuBackend, GpuBackend, SketchBackend, Trial, TrialBatch};
+pub use between::between;
 pub use check::{check_best, BestCheck};
 pub use cost_model::{spearman, Adaptation, CostModel, Sample};
 pub use curve::{CurvePoint, TuningLog, TUNING_FILE};
@@ -62,5 +64,5 @@ pub use schedule::{Allotment, Scheduler, Slice};
 pub use scores::ScoreTable;
 pub use search::Tuner;
 pub use space::SearchSpace;
-pub use tree::train_tree;
+pub use tree::{accuracy, train_tree};
 pub use votes::{cover, elect, vote, VoteOptions, Votes};

@@ -95,6 +95,7 @@ impl Default for ModelOptions {
                 specialize: crate::Specialize::None,
                 check_flops: None,
                 dispatch: false,
+                whole_dims: None,
             },
             precision: Precision::F32,
             winograd: true,
@@ -112,23 +113,25 @@ pub struct CompiledModel {
     pub tuning: Option<TuningLog>,
 }
 
-/// Instances an untuned task takes its defaults at, at most: every value of its dims
-/// up to this many ([`task_values`]).
-const DEFAULT_INSTANCES: u64 = 1024;
+/// The most instances a task's dispatch is chosen at when it is chosen at every value
+/// of its dims: an untuned task's defaults ([`task_values`]), a tuned task's votes
+/// between its tuned values (`between.rs`).
+pub(crate) const EVERY_VALUE_INSTANCES: u64 = 1024;
 
 /// The values of its dims a task's instances take. Tuned, each dim's
 /// `tune_values` spread values ([`ShapeVar::spread`]: what a search can measure).
-/// Untuned, every value where the task has at most [`DEFAULT_INSTANCES`]: the defaults
-/// cost nothing to choose, and the tree then follows their rules at every shape, not
-/// by the ranges between spread values (BERT-base's sequence 13 fell between 11 and 15
-/// and missed the 8-row tile that 13-16 rows take); past that (two image dims of 33
-/// values and more), spread values too.
+/// Untuned, every value where the task has at most [`EVERY_VALUE_INSTANCES`]: the
+/// defaults cost nothing to choose, and the tree then follows their rules at every
+/// shape, not by the ranges between spread values (BERT-base's sequence 13 fell
+/// between 11 and 15 and missed the 8-row tile that 13-16 rows take); past that (two
+/// image dims of 33 values and more), spread values too. (A tuned task's tree learns
+/// every value as well, from its votes: `between.rs`.)
 fn task_values(vars: Vec<ShapeVar>, options: &ModelOptions) -> Vec<ShapeVar> {
     let instances = vars
         .iter()
         .map(|d| d.domain.len())
         .fold(1u64, u64::saturating_mul);
-    if options.trials == 0 && instances <= DEFAULT_INSTANCES {
+    if options.trials == 0 && instances <= EVERY_VALUE_INSTANCES {
         return vars;
     }
     vars.iter().map(|d| d.spread(options.tune_values)).collect()
@@ -274,21 +277,26 @@ pub fn compile_model(
     // The rows a decoder's cache holds past its end are tuned at 0 (a plain run's);
     // kernels read them at run time like any dim.
     let reserve = ShapeVar::parse(&format!("{CACHE_RESERVE}=0")).expect("a valid dim");
-    let jobs: Vec<(Workload, Vec<ShapeVar>)> = tasks
+    let jobs: Vec<(Workload, Vec<ShapeVar>, Vec<ShapeVar>)> = tasks
         .iter()
         .map(|t| {
-            let vars = dims
+            let whole: Vec<ShapeVar> = dims
                 .iter()
                 .chain([&reserve])
                 .filter(|d| t.workload.shape_vars().contains(&d.name))
                 .cloned()
                 .collect();
-            (t.workload.clone(), task_values(vars, options))
+            (
+                t.workload.clone(),
+                task_values(whole.clone(), options),
+                whole,
+            )
         })
         .collect();
     let job = |i: usize| TaskJob {
         workload: &jobs[i].0,
         vars: &jobs[i].1,
+        dims: &jobs[i].2,
         target,
         measurer,
         options,
@@ -319,7 +327,7 @@ pub fn compile_model(
             let reused: Vec<usize> = runs.iter().map(|r| r.reused()).collect();
             observer.reused(db, &reused);
         }
-        let families: Vec<String> = jobs.iter().map(|(w, _)| family_of(w)).collect();
+        let families: Vec<String> = jobs.iter().map(|(w, ..)| family_of(w)).collect();
         let log = schedule(&mut runs, tasks, &families, options, observer)?;
         for q in &log.families {
             observer.family(q);
@@ -436,7 +444,7 @@ mod tests {
         }
     }
 
-    /// Untuned tasks take their defaults at every value up to `DEFAULT_INSTANCES`
+    /// Untuned tasks take their defaults at every value up to `EVERY_VALUE_INSTANCES`
     /// instances, spread values past it; tuned ones always at spread values.
     #[test]
     fn untuned_tasks_take_every_value_until_the_instances_grow_too_many() {

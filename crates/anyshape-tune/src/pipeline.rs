@@ -3,8 +3,8 @@
 //! the baselines' per-shape tuning) runs it; each stage is announced to an
 //! [`Observer`] by name, so progress shows whether or not the output is a terminal.
 use crate::{
-    check_best, elect, train_tree, write_module, Backend, BestCheck, ModuleSpec, Result,
-    Specialize, Tunable, TuneError, TuneReport, Tuner, VoteOptions, Votes,
+    accuracy, between, check_best, elect, train_tree, write_module, Backend, BestCheck, ModuleSpec,
+    Result, Specialize, Tunable, TuneError, TuneReport, Tuner, VoteOptions, Votes,
 };
 use anyshape_abi::{DispatchTree, Manifest, TuningInfo};
 use anyshape_codegen::{
@@ -92,6 +92,10 @@ pub struct PipelineOptions {
     pub check_flops: Option<f64>,
     /// Vote and train the tree even without a module (to report them).
     pub dispatch: bool,
+    /// The dims' whole domains where the search was given some of their values (a
+    /// model's tasks): the tree also learns a vote at every value between (up to
+    /// 1,024 instances; `between.rs`). `None`: the tuned instances are the domain.
+    pub whole_dims: Option<Vec<ShapeVar>>,
 }
 
 /// What the pipeline produced.
@@ -197,7 +201,14 @@ where
         let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
         tuned.vote_seconds = start.elapsed().as_secs_f64();
         observer.stage(&Stage::Tree);
-        let (tree, accuracy) = train_tree(&tuner.workload().shape_vars(), &votes.votes);
+        // The tree learns the votes between tuned values too, where there are such;
+        // its accuracy is on the tuned votes.
+        let learned = match &options.whole_dims {
+            Some(dims) => between(tuner, &votes, dims, options.votes.tolerance)?,
+            None => votes.votes.clone(),
+        };
+        let (tree, _) = train_tree(&tuner.workload().shape_vars(), &learned);
+        let accuracy = accuracy(&tree, &votes.votes);
         if let Some(out) = &options.out {
             let bindings: Vec<_> = votes.votes.iter().map(|v| v.bindings.clone()).collect();
             let weights: Vec<f64> = tuner.instances().iter().map(|x| x.weight).collect();

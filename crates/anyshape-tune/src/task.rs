@@ -16,7 +16,10 @@ use std::path::PathBuf;
 /// One task to compile.
 pub(crate) struct TaskJob<'a> {
     pub(crate) workload: &'a Workload,
+    /// The values it is tuned (or given its defaults) at.
     pub(crate) vars: &'a [ShapeVar],
+    /// The dims' whole domains (its dispatch covers them).
+    pub(crate) dims: &'a [ShapeVar],
     pub(crate) target: &'a CpuTarget,
     pub(crate) measurer: &'a Measurer,
     pub(crate) options: &'a ModelOptions,
@@ -58,6 +61,7 @@ pub(crate) fn default_module<K: Packaged + Sketch<Target = CpuTarget>>(
     let votes = Votes {
         micro_kernels,
         votes,
+        latency: Vec::new(),
     };
     write_module(
         &ModuleSpec {
@@ -198,6 +202,7 @@ impl<K: Packaged + Sketch<Target = CpuTarget>> TaskSearch for TaskRun<'_, K> {
         let pipeline = PipelineOptions {
             out: Some(self.job.dir.clone()),
             specialize: Specialize::None,
+            whole_dims: Some(self.job.dims.to_vec()),
             ..self.job.options.pipeline.clone()
         };
         let tuned = tune_workload(

@@ -33,11 +33,18 @@ pub fn train_tree(vars: &[String], votes: &[Vote]) -> (DispatchTree, f64) {
     };
     let mut all: Vec<usize> = (0..votes.len()).collect();
     let tree = samples.grow(vars, &mut all, 0).tree;
+    let accuracy = accuracy(&tree, votes);
+    (tree, accuracy)
+}
+
+/// The fraction of `votes` that `tree` dispatches to the kernel they voted for (1
+/// where there are none).
+pub fn accuracy(tree: &DispatchTree, votes: &[Vote]) -> f64 {
     let hits = votes
         .iter()
         .filter(|v| tree.select(&v.bindings) == v.micro_kernel)
         .count();
-    (tree, hits as f64 / votes.len().max(1) as f64)
+    hits as f64 / votes.len().max(1) as f64
 }
 
 /// The training set: one row of shape-var values and one vote per instance.

@@ -13,6 +13,11 @@ pub struct Votes<K = ContractionKernel> {
     pub micro_kernels: Vec<K>,
     /// One vote per instance (indices into `micro_kernels`).
     pub votes: Vec<Vote>,
+    /// Seconds, `[micro_kernel][instance]`, measured or predicted (infinite where the
+    /// program failed): what the votes were taken on, and what the dispatch between
+    /// tuned values scales (`between.rs`); empty where nothing was timed (an untuned
+    /// module's defaults).
+    pub latency: Vec<Vec<f64>>,
 }
 
 /// How votes are taken.
@@ -245,6 +250,7 @@ pub fn vote<K: Copy>(
     Ok(Votes {
         micro_kernels: order.iter().map(|&k| table.kernels[k]).collect(),
         votes,
+        latency: order.iter().map(|&k| table.latency[k].clone()).collect(),
     })
 }
 

@@ -7,8 +7,8 @@ use anyshape_codegen::{GpuContractionKernel, GpuTarget, PaddingStrategy};
 use anyshape_ir::{Bindings, BoundWorkload, ShapeVar, Workload};
 use anyshape_measure::{Builder, MeasureOptions, Measurer, Runner, WorkerCommand};
 use anyshape_tune::{
-    elect, instances, train_tree, Backend, Factors, GpuBackend, Instance, RecordLog, Result,
-    SearchStrategy, TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
+    accuracy, between, elect, instances, train_tree, Backend, Factors, GpuBackend, Instance,
+    RecordLog, Result, SearchStrategy, TrialBatch, TrialResult, TuneOptions, Tuner, VoteOptions,
 };
 use rand::Rng;
 use std::cell::{Cell, RefCell};
@@ -259,6 +259,51 @@ fn joint_search_votes_and_tree_on_a_synthetic_gpu() {
         before,
         "a resumed run measures nothing twice"
     );
+}
+
+/// Tuned on eight values of T = 1..128, the tree that learns the votes between them
+/// too (`between`) dispatches every T to within a few percent of the fastest voted
+/// kernel there, where the tree on the tuned votes alone, cutting between them by
+/// ranges, loses more somewhere; over the range it is the faster; and it still
+/// dispatches every tuned value as voted.
+#[test]
+fn the_dispatch_between_tuned_values_follows_each_kernels_padding() {
+    let f = Fixture::new(
+        "T=1,2,4,8,16,32,64,128",
+        TuneOptions {
+            trials: 120,
+            ..TuneOptions::default()
+        },
+    );
+    let mut tuner = f.searched();
+    let options = VoteOptions::default();
+    let votes = elect(&mut tuner, &options, &mut |_| {}).unwrap();
+    let dims = [ShapeVar::parse("T=1..128").unwrap()];
+    let learned = between(&tuner, &votes, &dims, options.tolerance).unwrap();
+    assert_eq!(learned.len(), 128);
+    let vars = f.w.shape_vars();
+    let (filled, _) = train_tree(&vars, &learned);
+    let (ranges, _) = train_tree(&vars, &votes.votes);
+    assert_eq!(accuracy(&filled, &votes.votes), 1.0);
+    let backend = f.backend();
+    let mut worst = [0.0f64; 2];
+    let mut total = [0.0f64; 2];
+    for x in instances(&f.w, &dims).unwrap() {
+        let bound = f.w.bind(&x.bindings).unwrap();
+        let latency = |k: usize| backend.latency(&f.w, &votes.micro_kernels[k], &bound);
+        let best = (0..votes.micro_kernels.len())
+            .map(latency)
+            .fold(f64::INFINITY, f64::min);
+        for (i, tree) in [&filled, &ranges].into_iter().enumerate() {
+            let l = latency(tree.select(&x.bindings));
+            worst[i] = worst[i].max(l / best - 1.0);
+            total[i] += l;
+        }
+    }
+    eprintln!("loss against the fastest voted kernel, worst: between {:.3}, ranges {:.3}; total {:.3e} s against {:.3e} s", worst[0], worst[1], total[0], total[1]);
+    assert!(worst[0] < 0.05, "between: {worst:?}");
+    assert!(worst[1] > worst[0], "ranges: {worst:?}");
+    assert!(total[0] < total[1], "{total:?}");
 }
 
 /// Every valid micro-kernel of the synthetic device that does not crash, by enumeration.

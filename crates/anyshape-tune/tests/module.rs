@@ -62,6 +62,7 @@ fn build_voted(
                 measured: true,
             })
             .collect(),
+        latency: Vec::new(),
     };
     let (tree, accuracy) = train_tree(&["T".into()], &votes.votes);
     let weights = vec![1.0; bindings.len()];

@@ -40,7 +40,8 @@ pub struct CompileArgs {
     no_families: bool,
     /// With --trials: each dim is tuned (searched and voted) on at most this many of
     /// its values, spread geometrically from its smallest to its largest; each task's
-    /// dispatch tree covers the values between (and past) them. Untuned, a task
+    /// dispatch tree covers the values between (each voted kernel's latency at the
+    /// nearest tuned value, scaled by its padding there) and past them. Untuned, a task
     /// takes its defaults at every value up to 1,024 instances, at these past that.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(2..))]
     tune_values: u64,

@@ -390,6 +390,7 @@ pub fn tune_on<K: Packaged>(
         specialize: args.specialize,
         check_flops: args.check.then_some(args.check_flops),
         dispatch: args.device == DeviceKind::Cuda,
+        whole_dims: None,
     };
     let mut reporter = Reporter::new(args.quiet);
     let tuned = tune_workload(&mut tuner, &job.vars, &measurer, &options, &mut reporter)?;
