@@ -16,7 +16,7 @@ use anyshape_ir::{Bindings, ShapeVar};
 use std::collections::HashMap;
 
 /// The votes a task's dispatch tree learns from: the tuned instances' own, and at every
-/// other instance of `dims` (where they hold at most [`EVERY_VALUE_INSTANCES`]) the
+/// other instance of `dims` (where they hold at most 1,024) the
 /// voted micro-kernel estimated fastest (see the module doc; such a vote is
 /// `measured: false`, its latency the estimate); the tuned votes alone where the dims
 /// hold more or nothing was timed.

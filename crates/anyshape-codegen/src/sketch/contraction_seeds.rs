@@ -2,8 +2,9 @@
 //! runs, and the micro-kernels a search measures first), which of them a workload gets
 //! as seeds, and which an untuned module runs at an instance. Each is derived from the
 //! target's registers and caches, never from a shape.
-use super::contraction::{max_multiple, ContractionKernel, Limits};
+use super::contraction::ContractionKernel;
 use super::contraction_amx::amx_runs;
+use super::contraction_space::{max_multiple, Limits};
 use super::Sketch;
 use crate::{CpuTarget, GemmView};
 use anyshape_ir::{BoundWorkload, Precision, Workload};

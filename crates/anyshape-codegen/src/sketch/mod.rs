@@ -17,6 +17,7 @@ mod attention;
 mod contraction;
 mod contraction_amx;
 mod contraction_seeds;
+mod contraction_space;
 #[cfg(test)]
 mod contraction_tests;
 mod contraction_text;
