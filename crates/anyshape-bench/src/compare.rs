@@ -75,8 +75,9 @@ pub(crate) struct TuningTime {
 
 /// Options of the comparison (from `anyshape bench`).
 pub struct CompareOptions<'a> {
-    /// Instances for the module and the vendors (`T=1..128`); the module's domain if absent.
-    pub range: Option<&'a str>,
+    /// Instances for the module and the vendors (`T=1..128`, a domain per shape var);
+    /// the module's domain if empty.
+    pub range: &'a [ShapeVar],
     /// Instances for the tuned baselines (per-shape, Nimble-style), e.g. `T=5,24,43`.
     pub samples: Option<&'a str>,
     /// Trials per instance of per-shape tuning (0: no tuned baselines).
@@ -112,8 +113,8 @@ pub fn compare(
         ))
     })?;
     let vars: Vec<ShapeVar> = match o.range {
-        Some(r) => vec![ShapeVar::parse(r)?],
-        None => m.shape_vars.clone(),
+        [] => m.shape_vars.clone(),
+        given => given.to_vec(),
     };
     let domain = |vars: &[ShapeVar]| -> Result<Vec<Bindings>> {
         Ok(anyshape_tune::instances(w, vars)?

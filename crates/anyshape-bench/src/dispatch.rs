@@ -1,6 +1,7 @@
 //! How well a module dispatches and what dispatching costs (`anyshape bench
 //! --dispatch-loss`, `--overhead`): the loss of the dispatched kernel against every
-//! kernel the module holds, on every tuned instance, with the noise floor of the
+//! kernel the module holds, on every tuned instance (or every instance of given
+//! domains: a model's task between its tuned values), with the noise floor of the
 //! measurement (instances that show a loss are timed again, so that one slow spell
 //! of a shared machine does not pass for a wrong dispatch); and the time per call of
 //! the entry point, `Module::run`, the shape check and the tree walk against a bare
@@ -8,7 +9,7 @@
 use crate::error::{BenchError, Result};
 use crate::Harness;
 use anyshape_abi::ENTRY_SYMBOL;
-use anyshape_ir::Bindings;
+use anyshape_ir::{Bindings, ShapeVar};
 use anyshape_measure::{
     buffer_bytes, random_inputs, Candidate, Kernels, MeasureOptions, Outcome, Progress,
 };
@@ -54,8 +55,9 @@ impl Row {
     }
 }
 
-/// Measure, on every tuned instance of `module`, the entry point and every kernel the
-/// module holds for it (interleaved, minimum over `seconds` of calls each), then twice
+/// Measure, on every tuned instance of `module` (every instance of `range` where it is
+/// not empty), the entry point and every kernel the module holds for it (interleaved,
+/// minimum over `seconds` of calls each, `cold` or warm), then twice
 /// more (`RETIMES`) where the dispatched program lost more than `RETIME_PAST`;
 /// such an instance keeps the pass with its median loss. A pass compares kernels timed
 /// side by side; the median pass holds against a fast or slow spell of a shared machine
@@ -65,12 +67,31 @@ impl Row {
 pub fn dispatch_loss(
     h: &Harness,
     module: &Module,
+    range: &[ShapeVar],
+    cold: bool,
     seconds: f64,
     csv: Option<&Path>,
     progress: &mut dyn Progress,
 ) -> Result<String> {
-    let all: Vec<usize> = (0..module.manifest().votes.len()).collect();
-    let mut rows = measure_rows(h, module, &all, seconds, 0, progress)?;
+    let instances: Vec<Bindings> = match range {
+        [] => module
+            .manifest()
+            .votes
+            .iter()
+            .map(|v| v.bindings.clone())
+            .collect(),
+        _ => anyshape_tune::instances(module.workload(), range)?
+            .into_iter()
+            .map(|x| x.bindings)
+            .collect(),
+    };
+    let timing = Timing {
+        instances: &instances,
+        cold,
+        seconds,
+    };
+    let all: Vec<usize> = (0..instances.len()).collect();
+    let mut rows = measure_rows(h, module, &timing, &all, 0, progress)?;
     let first: Vec<f64> = rows.iter().map(Row::loss).collect();
     let past: Vec<usize> = all
         .iter()
@@ -82,7 +103,7 @@ pub fn dispatch_loss(
         for pass in 1..=RETIMES {
             for (p, again) in passes
                 .iter_mut()
-                .zip(measure_rows(h, module, &past, seconds, pass, progress)?)
+                .zip(measure_rows(h, module, &timing, &past, pass, progress)?)
             {
                 p.push(again);
             }
@@ -91,7 +112,14 @@ pub fn dispatch_loss(
             rows[i] = median_pass(p);
         }
     }
-    report_loss(&rows, module, seconds, (&first, past.len()), csv)
+    report_loss(&rows, module, &timing, (&first, past.len()), csv)
+}
+
+/// What a dispatch-loss run times: its instances, and how.
+struct Timing<'a> {
+    instances: &'a [Bindings],
+    cold: bool,
+    seconds: f64,
 }
 
 /// The pass (of one instance) with the median loss (not empty; of an even number, the
@@ -102,20 +130,20 @@ fn median_pass(mut passes: Vec<Row>) -> Row {
 }
 
 /// One pass: the entry point and every kernel on the instances `which` (indices into
-/// the module's votes), in an order that rotates with the instance and the pass.
+/// the timing's instances), in an order that rotates with the instance and the pass.
 fn measure_rows(
     h: &Harness,
     module: &Module,
+    timing: &Timing,
     which: &[usize],
-    seconds: f64,
     pass: usize,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Row>> {
     let m = module.manifest();
     let mut cands = Vec::new();
     for &i in which {
-        let v = &m.votes[i];
-        let d = module.dispatch(&v.bindings);
+        let bindings = &timing.instances[i];
+        let d = module.dispatch(bindings);
         let mut syms = vec![ENTRY_SYMBOL.to_string()];
         syms.extend(m.symbolic.iter().cloned());
         if d.specialized {
@@ -128,7 +156,7 @@ fn measure_rows(
             cands.push(Candidate {
                 symbol: s,
                 workload: module.workload().clone(),
-                bindings: v.bindings.clone(),
+                bindings: bindings.clone(),
                 check: false,
                 gpu: None,
             });
@@ -137,10 +165,10 @@ fn measure_rows(
     let options = MeasureOptions {
         min_repeats: 3,
         max_repeats: 1000,
-        min_seconds: seconds,
+        min_seconds: timing.seconds,
         timeout_seconds: 600.0,
         interleave: true,
-        cold: false,
+        cold: timing.cold,
     };
     progress.start(
         &match pass {
@@ -161,20 +189,20 @@ fn measure_rows(
     let mut rows = Vec::new();
     let mut at = 0;
     for &i in which {
-        let v = &m.votes[i];
-        let d = module.dispatch(&v.bindings);
+        let bindings = &timing.instances[i];
+        let d = module.dispatch(bindings);
         let n = 1 + m.symbolic.len() + usize::from(d.specialized);
         let mut times: Vec<f64> = outcomes[at..at + n]
             .iter()
             .map(lat)
             .collect::<Result<_, String>>()
             .map_err(|why| {
-                BenchError::Environment(format!("measuring the module at {}: {why}", v.bindings))
+                BenchError::Environment(format!("measuring the module at {bindings}: {why}"))
             })?;
         times.rotate_right((i + pass) % n);
         at += n;
         rows.push(Row {
-            bindings: v.bindings.clone(),
+            bindings: bindings.clone(),
             dispatched: d.micro_kernel,
             entry: times[0],
             symbolic: times[1..1 + m.symbolic.len()].to_vec(),
@@ -200,7 +228,7 @@ fn spread(losses: &[f64]) -> (f64, usize, f64) {
 fn report_loss(
     rows: &[Row],
     module: &Module,
-    seconds: f64,
+    timing: &Timing,
     passes: (&[f64], usize),
     csv: Option<&Path>,
 ) -> Result<String> {
@@ -220,11 +248,12 @@ fn report_loss(
     sorted.sort_by(f64::total_cmp);
     let within = |x: f64| loss.iter().filter(|&&l| l <= x).count();
     let _ = writeln!(s,
-        "dispatch loss over {} instances of {} ({} micro-kernels; min latency over >= {:.2} s per kernel and instance):",
+        "dispatch loss over {} instances of {} ({} micro-kernels; min latency over >= {:.2} s per kernel and instance, {}):",
         rows.len(),
         m.workload,
         m.micro_kernels.len(),
-        seconds
+        timing.seconds,
+        if timing.cold { "cold" } else { "warm" }
     );
     let _ = writeln!(s,
         "  mean {:.2}%   median {:.2}%   worst {:.2}% (at {})   within 1%: {}/{}   within 5%: {}/{}",

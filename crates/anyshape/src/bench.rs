@@ -125,9 +125,12 @@ pub struct BenchArgs {
     /// `latency.svg`, `throughput.svg` and `tuning.svg` to --out-dir.
     #[arg(long)]
     compare: bool,
-    /// Instances for --compare, e.g. `T=1..128` [default: the module's domain].
+    /// Instances for --compare and --dispatch-loss: a domain per shape var, e.g.
+    /// `T=1..128` (repeat for each var: `--range batch=1 --range sequence=1..64` for a
+    /// model's task) [default: --compare: the module's domain; --dispatch-loss: its
+    /// tuned instances].
     #[arg(long, value_name = "VAR=DOMAIN")]
-    range: Option<String>,
+    range: Vec<String>,
     /// Instances the tuned baselines are tuned and run on, e.g. `T=5,24,43,62,81,100,119,128`.
     #[arg(long, value_name = "VAR=VALUES")]
     samples: Option<String>,
@@ -148,11 +151,15 @@ pub struct BenchArgs {
     /// records.
     #[arg(long, value_name = "DIR", default_value = "benchmarks/results")]
     out_dir: PathBuf,
-    /// Measure, on every tuned instance, the dispatched kernel against every
-    /// micro-kernel of the module (again, up to two more passes, where it loses more
-    /// than 3 %); print the loss distribution.
+    /// Measure, on every tuned instance (or those of --range), the dispatched kernel
+    /// against every micro-kernel of the module (again, up to two more passes, where
+    /// it loses more than 3 %); print the loss distribution.
     #[arg(long)]
     dispatch_loss: bool,
+    /// With --dispatch-loss: time cold (inputs and output flushed from the caches, the
+    /// TLB emptied, before every call), as a model's compile times its tasks.
+    #[arg(long)]
+    cold: bool,
     /// Measure the dispatch overhead per call (tree walk + call) against calling the
     /// kernel directly, in this process, on the module's cheapest instance (or --set).
     #[arg(long)]
@@ -205,9 +212,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             wrong.join(", ")
         );
     }
+    if args.cold && !args.dispatch_loss {
+        bail!("--cold is for --dispatch-loss");
+    }
+    let range = crate::tune::shape_vars(&args.range, None)?;
     if args.compare {
         let options = CompareOptions {
-            range: args.range.as_deref(),
+            range: &range,
             samples: args.samples.as_deref(),
             per_shape_trials: args.per_shape_trials.unwrap_or(0),
             bucket: args.bucket.unwrap_or(16),
@@ -225,6 +236,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let report = dispatch_loss(
             &args.common.harness()?,
             &module,
+            &range,
+            args.cold,
             args.seconds,
             args.csv.as_deref(),
             &mut reporter,
@@ -268,7 +281,8 @@ fn bench_model(model: &std::path::Path, args: &BenchArgs) -> Result<()> {
     let operator_only = [
         (args.dispatch_loss, "--dispatch-loss"),
         (args.overhead, "--overhead"),
-        (args.range.is_some(), "--range"),
+        (!args.range.is_empty(), "--range"),
+        (args.cold, "--cold"),
         (args.samples.is_some(), "--samples"),
         (args.per_shape_trials.is_some(), "--per-shape-trials"),
         (args.bucket.is_some(), "--bucket"),

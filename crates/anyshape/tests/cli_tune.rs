@@ -174,6 +174,38 @@ fn tune_writes_a_module_that_runs_inspects_and_benches() {
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 13);
+    // At values it was not tuned at, and past its range, timed cold.
+    let o = anyshape_cached(
+        &[
+            "bench",
+            "--module",
+            m,
+            "--dispatch-loss",
+            "--range",
+            "T=2,7,13,20",
+            "--cold",
+            "--seconds",
+            "0.01",
+            "--quiet",
+        ],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success()
+            && out.contains("dispatch loss over 4 instances")
+            && out.contains("cold"),
+        "{out}"
+    );
+    let o = anyshape_cached(
+        &["bench", "--module", m, "--overhead", "--cold"],
+        dir.path(),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("--cold is for --dispatch-loss"),
+        "{}",
+        text(&o)
+    );
     // Side by side with the vendor libraries (skipped with a warning where missing) and
     // the tuned baselines, on a few instances.
     let out_dir = dir.path().join("compare");
