@@ -10,7 +10,7 @@
 //! the least of them, where the nearest instance's own vote is not within the
 //! tolerance of it.
 use crate::model::EVERY_VALUE_INSTANCES;
-use crate::{instances, Backend, Instance, Result, Tuner, Votes};
+use crate::{instance_count, instances, Backend, Instance, Result, Tuner, Votes};
 use anyshape_abi::Vote;
 use anyshape_ir::{Bindings, ShapeVar};
 use std::collections::HashMap;
@@ -27,11 +27,7 @@ pub fn between<B: Backend>(
     tolerance: f64,
 ) -> Result<Vec<Vote>> {
     let tuned = tuner.instances();
-    let count = dims
-        .iter()
-        .map(|d| d.domain.len())
-        .fold(1u64, u64::saturating_mul);
-    if count > EVERY_VALUE_INSTANCES
+    if instance_count(dims) > EVERY_VALUE_INSTANCES
         || votes.latency.len() != votes.micro_kernels.len()
         || tuned.is_empty()
     {

@@ -23,6 +23,14 @@ pub struct Instance {
 /// since the dispatcher covers the values between them.
 pub const MAX_INSTANCES: u64 = 65_536;
 
+/// How many instances the domains of `vars` hold (their cartesian product; `u64::MAX`
+/// where that overflows).
+pub fn instance_count(vars: &[ShapeVar]) -> u64 {
+    vars.iter()
+        .try_fold(1u64, |acc, v| acc.checked_mul(v.domain.len()))
+        .unwrap_or(u64::MAX)
+}
+
 /// Every instance of the domains of `vars` (their cartesian product), weighted by the
 /// product of the vars' weights and normalized. Every shape var of the workload needs a
 /// domain, every domain must name a shape var of the workload (once), and there may be
@@ -51,10 +59,7 @@ pub fn instances(w: &Workload, vars: &[ShapeVar]) -> Result<Vec<Instance>> {
             needed.join(", ")
         )));
     }
-    let count = vars
-        .iter()
-        .try_fold(1u64, |acc, v| acc.checked_mul(v.domain.len()))
-        .unwrap_or(u64::MAX);
+    let count = instance_count(vars);
     if count > MAX_INSTANCES {
         return Err(TuneError::Options(format!(
             "the domains hold {} instances; one joint search takes at most {MAX_INSTANCES} \

@@ -50,7 +50,7 @@ pub use database::{DatabaseSummary, Reuse, RunKey, TuningDb, DATABASE_FILE};
 pub use error::{Result, TuneError};
 pub use family::{family_of, family_quality, DatabaseQuality, FamilyQuality, Offer};
 pub use features::{extract, feature_names, Tunable};
-pub use instances::{instances, Instance, MAX_INSTANCES};
+pub use instances::{instance_count, instances, Instance, MAX_INSTANCES};
 pub use journal::ResumeSummary;
 pub use model::{compile_model, CompiledModel, ModelOptions, MEASURE_REPEATS, MEASURE_SECONDS};
 pub use module::{write_module, ModuleSpec, Specialize};

@@ -9,7 +9,9 @@
 //! module is (`output.rs`).
 use crate::schedule::schedule;
 use crate::task::{default_module, task_run, TaskJob};
-use crate::{family_of, output, PipelineOptions, Result, TuneError, TuneOptions, TuningLog};
+use crate::{
+    family_of, instance_count, output, PipelineOptions, Result, TuneError, TuneOptions, TuningLog,
+};
 use crate::{Observer, TUNING_FILE};
 use anyshape_abi::{
     sha256_hex, FileEntry, ModelManifest, ModelTask, Source, MODEL_FILE, MODEL_FORMAT, MODEL_PLAN,
@@ -127,11 +129,7 @@ pub(crate) const EVERY_VALUE_INSTANCES: u64 = 1024;
 /// image dims of 33 values and more), spread values too. (A tuned task's tree learns
 /// every value as well, from its votes: `between.rs`.)
 fn task_values(vars: Vec<ShapeVar>, options: &ModelOptions) -> Vec<ShapeVar> {
-    let instances = vars
-        .iter()
-        .map(|d| d.domain.len())
-        .fold(1u64, u64::saturating_mul);
-    if options.trials == 0 && instances <= EVERY_VALUE_INSTANCES {
+    if options.trials == 0 && instance_count(&vars) <= EVERY_VALUE_INSTANCES {
         return vars;
     }
     vars.iter().map(|d| d.spread(options.tune_values)).collect()
