@@ -36,7 +36,8 @@ pub enum Stage {
         /// tuning database): only what it lacks is measured.
         recorded: bool,
     },
-    /// The dispatch tree is trained on the votes.
+    /// The dispatch tree is trained on the votes (and, for a model's task, on the votes
+    /// between its tuned values: `between.rs`).
     Tree,
     /// The module's kernels are built and the module written.
     Module {
