@@ -347,7 +347,9 @@ impl Observer for Lines {
         match stage {
             Stage::Search { budget, .. } => eprintln!("search: a budget of {budget} trials"),
             Stage::Votes { .. } => eprintln!("votes: measuring the candidates on every instance"),
-            Stage::Tree => eprintln!("dispatch tree: training"),
+            Stage::Tree { tuned, between } => {
+                eprintln!("dispatch tree: training on {tuned} votes and {between} between them")
+            }
             Stage::Module { symbolic, .. } => eprintln!("module: building {symbolic} kernels"),
             Stage::Check => eprintln!("check: the best kernels against the reference"),
         }

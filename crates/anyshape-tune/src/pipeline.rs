@@ -38,7 +38,12 @@ pub enum Stage {
     },
     /// The dispatch tree is trained on the votes (and, for a model's task, on the votes
     /// between its tuned values: `between.rs`).
-    Tree,
+    Tree {
+        /// Votes of the tuned instances.
+        tuned: usize,
+        /// Votes estimated between them.
+        between: usize,
+    },
     /// The module's kernels are built and the module written.
     Module {
         /// Symbolic kernels (one per chosen micro-kernel).
@@ -201,13 +206,16 @@ where
         });
         let votes = elect(tuner, &options.votes, &mut |n| observer.trials(n))?;
         tuned.vote_seconds = start.elapsed().as_secs_f64();
-        observer.stage(&Stage::Tree);
         // The tree learns the votes between tuned values too, where there are such;
         // its accuracy is on the tuned votes.
         let learned = match &options.whole_dims {
             Some(dims) => between(tuner, &votes, dims, options.votes.tolerance)?,
             None => votes.votes.clone(),
         };
+        observer.stage(&Stage::Tree {
+            tuned: votes.votes.len(),
+            between: learned.len() - votes.votes.len(),
+        });
         let (tree, _) = train_tree(&tuner.workload().shape_vars(), &learned);
         let accuracy = accuracy(&tree, &votes.votes);
         if let Some(out) = &options.out {

@@ -140,7 +140,12 @@ impl Observer for Reporter {
                 eprintln!("votes: measuring the candidate micro-kernels on every instance (some {trials} measurements), then re-timing the close calls ...");
                 self.bar(None, "{spinner} votes: {pos} records  {elapsed_precise}");
             }
-            Stage::Tree => eprintln!("dispatch tree: training on the votes ..."),
+            Stage::Tree { tuned, between: 0 } => {
+                eprintln!("dispatch tree: training on the {tuned} votes ...")
+            }
+            Stage::Tree { tuned, between } => eprintln!(
+                "dispatch tree: training on the {tuned} votes and {between} estimated between their instances ..."
+            ),
             Stage::Module {
                 symbolic,
                 specialized,
