@@ -10,7 +10,7 @@
 //! the least of them, where the nearest instance's own vote is not within the
 //! tolerance of it.
 use crate::model::EVERY_VALUE_INSTANCES;
-use crate::{instance_count, instances, Backend, Instance, Result, Tuner, Votes};
+use crate::{instance_count, instances, Backend, CostModel, Instance, Result, Tuner, Votes};
 use anyshape_abi::Vote;
 use anyshape_ir::{Bindings, ShapeVar};
 use std::collections::HashMap;
@@ -35,12 +35,14 @@ pub fn between<B: Backend>(
     }
     let every = instances(tuner.workload(), dims)?;
     let own: HashMap<&Bindings, &Vote> = votes.votes.iter().map(|v| (&v.bindings, v)).collect();
-    // The useful work per unit of each kernel's effective throughput on an instance.
+    // The useful work over each kernel's `f_occ · f_pad` on an instance (the cost
+    // model's throughput with `f_MK` left out).
+    let model = CostModel::untrained();
     let cost = |k: usize, x: &Instance| {
         let a = tuner
             .backend
             .adaptation(tuner.workload(), &votes.micro_kernels[k], &x.bound);
-        x.flops / (a.pad * crate::cost_model::occupancy(1.0, a))
+        x.flops / model.throughput(0.0, a)
     };
     Ok(every
         .iter()

@@ -150,8 +150,7 @@ impl CostModel {
     }
 }
 
-/// `f_occ`: how evenly an adaptation's tasks fill its slots, weighed by `k` (1: fully).
-pub(crate) fn occupancy(k: f64, a: Adaptation) -> f64 {
+fn occupancy(k: f64, a: Adaptation) -> f64 {
     let x = a.tasks.max(1.0);
     let slots = a.slots.max(1.0);
     let ceil_by = (x / slots).ceil() * slots;

@@ -145,18 +145,10 @@ impl ContractionKernel {
         };
         let k_unit = reg.k_granule(target.lanes_f32());
         ContractionKernel {
-            mr: reg.mr,
-            nr: reg.nr,
             mc: (other.mc / other.mr).max(1) * reg.mr,
             nc: (other.nc / other.nr).max(1) * reg.nr,
             kc: (other.kc / k_unit).max(1) * k_unit,
-            uk: reg.uk,
-            dot: reg.dot,
-            pf: reg.pf,
-            ia: reg.ia,
-            ib: reg.ib,
-            vm: reg.vm,
-            amx: reg.amx,
+            ..*reg
         }
     }
 
@@ -186,12 +178,7 @@ impl ContractionKernel {
             nc,
             kc,
             uk,
-            dot: self.dot,
-            pf: self.pf,
-            ia: self.ia,
-            ib: self.ib,
-            vm: self.vm,
-            amx: self.amx,
+            ..*self
         }
     }
 }
